@@ -1,0 +1,22 @@
+# vitdet_plugin developer commands. See README.md.
+PY := .venv/bin/python
+
+.PHONY: env test test-all demo benchmark clean-env
+
+env:            ## build .venv: torch 2.14.1, mmcv 2.1.0 with ops (cached wheel), mmdet 3.3.0, plugin
+	bash tools/setup_env.sh
+
+test: env       ## the default (fast) test suite
+	$(PY) -m pytest -q
+
+test-all: env   ## every test, slow ones included
+	$(PY) -m pytest -q -m "slow or not slow"
+
+demo: env       ## generate the shapes dataset, train + evaluate the demo Swin RetinaNet on CPU
+	bash tools/demo.sh
+
+benchmark: env  ## ours vs mmdet vs timm, printed as ratios
+	$(PY) tools/benchmark.py
+
+clean-env:
+	rm -rf .venv

@@ -1,0 +1,115 @@
+"""Package, registration, compiled mmcv ops and the torch>=2.6 checkpoint fix."""
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import vitdet_plugin
+from vitdet_plugin import compat
+
+
+def test_custom_imports_registers_our_names_and_leaves_mmdet_alone():
+    code = textwrap.dedent("""
+        from mmengine.config import Config
+        from mmengine.registry import init_default_scope
+        from mmdet.registry import MODELS
+        from mmdet.models.backbones import SwinTransformer
+        cfg = Config(dict(custom_imports=dict(imports=['vitdet_plugin'],
+                                              allow_failed_imports=False)))
+        from mmengine.utils import import_modules_from_strings
+        import_modules_from_strings(**cfg.custom_imports)
+        init_default_scope('mmdet')
+        assert MODELS.get('SwinBackbone').__module__ == 'vitdet_plugin.models.backbones.swin'
+        assert MODELS.get('SwinTransformer') is SwinTransformer
+        m = MODELS.build(dict(type='SwinBackbone', arch='tiny'))
+        print(type(m).__name__, m.out_channels, m.out_strides)
+    """)
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == 'SwinBackbone (96, 192, 384, 768) (4, 8, 16, 32)'
+
+
+def test_config_without_the_import_gives_a_clear_error():
+    from mmengine.registry import init_default_scope
+    from mmdet.registry import MODELS
+    init_default_scope('mmdet')
+    with pytest.raises(KeyError, match='not in the mmdet::model registry'):
+        MODELS.build(dict(type='NotARegisteredBackbone'))
+
+
+def test_our_names_do_not_shadow_mmdet():
+    from mmdet.registry import MODELS
+    import mmdet.models  # noqa: F401
+    ours = {name for name, cls in MODELS.module_dict.items()
+            if cls.__module__.startswith('vitdet_plugin')}
+    assert 'SwinBackbone' in ours
+    assert not ours & {'SwinTransformer', 'VisionTransformer', 'DETR', 'FPN'}
+
+
+def test_mmcv_ops_are_compiled_and_usable():
+    from mmcv.ops import nms
+    boxes = torch.tensor([[0, 0, 10, 10], [1, 1, 10, 10], [20, 20, 30, 30]], dtype=torch.float)
+    scores = torch.tensor([0.9, 0.8, 0.7])
+    dets, keep = nms(boxes, scores, iou_threshold=0.5)
+    assert keep.tolist() == [0, 2]
+    assert dets.shape == (2, 5)
+
+
+def test_version_gate_names_the_fix(monkeypatch):
+    import mmcv
+    monkeypatch.setattr(mmcv, '__version__', '2.2.0')
+    with pytest.raises(ImportError, match=r'mmcv 2\.2\.0 is not supported.*make env'):
+        compat.check_stack()
+
+
+def test_missing_ops_names_the_fix(monkeypatch):
+    import builtins
+    real_import = builtins.__import__
+
+    def fake_import(name, *args, **kwargs):
+        if name == 'mmcv.ops':
+            raise ModuleNotFoundError("No module named 'mmcv._ext'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, '__import__', fake_import)
+    with pytest.raises(ImportError, match=r'has no compiled ops .*make env'):
+        compat.check_stack()
+
+
+def test_mmengine_checkpoint_with_message_hub_loads_with_weights_only(tmp_path):
+    from mmengine.logging import MessageHub
+    from mmengine.runner.checkpoint import load_checkpoint, save_checkpoint
+    hub = MessageHub.get_instance('vitdet_plugin_test_hub')
+    for i in range(5):
+        hub.update_scalar('train/loss', 1.0 / (i + 1))
+        hub.update_scalar('train/lr', np.float64(1e-3))
+    hub.update_info('iter', 5)
+    model = torch.nn.Linear(3, 2)
+    path = str(tmp_path / 'ckpt.pth')
+    save_checkpoint({'state_dict': model.state_dict(), 'message_hub': hub.state_dict(),
+                     'meta': {'epoch': 1, 'iter': 5, 'seed': np.int64(3)}}, path)
+    # the plain torch default (weights_only=True) now accepts it ...
+    ckpt = torch.load(path, weights_only=True)
+    restored = MessageHub.get_instance('vitdet_plugin_test_hub_2')
+    restored.load_state_dict(ckpt['message_hub'])
+    assert restored.get_scalar('train/loss').current() == pytest.approx(0.2)
+    assert restored.get_info('iter') == 5
+    # ... and so does mmengine's own loader used by Runner.resume
+    target = torch.nn.Linear(3, 2)
+    load_checkpoint(target, path)
+    assert torch.equal(target.weight, model.weight)
+
+
+def test_weights_only_still_refuses_other_objects(tmp_path):
+    path = str(tmp_path / 'other.pth')
+    torch.save({'obj': compat.UnsupportedEnvironmentError('x')}, path)
+    import pickle
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(path, weights_only=True)
+
+
+def test_version_attribute():
+    assert vitdet_plugin.__version__.count('.') == 2

@@ -1,0 +1,222 @@
+"""SwinBackbone: shapes vs the declared contract, parity with mmdet and timm, training modes."""
+import math
+
+import pytest
+import torch
+from helpers import assert_close_rel, max_rel_err, randomize_
+
+import vitdet_plugin  # noqa: F401
+from vitdet_plugin.models.backbones.swin import SWIN_ARCHS, SwinBackbone
+from vitdet_plugin.models.layers import eager_attention
+from vitdet_plugin.weights.swin import swin_to_mmdet
+
+SMALL = dict(arch=dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4)))
+
+
+def _expected_shapes(model, h, w, batch=1):
+    return [(batch, c, math.ceil(h / s), math.ceil(w / s))
+            for c, s in zip(model.out_channels, model.out_strides)]
+
+
+@pytest.mark.parametrize('arch', sorted(SWIN_ARCHS))
+@pytest.mark.parametrize('hw', [(224, 224), (513, 769), (800, 1216), (97, 131)])
+def test_preset_shapes_follow_contract(arch, hw):
+    with torch.device('meta'):
+        model = SwinBackbone(arch=arch, drop_path_rate=0.0).eval()
+        outs = model(torch.empty(1, 3, *hw))
+    spec = SWIN_ARCHS[arch]
+    c = spec['embed_dims']
+    assert model.out_channels == (c, 2 * c, 4 * c, 8 * c)
+    assert model.out_strides == (4, 8, 16, 32)
+    assert [tuple(o.shape) for o in outs] == _expected_shapes(model, *hw)
+
+
+def test_shapes_513x769_as_documented():
+    model = SwinBackbone(**SMALL).eval()
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, 513, 769))
+    assert [tuple(o.shape[-2:]) for o in outs] == [(129, 193), (65, 97), (33, 49), (17, 25)]
+
+
+@pytest.mark.parametrize('hw', [(97, 131), (61, 45), (224, 224)])
+def test_real_forward_shapes_and_out_indices(hw):
+    model = SwinBackbone(**SMALL, out_indices=(1, 3), window_size=(5, 7)).eval()
+    assert model.out_channels == (64, 256) and model.out_strides == (8, 32)
+    with torch.no_grad():
+        outs = model(torch.randn(2, 3, *hw))
+    assert [tuple(o.shape) for o in outs] == _expected_shapes(model, *hw, batch=2)
+    assert all(torch.isfinite(o).all() for o in outs)
+
+
+# --------------------------------------------------------------------------- parity
+def _mmdet_swin(embed_dims, depths, heads, window, **kw):
+    from mmdet.models.backbones import SwinTransformer
+    return SwinTransformer(embed_dims=embed_dims, depths=depths, num_heads=heads,
+                           window_size=window, drop_path_rate=0.0, out_indices=(0, 1, 2, 3),
+                           **kw).eval()
+
+
+@pytest.mark.parametrize('hw', [(224, 224), (97, 131), (200, 312), (67, 67)])
+@pytest.mark.parametrize('batch', [1, 2])
+def test_parity_with_mmdet_same_weights(hw, batch):
+    cfg = dict(embed_dims=32, depths=(2, 2, 2, 2), heads=(2, 2, 4, 4), window=7)
+    ref = randomize_(_mmdet_swin(**cfg))
+    ours = SwinBackbone(arch=dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4)),
+                        window_size=7, drop_path_rate=0.0).eval()
+    # load ours from the mmdet state dict through our converter (auto-detected format)
+    from vitdet_plugin.weights.swin import load_swin_pretrained
+    load_swin_pretrained(ours, {'state_dict': ref.state_dict()})
+    x = torch.randn(batch, 3, *hw)
+    with torch.no_grad():
+        assert_close_rel(ours(x), ref(x), tol=1e-5)
+
+
+def test_parity_with_mmdet_swin_tiny_and_abs_pos():
+    ref = randomize_(_mmdet_swin(96, (2, 2, 6, 2), (3, 6, 12, 24), 7, use_abs_pos_embed=True,
+                                 pretrain_img_size=224))
+    ours = SwinBackbone(arch='tiny', use_abs_pos_embed=True, drop_path_rate=0.0).eval()
+    ours.load_state_dict(_ours_from_mmdet(ref.state_dict()))
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        assert_close_rel(ours(x), ref(x), tol=1e-5)
+
+
+def _ours_from_mmdet(sd):
+    from vitdet_plugin.weights.swin import convert_swin
+    converted, _ = convert_swin(sd)
+    return converted
+
+
+def test_mmdet_export_roundtrip():
+    ours = randomize_(SwinBackbone(**SMALL)).eval()
+    sd = ours.state_dict()
+    back = _ours_from_mmdet(swin_to_mmdet(sd))
+    assert back.keys() == sd.keys()
+    for k in sd:
+        assert torch.equal(back[k], sd[k]), k
+
+
+def _timm_swin(img_size, embed_dim=32, depths=(2, 2, 2, 2), heads=(2, 2, 4, 4), window=7):
+    from timm.models.swin_transformer import SwinTransformer
+    return SwinTransformer(img_size=img_size, embed_dim=embed_dim, depths=depths,
+                           num_heads=heads, window_size=window, drop_path_rate=0.0,
+                           num_classes=10).eval()
+
+
+def _timm_stage_outputs(model, x):
+    x = model.patch_embed(x)
+    outs = []
+    for layer in model.layers:
+        x = layer(x)
+        outs.append(x)
+    return outs
+
+
+def _plain_ln(t):  # NHWC -> parameter-free LayerNorm over C
+    return torch.nn.functional.layer_norm(t, t.shape[-1:])
+
+
+def test_parity_with_timm_where_every_stage_has_several_windows():
+    hw = (448, 672)
+    ref = randomize_(_timm_swin(hw), seed=1)
+    ours = SwinBackbone(**SMALL, drop_path_rate=0.0).eval()
+    from vitdet_plugin.weights.swin import load_swin_pretrained
+    load_swin_pretrained(ours, ref.state_dict())   # timm layout, auto-detected
+    for i in range(4):  # compare through a parameter-free LayerNorm
+        norm = getattr(ours, f'norm{i}')
+        torch.nn.init.ones_(norm.weight)
+        torch.nn.init.zeros_(norm.bias)
+    x = torch.randn(1, 3, *hw)
+    with torch.no_grad():
+        refs = [_plain_ln(t).permute(0, 3, 1, 2) for t in _timm_stage_outputs(ref, x)]
+        assert_close_rel(ours(x), refs, tol=1e-5)
+
+
+# --------------------------------------------------------------------------- attention paths
+def test_fused_and_eager_attention_agree_with_shift_padding_and_batch():
+    model = randomize_(SwinBackbone(**SMALL, window_size=(5, 7))).eval()
+    x = torch.randn(2, 3, 93, 141)
+    with torch.no_grad():
+        fused = model(x)
+        with eager_attention(model):
+            eager = model(x)
+    assert_close_rel(fused, eager, tol=1e-5)
+
+
+def test_bias_cache_follows_parameter_updates():
+    model = SwinBackbone(**SMALL).eval()
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        before = model(x)
+        model.layers[0].blocks[1].attn.relative_position_bias_table.add_(0.5)
+        after = model(x)
+        model.train()  # training forward must not reuse stale caches either
+        model.eval()
+        again = model(x)
+    assert max_rel_err(after[0], before[0]) > 1e-3
+    assert_close_rel(again, after, tol=0)
+
+
+def test_with_cp_same_outputs_and_grads():
+    torch.manual_seed(0)
+    a = randomize_(SwinBackbone(**SMALL, drop_path_rate=0.0))
+    b = randomize_(SwinBackbone(**SMALL, drop_path_rate=0.0, with_cp=True))
+    x = torch.randn(2, 3, 70, 90)
+    outs_a, outs_b = a.train()(x), b.train()(x)
+    assert_close_rel(outs_b, outs_a, tol=1e-6)
+    sum(o.square().mean() for o in outs_a).backward()
+    sum(o.square().mean() for o in outs_b).backward()
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert max_rel_err(pb.grad, pa.grad) <= 1e-5, name
+
+
+# --------------------------------------------------------------------------- training modes
+def test_every_trainable_parameter_gets_a_gradient():
+    model = SwinBackbone(**SMALL, use_abs_pos_embed=True, pretrain_img_size=64).train()
+    outs = model(torch.randn(1, 3, 64, 96))
+    sum(o.mean() for o in outs).backward()
+    no_grad = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert no_grad == []
+
+
+@pytest.mark.parametrize('frozen', [0, 1, 2, 4])
+def test_frozen_stages_applied_at_init_and_kept_in_train(frozen):
+    model = SwinBackbone(**SMALL, frozen_stages=frozen, use_abs_pos_embed=True,
+                         pretrain_img_size=64)
+    frozen_prefixes = ['patch_embed.', 'absolute_pos_embed'] + [
+        f'layers.{i}.' for i in range(frozen)] + [f'norm{i}.' for i in range(frozen)]
+    for name, p in model.named_parameters():
+        should_freeze = any(name.startswith(pref) for pref in frozen_prefixes)
+        assert p.requires_grad != should_freeze, name
+    assert model.train() is model                       # chains, unlike mmdet's train()
+    assert not model.patch_embed.training
+    assert all(not model.layers[i].training for i in range(frozen))
+    if frozen < 4:
+        assert model.layers[frozen].training
+    outs = model(torch.randn(1, 3, 64, 64))
+    sum(o.mean() for o in outs).backward()
+    for name, p in model.named_parameters():
+        assert (p.grad is None) == (not p.requires_grad), name
+
+
+def test_eval_returns_module_and_norm_eval():
+    model = SwinBackbone(**SMALL, norm_eval=True, norm_cfg=dict(type='BN'))
+    assert model.eval() is model
+    model.train()
+    assert all(not m.training for m in model.modules()
+               if isinstance(m, torch.nn.modules.batchnorm._BatchNorm))
+
+
+def test_drop_path_schedule_is_linear():
+    model = SwinBackbone(**SMALL, drop_path_rate=0.3)
+    rates = [blk.drop_path.drop_prob if hasattr(blk.drop_path, 'drop_prob') else 0.0
+             for stage in model.layers for blk in stage.blocks]
+    assert rates == pytest.approx([0.3 * i / 7 for i in range(8)])
+
+
+def test_abs_pos_embed_interpolated_to_any_size():
+    model = SwinBackbone(**SMALL, use_abs_pos_embed=True, pretrain_img_size=224).eval()
+    assert tuple(model.absolute_pos_embed.shape) == (1, 32, 56, 56)
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, 130, 301))
+    assert tuple(outs[0].shape) == (1, 32, 33, 76)

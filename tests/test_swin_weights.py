@@ -1,0 +1,191 @@
+"""Swin checkpoint formats: detection, conversion round trips, resizing, strict and safe loading."""
+import logging
+import os
+import pickle
+import re
+
+import pytest
+import torch
+from helpers import assert_close_rel, randomize_
+
+import vitdet_plugin  # noqa: F401
+from vitdet_plugin.models.backbones.swin import SwinBackbone
+from vitdet_plugin.weights import CheckpointError
+from vitdet_plugin.weights.swin import (convert_swin, detect_swin_format, load_swin_pretrained,
+                                        swin_to_mmdet)
+
+ARCH = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4))
+
+
+def _ours(**kw):
+    return SwinBackbone(arch=ARCH, drop_path_rate=0.0, **kw).eval()
+
+
+def _official_from(model: SwinBackbone) -> dict:
+    """What microsoft/Swin-Transformer saves for these weights: ``{'model': sd}`` with the
+    index / mask buffers, the final norm and the classification head, no output norms."""
+    from vitdet_plugin.models.layers import relative_position_index, shifted_window_mask
+    sd = {k: v.clone() for k, v in model.state_dict().items() if not re.match(r'norm\d', k)}
+    for i, stage in enumerate(model.layers):
+        for j, blk in enumerate(stage.blocks):
+            sd[f'layers.{i}.blocks.{j}.attn.relative_position_index'] = \
+                relative_position_index(blk.window_size)
+            if blk.shifted:
+                sd[f'layers.{i}.blocks.{j}.attn_mask'] = shifted_window_mask(
+                    (56 >> i, 56 >> i), blk.window_size, blk.shift_size)
+    c = model.num_features[-1]
+    sd.update({'norm.weight': torch.randn(c), 'norm.bias': torch.randn(c),
+               'head.weight': torch.randn(1000, c), 'head.bias': torch.randn(1000)})
+    return {'model': sd}
+
+
+def _assert_same_weights(model, other, skip=r'^norm\d'):
+    a, b = model.state_dict(), other.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        if not re.match(skip, k):
+            assert torch.equal(a[k], b[k]), k
+
+
+def test_official_checkpoint_loads_and_matches_mmdet_loading_the_same_file(tmp_path, caplog):
+    src = randomize_(_ours())
+    path = str(tmp_path / 'swin_official.pth')
+    torch.save(_official_from(src), path)
+
+    ours = _ours(init_cfg=dict(type='Pretrained', checkpoint=path))
+    with caplog.at_level(logging.WARNING, logger='vitdet_plugin'):
+        ours.init_weights()
+    _assert_same_weights(ours, src)
+    assert 'norm0.weight' in caplog.text  # output norms are reported as kept at init
+
+    from mmdet.models.backbones import SwinTransformer
+    ref = SwinTransformer(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4),
+                          drop_path_rate=0.0, convert_weights=True,
+                          init_cfg=dict(type='Pretrained', checkpoint=path))
+    ref.init_weights()
+    ref.eval()
+    x = torch.randn(1, 3, 160, 224)
+    with torch.no_grad():
+        assert_close_rel(ours.eval()(x), ref(x), tol=1e-5)
+
+
+def test_detect_formats():
+    src = randomize_(_ours())
+    sd = src.state_dict()
+    assert detect_swin_format(sd) == 'ours'
+    assert detect_swin_format(_official_from(src)['model']) == 'official'
+    assert detect_swin_format(swin_to_mmdet(sd)) == 'mmdet'
+    assert detect_swin_format({'backbone.' + k: v for k, v in sd.items()}) == 'swin_od'
+    from timm.models.swin_transformer import SwinTransformer
+    timm_sd = SwinTransformer(embed_dim=32, depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4),
+                              num_classes=5).state_dict()
+    assert detect_swin_format(timm_sd) == 'timm'
+
+
+def test_swin_od_detection_checkpoint(tmp_path):
+    src = randomize_(_ours(use_abs_pos_embed=True, pretrain_img_size=224))
+    sd = {'backbone.' + k: v for k, v in src.state_dict().items()}
+    sd.update({'neck.lateral_convs.0.conv.weight': torch.randn(8, 32, 1, 1),
+               'bbox_head.cls.weight': torch.randn(3, 8)})
+    ours = _ours(use_abs_pos_embed=True, pretrain_img_size=224)
+    dropped = load_swin_pretrained(ours, {'state_dict': sd, 'meta': {'epoch': 12}})
+    _assert_same_weights(ours, src, skip='^$')
+    assert set(dropped) == {'neck.lateral_convs.0.conv.weight', 'bbox_head.cls.weight'}
+
+
+def test_mmdet_and_mmpretrain_checkpoints():
+    src = randomize_(_ours())
+    mm = swin_to_mmdet(src.state_dict())
+    for wrapped in ({'state_dict': mm},                                       # mmdet backbone
+                    {'state_dict': {**{'backbone.' + k: v for k, v in mm.items()},  # mmpretrain
+                                    'head.fc.weight': torch.randn(10, 256)}}):
+        ours = _ours()
+        load_swin_pretrained(ours, wrapped)
+        _assert_same_weights(ours, src, skip='^$')
+
+
+def test_timm_roundtrip_weights():
+    from timm.models.swin_transformer import SwinTransformer
+    ref = randomize_(SwinTransformer(embed_dim=32, depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4),
+                                     num_classes=5))
+    ours = _ours()
+    load_swin_pretrained(ours, ref.state_dict())
+    rsd = ref.state_dict()
+    osd = ours.state_dict()
+    assert torch.equal(osd['layers.0.downsample.reduction.weight'],
+                       rsd['layers.1.downsample.reduction.weight'])
+    assert torch.equal(osd['layers.3.blocks.1.attn.relative_position_bias_table'],
+                       rsd['layers.3.blocks.1.attn.relative_position_bias_table'])
+
+
+def test_window_resize_matches_mmdet(tmp_path):
+    src = randomize_(_ours())  # window 7
+    path = str(tmp_path / 'w7.pth')
+    torch.save(_official_from(src), path)
+    ours = _ours(window_size=12, init_cfg=dict(type='Pretrained', checkpoint=path))
+    ours.init_weights()
+    from mmdet.models.backbones import SwinTransformer
+    ref = SwinTransformer(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4),
+                          window_size=12, convert_weights=True,
+                          init_cfg=dict(type='Pretrained', checkpoint=path))
+    ref.init_weights()
+    table = ours.layers[2].blocks[1].attn.relative_position_bias_table
+    assert tuple(table.shape) == (23 * 23, 4)
+    assert torch.allclose(table, ref.stages[2].blocks[1].attn.w_msa.relative_position_bias_table,
+                          atol=1e-6)
+
+
+def test_abs_pos_embed_resized_from_token_layout():
+    sd = swin_to_mmdet(randomize_(_ours(use_abs_pos_embed=True, pretrain_img_size=224))
+                       .state_dict())
+    assert sd['absolute_pos_embed'].shape == (1, 56 * 56, 32)
+    converted, _ = convert_swin(sd, pos_grid=(96, 96))
+    assert converted['absolute_pos_embed'].shape == (1, 32, 96, 96)
+
+
+# --------------------------------------------------------------------------- errors
+def test_missing_checkpoint_file():
+    model = _ours(init_cfg=dict(type='Pretrained', checkpoint='/nonexistent/swin.pth'))
+    with pytest.raises(FileNotFoundError, match="'/nonexistent/swin.pth' does not exist"):
+        model.init_weights()
+
+
+def test_unrecognised_checkpoint_format():
+    with pytest.raises(CheckpointError, match='unrecognised checkpoint format'):
+        load_swin_pretrained(_ours(), {'state_dict': {'conv1.weight': torch.zeros(3)}})
+
+
+def test_checkpoint_for_a_different_arch_lists_keys():
+    src = randomize_(SwinBackbone(arch='tiny'))
+    with pytest.raises(CheckpointError) as err:
+        load_swin_pretrained(_ours(), src.state_dict())
+    msg = str(err.value)
+    assert 'shape mismatch' in msg and 'patch_embed.proj.weight: Swin checkpoint (96, 3, 4, 4)' \
+        ' vs model (32, 3, 4, 4)' in msg
+    assert 'unexpected in the Swin checkpoint: layers.2.blocks.2.' in msg
+
+
+def test_missing_backbone_keys_are_an_error():
+    sd = randomize_(_ours()).state_dict()
+    del sd['layers.1.blocks.0.mlp.fc1.weight']
+    with pytest.raises(CheckpointError, match=r'missing from the Swin checkpoint: '
+                                              r'layers\.1\.blocks\.0\.mlp\.fc1\.weight'):
+        load_swin_pretrained(_ours(), sd)
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ('touch /tmp/vitdet_plugin_pwned',))
+
+
+def test_malicious_checkpoint_is_refused_and_nothing_runs(tmp_path):
+    marker = '/tmp/vitdet_plugin_pwned'
+    if os.path.exists(marker):
+        os.remove(marker)
+    path = str(tmp_path / 'evil.pth')
+    with open(path, 'wb') as f:
+        pickle.dump({'state_dict': {'x': _Payload()}}, f)
+    model = _ours(init_cfg=dict(type='Pretrained', checkpoint=path))
+    with pytest.raises(CheckpointError, match='refused to load .*could run arbitrary code'):
+        model.init_weights()
+    assert not os.path.exists(marker)

@@ -1,0 +1,223 @@
+#!/usr/bin/env python
+"""Speed and memory of our backbones vs the reference implementations, side by side.
+
+Same config, same weights, same process, interleaved repeats; results as ratios (ours / ref).
+
+    python tools/benchmark.py                       # Swin-T at 224, 800x1216, 1024 on CPU
+    python tools/benchmark.py --sizes 800x1216 --repeats 5
+    python tools/benchmark.py --device cuda          # with a GPU
+    python tools/benchmark.py --model vit            # ViT-B vs timm samvit (tools/benchmark_vit.py)
+
+Columns: ``fwd`` median forward seconds (no grad, eval mode); ``fwd+bwd`` median seconds of a
+training forward and backward; ``act MB``: on CPU, the distinct storages autograd saves for
+backward in a training forward (parameters excluded); on CUDA, the peak allocated memory of a
+training forward+backward above the model's own footprint.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List, Sequence, Tuple
+
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def parse_size(s: str) -> Tuple[int, int]:
+    h, _, w = s.partition('x')
+    return int(h), int(w or h)
+
+
+def sync(device: str) -> None:
+    if device.startswith('cuda'):
+        torch.cuda.synchronize()
+
+
+def saved_activation_bytes(fn: Callable[[], object], params: Sequence[torch.Tensor]) -> int:
+    """Bytes of distinct storages autograd saves for backward while ``fn`` runs."""
+    param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+    storages: Dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        st = t.untyped_storage()
+        if st.data_ptr() not in param_ptrs:
+            storages[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    del out
+    return sum(storages.values())
+
+
+def peak_cuda_bytes(fn: Callable[[], object]) -> int:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = fn()
+    loss = sum(o.float().mean() for o in out)
+    loss.backward()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def time_calls(models: Dict[str, nn.Module], make_call: Callable[[nn.Module], Callable[[], object]],
+               repeats: int, device: str, warmup: int = 1) -> Dict[str, float]:
+    """Median seconds per model, interleaving the models on every repeat."""
+    calls = {name: make_call(m) for name, m in models.items()}
+    for _ in range(warmup):
+        for call in calls.values():
+            call()
+    times: Dict[str, List[float]] = {name: [] for name in models}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            sync(device)
+            t0 = time.perf_counter()
+            call()
+            sync(device)
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def forward_call(model: nn.Module, x: torch.Tensor) -> Callable[[], object]:
+    def call():
+        with torch.no_grad():
+            return model(x)
+    return call
+
+
+def train_call(model: nn.Module, x: torch.Tensor) -> Callable[[], object]:
+    def call():
+        model.zero_grad(set_to_none=True)
+        out = model(x)
+        out = out if isinstance(out, (tuple, list)) else (out, )
+        sum(o.float().mean() for o in out).backward()
+    return call
+
+
+def feature_list(out) -> List[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return list(out)
+
+
+class TimmSwinFeatures(nn.Module):
+    """timm's swin returning per-stage NCHW features (like a detection backbone)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        x = self.model.patch_embed(x)
+        outs = []
+        for layer in self.model.layers:
+            x = layer(x)
+            outs.append(x.permute(0, 3, 1, 2))
+        return outs
+
+
+def build_swin_models(arch: str, img_size: Tuple[int, int], with_cp: bool) -> Dict[str, nn.Module]:
+    from mmdet.models.backbones import SwinTransformer
+    from timm.models.swin_transformer import SwinTransformer as TimmSwin
+
+    import vitdet_plugin  # noqa: F401
+    from vitdet_plugin.models.backbones.swin import SWIN_ARCHS, SwinBackbone
+    from vitdet_plugin.weights.swin import convert_swin, swin_to_mmdet
+    spec = SWIN_ARCHS[arch]
+    ours = SwinBackbone(arch=arch, drop_path_rate=0.0, with_cp=with_cp)
+    ours.init_weights()
+    mm = SwinTransformer(embed_dims=spec['embed_dims'], depths=spec['depths'],
+                         num_heads=spec['num_heads'], drop_path_rate=0.0, with_cp=with_cp)
+    mm.load_state_dict(swin_to_mmdet(ours.state_dict()))
+    models: Dict[str, nn.Module] = {'ours': ours, 'mmdet': mm}
+    if not with_cp:
+        tm = TimmSwin(img_size=img_size, embed_dim=spec['embed_dims'], depths=spec['depths'],
+                      num_heads=spec['num_heads'], drop_path_rate=0.0, num_classes=0,
+                      strict_img_size=False)
+        sd = {k: v for k, v in ours.state_dict().items() if not k[:4] == 'norm'}
+        sd = {(f'layers.{int(k.split(".")[1]) + 1}.' + k.split('.', 2)[2]
+               if '.downsample.' in k else k): v for k, v in sd.items()}
+        missing, unexpected = tm.load_state_dict(sd, strict=False)
+        assert not unexpected and all('norm' in k or 'index' in k or 'mask' in k
+                                      for k in missing), (missing, unexpected)
+        models['timm'] = TimmSwinFeatures(tm)
+    return models
+
+
+def bench_swin(args) -> List[dict]:
+    rows = []
+    for size in args.sizes:
+        for with_cp in ([False, True] if args.with_cp else [False]):
+            models = {k: m.to(args.device) for k, m in
+                      build_swin_models(args.arch, size, with_cp).items()}
+            x = torch.randn(1, 3, *size, device=args.device)
+            row = {'size': f'{size[0]}x{size[1]}', 'with_cp': with_cp}
+            if not with_cp:
+                for m in models.values():
+                    m.eval()
+                row['fwd'] = time_calls(models, lambda m: forward_call(m, x), args.repeats,
+                                        args.device)
+            xt = torch.randn(1, 3, *args.train_size, device=args.device)
+            for m in models.values():
+                m.train()
+            if not args.skip_backward:
+                row['fwd+bwd'] = time_calls(models, lambda m: train_call(m, xt),
+                                            max(1, args.repeats // 2), args.device)
+            mem = {}
+            for name, m in models.items():
+                if args.device.startswith('cuda'):
+                    mem[name] = peak_cuda_bytes(lambda: m(xt)) / 2**20
+                else:
+                    mem[name] = saved_activation_bytes(lambda: m(xt), list(m.parameters())) / 2**20
+            row['act MB'] = mem
+            rows.append(row)
+            print_row(row, 'mmdet')
+    return rows
+
+
+def print_row(row: dict, ref_first: str) -> None:
+    head = f"{row['size']:>10}{' cp' if row.get('with_cp') else '   '}"
+    parts = []
+    for metric in ('fwd', 'fwd+bwd', 'act MB'):
+        vals = row.get(metric)
+        if not vals:
+            continue
+        ours = vals['ours']
+        refs = ', '.join(f'{k} {v:.3g}' for k, v in vals.items() if k != 'ours')
+        ratios = ', '.join(f'/{k} {ours / v:.2f}x' for k, v in vals.items() if k != 'ours' and v)
+        parts.append(f'{metric}: ours {ours:.3g} ({refs}) ratio {ratios}')
+    print(head + ' | ' + ' | '.join(parts), flush=True)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument('--model', choices=['swin', 'vit'], default='swin')
+    p.add_argument('--arch', default='tiny')
+    p.add_argument('--sizes', nargs='+', type=parse_size,
+                   default=[(224, 224), (800, 1216), (1024, 1024)])
+    p.add_argument('--train-size', type=parse_size, default=(512, 512),
+                   help='input size of the training forward/backward and memory columns')
+    p.add_argument('--repeats', type=int, default=3)
+    p.add_argument('--device', default='cpu')
+    p.add_argument('--threads', type=int, default=None)
+    p.add_argument('--with-cp', action='store_true', help='also measure with_cp=True')
+    p.add_argument('--skip-backward', action='store_true')
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    print(f'device={args.device} threads={torch.get_num_threads()} torch={torch.__version__}')
+    if args.model == 'vit':
+        import benchmark_vit  # tools/benchmark_vit.py
+        benchmark_vit.main([f'--device={args.device}', f'--repeats={args.repeats}'])
+        return
+    bench_swin(args)
+
+
+if __name__ == '__main__':
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    main()

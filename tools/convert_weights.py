@@ -1,0 +1,82 @@
+#!/usr/bin/env python
+"""Convert a Swin or ViT checkpoint of any supported format to vitdet_plugin's layout.
+
+    python tools/convert_weights.py swin_tiny_patch4_window7_224.pth swin_t_ours.pth
+    python tools/convert_weights.py mae_pretrain_vit_base.pth vit_b_ours.pth --model vit
+    python tools/convert_weights.py ckpt.pth out.pth --window-size 12   # resize bias tables
+
+The source format is detected (official Microsoft Swin, Swin detection repo, timm, mmdet /
+mmpretrain for Swin; timm / DeiT / MAE, SAM, detectron2 ViTDet for ViT). Files are read with
+``torch.load(weights_only=True)``; the output is ``{'state_dict': sd, 'meta': {...}}``, loadable
+with ``init_cfg=dict(type='Pretrained', checkpoint=OUT)``.
+"""
+import argparse
+import os
+import sys
+from typing import List, Optional
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from vitdet_plugin.weights import (CheckpointError, load_checkpoint_file,  # noqa: E402
+                                   unwrap_state_dict)
+from vitdet_plugin.weights.swin import convert_swin, detect_swin_format  # noqa: E402
+
+
+def _convert_vit(sd, args):
+    from vitdet_plugin.weights import vit as vit_weights
+    fmt = vit_weights.detect_vit_format(sd)
+    kwargs = {}
+    if args.pos_grid:
+        kwargs['pos_grid'] = tuple(args.pos_grid)
+    out = vit_weights.convert_vit(sd, **kwargs)
+    converted = out[0] if isinstance(out, tuple) else out
+    return fmt, converted, (out[1] if isinstance(out, tuple) and len(out) > 1 else [])
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('src', help='input checkpoint')
+    p.add_argument('dst', help='output checkpoint (.pth)')
+    p.add_argument('--model', choices=['auto', 'swin', 'vit'], default='auto')
+    p.add_argument('--window-size', type=int, nargs='+', default=None,
+                   help='Swin: target window size (h [w]); bias tables are resized')
+    p.add_argument('--pos-grid', type=int, nargs=2, default=None,
+                   help='target absolute position grid (h w)')
+    args = p.parse_args(argv)
+
+    try:
+        sd = unwrap_state_dict(load_checkpoint_file(args.src))
+        model = args.model
+        if model == 'auto':
+            try:
+                detect_swin_format(sd)
+                model = 'swin'
+            except CheckpointError:
+                model = 'vit'
+        if model == 'swin':
+            fmt = detect_swin_format(sd)
+            window = None
+            if args.window_size:
+                window = tuple(args.window_size * (2 if len(args.window_size) == 1 else 1))
+            converted, dropped = convert_swin(
+                sd, window_size=window, pos_grid=tuple(args.pos_grid) if args.pos_grid else None)
+        else:
+            fmt, converted, dropped = _convert_vit(sd, args)
+    except (CheckpointError, FileNotFoundError) as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 1
+    os.makedirs(os.path.dirname(os.path.abspath(args.dst)), exist_ok=True)
+    tmp = args.dst + '.tmp'
+    torch.save({'state_dict': converted,
+                'meta': {'converted_from': fmt, 'model': model, 'source': args.src}}, tmp)
+    os.replace(tmp, args.dst)
+    print(f'{args.src}: {model} checkpoint in {fmt!r} format -> {args.dst} '
+          f'({len(converted)} tensors, {len(dropped)} non-backbone keys dropped)')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Build the vitdet_plugin environment in .venv (idempotent).
+#
+#   torch 2.14.1 / torchvision 0.29.1, mmengine 0.10.7, mmdet 3.3.0,
+#   mmcv 2.1.0 *with compiled ops* built from the PyPI sdist (cached as a wheel).
+#
+# Environment variables:
+#   VITDET_VENV         venv directory                     (default: .venv)
+#   VITDET_PYTHON       interpreter used to create it      (default: python3.11)
+#   VITDET_WHEEL_CACHE  where the built mmcv wheel is kept (default: ~/.cache/vitdet_plugin/wheels)
+#   MAX_JOBS            parallel compile jobs for mmcv     (default: number of cores)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${VITDET_VENV:-$ROOT/.venv}"
+PY_BOOT="${VITDET_PYTHON:-python3.11}"
+WHEELS="${VITDET_WHEEL_CACHE:-$HOME/.cache/vitdet_plugin/wheels}"
+TORCH_SPEC="torch==2.14.1 torchvision==0.29.1"
+MMCV_VERSION="2.1.0"
+export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+
+say() { printf '\033[1m[make env]\033[0m %s\n' "$*"; }
+
+if [ ! -x "$VENV/bin/python" ]; then
+    say "creating virtualenv $VENV with $PY_BOOT"
+    "$PY_BOOT" -m venv "$VENV"
+else
+    say "virtualenv $VENV exists"
+fi
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip --disable-pip-version-check)
+
+have() {  # have <module> <version-prefix>: is an importable module at that version present?
+    "$PY" - "$1" "$2" <<'PYEOF' >/dev/null 2>&1
+import importlib.metadata as md, sys
+name, want = sys.argv[1], sys.argv[2]
+sys.exit(0 if md.version(name).startswith(want) else 1)
+PYEOF
+}
+
+if have torch 2.14.1 && have torchvision 0.29.1; then
+    say "torch 2.14.1 / torchvision 0.29.1 already installed"
+else
+    say "installing $TORCH_SPEC"
+    "${PIP[@]}" install $TORCH_SPEC
+fi
+
+say "installing build tools (setuptools<70 for mmcv's pkg_resources, wheel, ninja)"
+"${PIP[@]}" install -q "setuptools<70" wheel ninja
+
+mmcv_has_ops() {
+    "$PY" -c "import mmcv, mmcv.ops; assert mmcv.__version__ == '$MMCV_VERSION'" >/dev/null 2>&1
+}
+
+if mmcv_has_ops; then
+    say "mmcv $MMCV_VERSION with ops already installed"
+else
+    mkdir -p "$WHEELS"
+    WHEEL="$(ls "$WHEELS"/mmcv-"$MMCV_VERSION"-*.whl 2>/dev/null | head -n1 || true)"
+    if [ -z "$WHEEL" ]; then
+        say "no cached mmcv wheel in $WHEELS: building mmcv $MMCV_VERSION with ops from the sdist"
+        say "(this compiles ~77 C++ files; about 12-30 minutes on 2 cores, MAX_JOBS=$MAX_JOBS)"
+        BUILD="$(mktemp -d)"
+        "${PIP[@]}" download --no-deps --no-binary :all: "mmcv==$MMCV_VERSION" -d "$BUILD"
+        tar -xzf "$BUILD"/mmcv-"$MMCV_VERSION".tar.gz -C "$BUILD"
+        SRC="$BUILD/mmcv-$MMCV_VERSION"
+        # torch >= 2.10 headers need C++20; mmcv 2.1.0 hard-codes -std=c++17.
+        sed -i 's/-std=c++17/-std=c++20/g' "$SRC/setup.py"
+        grep -q 'c++20' "$SRC/setup.py" || { echo "patching mmcv setup.py failed" >&2; exit 1; }
+        if command -v nvcc >/dev/null 2>&1 && "$PY" -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+            say "nvcc and a GPU found: CUDA ops will be built too"
+            export FORCE_CUDA=1
+        fi
+        (cd "$SRC" && MMCV_WITH_OPS=1 "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$WHEELS" .)
+        rm -rf "$BUILD"
+        WHEEL="$(ls "$WHEELS"/mmcv-"$MMCV_VERSION"-*.whl | head -n1)"
+        say "cached $WHEEL"
+    else
+        say "reusing cached wheel $WHEEL"
+    fi
+    "${PIP[@]}" install "$WHEEL"
+fi
+
+say "installing mmengine 0.10.7, mmdet 3.3.0, the plugin (editable) and test extras"
+if [ -f "$ROOT/setup.py" ]; then
+    "${PIP[@]}" install -q -e "$ROOT[tests]"
+else
+    "${PIP[@]}" install -q mmengine==0.10.7 mmdet==3.3.0
+fi
+mmcv_has_ops || { echo "mmcv.ops is not importable after install" >&2; exit 1; }
+say "done: $("$PY" -c 'import torch, mmcv, mmdet, mmengine; print(f"torch {torch.__version__}, mmcv {mmcv.__version__}, mmengine {mmengine.__version__}, mmdet {mmdet.__version__}")')"

@@ -1,0 +1,90 @@
+"""Runtime compatibility checks and fixes, applied once when ``vitdet_plugin`` is imported.
+
+* The supported stack is checked (mmcv with compiled ops, mmengine, mmdet); a broken one raises
+  :class:`EnvironmentError` naming the fix (``make env``) instead of failing later deep inside
+  a model build.
+* torch >= 2.6 loads checkpoints with ``weights_only=True`` by default, and mmengine 0.10.7's
+  resume then fails on the objects its checkpoints carry (``HistoryBuffer`` in the message hub,
+  numpy arrays and scalars; mmengine#1655). We allow-list exactly those classes with
+  :func:`torch.serialization.add_safe_globals`; ``weights_only`` stays on, so a checkpoint
+  carrying any other object is still refused.
+"""
+from typing import List, Tuple
+
+import torch
+
+MMCV_RANGE = ('2.0.0rc4', '2.2.0')
+MMENGINE_RANGE = ('0.10.0', '0.11.0')
+MMDET_RANGE = ('3.0.0', '3.4.0')
+FIX_HINT = 'run `make env` in the vitdet_plugin checkout (it builds mmcv 2.1.0 with ops)'
+
+
+class UnsupportedEnvironmentError(ImportError):
+    """The installed OpenMMLab stack cannot run vitdet_plugin."""
+
+
+def _version_in(version: str, lo: str, hi: str) -> bool:
+    from packaging.version import parse
+    return parse(lo) <= parse(version) < parse(hi)
+
+
+def check_stack() -> None:
+    """Raise :class:`ImportError` with the fix when mmcv/mmengine/mmdet are unusable."""
+    try:
+        import mmcv
+        import mmdet
+        import mmengine
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise UnsupportedEnvironmentError(f'vitdet_plugin needs mmcv, mmengine and mmdet: {e}; '
+                                f'{FIX_HINT}') from e
+    for name, module, (lo, hi) in (('mmcv', mmcv, MMCV_RANGE),
+                                   ('mmengine', mmengine, MMENGINE_RANGE),
+                                   ('mmdet', mmdet, MMDET_RANGE)):
+        if not _version_in(module.__version__, lo, hi):
+            raise UnsupportedEnvironmentError(f'{name} {module.__version__} is not supported: vitdet_plugin '
+                                    f'needs {lo} <= {name} < {hi}; {FIX_HINT}')
+    try:
+        from mmcv.ops import nms  # noqa: F401  (loads the compiled extension)
+    except (ImportError, ModuleNotFoundError, OSError) as e:
+        raise UnsupportedEnvironmentError(
+            f'mmcv {mmcv.__version__} has no compiled ops (mmcv-lite or a build without '
+            f'MMCV_WITH_OPS=1): {e}; {FIX_HINT}') from e
+
+
+def mmengine_safe_globals() -> List[object]:
+    """The classes mmengine checkpoints carry besides tensors and builtins."""
+    import numpy as np
+    from mmengine.logging import HistoryBuffer
+
+    safe: List[object] = [HistoryBuffer, np.ndarray, np.dtype]
+    # numpy pickles arrays through ``_reconstruct`` and scalars through ``scalar``; the module
+    # moved from numpy.core to numpy._core in numpy 2.
+    for modname in ('numpy._core.multiarray', 'numpy.core.multiarray'):
+        try:
+            mod = __import__(modname, fromlist=['_reconstruct', 'scalar'])
+        except ImportError:
+            continue
+        safe += [mod._reconstruct, mod.scalar]
+        break
+    # dtypes are pickled by their class (numpy >= 1.25: numpy.dtypes.Float64DType, ...)
+    dtypes = getattr(np, 'dtypes', None)
+    if dtypes is not None:
+        safe += [getattr(dtypes, n) for n in dir(dtypes) if n.endswith('DType')
+                 and isinstance(getattr(dtypes, n), type)]
+    return safe
+
+
+def register_safe_globals() -> Tuple[str, ...]:
+    """Allow-list mmengine's checkpoint classes for ``torch.load(weights_only=True)``."""
+    add = getattr(torch.serialization, 'add_safe_globals', None)
+    if add is None:  # torch < 2.4 has no weights_only default to fix
+        return ()
+    safe = mmengine_safe_globals()
+    add(safe)
+    return tuple(getattr(s, '__qualname__', repr(s)) for s in safe)
+
+
+def apply() -> None:
+    """Check the stack and install the fixes (idempotent)."""
+    check_stack()
+    register_safe_globals()

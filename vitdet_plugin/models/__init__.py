@@ -1,0 +1,2 @@
+"""Models registered into mmdet's ``MODELS`` registry (importing registers them)."""
+from . import backbones, layers  # noqa: F401

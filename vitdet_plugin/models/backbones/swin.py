@@ -1,0 +1,373 @@
+"""Swin Transformer backbone with detection semantics (Swin-Transformer-Object-Detection / mmdet).
+
+Patch partition + linear embedding, stages of alternating W-MSA / SW-MSA blocks with a
+relative-position bias and the shifted-window mask, patch merging between stages, and a
+LayerNorm per output. Any input size works: the image is padded to the patch size and each
+block pads its input to the window size (zeros at the bottom/right), so an ``H x W`` input gives
+stride-``s`` maps of ``ceil(H / s) x ceil(W / s)``.
+
+Parameter names follow the official Microsoft layout (``layers.{i}.blocks.{j}...``, downsample
+at the end of stage ``i``), so official checkpoints load without renaming; other layouts are
+converted by :mod:`vitdet_plugin.weights.swin`.
+"""
+from functools import partial
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+from mmcv.cnn import build_activation_layer, build_norm_layer
+from mmdet.registry import MODELS
+from mmengine.model import BaseModule
+from mmengine.model.weight_init import trunc_normal_
+from torch import Tensor, nn
+
+from ...weights.swin import load_swin_pretrained
+from ..layers import (DropPath, Mlp, PatchEmbed, PatchMerging, WindowAttention,
+                      linear_drop_path_rates, pad_hw, shifted_window_mask, to_2tuple,
+                      window_partition, window_reverse)
+
+#: ``arch`` presets: embed dims, depths and heads of the published Swin models.
+SWIN_ARCHS: Dict[str, dict] = {
+    'tiny': dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)),
+    'small': dict(embed_dims=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24)),
+    'base': dict(embed_dims=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)),
+    'large': dict(embed_dims=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48)),
+}
+
+
+class SwinBlock(nn.Module):
+    """One Swin block on ``(B, H, W, C)``: (shifted) window attention, then an MLP.
+
+    Args:
+        dim: channels.
+        num_heads: attention heads.
+        window_size: ``(wh, ww)``.
+        shift: shift the windows by half a window (SW-MSA) instead of W-MSA.
+        mlp_ratio: MLP hidden width / ``dim``.
+        drop_path: stochastic-depth rate of this block.
+        norm_cfg, act_cfg: mmcv config dicts for the norms and the MLP activation.
+    """
+
+    def __init__(self, dim: int, num_heads: int, window_size: Tuple[int, int], shift: bool,
+                 mlp_ratio: float = 4.0, qkv_bias: bool = True,
+                 qk_scale: Optional[float] = None, drop: float = 0.0, attn_drop: float = 0.0,
+                 drop_path: float = 0.0, norm_cfg: Optional[dict] = None,
+                 act_cfg: Optional[dict] = None, fused_attn: bool = True) -> None:
+        super().__init__()
+        norm_cfg = norm_cfg or dict(type='LN')
+        act_cfg = act_cfg or dict(type='GELU')
+        self.window_size = window_size
+        self.shift_size = (window_size[0] // 2, window_size[1] // 2) if shift else (0, 0)
+        self.norm1 = build_norm_layer(norm_cfg, dim)[1]
+        self.attn = WindowAttention(dim, num_heads, window_size, qkv_bias, qk_scale, attn_drop,
+                                    drop, fused_attn)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = build_norm_layer(norm_cfg, dim)[1]
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=partial(build_activation_layer,
+                                                                    act_cfg), drop=drop)
+
+    @property
+    def shifted(self) -> bool:
+        return any(self.shift_size)
+
+    def forward(self, x: Tensor, shift_mask: Optional[Tensor] = None) -> Tensor:
+        """``x``: ``(B, H, W, C)``; ``shift_mask``: ``(nW, N, N)`` of the padded map (shifted
+        blocks only)."""
+        _, h, w, _ = x.shape
+        shortcut = x
+        x, hw_pad = pad_hw(self.norm1(x), self.window_size)
+        if self.shifted:
+            x = torch.roll(x, shifts=(-self.shift_size[0], -self.shift_size[1]), dims=(1, 2))
+        windows = self.attn(window_partition(x, self.window_size),
+                            shift_mask if self.shifted else None)
+        x = window_reverse(windows, self.window_size, hw_pad)
+        if self.shifted:
+            x = torch.roll(x, shifts=self.shift_size, dims=(1, 2))
+        if hw_pad != (h, w):
+            x = x[:, :h, :w, :]
+        x = shortcut + self.drop_path(x)
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class SwinStage(nn.Module):
+    """``depth`` blocks alternating W-MSA / SW-MSA, then optional patch merging.
+
+    The shift mask depends only on the padded feature size; it is built once per size and
+    device and reused by every shifted block and every call.
+    """
+
+    def __init__(self, dim: int, depth: int, num_heads: int, window_size: Tuple[int, int],
+                 drop_paths: Sequence[float], downsample: bool, norm_cfg: dict,
+                 with_cp: bool = False, **block_kwargs) -> None:
+        super().__init__()
+        self.window_size = window_size
+        self.with_cp = with_cp
+        self.blocks = nn.ModuleList([
+            SwinBlock(dim, num_heads, window_size, shift=(j % 2 == 1), drop_path=drop_paths[j],
+                      norm_cfg=norm_cfg, **block_kwargs) for j in range(depth)
+        ])
+        self.downsample = (PatchMerging(dim, build_norm_layer(norm_cfg, 4 * dim)[1])
+                           if downsample else None)
+        self._mask_cache: Dict[tuple, Tensor] = {}
+
+    def shift_mask(self, hw: Tuple[int, int], device: torch.device) -> Optional[Tensor]:
+        """Cached ``(nW, N, N)`` shift mask for an unpadded ``(H, W)`` map."""
+        if not any(blk.shifted for blk in self.blocks):
+            return None
+        hp = -(-hw[0] // self.window_size[0]) * self.window_size[0]
+        wp = -(-hw[1] // self.window_size[1]) * self.window_size[1]
+        key = (hp, wp, device)
+        mask = self._mask_cache.get(key)
+        if mask is None:
+            shift = self.blocks[1].shift_size
+            mask = shifted_window_mask((hp, wp), self.window_size, shift, device=device)
+            self._mask_cache.clear()
+            self._mask_cache[key] = mask
+        return mask
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]:
+        """``(B, H, W, C)`` -> (stage output ``(B, H, W, C)``, input of the next stage)."""
+        mask = self.shift_mask(x.shape[1:3], x.device)
+        for blk in self.blocks:
+            if self.with_cp and self.training and x.requires_grad:
+                x = cp.checkpoint(blk, x, mask, use_reentrant=False)
+            else:
+                x = blk(x, mask)
+        return x, (self.downsample(x) if self.downsample is not None else x)
+
+
+def _resolve_arch(arch: Union[str, dict, None], **overrides) -> dict:
+    if isinstance(arch, str):
+        if arch not in SWIN_ARCHS:
+            raise ValueError(f'unknown Swin arch {arch!r}; choose one of '
+                             f'{sorted(SWIN_ARCHS)} or pass a dict with embed_dims, depths '
+                             f'and num_heads')
+        spec = dict(SWIN_ARCHS[arch])
+    elif isinstance(arch, dict):
+        spec = dict(arch)
+    elif arch is None:
+        spec = {}
+    else:
+        raise TypeError(f'arch must be a preset name or a dict, got {type(arch).__name__}')
+    spec.update({k: v for k, v in overrides.items() if v is not None})
+    missing = {'embed_dims', 'depths', 'num_heads'} - set(spec)
+    if missing:
+        raise ValueError(f'Swin arch is missing {sorted(missing)}: give a preset name '
+                         f'({sorted(SWIN_ARCHS)}) or all of embed_dims, depths, num_heads')
+    depths, heads = tuple(spec['depths']), tuple(spec['num_heads'])
+    if len(depths) != len(heads) or not depths:
+        raise ValueError(f'depths {depths} and num_heads {heads} must be non-empty and of '
+                         'equal length (one entry per stage)')
+    if any(d <= 0 for d in depths):
+        raise ValueError(f'every stage needs at least one block, got depths={depths}')
+    return dict(embed_dims=int(spec['embed_dims']), depths=depths, num_heads=heads)
+
+
+@MODELS.register_module()
+class SwinBackbone(BaseModule):
+    """Swin Transformer for detection: multi-scale NCHW maps with a declared contract.
+
+    Args:
+        arch: preset (``'tiny'``, ``'small'``, ``'base'``, ``'large'``) or a dict with
+            ``embed_dims``, ``depths``, ``num_heads``; ``embed_dims`` / ``depths`` /
+            ``num_heads`` given directly override it.
+        in_channels: image channels.
+        patch_size: patch embedding stride (the first output stride).
+        window_size: attention window, int or ``(wh, ww)``.
+        mlp_ratio, qkv_bias, qk_scale: block settings (``qk_scale`` overrides
+            ``head_dim ** -0.5``).
+        drop_rate, attn_drop_rate: dropout after projections / on attention weights.
+        drop_path_rate: stochastic depth, rising linearly from 0 over all blocks.
+        use_abs_pos_embed: add an absolute position embedding stored at the pretraining
+            grid (``pretrain_img_size / patch_size``) and bicubically resized to the input.
+        pretrain_img_size: image size of that grid (int or ``(h, w)``).
+        patch_norm: LayerNorm after the patch embedding.
+        out_indices: stages whose outputs are returned (each through its own norm).
+        frozen_stages: ``-1`` trains everything; ``0`` freezes the patch embedding (and the
+            absolute position embedding); ``k >= 1`` also freezes stages ``0..k-1`` and their
+            output norms. Frozen parameters get ``requires_grad=False`` and stay in eval mode.
+        norm_eval: keep every norm layer in eval mode during training (matters for BN/GN
+            norm configs).
+        with_cp: activation checkpointing per block (non-reentrant) to save memory.
+        fused_attn: attention through ``F.scaled_dot_product_attention`` (False: eager).
+        norm_cfg, act_cfg: mmcv config dicts.
+        strides: accepted for mmdet-config compatibility; must equal
+            ``(patch_size, 2, 2, ...)``.
+        convert_weights: accepted for mmdet-config compatibility; checkpoint formats are
+            detected automatically.
+        init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads official, Swin detection,
+            timm, mmdet/mmpretrain or our own checkpoints (format detected, weights_only).
+
+    Attributes:
+        out_channels: channels of each returned map.
+        out_strides: stride of each returned map.
+    """
+
+    def __init__(self,
+                 arch: Union[str, dict, None] = 'tiny',
+                 embed_dims: Optional[int] = None,
+                 depths: Optional[Sequence[int]] = None,
+                 num_heads: Optional[Sequence[int]] = None,
+                 in_channels: int = 3,
+                 patch_size: int = 4,
+                 window_size: Union[int, Tuple[int, int]] = 7,
+                 mlp_ratio: float = 4.0,
+                 qkv_bias: bool = True,
+                 qk_scale: Optional[float] = None,
+                 drop_rate: float = 0.0,
+                 attn_drop_rate: float = 0.0,
+                 drop_path_rate: float = 0.1,
+                 use_abs_pos_embed: bool = False,
+                 pretrain_img_size: Union[int, Tuple[int, int]] = 224,
+                 patch_norm: bool = True,
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 frozen_stages: int = -1,
+                 norm_eval: bool = False,
+                 with_cp: bool = False,
+                 fused_attn: bool = True,
+                 norm_cfg: Optional[dict] = None,
+                 act_cfg: Optional[dict] = None,
+                 strides: Optional[Sequence[int]] = None,
+                 convert_weights: bool = True,
+                 pretrained: Optional[str] = None,
+                 init_cfg: Optional[dict] = None) -> None:
+        if pretrained is not None:
+            if init_cfg is not None:
+                raise ValueError('give either pretrained or init_cfg, not both')
+            init_cfg = dict(type='Pretrained', checkpoint=pretrained)
+        super().__init__(init_cfg=init_cfg)
+        spec = _resolve_arch(arch, embed_dims=embed_dims, depths=depths, num_heads=num_heads)
+        self.embed_dims, self.depths, self.num_heads = (spec['embed_dims'], spec['depths'],
+                                                        spec['num_heads'])
+        num_stages = len(self.depths)
+        dims = [self.embed_dims * 2**i for i in range(num_stages)]
+        for i, (dim, heads) in enumerate(zip(dims, self.num_heads)):
+            if heads <= 0 or dim % heads:
+                raise ValueError(f'stage {i}: embed dims {dim} are not divisible by '
+                                 f'num_heads={heads}; choose heads that divide '
+                                 f'embed_dims * 2**stage')
+        if in_channels <= 0:
+            raise ValueError(f'in_channels must be positive, got {in_channels}')
+        if patch_size <= 0:
+            raise ValueError(f'patch_size must be positive, got {patch_size}')
+        self.window_size = to_2tuple(window_size)
+        if min(self.window_size) <= 0:
+            raise ValueError(f'window_size must be positive, got {window_size!r}')
+        expected_strides = (patch_size,) + (2,) * (num_stages - 1)
+        if strides is not None and tuple(strides) != expected_strides:
+            raise ValueError(f'strides={tuple(strides)} is not supported: Swin uses the patch '
+                             f'size then 2x patch merging, i.e. {expected_strides}')
+        out_indices = tuple(int(i) for i in out_indices)
+        if not out_indices or any(not 0 <= i < num_stages for i in out_indices):
+            raise ValueError(f'out_indices={out_indices} must be a non-empty subset of stage '
+                             f'indices 0..{num_stages - 1}')
+        if len(set(out_indices)) != len(out_indices):
+            raise ValueError(f'out_indices={out_indices} has duplicates')
+        if not -1 <= frozen_stages <= num_stages:
+            raise ValueError(f'frozen_stages={frozen_stages} must be in -1..{num_stages} '
+                             '(-1: train all, 0: patch embedding, k: also the first k stages)')
+        norm_cfg = norm_cfg or dict(type='LN')
+        act_cfg = act_cfg or dict(type='GELU')
+        self.out_indices = out_indices
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.convert_weights = convert_weights
+        self.in_channels = in_channels
+
+        self.patch_embed = PatchEmbed(patch_size, in_channels, self.embed_dims,
+                                      build_norm_layer(norm_cfg, self.embed_dims)[1]
+                                      if patch_norm else None)
+        self.use_abs_pos_embed = use_abs_pos_embed
+        if use_abs_pos_embed:
+            grid = tuple(s // patch_size for s in to_2tuple(pretrain_img_size))
+            self.absolute_pos_embed = nn.Parameter(torch.zeros(1, self.embed_dims, *grid))
+        self.drop_after_pos = nn.Dropout(drop_rate) if drop_rate > 0 else nn.Identity()
+
+        rates = linear_drop_path_rates(drop_path_rate, sum(self.depths))
+        self.layers = nn.ModuleList()
+        for i, depth in enumerate(self.depths):
+            start = sum(self.depths[:i])
+            self.layers.append(SwinStage(
+                dims[i], depth, self.num_heads[i], self.window_size,
+                drop_paths=rates[start:start + depth], downsample=i < num_stages - 1,
+                norm_cfg=norm_cfg, with_cp=with_cp, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
+                qk_scale=qk_scale, drop=drop_rate, attn_drop=attn_drop_rate, act_cfg=act_cfg,
+                fused_attn=fused_attn))
+        for i in out_indices:
+            self.add_module(f'norm{i}', build_norm_layer(norm_cfg, dims[i])[1])
+
+        self.num_features: Tuple[int, ...] = tuple(dims)
+        self.out_channels: Tuple[int, ...] = tuple(dims[i] for i in out_indices)
+        self.out_strides: Tuple[int, ...] = tuple(patch_size * 2**i for i in out_indices)
+        self._freeze_stages()
+
+    # ------------------------------------------------------------------ freezing / modes
+    def _frozen_modules(self) -> List[nn.Module]:
+        mods: List[nn.Module] = []
+        if self.frozen_stages >= 0:
+            mods += [self.patch_embed, self.drop_after_pos]
+        for i in range(self.frozen_stages):
+            mods.append(self.layers[i])
+            if i in self.out_indices:
+                mods.append(getattr(self, f'norm{i}'))
+        return mods
+
+    def _freeze_stages(self) -> None:
+        if self.frozen_stages >= 0 and self.use_abs_pos_embed:
+            self.absolute_pos_embed.requires_grad_(False)
+        for m in self._frozen_modules():
+            m.eval()
+            for p in m.parameters():
+                p.requires_grad_(False)
+
+    def train(self, mode: bool = True) -> 'SwinBackbone':
+        """Set the mode, keeping frozen stages (and norms if ``norm_eval``) in eval mode."""
+        super().train(mode)
+        if mode:
+            for m in self._frozen_modules():
+                m.eval()
+            if self.norm_eval:
+                for m in self.modules():
+                    if isinstance(m, (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)):
+                        m.eval()
+        return self
+
+    # ------------------------------------------------------------------ weights
+    def init_weights(self) -> None:
+        """Truncated-normal init, or load ``init_cfg.checkpoint`` through the converters."""
+        if self.init_cfg is not None and self.init_cfg.get('type') == 'Pretrained':
+            load_swin_pretrained(self, self.init_cfg['checkpoint'],
+                                 prefix=self.init_cfg.get('prefix'))
+            self._is_init = True
+            return
+        if self.use_abs_pos_embed:
+            trunc_normal_(self.absolute_pos_embed, std=0.02)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, WindowAttention):
+                trunc_normal_(m.relative_position_bias_table, std=0.02)
+        self._is_init = True
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """``(B, C_in, H, W)`` -> maps ``(B, C_i, ceil(H / s_i), ceil(W / s_i))``."""
+        x = self.patch_embed(x)                                     # (B, H, W, C)
+        if self.use_abs_pos_embed:
+            pos = F.interpolate(self.absolute_pos_embed, size=x.shape[1:3], mode='bicubic',
+                                align_corners=False)
+            x = x + pos.permute(0, 2, 3, 1)
+        x = self.drop_after_pos(x)
+        outs = []
+        for i, stage in enumerate(self.layers):
+            out, x = stage(x)
+            if i in self.out_indices:
+                out = getattr(self, f'norm{i}')(out)
+                outs.append(out.permute(0, 3, 1, 2).contiguous())
+        return tuple(outs)

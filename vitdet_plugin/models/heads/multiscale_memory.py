@@ -1,0 +1,194 @@
+"""Multi-scale memory for DETR-style decoders: project, embed, mask and flatten feature maps.
+
+The backbone (or neck) gives NCHW maps at several strides. Each selected level is projected to
+``embed_dims`` (1x1 conv + GroupNorm), optional extra coarser levels are made by stride-2 3x3
+convs on the last input (as Deformable DETR), and every token gets a 2-D sine positional
+encoding of its centre in image-normalised coordinates plus a learned level embedding. Tokens
+of all levels are flattened into one memory ``(B, N, C)``.
+
+Images of different sizes are padded to one batch shape by the data preprocessor; tokens
+outside an image's ``img_shape`` are flagged in ``padding_mask`` so attention can mask them.
+"""
+import math
+from typing import List, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+from mmdet.models.layers.transformer.utils import coordinate_to_encoding
+from torch import Tensor, nn
+
+#: GroupNorm groups of the input projections (Deformable DETR / DINO).
+PROJ_NORM_GROUPS = 32
+
+
+class FlatMemory(NamedTuple):
+    """Flattened multi-scale tokens of a batch.
+
+    Attributes:
+        memory: token features ``(B, N, C)``.
+        pos: sine position + level embedding ``(B, N, C)``.
+        padding_mask: ``(B, N)`` bool, True for tokens outside the image (``img_shape``).
+        token_xy: token centres ``(B, N, 2)`` as ``(x, y)`` normalised by each image's
+            ``img_shape`` (valid tokens lie in ``(0, 1)``).
+        level_ids: level index of every token ``(N,)``.
+        spatial_shapes: ``(H, W)`` of every level.
+    """
+    memory: Tensor
+    pos: Tensor
+    padding_mask: Tensor
+    token_xy: Tensor
+    level_ids: Tensor
+    spatial_shapes: List[Tuple[int, int]]
+
+    def level_slices(self) -> List[slice]:
+        """Token ranges of the levels inside the flattened ``N``."""
+        slices, start = [], 0
+        for h, w in self.spatial_shapes:
+            slices.append(slice(start, start + h * w))
+            start += h * w
+        return slices
+
+
+def image_shapes(batch_img_metas: Optional[Sequence[dict]], batch_size: int,
+                 feat_hw: Tuple[int, int]) -> Tuple[Tuple[int, int], List[Tuple[int, int]]]:
+    """``(batch_input_shape, [img_shape, ...])`` from mmdet image metas.
+
+    Without metas (``tensor`` mode) the batch is taken as unpadded and the first level's grid
+    serves as the image frame (only ratios matter).
+    """
+    if batch_img_metas is None:
+        return feat_hw, [feat_hw] * batch_size
+    if len(batch_img_metas) != batch_size:
+        raise ValueError(f'got {len(batch_img_metas)} image metas for a batch of {batch_size} '
+                         'feature maps; pass one meta dict per image')
+    shapes = []
+    for meta in batch_img_metas:
+        if 'img_shape' not in meta:
+            raise KeyError(f"image meta has no 'img_shape' (keys: {sorted(meta)}); the data "
+                           'preprocessor (DetDataPreprocessor) must set it')
+        shapes.append(tuple(int(s) for s in meta['img_shape'][:2]))
+    batch_shape = batch_img_metas[0].get('batch_input_shape')
+    if batch_shape is None:
+        batch_shape = (max(s[0] for s in shapes), max(s[1] for s in shapes))
+    return tuple(int(s) for s in batch_shape[:2]), shapes
+
+
+class MultiScaleMemory(nn.Module):
+    """Selected backbone levels -> :class:`FlatMemory`.
+
+    Args:
+        in_channels: channels of each selected input level.
+        embed_dims: memory channels ``C`` (even).
+        in_levels: indices into the backbone's output tuple to use (default: all, in order).
+        num_extra_levels: extra levels made by stride-2 convs on the last selected input.
+        pos_temperature: temperature of the sine encoding.
+    """
+
+    def __init__(self,
+                 in_channels: Sequence[int],
+                 embed_dims: int = 256,
+                 in_levels: Optional[Sequence[int]] = None,
+                 num_extra_levels: int = 0,
+                 pos_temperature: int = 10000) -> None:
+        super().__init__()
+        in_channels = [int(c) for c in in_channels]
+        if not in_channels:
+            raise ValueError('in_channels must list the channels of at least one input level')
+        if in_levels is not None and len(in_levels) != len(in_channels):
+            raise ValueError(f'in_levels={list(in_levels)} selects {len(in_levels)} levels '
+                             f'but in_channels={in_channels} has {len(in_channels)} entries; '
+                             'give one channel count per selected level')
+        if embed_dims % 2 or embed_dims % PROJ_NORM_GROUPS:
+            raise ValueError(f'embed_dims={embed_dims} must be even and divisible by '
+                             f'{PROJ_NORM_GROUPS} (GroupNorm groups of the input projections)')
+        if num_extra_levels < 0:
+            raise ValueError(f'num_extra_levels must be >= 0, got {num_extra_levels}')
+        self.in_channels = in_channels
+        self.in_levels = None if in_levels is None else [int(i) for i in in_levels]
+        self.embed_dims = embed_dims
+        self.num_levels = len(in_channels) + num_extra_levels
+        self.pos_temperature = pos_temperature
+        self.input_proj = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(c, embed_dims, 1), nn.GroupNorm(PROJ_NORM_GROUPS, embed_dims))
+            for c in in_channels)
+        extra = []
+        for i in range(num_extra_levels):
+            c_in = in_channels[-1] if i == 0 else embed_dims
+            extra.append(nn.Sequential(nn.Conv2d(c_in, embed_dims, 3, stride=2, padding=1),
+                                       nn.GroupNorm(PROJ_NORM_GROUPS, embed_dims)))
+        self.extra_proj = nn.ModuleList(extra)
+        self.level_embed = nn.Parameter(torch.empty(self.num_levels, embed_dims))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for proj in list(self.input_proj) + list(self.extra_proj):
+            nn.init.xavier_uniform_(proj[0].weight)
+            nn.init.zeros_(proj[0].bias)
+        nn.init.normal_(self.level_embed)
+
+    def select(self, feats: Sequence[Tensor]) -> List[Tensor]:
+        """Pick ``in_levels`` from the backbone outputs and check their channels."""
+        if isinstance(feats, Tensor):
+            feats = [feats]
+        if self.in_levels is None:
+            if len(feats) != len(self.in_channels):
+                raise ValueError(f'got {len(feats)} feature maps but in_channels='
+                                 f'{self.in_channels} expects {len(self.in_channels)}; set '
+                                 'in_levels to choose which backbone outputs to use')
+            chosen = list(feats)
+        else:
+            for i in self.in_levels:
+                if not -len(feats) <= i < len(feats):
+                    raise IndexError(f'in_levels={self.in_levels} indexes level {i} but the '
+                                     f'backbone/neck gives {len(feats)} maps')
+            chosen = [feats[i] for i in self.in_levels]
+        for i, (x, c) in enumerate(zip(chosen, self.in_channels)):
+            if x.dim() != 4 or x.shape[1] != c:
+                raise ValueError(f'input level {i} has shape {tuple(x.shape)} but in_channels[{i}]'
+                                 f'={c}; set in_channels to the backbone/neck out_channels')
+        return chosen
+
+    def forward(self, feats: Sequence[Tensor],
+                batch_img_metas: Optional[Sequence[dict]] = None) -> FlatMemory:
+        chosen = self.select(feats)
+        maps = [proj(x) for proj, x in zip(self.input_proj, chosen)]
+        src = chosen[-1]
+        for proj in self.extra_proj:
+            src = proj(src)
+            maps.append(src)
+        b = maps[0].shape[0]
+        batch_shape, img_shapes = image_shapes(batch_img_metas, b, tuple(maps[0].shape[-2:]))
+        device = maps[0].device
+        img_hw = torch.tensor(img_shapes, dtype=torch.float32, device=device)  # (B, 2) h, w
+        memory, xy, pad, lvl, shapes = [], [], [], [], []
+        for level, x in enumerate(maps):
+            h, w = x.shape[-2:]
+            shapes.append((h, w))
+            memory.append(x.flatten(2).transpose(1, 2))
+            # token centres in batch-input pixels (the level's stride may be fractional when
+            # the backbone pads internally), then normalised by each image's own size
+            sy, sx = batch_shape[0] / h, batch_shape[1] / w
+            ys = (torch.arange(h, device=device, dtype=torch.float32) + 0.5) * sy
+            xs = (torch.arange(w, device=device, dtype=torch.float32) + 0.5) * sx
+            gy, gx = torch.meshgrid(ys, xs, indexing='ij')
+            grid = torch.stack((gx.flatten(), gy.flatten()), -1)                  # (HW, 2)
+            xy.append(grid[None] / img_hw[:, None, [1, 0]])
+            # a token is valid when its cell starts inside the image (as nearest-resizing
+            # mmdet's pixel mask): index < ceil(img / stride)
+            valid_h = torch.ceil(img_hw[:, 0] / sy).clamp(1, h)
+            valid_w = torch.ceil(img_hw[:, 1] / sx).clamp(1, w)
+            iy = torch.arange(h, device=device).repeat_interleave(w)
+            ix = torch.arange(w, device=device).repeat(h)
+            pad.append((iy[None] >= valid_h[:, None]) | (ix[None] >= valid_w[:, None]))
+            lvl.append(torch.full((h * w,), level, dtype=torch.long, device=device))
+        token_xy = torch.cat(xy, 1)
+        level_ids = torch.cat(lvl)
+        pos = coordinate_to_encoding(token_xy, self.embed_dims // 2, self.pos_temperature,
+                                     2 * math.pi)
+        pos = pos + self.level_embed[level_ids].float()
+        memory = torch.cat(memory, 1)
+        return FlatMemory(memory, pos.to(memory.dtype), torch.cat(pad, 1), token_xy, level_ids,
+                          shapes)
+
+    def extra_repr(self) -> str:
+        return (f'in_channels={self.in_channels}, in_levels={self.in_levels}, '
+                f'num_levels={self.num_levels}')

@@ -1,0 +1,30 @@
+"""Building blocks shared by the backbones: one copy of each."""
+from .attention import MASKED_LOGIT, Attention, attend, eager_attention, set_fused_attention
+from .drop_path import DropPath, drop_path, linear_drop_path_rates
+from .mlp import Mlp
+from .norm import LayerNorm2d
+from .patch_embed import PatchEmbed
+from .rel_pos import (decomposed_rel_pos_bias, decomposed_rel_pos_embeddings,
+                      relative_position_index, resize_rel_pos)
+from .window import pad_hw, to_2tuple, window_partition, window_reverse
+
+__all__ = [
+    'MASKED_LOGIT', 'Attention', 'attend', 'eager_attention', 'set_fused_attention', 'DropPath',
+    'drop_path', 'linear_drop_path_rates', 'Mlp', 'LayerNorm2d', 'PatchEmbed',
+    'decomposed_rel_pos_bias', 'decomposed_rel_pos_embeddings', 'relative_position_index',
+    'resize_rel_pos', 'pad_hw', 'to_2tuple', 'window_partition', 'window_reverse'
+]
+from .window_attention import WindowAttention  # noqa: E402
+
+__all__ += ['WindowAttention']
+from .patch_merging import PatchMerging  # noqa: E402
+from .window_attention import shifted_window_mask  # noqa: E402
+
+__all__ += ['PatchMerging', 'shifted_window_mask']
+from .cross_attention import MultiheadCrossAttention  # noqa: E402
+from .attention import register_fusable_attention  # noqa: E402
+
+__all__ += ['MultiheadCrossAttention', 'register_fusable_attention']
+from .res_bottleneck import ResBottleneckBlock  # noqa: E402
+
+__all__ += ['ResBottleneckBlock']

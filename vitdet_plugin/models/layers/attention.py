@@ -1,0 +1,138 @@
+"""Multi-head self-attention through ``F.scaled_dot_product_attention``.
+
+One attention core serves both backbones: Swin's window attention adds its relative-position
+bias and shift mask, the ViT adds decomposed relative positions; both pass that as a single
+additive ``attn_mask`` to the fused kernel. An eager path (explicit softmax) computes the same
+thing for debugging and for the parity test of the fused path.
+"""
+from contextlib import contextmanager
+from typing import Iterator, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+#: Logit added to attention pairs that must not attend (e.g. across a shifted-window
+#: boundary). The same value as the reference Swin implementations; finite, so rows never
+#: become all ``-inf`` and it is representable without overflow in fp16 and bf16.
+MASKED_LOGIT = -100.0
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor] = None,
+           dropout_p: float = 0.0, fused: bool = True, scale: Optional[float] = None) -> Tensor:
+    """Scaled dot-product attention ``softmax(q k^T / sqrt(d) + bias) v``.
+
+    Args:
+        q, k, v: ``(..., heads, N, head_dim)``.
+        bias: additive logits broadcastable to ``(..., heads, N, N)``; cast to ``q``'s dtype
+            (so it works under fp16/bf16 autocast).
+        dropout_p: attention dropout (apply only in training).
+        fused: use ``F.scaled_dot_product_attention``; False runs the explicit eager path.
+        scale: logit scale; ``head_dim ** -0.5`` when None.
+    """
+    if bias is not None and bias.dtype != q.dtype:
+        bias = bias.to(q.dtype)
+    if fused:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p,
+                                              scale=scale)
+    attn = (q * (q.shape[-1] ** -0.5 if scale is None else scale)) @ k.transpose(-2, -1)
+    if bias is not None:
+        attn = attn + bias
+    attn = attn.softmax(dim=-1)
+    if dropout_p > 0:
+        attn = F.dropout(attn, dropout_p)
+    return attn @ v
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention over tokens ``(B, N, C)`` with an optional additive bias.
+
+    Parameter names (``qkv``, ``proj``) follow the official Swin / timm / SAM layouts.
+
+    Args:
+        dim: token channels ``C``.
+        num_heads: attention heads; ``dim`` must be divisible by it.
+        qkv_bias: bias on the fused ``qkv`` projection.
+        attn_drop: dropout on attention weights (training only).
+        proj_drop: dropout after the output projection.
+        fused: default for :attr:`fused`; see :func:`set_fused_attention`.
+        scale: logit scale; ``head_dim ** -0.5`` when None.
+    """
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0, fused: bool = True,
+                 scale: Optional[float] = None) -> None:
+        super().__init__()
+        if num_heads <= 0 or dim % num_heads:
+            raise ValueError(f'embed dims {dim} must be divisible by num_heads={num_heads}; '
+                             'choose a head count that divides the channel count')
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.attn_drop = float(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
+        self.fused = fused
+        self.scale = scale
+
+    def qkv_heads(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """``(..., N, C)`` -> q, k, v each ``(..., heads, N, head_dim)``."""
+        *lead, n, _ = x.shape
+        qkv = self.qkv(x).view(*lead, n, 3, self.num_heads, self.head_dim)
+        qkv = qkv.movedim(-3, 0).transpose(-3, -2)
+        return qkv[0], qkv[1], qkv[2]
+
+    def attend_and_project(self, q: Tensor, k: Tensor, v: Tensor,
+                           bias: Optional[Tensor]) -> Tensor:
+        """Attention of ``(..., heads, N, d)`` inputs, merged and projected to ``(..., N, C)``."""
+        out = attend(q, k, v, bias, self.attn_drop if self.training else 0.0, self.fused,
+                     self.scale)
+        out = out.transpose(-3, -2).flatten(-2)
+        return self.proj_drop(self.proj(out))
+
+    def forward(self, x: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+        """``(..., N, C)`` tokens, ``bias`` broadcastable to ``(..., heads, N, N)``."""
+        q, k, v = self.qkv_heads(x)
+        return self.attend_and_project(q, k, v, bias)
+
+    def extra_repr(self) -> str:
+        return f'num_heads={self.num_heads}, fused={self.fused}'
+
+
+#: Module classes whose ``fused`` flag :func:`set_fused_attention` and :func:`eager_attention`
+#: switch; other attention modules built on :func:`attend` join via
+#: :func:`register_fusable_attention`.
+_FUSABLE_ATTENTION_TYPES: list = [Attention]
+
+
+def register_fusable_attention(cls: type) -> type:
+    """Let :func:`set_fused_attention` / :func:`eager_attention` switch ``cls.fused``."""
+    if cls not in _FUSABLE_ATTENTION_TYPES:
+        _FUSABLE_ATTENTION_TYPES.append(cls)
+    return cls
+
+
+def _is_fusable(m: nn.Module) -> bool:
+    return isinstance(m, tuple(_FUSABLE_ATTENTION_TYPES))
+
+
+def set_fused_attention(model: nn.Module, fused: bool) -> nn.Module:
+    """Switch every :class:`Attention` (and registered attention module) in ``model`` to the
+    fused (SDPA) or eager path."""
+    for m in model.modules():
+        if _is_fusable(m):
+            m.fused = fused
+    return model
+
+
+@contextmanager
+def eager_attention(model: nn.Module) -> Iterator[nn.Module]:
+    """Context manager running ``model`` with the eager attention path, then restoring it."""
+    saved = [(m, m.fused) for m in model.modules() if _is_fusable(m)]
+    set_fused_attention(model, False)
+    try:
+        yield model
+    finally:
+        for m, fused in saved:
+            m.fused = fused

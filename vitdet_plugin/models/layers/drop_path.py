@@ -1,0 +1,36 @@
+"""Stochastic depth (drop path) per sample."""
+import torch
+from torch import Tensor, nn
+
+
+def drop_path(x: Tensor, drop_prob: float = 0.0, training: bool = False) -> Tensor:
+    """Zero whole residual branches per sample with probability ``drop_prob``, rescaling the rest."""
+    if drop_prob == 0.0 or not training:
+        return x
+    keep = 1.0 - drop_prob
+    shape = (x.shape[0],) + (1,) * (x.ndim - 1)
+    mask = x.new_empty(shape).bernoulli_(keep)
+    return x * mask.div_(keep)
+
+
+class DropPath(nn.Module):
+    """Module form of :func:`drop_path` (identity in eval mode or when ``drop_prob == 0``)."""
+
+    def __init__(self, drop_prob: float = 0.0) -> None:
+        super().__init__()
+        if not 0.0 <= drop_prob < 1.0:
+            raise ValueError(f'drop_prob must be in [0, 1), got {drop_prob}')
+        self.drop_prob = float(drop_prob)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return drop_path(x, self.drop_prob, self.training)
+
+    def extra_repr(self) -> str:
+        return f'drop_prob={self.drop_prob:g}'
+
+
+def linear_drop_path_rates(drop_path_rate: float, depth: int) -> list:
+    """The linear stochastic-depth schedule: block ``i`` of ``depth`` gets ``rate * i / (depth - 1)``."""
+    if depth <= 0:
+        return []
+    return torch.linspace(0, drop_path_rate, depth).tolist()

@@ -1,0 +1,58 @@
+"""Patch embedding: a strided convolution that turns an image into a token grid."""
+from typing import Optional, Tuple, Union
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .window import to_2tuple
+
+
+class PatchEmbed(nn.Module):
+    """Image ``(B, C_in, H, W)`` -> tokens ``(B, H', W', C)`` with ``H' = ceil(H / patch)``.
+
+    The image is zero-padded at the bottom/right to a multiple of the patch size (as the
+    Swin detection code and mmdet do), so any input size works.
+
+    Args:
+        patch_size: patch (and stride) size, int or ``(h, w)``.
+        in_chans: input channels.
+        embed_dim: output channels.
+        norm_layer: optional norm applied to the tokens (``(B, H', W', C)``).
+        pad: pad inputs that are not a multiple of the patch size; if False they are rejected.
+    """
+
+    def __init__(self,
+                 patch_size: Union[int, Tuple[int, int]],
+                 in_chans: int,
+                 embed_dim: int,
+                 norm_layer: Optional[nn.Module] = None,
+                 pad: bool = True) -> None:
+        super().__init__()
+        self.patch_size = to_2tuple(patch_size)
+        self.in_chans = in_chans
+        self.embed_dim = embed_dim
+        self.pad = pad
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size,
+                              stride=self.patch_size)
+        self.norm = norm_layer if norm_layer is not None else nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() != 4:
+            raise ValueError(f'expected an image batch of shape (B, C, H, W), got a '
+                             f'{x.dim()}-D tensor of shape {tuple(x.shape)}')
+        b, c, h, w = x.shape
+        if c != self.in_chans:
+            raise ValueError(f'input has {c} channels but the model was built with '
+                             f'in_channels={self.in_chans}; convert the input or set '
+                             f'in_channels={c}')
+        if h == 0 or w == 0 or b == 0:
+            raise ValueError(f'input has an empty dimension: shape {tuple(x.shape)}')
+        ph, pw = self.patch_size
+        pad_h, pad_w = (ph - h % ph) % ph, (pw - w % pw) % pw
+        if pad_h or pad_w:
+            if not self.pad:
+                raise ValueError(f'input size {h}x{w} is not a multiple of the patch size '
+                                 f'{ph}x{pw}')
+            x = F.pad(x, (0, pad_w, 0, pad_h))
+        x = self.proj(x).permute(0, 2, 3, 1)
+        return self.norm(x)

@@ -1,0 +1,36 @@
+"""Swin patch merging: 2x2 neighbourhood concat -> norm -> linear ``4C -> out``."""
+from typing import Optional
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class PatchMerging(nn.Module):
+    """Downsample ``(B, H, W, C)`` to ``(B, ceil(H/2), ceil(W/2), out_dim)``.
+
+    Odd sizes are zero-padded at the bottom/right. The concatenation order is the official
+    Swin / timm one: ``(0::2, 0::2), (1::2, 0::2), (0::2, 1::2), (1::2, 1::2)`` along channels
+    (mmdet's ``nn.Unfold`` order differs; its converter reorders the weights).
+
+    Args:
+        dim: input channels ``C``.
+        out_dim: output channels (``2C`` when None).
+        norm_layer: norm over the ``4C`` concatenation.
+    """
+
+    def __init__(self, dim: int, norm_layer: nn.Module, out_dim: Optional[int] = None) -> None:
+        super().__init__()
+        self.dim = dim
+        self.out_dim = out_dim or 2 * dim
+        self.norm = norm_layer
+        self.reduction = nn.Linear(4 * dim, self.out_dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, h, w, c = x.shape
+        if h % 2 or w % 2:
+            x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
+            h, w = h + h % 2, w + w % 2
+        # (B, H/2, 2[h], W/2, 2[w], C) -> (B, H/2, W/2, 2[w], 2[h], C): the official order
+        x = x.view(b, h // 2, 2, w // 2, 2, c).permute(0, 1, 3, 4, 2, 5).reshape(
+            b, h // 2, w // 2, 4 * c)
+        return self.reduction(self.norm(x))

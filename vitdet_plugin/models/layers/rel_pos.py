@@ -1,0 +1,67 @@
+"""Relative position encodings.
+
+* Swin: a learned bias table of ``(2*wh - 1) * (2*ww - 1)`` entries per head, gathered with a
+  fixed index into a ``(heads, N, N)`` bias for an ``N = wh * ww`` window.
+* ViTDet / SAM: decomposed per-axis tables (``rel_pos_h``, ``rel_pos_w``) whose embeddings are
+  dotted with the queries, giving a ``(B, heads, N, N)`` bias that depends on the input.
+"""
+from typing import Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def relative_position_index(window_size: Tuple[int, int]) -> Tensor:
+    """Index ``(N, N)`` into a ``((2wh-1)(2ww-1), heads)`` Swin bias table (official layout)."""
+    wh, ww = window_size
+    coords = torch.stack(torch.meshgrid(torch.arange(wh), torch.arange(ww), indexing='ij'))
+    coords = coords.flatten(1)                                  # (2, N)
+    rel = coords[:, :, None] - coords[:, None, :]               # (2, N, N)
+    return (rel[0] + wh - 1) * (2 * ww - 1) + (rel[1] + ww - 1)
+
+
+def resize_rel_pos(rel_pos: Tensor, length: int) -> Tensor:
+    """Linearly resize a ``(L, C)`` decomposed relative-position table to ``(length, C)``."""
+    if rel_pos.shape[0] == length:
+        return rel_pos
+    resized = F.interpolate(rel_pos.t()[None].float(), size=length, mode='linear')
+    return resized[0].t().to(rel_pos.dtype)
+
+
+def decomposed_rel_pos_embeddings(q_size: int, k_size: int, rel_pos: Tensor) -> Tensor:
+    """Per-pair embeddings ``(q_size, k_size, C)`` for one axis of decomposed relative positions.
+
+    The table covers ``2 * max(q_size, k_size) - 1`` offsets and is linearly resized when it
+    was trained for another size; coordinates are scaled when query and key sizes differ.
+    """
+    max_dist = 2 * max(q_size, k_size) - 1
+    table = resize_rel_pos(rel_pos, max_dist)
+    q_coords = torch.arange(q_size, device=rel_pos.device)[:, None] * max(k_size / q_size, 1.0)
+    k_coords = torch.arange(k_size, device=rel_pos.device)[None, :] * max(q_size / k_size, 1.0)
+    rel = (q_coords - k_coords) + (k_size - 1) * max(q_size / k_size, 1.0)
+    return table[rel.long()]
+
+
+def decomposed_rel_pos_bias(q: Tensor, rel_pos_h: Tensor, rel_pos_w: Tensor,
+                            q_size: Tuple[int, int], k_size: Tuple[int, int]) -> Tensor:
+    """Additive attention bias from decomposed relative positions (MViTv2 / ViTDet / SAM).
+
+    Args:
+        q: queries ``(B, heads, qh * qw, head_dim)`` (unscaled).
+        rel_pos_h, rel_pos_w: per-axis tables ``(L, head_dim)``.
+        q_size, k_size: query and key grids ``(h, w)``.
+
+    Returns:
+        bias ``(B, heads, qh * qw, kh * kw)``.
+    """
+    qh, qw = q_size
+    kh, kw = k_size
+    rh = decomposed_rel_pos_embeddings(qh, kh, rel_pos_h)     # (qh, kh, d)
+    rw = decomposed_rel_pos_embeddings(qw, kw, rel_pos_w)     # (qw, kw, d)
+    b, heads, _, d = q.shape
+    r_q = q.reshape(b, heads, qh, qw, d)
+    rel_h = torch.einsum('bnhwc,hkc->bnhwk', r_q, rh.to(q.dtype))
+    rel_w = torch.einsum('bnhwc,wkc->bnhwk', r_q, rw.to(q.dtype))
+    bias = rel_h[..., :, None] + rel_w[..., None, :]             # (B, heads, qh, qw, kh, kw)
+    return bias.reshape(b, heads, qh * qw, kh * kw)

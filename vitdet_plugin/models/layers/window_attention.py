@@ -1,0 +1,112 @@
+"""Swin window attention: the shared :class:`Attention` plus a relative-position bias table.
+
+The relative-position index is a non-persistent buffer; the gathered ``(heads, N, N)`` bias and
+its sum with a shift mask are cached while they cannot change (no autograd graph is being
+recorded through the table), keyed on the table's version counter, so inference never
+rebuilds them and training always sees the current parameters.
+"""
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from .attention import MASKED_LOGIT, Attention
+from .rel_pos import relative_position_index
+from .window import window_partition
+
+
+class WindowAttention(Attention):
+    """Multi-head attention inside ``wh x ww`` windows with a learned relative-position bias.
+
+    Args:
+        dim: token channels.
+        num_heads: attention heads.
+        window_size: ``(wh, ww)``.
+        qkv_bias, attn_drop, proj_drop, fused: see :class:`Attention`.
+        qk_scale: override of the ``head_dim ** -0.5`` logit scale (mmdet's ``qk_scale``).
+    """
+
+    def __init__(self, dim: int, num_heads: int, window_size: Tuple[int, int],
+                 qkv_bias: bool = True, qk_scale: Optional[float] = None,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0, fused: bool = True) -> None:
+        super().__init__(dim, num_heads, qkv_bias, attn_drop, proj_drop, fused, qk_scale)
+        self.window_size = tuple(window_size)
+        wh, ww = self.window_size
+        self.relative_position_bias_table = nn.Parameter(
+            torch.zeros((2 * wh - 1) * (2 * ww - 1), num_heads))
+        self.register_buffer('relative_position_index',
+                             relative_position_index(self.window_size), persistent=False)
+        self._cache: Dict[tuple, Tensor] = {}
+
+    def _cacheable(self) -> bool:
+        return not (torch.is_grad_enabled() and self.relative_position_bias_table.requires_grad)
+
+    def relative_position_bias(self) -> Tensor:
+        """The ``(heads, N, N)`` bias for one window."""
+        n = self.relative_position_index.shape[0]
+        table = self.relative_position_bias_table
+        return table[self.relative_position_index.view(-1)].view(n, n, -1).permute(2, 0, 1)
+
+    def window_bias(self, shift_mask: Optional[Tensor], batch: int) -> Tensor:
+        """Bias for ``batch * nW`` windows: ``(heads, N, N)`` or, with a ``(nW, N, N)`` shift
+        mask, ``(batch * nW, heads, N, N)``."""
+        table = self.relative_position_bias_table
+        key = None
+        if self._cacheable():
+            key = (table._version, table.device, table.dtype, batch,
+                   None if shift_mask is None else (shift_mask.data_ptr(), shift_mask.shape))
+            cached = self._cache.get(key)
+            if cached is not None:
+                return cached
+        bias = self.relative_position_bias()
+        if shift_mask is not None:
+            bias = bias.unsqueeze(0) + shift_mask.unsqueeze(1)          # (nW, heads, N, N)
+            if batch > 1:
+                bias = bias.unsqueeze(0).expand(batch, *bias.shape).flatten(0, 1)
+        if key is not None:
+            self._cache.clear()  # one entry per module: the current feature size
+            self._cache[key] = bias
+        return bias
+
+    def forward(self, x: Tensor, shift_mask: Optional[Tensor] = None) -> Tensor:  # type: ignore[override]
+        """``x``: windows ``(B * nW, N, C)``; ``shift_mask``: ``(nW, N, N)`` additive or None."""
+        batch = 1 if shift_mask is None else x.shape[0] // shift_mask.shape[0]
+        return super().forward(x, self.window_bias(shift_mask, batch))
+
+    def train(self, mode: bool = True) -> 'WindowAttention':
+        self._cache.clear()
+        return super().train(mode)
+
+    def _apply(self, fn, recurse: bool = True):  # device/dtype moves invalidate the cache
+        self._cache.clear()
+        return super()._apply(fn, recurse)
+
+    def extra_repr(self) -> str:
+        return f'window_size={self.window_size}, ' + super().extra_repr()
+
+
+def shifted_window_mask(hw: Tuple[int, int], window_size: Tuple[int, int],
+                        shift_size: Tuple[int, int], device: Optional[torch.device] = None,
+                        dtype: torch.dtype = torch.float32) -> Tensor:
+    """Additive mask ``(nW, N, N)`` for shifted-window attention on a padded ``(Hp, Wp)`` map.
+
+    After the cyclic shift by ``-shift_size``, windows on the bottom/right border mix tokens from
+    up to four image regions; tokens may only attend within their own region (others get
+    :data:`MASKED_LOGIT`). Region layout as in the Swin detection code: slices
+    ``[0, -w)``, ``[-w, -s)``, ``[-s, end)`` per axis.
+    """
+    hp, wp = hw
+    region = torch.zeros(1, hp, wp, 1, device=device)
+    label = 0
+    for hs in _shift_slices(window_size[0], shift_size[0]):
+        for ws in _shift_slices(window_size[1], shift_size[1]):
+            region[:, hs, ws, :] = label
+            label += 1
+    windows = window_partition(region, window_size).squeeze(-1)     # (nW, N)
+    different = windows.unsqueeze(1) != windows.unsqueeze(2)          # (nW, N, N)
+    return torch.zeros(different.shape, device=device, dtype=dtype).masked_fill_(
+        different, MASKED_LOGIT)
+
+
+def _shift_slices(window: int, shift: int) -> Tuple[slice, slice, slice]:
+    return slice(0, -window), slice(-window, -shift), slice(-shift, None)

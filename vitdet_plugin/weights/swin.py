@@ -1,0 +1,236 @@
+"""Swin checkpoint converters: pure ``state_dict -> state_dict`` functions.
+
+Our parameter layout is the official Microsoft one (downsample at the end of stage ``i``,
+official PatchMerging channel order) plus detection output norms ``norm{i}``. Accepted sources:
+
+* ``official``: microsoft/Swin-Transformer classification (``{'model': sd}``, ``head.*``, final
+  ``norm.*``, ``relative_position_index`` / ``attn_mask`` buffers);
+* ``swin_od``: Swin-Transformer-Object-Detection / mmdet 2.x detection checkpoints
+  (``backbone.``-prefixed official names, ``norm{i}`` output norms, neck/head keys);
+* ``timm``: timm ``swin_*`` (downsample at the start of stage ``i + 1``, ``head.fc``);
+* ``mmdet``: mmdet 3.x / mmpretrain ``SwinTransformer`` (``stages.{i}.blocks.{j}.attn.w_msa``,
+  ``ffn.layers``, ``patch_embed.projection``, Unfold-ordered PatchMerging);
+* ``ours``: this package's layout (possibly ``backbone.``-prefixed in a detector checkpoint).
+"""
+import logging
+import math
+import re
+from typing import Dict, List, Mapping, Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .common import (CheckpointError, StateDict, drop_keys, load_checkpoint_file,
+                     load_state_dict_checked, resize_pos_grid, select_prefix, unwrap_state_dict)
+
+logger = logging.getLogger('vitdet_plugin')
+
+SWIN_FORMATS = ('official', 'swin_od', 'timm', 'mmdet', 'ours')
+
+#: Keys that exist only in classification checkpoints or as derived buffers.
+_NON_BACKBONE = (r'^head\.', r'^norm\.', r'relative_position_index$', r'attn_mask$',
+                 r'^fc_norm\.', r'^avgpool\.')
+
+# mmcv's nn.Unfold PatchMerging orders the 2x2 neighbourhood channel-major and its kernel
+# offsets as (0,0),(0,1),(1,0),(1,1); the official order is offset-major (0,0),(1,0),(0,1),(1,1).
+_UNFOLD_TO_OFFICIAL = [0, 2, 1, 3]
+
+
+def detect_swin_format(sd: Mapping[str, Tensor]) -> str:
+    """Name the layout of a Swin state dict (one of :data:`SWIN_FORMATS`)."""
+    keys = list(sd)
+    backbone = [k[len('backbone.'):] for k in keys if k.startswith('backbone.')]
+    inner = backbone or keys
+    if any(k.startswith('stages.') and '.w_msa.' in k for k in inner) or any(
+            k.startswith('patch_embed.projection.') for k in inner):
+        return 'mmdet'
+    if not any(re.match(r'layers\.\d+\.blocks\.\d+\.attn\.qkv\.', k) for k in inner):
+        raise CheckpointError(
+            'unrecognised checkpoint format: no Swin attention weights found (expected keys '
+            "like 'layers.0.blocks.0.attn.qkv.weight' (official/timm/ours) or "
+            "'stages.0.blocks.0.attn.w_msa.qkv.weight' (mmdet/mmpretrain)); "
+            f'first keys: {keys[:5]}')
+    downs = sorted({int(m.group(1)) for k in inner
+                    for m in [re.match(r'layers\.(\d+)\.downsample\.', k)] if m})
+    if downs and downs[0] == 0:
+        layout = 'official'
+    elif downs:
+        return 'timm'
+    else:  # one stage, or no downsample: nothing to relocate
+        layout = 'official'
+    if backbone:
+        return 'swin_od'
+    if any(re.match(r'norm\d+\.', k) for k in inner) and not any(
+            re.search(r'relative_position_index$|^head\.', k) for k in inner):
+        return 'ours'
+    return layout
+
+
+def _unfold_to_official(w: Tensor) -> Tensor:
+    """Reorder mmcv-Unfold PatchMerging ``(out, 4C)`` weights or ``(4C,)`` norm params."""
+    if w.dim() == 1:
+        c = w.shape[0] // 4
+        return w.reshape(c, 4)[:, _UNFOLD_TO_OFFICIAL].t().reshape(-1)
+    out, in4 = w.shape
+    c = in4 // 4
+    return w.reshape(out, c, 4)[:, :, _UNFOLD_TO_OFFICIAL].transpose(1, 2).reshape(out, in4)
+
+
+def _official_to_unfold(w: Tensor) -> Tensor:
+    """Inverse of :func:`_unfold_to_official` (the permutation is its own inverse)."""
+    if w.dim() == 1:
+        c = w.shape[0] // 4
+        return w.reshape(4, c)[_UNFOLD_TO_OFFICIAL].t().reshape(-1)
+    out, in4 = w.shape
+    c = in4 // 4
+    return w.reshape(out, 4, c)[:, _UNFOLD_TO_OFFICIAL].transpose(1, 2).reshape(out, in4)
+
+
+_MMDET_RENAMES = (
+    (r'^patch_embed\.projection\.', 'patch_embed.proj.'),
+    (r'^stages\.(\d+)\.blocks\.(\d+)\.attn\.w_msa\.', r'layers.\1.blocks.\2.attn.'),
+    (r'^stages\.(\d+)\.blocks\.(\d+)\.ffn\.layers\.0\.0\.', r'layers.\1.blocks.\2.mlp.fc1.'),
+    (r'^stages\.(\d+)\.blocks\.(\d+)\.ffn\.layers\.1\.', r'layers.\1.blocks.\2.mlp.fc2.'),
+    (r'^stages\.', 'layers.'),
+)
+
+
+def _from_mmdet(sd: StateDict) -> StateDict:
+    out = {}
+    for k, v in sd.items():
+        for pattern, repl in _MMDET_RENAMES:
+            new = re.sub(pattern, repl, k)
+            if new != k:
+                k = new
+                break
+        if re.match(r'layers\.\d+\.downsample\.(reduction|norm)\.', k):
+            v = _unfold_to_official(v)
+        if k == 'absolute_pos_embed' and v.dim() == 3:
+            v = _tokens_to_grid(v)
+        out[k] = v
+    return out
+
+
+def _from_timm(sd: StateDict) -> StateDict:
+    out = {}
+    for k, v in sd.items():
+        m = re.match(r'layers\.(\d+)\.downsample\.(.*)', k)
+        if m:
+            k = f'layers.{int(m.group(1)) - 1}.downsample.{m.group(2)}'
+        out[k] = v
+    return out
+
+
+def _tokens_to_grid(pos: Tensor) -> Tensor:
+    """``(1, H*W, C)`` square token embedding -> ``(1, C, H, W)``."""
+    n, c = pos.shape[1:]
+    side = math.isqrt(n)
+    if side * side != n:
+        raise CheckpointError(f'absolute_pos_embed with {n} tokens is not a square grid')
+    return pos.reshape(1, side, side, c).permute(0, 3, 1, 2)
+
+
+def resize_rel_pos_bias_table(table: Tensor, window_size: Tuple[int, int],
+                              src_window_size: Optional[Tuple[int, int]] = None) -> Tensor:
+    """Bicubically resize a ``((2wh-1)(2ww-1), heads)`` bias table to another window size."""
+    dst = (2 * window_size[0] - 1, 2 * window_size[1] - 1)
+    if table.shape[0] == dst[0] * dst[1] and src_window_size in (None, tuple(window_size)):
+        return table
+    if src_window_size is None:
+        side = math.isqrt(table.shape[0])
+        if side * side != table.shape[0]:
+            raise CheckpointError(
+                f'cannot infer the window size of a bias table with {table.shape[0]} rows; '
+                'pass src_window_size')
+        src = (side, side)
+    else:
+        src = (2 * src_window_size[0] - 1, 2 * src_window_size[1] - 1)
+    heads = table.shape[1]
+    grid = table.t().reshape(1, heads, *src)
+    grid = F.interpolate(grid.float(), size=dst, mode='bicubic', align_corners=False)
+    return grid.reshape(heads, -1).t().to(table.dtype)
+
+
+def convert_swin(sd: Mapping[str, Tensor], window_size: Optional[Tuple[int, int]] = None,
+                 pos_grid: Optional[Tuple[int, int]] = None,
+                 src_format: Optional[str] = None) -> Tuple[StateDict, List[str]]:
+    """Convert a Swin state dict of any supported layout to ours.
+
+    Args:
+        sd: the (unwrapped) state dict.
+        window_size: target window; bias tables trained for another window are resized.
+        pos_grid: target absolute-position grid ``(h, w)``; resized bicubically if different.
+        src_format: skip auto-detection.
+
+    Returns:
+        the converted state dict and the names of the keys dropped (classification head,
+        final norm, derived buffers, neck/head keys of detection checkpoints).
+    """
+    fmt = src_format or detect_swin_format(sd)
+    if fmt not in SWIN_FORMATS:
+        raise ValueError(f'unknown Swin format {fmt!r}; one of {SWIN_FORMATS}')
+    sd = dict(sd)
+    dropped: List[str] = []
+    if any(k.startswith('backbone.') for k in sd):
+        dropped += [k for k in sd if not k.startswith('backbone.')]
+        sd = select_prefix(sd, 'backbone.')
+    sd, dropped_now = drop_keys(sd, _NON_BACKBONE)
+    dropped += dropped_now
+    if fmt == 'mmdet':
+        sd = _from_mmdet(sd)
+    elif fmt == 'timm':
+        sd = _from_timm(sd)
+    if 'absolute_pos_embed' in sd:
+        pos = sd['absolute_pos_embed']
+        if pos.dim() == 3:
+            pos = _tokens_to_grid(pos)
+        if pos_grid is not None:
+            pos = resize_pos_grid(pos, tuple(pos_grid))
+        sd['absolute_pos_embed'] = pos
+    if window_size is not None:
+        for k in [k for k in sd if k.endswith('relative_position_bias_table')]:
+            sd[k] = resize_rel_pos_bias_table(sd[k], tuple(window_size))
+    return sd, dropped
+
+
+def swin_to_mmdet(sd: Mapping[str, Tensor]) -> StateDict:
+    """Our layout -> mmdet 3.x ``SwinTransformer`` names (for exporting and parity tests)."""
+    out = {}
+    for k, v in sd.items():
+        k2 = k.replace('patch_embed.proj.', 'patch_embed.projection.')
+        k2 = re.sub(r'^layers\.(\d+)\.blocks\.(\d+)\.attn\.', r'stages.\1.blocks.\2.attn.w_msa.', k2)
+        k2 = re.sub(r'^layers\.(\d+)\.blocks\.(\d+)\.mlp\.fc1\.', r'stages.\1.blocks.\2.ffn.layers.0.0.', k2)
+        k2 = re.sub(r'^layers\.(\d+)\.blocks\.(\d+)\.mlp\.fc2\.', r'stages.\1.blocks.\2.ffn.layers.1.', k2)
+        k2 = re.sub(r'^layers\.', 'stages.', k2)
+        if re.match(r'stages\.\d+\.downsample\.(reduction|norm)\.', k2):
+            v = _official_to_unfold(v)
+        if k2 == 'absolute_pos_embed':
+            v = v.flatten(2).transpose(1, 2)
+        out[k2] = v
+    return out
+
+
+def load_swin_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Tensor]],
+                         prefix: Optional[str] = None) -> List[str]:
+    """Load a Swin checkpoint of any supported format into a :class:`SwinBackbone`.
+
+    Strict: a shape mismatch, a missing backbone weight or a leftover key raises
+    :class:`CheckpointError` naming the keys. Only the detection output norms ``norm{i}``
+    may be absent (classification checkpoints have none); they keep their init and are logged.
+
+    Returns the names of the dropped checkpoint keys (head, buffers, detector neck/head).
+    """
+    ckpt = load_checkpoint_file(checkpoint) if isinstance(checkpoint, str) else checkpoint
+    sd = unwrap_state_dict(ckpt)
+    if prefix:
+        sd = select_prefix(sd, prefix if prefix.endswith('.') else prefix + '.')
+    grid = (tuple(model.absolute_pos_embed.shape[-2:])
+            if getattr(model, 'use_abs_pos_embed', False) else None)
+    converted, dropped = convert_swin(sd, window_size=model.window_size, pos_grid=grid)
+    if dropped:
+        logger.info('Swin checkpoint: ignored %d non-backbone keys (e.g. %s)', len(dropped),
+                    ', '.join(dropped[:5]))
+    load_state_dict_checked(model, converted, allow_missing=[r'^norm\d+\.'],
+                            source='Swin checkpoint')
+    return dropped
