@@ -6,6 +6,7 @@ import re
 
 import pytest
 import torch
+from mmengine.config import ConfigDict
 from helpers import assert_close_rel, randomize_
 
 import vitdet_plugin  # noqa: F401
@@ -61,7 +62,7 @@ def test_official_checkpoint_loads_and_matches_mmdet_loading_the_same_file(tmp_p
     from mmdet.models.backbones import SwinTransformer
     ref = SwinTransformer(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4),
                           drop_path_rate=0.0, convert_weights=True,
-                          init_cfg=dict(type='Pretrained', checkpoint=path))
+                          init_cfg=ConfigDict(type='Pretrained', checkpoint=path))
     ref.init_weights()
     ref.eval()
     x = torch.randn(1, 3, 160, 224)
@@ -127,7 +128,7 @@ def test_window_resize_matches_mmdet(tmp_path):
     from mmdet.models.backbones import SwinTransformer
     ref = SwinTransformer(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4),
                           window_size=12, convert_weights=True,
-                          init_cfg=dict(type='Pretrained', checkpoint=path))
+                          init_cfg=ConfigDict(type='Pretrained', checkpoint=path))
     ref.init_weights()
     table = ours.layers[2].blocks[1].attn.relative_position_bias_table
     assert tuple(table.shape) == (23 * 23, 4)

@@ -5,10 +5,12 @@
   a model build.
 * torch >= 2.6 loads checkpoints with ``weights_only=True`` by default, and mmengine 0.10.7's
   resume then fails on the objects its checkpoints carry (``HistoryBuffer`` in the message hub,
-  numpy arrays and scalars; mmengine#1655). We allow-list exactly those classes with
+  its statistics methods, numpy arrays and scalars; mmengine#1655). We allow-list exactly
+  those with
   :func:`torch.serialization.add_safe_globals`; ``weights_only`` stays on, so a checkpoint
   carrying any other object is still refused.
 """
+import pickle
 from typing import List, Tuple
 
 import torch
@@ -51,12 +53,29 @@ def check_stack() -> None:
             f'MMCV_WITH_OPS=1): {e}; {FIX_HINT}') from e
 
 
+def _history_buffer_getattr(obj: object, name: str) -> object:
+    """``getattr`` restricted to what mmengine's ``HistoryBuffer`` pickles.
+
+    A ``HistoryBuffer`` carries its statistics methods (``min``, ``max``, ``mean``,
+    ``current`` and custom registered ones), which pickle writes as
+    ``builtins.getattr(HistoryBuffer, 'min')``. Allow-listing the real ``getattr`` would let a
+    checkpoint fetch any attribute of any allowed object, so only those lookups are served.
+    """
+    from mmengine.logging import HistoryBuffer
+    if obj is HistoryBuffer and name in HistoryBuffer._statistics_methods:
+        return getattr(obj, name)
+    raise pickle.UnpicklingError(
+        f'refused builtins.getattr({obj!r}, {name!r}) while loading a checkpoint: only '
+        f'HistoryBuffer statistics methods may be looked up')
+
+
 def mmengine_safe_globals() -> List[object]:
     """The classes mmengine checkpoints carry besides tensors and builtins."""
     import numpy as np
     from mmengine.logging import HistoryBuffer
 
-    safe: List[object] = [HistoryBuffer, np.ndarray, np.dtype]
+    safe: List[object] = [HistoryBuffer, np.ndarray, np.dtype,
+                          (_history_buffer_getattr, 'builtins.getattr')]
     # numpy pickles arrays through ``_reconstruct`` and scalars through ``scalar``; the module
     # moved from numpy.core to numpy._core in numpy 2.
     for modname in ('numpy._core.multiarray', 'numpy.core.multiarray'):
@@ -81,7 +100,8 @@ def register_safe_globals() -> Tuple[str, ...]:
         return ()
     safe = mmengine_safe_globals()
     add(safe)
-    return tuple(getattr(s, '__qualname__', repr(s)) for s in safe)
+    return tuple(s[1] if isinstance(s, tuple) else f'{s.__module__}.{s.__qualname__}'
+                 for s in safe)
 
 
 def apply() -> None:

@@ -11,7 +11,7 @@ at the end of stage ``i``), so official checkpoints load without renaming; other
 converted by :mod:`vitdet_plugin.weights.swin`.
 """
 from functools import partial
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -24,8 +24,8 @@ from torch import Tensor, nn
 
 from ...weights.swin import load_swin_pretrained
 from ..layers import (DropPath, Mlp, PatchEmbed, PatchMerging, WindowAttention,
-                      linear_drop_path_rates, pad_hw, shifted_window_mask, to_2tuple,
-                      window_partition, window_reverse)
+                      linear_drop_path_rates, padded_size, shifted_window_mask, to_2tuple,
+                      window_gather_index)
 
 #: ``arch`` presets: embed dims, depths and heads of the published Swin models.
 SWIN_ARCHS: Dict[str, dict] = {
@@ -71,30 +71,37 @@ class SwinBlock(nn.Module):
     def shifted(self) -> bool:
         return any(self.shift_size)
 
-    def forward(self, x: Tensor, shift_mask: Optional[Tensor] = None) -> Tensor:
-        """``x``: ``(B, H, W, C)``; ``shift_mask``: ``(nW, N, N)`` of the padded map (shifted
-        blocks only)."""
-        _, h, w, _ = x.shape
-        shortcut = x
-        x, hw_pad = pad_hw(self.norm1(x), self.window_size)
-        if self.shifted:
-            x = torch.roll(x, shifts=(-self.shift_size[0], -self.shift_size[1]), dims=(1, 2))
-        windows = self.attn(window_partition(x, self.window_size),
-                            shift_mask if self.shifted else None)
-        x = window_reverse(windows, self.window_size, hw_pad)
-        if self.shifted:
-            x = torch.roll(x, shifts=self.shift_size, dims=(1, 2))
-        if hw_pad != (h, w):
-            x = x[:, :h, :w, :]
-        x = shortcut + self.drop_path(x)
+    def forward(self, x: Tensor, geometry: 'WindowGeometry') -> Tensor:
+        """``x``: ``(B, H, W, C)``; ``geometry``: the stage's cached windowing of ``(H, W)``."""
+        b, h, w, c = x.shape
+        fwd, rev = geometry.shifted_index if self.shifted else geometry.index
+        tokens = self.norm1(x).view(b, h * w, c)
+        if geometry.padded:  # one zero row that the gather index uses for padding
+            tokens = F.pad(tokens, (0, 0, 0, 1))
+        windows = tokens.index_select(1, fwd).view(-1, fwd.numel() // geometry.num_windows, c)
+        windows = self.attn(windows, geometry.shift_mask if self.shifted else None)
+        x = x + self.drop_path(windows.view(b, -1, c).index_select(1, rev).view(b, h, w, c))
         return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class WindowGeometry(NamedTuple):
+    """How a stage splits an ``(H, W)`` map into (shifted) windows; built once per size.
+
+    ``index`` / ``shifted_index``: ``(fwd, rev)`` gather indices (see
+    :func:`window_gather_index`) that pad, shift and partition in one copy, and undo it.
+    """
+    index: Tuple[Tensor, Tensor]
+    shifted_index: Optional[Tuple[Tensor, Tensor]]
+    shift_mask: Optional[Tensor]
+    num_windows: int
+    padded: bool
 
 
 class SwinStage(nn.Module):
     """``depth`` blocks alternating W-MSA / SW-MSA, then optional patch merging.
 
-    The shift mask depends only on the padded feature size; it is built once per size and
-    device and reused by every shifted block and every call.
+    The windowing (gather indices, shift mask) depends only on the feature size; it is built
+    once per size and device and reused by every block and every call.
     """
 
     def __init__(self, dim: int, depth: int, num_heads: int, window_size: Tuple[int, int],
@@ -109,31 +116,35 @@ class SwinStage(nn.Module):
         ])
         self.downsample = (PatchMerging(dim, build_norm_layer(norm_cfg, 4 * dim)[1])
                            if downsample else None)
-        self._mask_cache: Dict[tuple, Tensor] = {}
+        self._geometry_cache: Dict[tuple, WindowGeometry] = {}
 
-    def shift_mask(self, hw: Tuple[int, int], device: torch.device) -> Optional[Tensor]:
-        """Cached ``(nW, N, N)`` shift mask for an unpadded ``(H, W)`` map."""
-        if not any(blk.shifted for blk in self.blocks):
-            return None
-        hp = -(-hw[0] // self.window_size[0]) * self.window_size[0]
-        wp = -(-hw[1] // self.window_size[1]) * self.window_size[1]
-        key = (hp, wp, device)
-        mask = self._mask_cache.get(key)
-        if mask is None:
-            shift = self.blocks[1].shift_size
-            mask = shifted_window_mask((hp, wp), self.window_size, shift, device=device)
-            self._mask_cache.clear()
-            self._mask_cache[key] = mask
-        return mask
+    def geometry(self, hw: Tuple[int, int], device: torch.device) -> WindowGeometry:
+        """Cached windowing (gather indices, shift mask) of an ``(H, W)`` map."""
+        key = (tuple(hw), device)
+        geom = self._geometry_cache.get(key)
+        if geom is None:
+            hp, wp = padded_size(hw, self.window_size)
+            shift = next((blk.shift_size for blk in self.blocks if blk.shifted), None)
+            geom = WindowGeometry(
+                index=window_gather_index(hw, self.window_size, device=device),
+                shifted_index=(window_gather_index(hw, self.window_size, shift, device)
+                               if shift else None),
+                shift_mask=(shifted_window_mask((hp, wp), self.window_size, shift, device)
+                            if shift else None),
+                num_windows=(hp // self.window_size[0]) * (wp // self.window_size[1]),
+                padded=(hp, wp) != tuple(hw))
+            self._geometry_cache.clear()  # keep only the latest size
+            self._geometry_cache[key] = geom
+        return geom
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         """``(B, H, W, C)`` -> (stage output ``(B, H, W, C)``, input of the next stage)."""
-        mask = self.shift_mask(x.shape[1:3], x.device)
+        geom = self.geometry(x.shape[1:3], x.device)
         for blk in self.blocks:
             if self.with_cp and self.training and x.requires_grad:
-                x = cp.checkpoint(blk, x, mask, use_reentrant=False)
+                x = cp.checkpoint(blk, x, geom, use_reentrant=False)
             else:
-                x = blk(x, mask)
+                x = blk(x, geom)
         return x, (self.downsample(x) if self.downsample is not None else x)
 
 

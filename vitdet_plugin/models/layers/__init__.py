@@ -6,13 +6,14 @@ from .norm import LayerNorm2d
 from .patch_embed import PatchEmbed
 from .rel_pos import (decomposed_rel_pos_bias, decomposed_rel_pos_embeddings,
                       relative_position_index, resize_rel_pos)
-from .window import pad_hw, to_2tuple, window_partition, window_reverse
+from .window import (pad_hw, padded_size, to_2tuple, window_gather_index, window_partition,
+                     window_reverse)
 
 __all__ = [
     'MASKED_LOGIT', 'Attention', 'attend', 'eager_attention', 'set_fused_attention', 'DropPath',
     'drop_path', 'linear_drop_path_rates', 'Mlp', 'LayerNorm2d', 'PatchEmbed',
     'decomposed_rel_pos_bias', 'decomposed_rel_pos_embeddings', 'relative_position_index',
-    'resize_rel_pos', 'pad_hw', 'to_2tuple', 'window_partition', 'window_reverse'
+    'resize_rel_pos', 'pad_hw', 'padded_size', 'to_2tuple', 'window_gather_index', 'window_partition', 'window_reverse'
 ]
 from .window_attention import WindowAttention  # noqa: E402
 
@@ -28,3 +29,6 @@ __all__ += ['MultiheadCrossAttention', 'register_fusable_attention']
 from .res_bottleneck import ResBottleneckBlock  # noqa: E402
 
 __all__ += ['ResBottleneckBlock']
+from .norm import masked_group_norm  # noqa: E402
+
+__all__ += ['masked_group_norm']

@@ -33,4 +33,5 @@ def linear_drop_path_rates(drop_path_rate: float, depth: int) -> list:
     """The linear stochastic-depth schedule: block ``i`` of ``depth`` gets ``rate * i / (depth - 1)``."""
     if depth <= 0:
         return []
-    return torch.linspace(0, drop_path_rate, depth).tolist()
+    # an explicit CPU device: models can then be built under a meta default device
+    return torch.linspace(0, drop_path_rate, depth, device='cpu').tolist()

@@ -42,14 +42,19 @@ class WindowAttention(Attention):
         return not (torch.is_grad_enabled() and self.relative_position_bias_table.requires_grad)
 
     def relative_position_bias(self) -> Tensor:
-        """The ``(heads, N, N)`` bias for one window."""
+        """The ``(1, heads, N, N)`` bias for one window.
+
+        4-D on purpose: with a 3-D mask ``F.scaled_dot_product_attention`` falls back from
+        the fused CPU kernel to the math path.
+        """
         n = self.relative_position_index.shape[0]
         table = self.relative_position_bias_table
-        return table[self.relative_position_index.view(-1)].view(n, n, -1).permute(2, 0, 1)
+        bias = table[self.relative_position_index.view(-1)].view(n, n, -1)
+        return bias.permute(2, 0, 1).unsqueeze(0)
 
     def window_bias(self, shift_mask: Optional[Tensor], batch: int) -> Tensor:
-        """Bias for ``batch * nW`` windows: ``(heads, N, N)`` or, with a ``(nW, N, N)`` shift
-        mask, ``(batch * nW, heads, N, N)``."""
+        """Bias for ``batch * nW`` windows: ``(1, heads, N, N)`` or, with a ``(nW, N, N)``
+        shift mask, ``(batch * nW, heads, N, N)``."""
         table = self.relative_position_bias_table
         key = None
         if self._cacheable():
@@ -60,7 +65,7 @@ class WindowAttention(Attention):
                 return cached
         bias = self.relative_position_bias()
         if shift_mask is not None:
-            bias = bias.unsqueeze(0) + shift_mask.unsqueeze(1)          # (nW, heads, N, N)
+            bias = bias + shift_mask.unsqueeze(1)                       # (nW, heads, N, N)
             if batch > 1:
                 bias = bias.unsqueeze(0).expand(batch, *bias.shape).flatten(0, 1)
         if key is not None:

@@ -1,0 +1,91 @@
+"""Print the feature pyramid of a config's backbone and neck for an input size.
+
+    python tools/analysis/feature_shapes.py CONFIG [--shape H W] [--cfg-options k=v ...]
+
+For each backbone output and each neck level: name, channels, stride and (B, C, H, W) shape,
+from a real forward pass on a zero image (random init, no weights loaded). The input is padded
+like the config's data preprocessor (``pad_size_divisor``) before the forward.
+"""
+import argparse
+from typing import List, Sequence, Tuple
+
+import torch
+from mmengine.config import DictAction
+
+import vitdet_plugin  # noqa: F401  (registers our modules)
+from vitdet_plugin.datasets import load_config
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Print a config's backbone/neck pyramid")
+    parser.add_argument('config', help='config file path')
+    parser.add_argument('--shape', type=int, nargs=2, default=[800, 1333], metavar=('H', 'W'),
+                        help='input image size (default: 800 1333)')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config settings, key=value')
+    args = parser.parse_args(argv)
+    if min(args.shape) < 1:
+        parser.error(f'--shape {args.shape[0]} {args.shape[1]}: H and W must be positive')
+    return args
+
+
+def padded_shape(shape: Sequence[int], divisor: int) -> Tuple[int, int]:
+    h, w = shape
+    if divisor <= 1:
+        return h, w
+    return -(-h // divisor) * divisor, -(-w // divisor) * divisor
+
+
+def pyramid_rows(prefix: str, feats, input_hw: Tuple[int, int]) -> List[Tuple[str, int, str, str]]:
+    """``(name, channels, stride, shape)`` rows of a tuple/list/dict of NCHW maps."""
+    if isinstance(feats, torch.Tensor):
+        feats = [feats]
+    items = feats.items() if isinstance(feats, dict) else enumerate(feats)
+    rows = []
+    for key, f in items:
+        stride_h, stride_w = input_hw[0] / f.shape[-2], input_hw[1] / f.shape[-1]
+        stride = (f'{stride_h:g}' if abs(stride_h - stride_w) < 1e-6
+                  else f'{stride_h:g}x{stride_w:g}')
+        rows.append((f'{prefix}[{key}]', int(f.shape[1]), stride, str(tuple(f.shape))))
+    return rows
+
+
+def format_table(rows: Sequence[Tuple[str, int, str, str]]) -> str:
+    header = ('name', 'channels', 'stride', 'shape (B, C, H, W)')
+    cells = [header] + [tuple(str(c) for c in r) for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ['  '.join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, '  '.join('-' * w for w in widths))
+    return '\n'.join(lines)
+
+
+def main(argv=None) -> List[Tuple[str, int, str, str]]:
+    from mmdet.registry import MODELS
+
+    args = parse_args(argv)
+    cfg = load_config(args.config, args.cfg_options)
+    model = MODELS.build(cfg.model).eval()
+    if not hasattr(model, 'backbone'):
+        raise SystemExit(f'error: {type(model).__name__} has no backbone to inspect')
+    divisor = int(cfg.model.get('data_preprocessor', {}).get('pad_size_divisor', 1) or 1)
+    hw = padded_shape(args.shape, divisor)
+    x = torch.zeros(1, 3, *hw)
+    with torch.no_grad():
+        feats = model.backbone(x)
+        rows = pyramid_rows('backbone', feats, hw)
+        if getattr(model, 'with_neck', False):
+            rows += pyramid_rows('neck', model.neck(feats), hw)
+    bb = model.backbone
+    print(f'{args.config}: {type(model).__name__}, backbone {type(bb).__name__}'
+          + (f', neck {type(model.neck).__name__}' if getattr(model, 'with_neck', False) else ''))
+    print(f'input (1, 3, {args.shape[0]}, {args.shape[1]})'
+          + (f' padded to {hw} (pad_size_divisor={divisor})' if hw != tuple(args.shape) else ''))
+    for attr in ('out_channels', 'out_strides'):
+        if hasattr(bb, attr):
+            print(f'backbone.{attr} = {tuple(getattr(bb, attr))}')
+    print(format_table(rows))
+    return rows
+
+
+if __name__ == '__main__':
+    main()

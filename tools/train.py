@@ -1,0 +1,99 @@
+"""Train a detector with an mmengine config (mmdet's tools/train.py, plus vitdet_plugin).
+
+    python tools/train.py CONFIG [--work-dir DIR] [--amp] [--auto-scale-lr]
+                          [--resume [CKPT]] [--cfg-options k=v ...] [--launcher pytorch]
+
+``vitdet_plugin`` is imported (configs work without ``custom_imports``), mmdet's default scope
+is set, ``--cfg-options data_root=DIR`` moves every dataloader and evaluator path of the config,
+and missing data is reported before anything is built. Multi-GPU: ``tools/dist_train.sh``.
+"""
+import argparse
+import os
+import os.path as osp
+import sys
+
+from mmengine.config import DictAction
+
+import vitdet_plugin  # noqa: F401  (registers our modules, torch/mmengine resume fix)
+from vitdet_plugin.datasets import DatasetNotFoundError, check_data, load_config
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description='Train a detector')
+    parser.add_argument('config', help='train config file path')
+    parser.add_argument('--work-dir', help='the dir to save logs and models '
+                        '(default: ./work_dirs/<config name>)')
+    parser.add_argument('--amp', action='store_true', default=False,
+                        help='enable automatic-mixed-precision training (needs a GPU)')
+    parser.add_argument('--auto-scale-lr', action='store_true',
+                        help='scale the lr by total batch size / auto_scale_lr.base_batch_size')
+    parser.add_argument('--resume', nargs='?', type=str, const='auto',
+                        help='resume from this checkpoint, or (no value) from the latest '
+                        'checkpoint in the work dir')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config settings, key=value (e.g. data_root=/data/coco/ '
+                        'train_dataloader.batch_size=4); list values as key="[a,b]"')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+def build_cfg(args: argparse.Namespace):
+    import torch
+
+    cfg = load_config(args.config, args.cfg_options)
+    cfg.launcher = args.launcher
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir', None) is None:
+        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
+
+    uses_amp = args.amp or cfg.optim_wrapper.get('type') == 'AmpOptimWrapper'
+    if uses_amp and not torch.cuda.is_available():
+        raise SystemExit('error: automatic mixed precision (--amp or optim_wrapper.type='
+                         "'AmpOptimWrapper') needs a CUDA device and none is available; on CPU "
+                         "drop --amp / pass --cfg-options optim_wrapper.type=OptimWrapper")
+    if args.amp:
+        cfg.optim_wrapper.type = 'AmpOptimWrapper'
+        cfg.optim_wrapper.loss_scale = 'dynamic'
+    if args.launcher != 'none' and not torch.cuda.is_available():
+        cfg.env_cfg.setdefault('dist_cfg', {})['backend'] = 'gloo'  # CPU DDP
+
+    if args.auto_scale_lr:
+        if 'base_batch_size' not in cfg.get('auto_scale_lr', {}):
+            raise SystemExit('error: --auto-scale-lr needs auto_scale_lr=dict(enable=False, '
+                             f'base_batch_size=N) in {args.config}')
+        cfg.auto_scale_lr.enable = True
+
+    if args.resume == 'auto':
+        cfg.resume = True
+        cfg.load_from = None
+    elif args.resume is not None:
+        if not osp.isfile(args.resume):
+            raise SystemExit(f'error: --resume {args.resume}: no such checkpoint file')
+        cfg.resume = True
+        cfg.load_from = args.resume
+    return cfg
+
+
+def main(argv=None) -> None:
+    from mmengine.registry import RUNNERS
+    from mmengine.runner import Runner
+
+    args = parse_args(argv)
+    cfg = build_cfg(args)
+    stages = ('train', 'val') if cfg.get('val_cfg') and cfg.get('val_dataloader') else ('train',)
+    try:
+        check_data(cfg, stages, config_path=args.config, tool='tools/train.py')
+    except DatasetNotFoundError as e:
+        sys.exit(f'error: {e}')
+    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    runner.train()
+
+
+if __name__ == '__main__':
+    main()
