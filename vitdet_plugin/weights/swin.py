@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..models.layers.rel_pos import relative_position_index
 from .common import (CheckpointError, StateDict, drop_keys, load_checkpoint_file,
                      load_state_dict_checked, resize_pos_grid, select_prefix, unwrap_state_dict)
 
@@ -195,7 +196,15 @@ def convert_swin(sd: Mapping[str, Tensor], window_size: Optional[Tuple[int, int]
 
 
 def swin_to_mmdet(sd: Mapping[str, Tensor]) -> StateDict:
-    """Our layout -> mmdet 3.x ``SwinTransformer`` names (for exporting and parity tests)."""
+    """Our layout -> mmdet 3.x ``SwinTransformer`` state dict (loads there strictly).
+
+    mmdet keeps ``relative_position_index`` as a persistent buffer, so it is added back
+    (square windows, inferred from the bias-table size).
+    """
+    sd = dict(sd)
+    for k in [k for k in sd if k.endswith('relative_position_bias_table')]:
+        side = (math.isqrt(sd[k].shape[0]) + 1) // 2
+        sd[k.replace('_bias_table', '_index')] = relative_position_index((side, side))
     out = {}
     for k, v in sd.items():
         k2 = k.replace('patch_embed.proj.', 'patch_embed.projection.')

@@ -18,30 +18,85 @@ from torch import Tensor, nn
 MASKED_LOGIT = -100.0
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor] = None,
-           dropout_p: float = 0.0, fused: bool = True, scale: Optional[float] = None) -> Tensor:
-    """Scaled dot-product attention ``softmax(q k^T / sqrt(d) + bias) v``.
+def combine_bias(bias: Optional[Tensor], mask: Optional[Tensor], batch: int) -> Optional[Tensor]:
+    """Sum a bias ``(1 | B, heads, N, N)`` and a window-periodic mask ``(nW, 1 | heads, N, N)``
+    into one ``attn_mask`` for ``batch`` (``= images * nW``) attention rows."""
+    if mask is None:
+        return bias
+    full = mask if bias is None else bias + mask                    # (nW, heads, N, N)
+    if batch != full.shape[0]:
+        full = full.unsqueeze(0).expand(batch // full.shape[0], *full.shape).flatten(0, 1)
+    return full
 
-    Args:
-        q, k, v: ``(..., heads, N, head_dim)``.
-        bias: additive logits broadcastable to ``(..., heads, N, N)``; cast to ``q``'s dtype
-            (so it works under fp16/bf16 autocast).
-        dropout_p: attention dropout (apply only in training).
-        fused: use ``F.scaled_dot_product_attention``; False runs the explicit eager path.
-        scale: logit scale; ``head_dim ** -0.5`` when None.
-    """
-    if bias is not None and bias.dtype != q.dtype:
-        bias = bias.to(q.dtype)
-    if fused:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p,
-                                              scale=scale)
-    attn = (q * (q.shape[-1] ** -0.5 if scale is None else scale)) @ k.transpose(-2, -1)
+
+def _math_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], scale: float,
+                    dropout_p: float = 0.0) -> Tensor:
+    attn = (q * scale) @ k.transpose(-2, -1)
     if bias is not None:
         attn = attn + bias
     attn = attn.softmax(dim=-1)
     if dropout_p > 0:
         attn = F.dropout(attn, dropout_p)
     return attn @ v
+
+
+class _FusedAttentionRecompute(torch.autograd.Function):
+    """Fused forward, recomputing backward, for a bias that needs a gradient.
+
+    ``F.scaled_dot_product_attention`` has no fused CPU kernel whose backward yields the
+    gradient of ``attn_mask``, so with a trainable bias (relative positions) autograd would
+    take the math path and keep every ``(N, N)`` attention matrix alive until backward. Here
+    the forward runs the fused kernel without recording a graph and saves only ``q, k, v``
+    (views of the ``qkv`` output, stored anyway), the small bias and the cached mask; the
+    backward recomputes the attention of the one layer it is processing.
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor],
+                scale: float) -> Tensor:
+        ctx.scale = scale
+        ctx.save_for_backward(q, k, v, bias, mask)
+        full = combine_bias(bias, mask, q.shape[0]).to(q.dtype)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=full, scale=scale)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        q, k, v, bias, mask = ctx.saved_tensors
+        with torch.enable_grad():
+            q_, k_, v_, bias_ = (t.detach().requires_grad_() for t in (q, k, v, bias))
+            full = combine_bias(bias_, mask, q_.shape[0]).to(q_.dtype)
+            out = _math_attention(q_, k_, v_, full, ctx.scale)
+            grads = torch.autograd.grad(out, (q_, k_, v_, bias_), grad_out)
+        return (*grads, None, None)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor] = None,
+           dropout_p: float = 0.0, fused: bool = True, scale: Optional[float] = None,
+           mask: Optional[Tensor] = None) -> Tensor:
+    """Scaled dot-product attention ``softmax(q k^T * scale + bias + mask) v``.
+
+    Args:
+        q, k, v: ``(B, heads, N, head_dim)``.
+        bias: additive logits broadcastable to ``(B, heads, N, N)``; cast to ``q``'s dtype
+            (so it works under fp16/bf16 autocast).
+        dropout_p: attention dropout (apply only in training).
+        fused: use ``F.scaled_dot_product_attention``; False runs the explicit eager path.
+        scale: logit scale; ``head_dim ** -0.5`` when None.
+        mask: optional window-periodic additive mask ``(nW, 1 | heads, N, N)`` with
+            ``B % nW == 0`` (rows ordered image-major), e.g. Swin's shift mask; kept apart from
+            ``bias`` so it is never materialised per image in the autograd graph.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if (fused and dropout_p == 0 and bias is not None and bias.requires_grad
+            and torch.is_grad_enabled() and q.device.type == 'cpu'):
+        return _FusedAttentionRecompute.apply(q, k, v, bias, mask, scale)
+    full = combine_bias(bias, mask, q.shape[0])
+    if full is not None and full.dtype != q.dtype:
+        full = full.to(q.dtype)
+    if fused:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=full, dropout_p=dropout_p,
+                                              scale=scale)
+    return _math_attention(q, k, v, full, scale, dropout_p)
 
 
 class Attention(nn.Module):
@@ -83,18 +138,19 @@ class Attention(nn.Module):
         qkv = qkv.movedim(-3, 0).transpose(-3, -2)
         return qkv[0], qkv[1], qkv[2]
 
-    def attend_and_project(self, q: Tensor, k: Tensor, v: Tensor,
-                           bias: Optional[Tensor]) -> Tensor:
+    def attend_and_project(self, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
+                           mask: Optional[Tensor] = None) -> Tensor:
         """Attention of ``(..., heads, N, d)`` inputs, merged and projected to ``(..., N, C)``."""
         out = attend(q, k, v, bias, self.attn_drop if self.training else 0.0, self.fused,
-                     self.scale)
+                     self.scale, mask)
         out = out.transpose(-3, -2).flatten(-2)
         return self.proj_drop(self.proj(out))
 
-    def forward(self, x: Tensor, bias: Optional[Tensor] = None) -> Tensor:
-        """``(..., N, C)`` tokens, ``bias`` broadcastable to ``(..., heads, N, N)``."""
+    def forward(self, x: Tensor, bias: Optional[Tensor] = None,
+                mask: Optional[Tensor] = None) -> Tensor:
+        """``(B, N, C)`` tokens; ``bias`` / ``mask`` as in :func:`attend`."""
         q, k, v = self.qkv_heads(x)
-        return self.attend_and_project(q, k, v, bias)
+        return self.attend_and_project(q, k, v, bias, mask)
 
     def extra_repr(self) -> str:
         return f'num_heads={self.num_heads}, fused={self.fused}'

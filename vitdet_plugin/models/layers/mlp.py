@@ -1,17 +1,52 @@
 """Transformer feed-forward block."""
-from typing import Optional, Type
+from typing import Callable, Optional
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 
+class _GeluLinear(torch.autograd.Function):
+    """``linear(gelu(h))`` that keeps ``h`` but not ``gelu(h)`` for backward.
+
+    Plain autograd stores both the GELU input (for GELU's backward) and its output (for the
+    weight gradient of ``fc2``) — two ``hidden``-wide activations per token, the largest
+    tensors of a transformer block. The GELU output is recomputed instead (elementwise, cheap).
+    """
+
+    @staticmethod
+    def forward(ctx, h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+        ctx.save_for_backward(h, weight)
+        ctx.has_bias = bias is not None
+        return F.linear(F.gelu(h), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        h, weight = ctx.saved_tensors
+        grad_h = grad_w = grad_b = None
+        if ctx.needs_input_grad[1]:
+            g2 = grad_out.reshape(-1, grad_out.shape[-1])
+            grad_w = g2.t() @ F.gelu(h).reshape(-1, h.shape[-1])
+            if ctx.has_bias and ctx.needs_input_grad[2]:
+                grad_b = g2.sum(0)
+        if ctx.needs_input_grad[0]:
+            grad_h = torch.ops.aten.gelu_backward(grad_out @ weight, h)
+        return grad_h, grad_w, grad_b
+
+
 class Mlp(nn.Module):
-    """``fc1 -> act -> drop -> fc2 -> drop`` on ``(..., C)`` tokens."""
+    """``fc1 -> act -> drop -> fc2 -> drop`` on ``(..., C)`` tokens.
+
+    With an exact GELU and no dropout, training forwards recompute the activation in backward
+    instead of storing it (same values and gradients, about a quarter less activation memory
+    per transformer block).
+    """
 
     def __init__(self,
                  in_features: int,
                  hidden_features: Optional[int] = None,
                  out_features: Optional[int] = None,
-                 act_layer: Type[nn.Module] = nn.GELU,
+                 act_layer: Callable[[], nn.Module] = nn.GELU,
                  drop: float = 0.0) -> None:
         super().__init__()
         hidden_features = hidden_features or in_features
@@ -20,6 +55,12 @@ class Mlp(nn.Module):
         self.act = act_layer()
         self.fc2 = nn.Linear(hidden_features, out_features)
         self.drop = nn.Dropout(drop) if drop > 0 else nn.Identity()
+        self.recompute_act = (isinstance(self.act, nn.GELU) and self.act.approximate == 'none'
+                              and drop == 0)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+        h = self.fc1(x)
+        if (self.recompute_act and torch.is_grad_enabled() and h.device.type in ('cpu', 'cuda')
+                and not torch.is_autocast_enabled(h.device.type)):
+            return _GeluLinear.apply(h, self.fc2.weight, self.fc2.bias)
+        return self.drop(self.fc2(self.drop(self.act(h))))

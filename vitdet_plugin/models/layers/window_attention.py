@@ -10,7 +10,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from .attention import MASKED_LOGIT, Attention
+from .attention import MASKED_LOGIT, Attention, combine_bias
 from .rel_pos import relative_position_index
 from .window import window_partition
 
@@ -53,30 +53,26 @@ class WindowAttention(Attention):
         return bias.permute(2, 0, 1).unsqueeze(0)
 
     def window_bias(self, shift_mask: Optional[Tensor], batch: int) -> Tensor:
-        """Bias for ``batch * nW`` windows: ``(1, heads, N, N)`` or, with a ``(nW, N, N)``
-        shift mask, ``(batch * nW, heads, N, N)``."""
+        """Inference bias for ``batch`` windows: ``(1, heads, N, N)`` or, with a ``(nW, N, N)``
+        shift mask, ``(batch, heads, N, N)``; cached until the table changes."""
         table = self.relative_position_bias_table
-        key = None
-        if self._cacheable():
-            key = (table._version, table.device, table.dtype, batch,
-                   None if shift_mask is None else (shift_mask.data_ptr(), shift_mask.shape))
-            cached = self._cache.get(key)
-            if cached is not None:
-                return cached
-        bias = self.relative_position_bias()
-        if shift_mask is not None:
-            bias = bias + shift_mask.unsqueeze(1)                       # (nW, heads, N, N)
-            if batch > 1:
-                bias = bias.unsqueeze(0).expand(batch, *bias.shape).flatten(0, 1)
-        if key is not None:
+        key = (table._version, table.device, table.dtype, batch,
+               None if shift_mask is None else (shift_mask.data_ptr(), shift_mask.shape))
+        cached = self._cache.get(key)
+        if cached is None:
+            mask = None if shift_mask is None else shift_mask.unsqueeze(1)
+            cached = combine_bias(self.relative_position_bias(), mask, batch)
             self._cache.clear()  # one entry per module: the current feature size
-            self._cache[key] = bias
-        return bias
+            self._cache[key] = cached
+        return cached
 
     def forward(self, x: Tensor, shift_mask: Optional[Tensor] = None) -> Tensor:  # type: ignore[override]
         """``x``: windows ``(B * nW, N, C)``; ``shift_mask``: ``(nW, N, N)`` additive or None."""
-        batch = 1 if shift_mask is None else x.shape[0] // shift_mask.shape[0]
-        return super().forward(x, self.window_bias(shift_mask, batch))
+        if self._cacheable():
+            return super().forward(x, self.window_bias(shift_mask, x.shape[0]))
+        # training: the bias carries a gradient; the mask stays separate and unexpanded
+        mask = None if shift_mask is None else shift_mask.unsqueeze(1)
+        return super().forward(x, self.relative_position_bias(), mask)
 
     def train(self, mode: bool = True) -> 'WindowAttention':
         self._cache.clear()
