@@ -23,7 +23,7 @@ from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor, nn
 
 from ...weights.swin import load_swin_pretrained
-from ..layers import (DropPath, Mlp, PatchEmbed, PatchMerging, WindowAttention,
+from ..layers import (DropPath, Mlp, PatchEmbed, PatchMerging, WindowAttention, WindowIndex,
                       linear_drop_path_rates, padded_size, shifted_window_mask, to_2tuple,
                       window_gather_index)
 
@@ -74,27 +74,23 @@ class SwinBlock(nn.Module):
     def forward(self, x: Tensor, geometry: 'WindowGeometry') -> Tensor:
         """``x``: ``(B, H, W, C)``; ``geometry``: the stage's cached windowing of ``(H, W)``."""
         b, h, w, c = x.shape
-        fwd, rev = geometry.shifted_index if self.shifted else geometry.index
-        tokens = self.norm1(x).view(b, h * w, c)
-        if geometry.padded:  # one zero row that the gather index uses for padding
-            tokens = F.pad(tokens, (0, 0, 0, 1))
-        windows = tokens.index_select(1, fwd).view(-1, fwd.numel() // geometry.num_windows, c)
+        index = geometry.shifted_index if self.shifted else geometry.index
+        windows = index.partition(self.norm1(x).view(b, h * w, c), geometry.window_tokens)
         windows = self.attn(windows, geometry.shift_mask if self.shifted else None)
-        x = x + self.drop_path(windows.view(b, -1, c).index_select(1, rev).view(b, h, w, c))
+        x = x + self.drop_path(index.reverse(windows, b).view(b, h, w, c))
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
 class WindowGeometry(NamedTuple):
     """How a stage splits an ``(H, W)`` map into (shifted) windows; built once per size.
 
-    ``index`` / ``shifted_index``: ``(fwd, rev)`` gather indices (see
-    :func:`window_gather_index`) that pad, shift and partition in one copy, and undo it.
+    ``index`` / ``shifted_index``: gather indices (see :func:`window_gather_index`) that pad,
+    shift and partition in one copy, and undo it.
     """
-    index: Tuple[Tensor, Tensor]
-    shifted_index: Optional[Tuple[Tensor, Tensor]]
+    index: WindowIndex
+    shifted_index: Optional[WindowIndex]
     shift_mask: Optional[Tensor]
-    num_windows: int
-    padded: bool
+    window_tokens: int
 
 
 class SwinStage(nn.Module):
@@ -131,8 +127,7 @@ class SwinStage(nn.Module):
                                if shift else None),
                 shift_mask=(shifted_window_mask((hp, wp), self.window_size, shift, device)
                             if shift else None),
-                num_windows=(hp // self.window_size[0]) * (wp // self.window_size[1]),
-                padded=(hp, wp) != tuple(hw))
+                window_tokens=self.window_size[0] * self.window_size[1])
             self._geometry_cache.clear()  # keep only the latest size
             self._geometry_cache[key] = geom
         return geom

@@ -6,14 +6,14 @@ from .norm import LayerNorm2d
 from .patch_embed import PatchEmbed
 from .rel_pos import (decomposed_rel_pos_bias, decomposed_rel_pos_embeddings,
                       relative_position_index, resize_rel_pos)
-from .window import (pad_hw, padded_size, to_2tuple, window_gather_index, window_partition,
-                     window_reverse)
+from .window import (WindowIndex, pad_hw, padded_size, to_2tuple, window_gather_index,
+                     window_partition, window_reverse)
 
 __all__ = [
     'MASKED_LOGIT', 'Attention', 'attend', 'eager_attention', 'set_fused_attention', 'DropPath',
     'drop_path', 'linear_drop_path_rates', 'Mlp', 'LayerNorm2d', 'PatchEmbed',
     'decomposed_rel_pos_bias', 'decomposed_rel_pos_embeddings', 'relative_position_index',
-    'resize_rel_pos', 'pad_hw', 'padded_size', 'to_2tuple', 'window_gather_index', 'window_partition', 'window_reverse'
+    'resize_rel_pos', 'WindowIndex', 'pad_hw', 'padded_size', 'to_2tuple', 'window_gather_index', 'window_partition', 'window_reverse'
 ]
 from .window_attention import WindowAttention  # noqa: E402
 
@@ -32,3 +32,7 @@ __all__ += ['ResBottleneckBlock']
 from .norm import masked_group_norm  # noqa: E402
 
 __all__ += ['masked_group_norm']
+from .rel_pos import decomposed_rel_pos_terms  # noqa: E402
+from .lean_attention import rel_pos_attention  # noqa: E402
+
+__all__ += ['decomposed_rel_pos_terms', 'rel_pos_attention']

@@ -1,5 +1,5 @@
 """Window partition / reverse and padding helpers shared by the Swin and ViT backbones."""
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -55,26 +55,41 @@ def window_reverse(windows: Tensor, window_size: Tuple[int, int], hw: Tuple[int,
     return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, h, w, c)
 
 
+class WindowIndex(NamedTuple):
+    """Gather indices that pad, cyclically shift and partition a flattened ``(H, W)`` token
+    grid into windows in one copy, and undo it (see :func:`window_gather_index`)."""
+    fwd: Tensor   # (nW * N,) source row of every windowed token (padding rows point at 0)
+    rev: Tensor   # (H * W,)  position of every original token among the windowed ones
+    pad: Tensor   # (P,)      windowed positions that are padding (to be zeroed)
+
+    def partition(self, tokens: Tensor, window_tokens: int) -> Tensor:
+        """``(B, H * W, C)`` -> windows ``(B * nW, N, C)`` with zero padding."""
+        windows = tokens.index_select(1, self.fwd)
+        if self.pad.numel():
+            windows.index_fill_(1, self.pad, 0.0)
+        return windows.view(-1, window_tokens, tokens.shape[-1])
+
+    def reverse(self, windows: Tensor, batch: int) -> Tensor:
+        """Windows ``(B * nW, N, C)`` -> ``(B, H * W, C)`` (shift and padding undone)."""
+        return windows.reshape(batch, -1, windows.shape[-1]).index_select(1, self.rev)
+
+
 def window_gather_index(hw: Tuple[int, int], window_size: Tuple[int, int],
                         shift_size: Tuple[int, int] = (0, 0),
-                        device: Optional[torch.device] = None) -> Tuple[Tensor, Tensor]:
-    """Index pair that turns padding + cyclic shift + :func:`window_partition` into one gather.
+                        device: Optional[torch.device] = None) -> WindowIndex:
+    """The :class:`WindowIndex` equal to ``window_partition(roll(pad(x), -shift))`` and back.
 
-    For a ``(H, W)`` token grid flattened to ``H * W`` rows (plus one extra zero row at index
-    ``H * W`` standing for the padding), returns
-
-    * ``fwd`` ``(nW * N,)``: the row of each windowed token, i.e. ``tokens[:, fwd]`` equals
-      ``window_partition(roll(pad(x), -shift))`` flattened;
-    * ``rev`` ``(H * W,)``: where each original token sits among the windowed ones, i.e.
-      ``windows[:, rev]`` undoes the partition, the shift and the padding.
+    Padding is zeros at the bottom/right, as in :func:`pad_hw`; the shift is a cyclic roll of
+    the padded map by ``-shift_size``.
     """
     h, w = hw
     grid = torch.arange(h * w, device='cpu').view(1, h, w, 1)  # CPU: cheap, once per size
-    grid, _ = pad_hw(grid, window_size, value=h * w)
+    grid, _ = pad_hw(grid, window_size, value=-1)
     if any(shift_size):
         grid = torch.roll(grid, shifts=(-shift_size[0], -shift_size[1]), dims=(1, 2))
-    fwd = window_partition(grid, window_size).reshape(-1)
-    valid = fwd < h * w
+    src = window_partition(grid, window_size).reshape(-1)
+    valid = src >= 0
+    positions = torch.arange(src.numel(), device='cpu')
     rev = torch.empty(h * w, dtype=torch.long, device='cpu')
-    rev[fwd[valid]] = torch.arange(fwd.numel(), device='cpu')[valid]
-    return fwd.to(device), rev.to(device)
+    rev[src[valid]] = positions[valid]
+    return WindowIndex(src.clamp(min=0).to(device), rev.to(device), positions[~valid].to(device))
