@@ -45,8 +45,14 @@ else
     "${PIP[@]}" install $TORCH_SPEC
 fi
 
-say "installing build tools (setuptools<70 for mmcv's pkg_resources, wheel, ninja)"
-"${PIP[@]}" install -q "setuptools<70" wheel ninja
+# Runtime setuptools: torch 2.14 wants >=77, and mmengine resolves `mmdet::` base configs
+# through pkg_resources, which setuptools dropped in 81.
+if have setuptools 80.; then
+    say "setuptools $("$PY" -c 'import setuptools; print(setuptools.__version__)') already installed"
+else
+    say "installing setuptools>=77,<81 (torch needs >=77, mmengine needs pkg_resources)"
+    "${PIP[@]}" install -q "setuptools>=77,<81"
+fi
 
 mmcv_has_ops() {
     "$PY" -c "import mmcv, mmcv.ops; assert mmcv.__version__ == '$MMCV_VERSION'" >/dev/null 2>&1
@@ -61,6 +67,10 @@ else
         say "no cached mmcv wheel in $WHEELS: building mmcv $MMCV_VERSION with ops from the sdist"
         say "(this compiles ~77 C++ files; about 12-30 minutes on 2 cores, MAX_JOBS=$MAX_JOBS)"
         BUILD="$(mktemp -d)"
+        # mmcv 2.1.0's setup.py needs setuptools<70; keep that out of the venv (build only).
+        "${PIP[@]}" install -q --target "$BUILD/buildtools" "setuptools<70" wheel ninja
+        export PYTHONPATH="$BUILD/buildtools${PYTHONPATH:+:$PYTHONPATH}"
+        export PATH="$BUILD/buildtools/bin:$PATH"
         "${PIP[@]}" download --no-deps --no-binary :all: "mmcv==$MMCV_VERSION" -d "$BUILD"
         tar -xzf "$BUILD"/mmcv-"$MMCV_VERSION".tar.gz -C "$BUILD"
         SRC="$BUILD/mmcv-$MMCV_VERSION"
@@ -73,6 +83,7 @@ else
         fi
         (cd "$SRC" && MMCV_WITH_OPS=1 "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$WHEELS" .)
         rm -rf "$BUILD"
+        unset PYTHONPATH
         WHEEL="$(ls "$WHEELS"/mmcv-"$MMCV_VERSION"-*.whl | head -n1)"
         say "cached $WHEEL"
     else
@@ -81,11 +92,17 @@ else
     "${PIP[@]}" install "$WHEEL"
 fi
 
-say "installing mmengine 0.10.7, mmdet 3.3.0, the plugin (editable) and test extras"
-if [ -f "$ROOT/setup.py" ]; then
-    "${PIP[@]}" install -q -e "$ROOT[tests]"
+# The plugin (editable) with mmengine, mmdet and the test extras; skipped when setup.py is
+# unchanged since the last successful install.
+STAMP="$VENV/.vitdet_plugin_setup.sha256"
+WANT="$(cat "$ROOT/setup.py" | sha256sum | cut -d' ' -f1)"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && \
+        "$PY" -c "import mmengine, mmdet, pytest, timm, vitdet_plugin" >/dev/null 2>&1; then
+    say "plugin (editable), mmengine, mmdet and test extras already installed"
 else
-    "${PIP[@]}" install -q mmengine==0.10.7 mmdet==3.3.0
+    say "installing the plugin (editable) with mmengine 0.10.7, mmdet 3.3.0 and test extras"
+    "${PIP[@]}" install -q -e "$ROOT[tests]"
+    echo "$WANT" > "$STAMP"
 fi
 mmcv_has_ops || { echo "mmcv.ops is not importable after install" >&2; exit 1; }
 say "done: $("$PY" -c 'import torch, mmcv, mmdet, mmengine; print(f"torch {torch.__version__}, mmcv {mmcv.__version__}, mmengine {mmengine.__version__}, mmdet {mmdet.__version__}")')"
