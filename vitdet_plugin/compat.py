@@ -53,6 +53,9 @@ def check_stack() -> None:
             f'MMCV_WITH_OPS=1): {e}; {FIX_HINT}') from e
 
 
+_HISTORY_BUFFER_STATISTICS = ('min', 'max', 'mean', 'current')
+
+
 def _history_buffer_getattr(obj: object, name: str) -> object:
     """``getattr`` restricted to what mmengine's ``HistoryBuffer`` pickles.
 
@@ -62,7 +65,10 @@ def _history_buffer_getattr(obj: object, name: str) -> object:
     checkpoint fetch any attribute of any allowed object, so only those lookups are served.
     """
     from mmengine.logging import HistoryBuffer
-    if obj is HistoryBuffer and name in HistoryBuffer._statistics_methods:
+
+    # the class-level registry fills lazily, so the built-ins are listed explicitly
+    if obj is HistoryBuffer and (name in _HISTORY_BUFFER_STATISTICS
+                                 or name in HistoryBuffer._statistics_methods):
         return getattr(obj, name)
     raise pickle.UnpicklingError(
         f'refused builtins.getattr({obj!r}, {name!r}) while loading a checkpoint: only '

@@ -136,7 +136,7 @@ class SwinStage(nn.Module):
         """``(B, H, W, C)`` -> (stage output ``(B, H, W, C)``, input of the next stage)."""
         geom = self.geometry(x.shape[1:3], x.device)
         for blk in self.blocks:
-            if self.with_cp and self.training and x.requires_grad:
+            if self.with_cp and self.training and torch.is_grad_enabled():
                 x = cp.checkpoint(blk, x, geom, use_reentrant=False)
             else:
                 x = blk(x, geom)

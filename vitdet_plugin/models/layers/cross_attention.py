@@ -14,7 +14,7 @@ from .attention import attend, register_fusable_attention
 
 
 class MultiheadCrossAttention(nn.Module):
-    """``softmax(q k^T / sqrt(d) + bias) v`` with ``q = W_q query``, ``k = W_k key``, ``v = W_v value``.
+    """``softmax(q k^T / sqrt(d) + bias) v`` with separate q / k / v projections.
 
     Args:
         embed_dims: channels ``C`` of the queries and of the output.

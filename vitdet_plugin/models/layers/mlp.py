@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .chunking import map_row_chunks, rows_per_chunk
+
 
 class _GeluLinear(torch.autograd.Function):
     """``linear(gelu(h))`` that keeps ``h`` but not ``gelu(h)`` for backward.
@@ -59,6 +61,15 @@ class Mlp(nn.Module):
                               and drop == 0)
 
     def forward(self, x: Tensor) -> Tensor:
+        """``(..., C)`` -> ``(..., out_features)``; inference runs over row chunks."""
+        if not torch.is_grad_enabled() and x.dim() >= 2:
+            flat = x.reshape(-1, x.shape[-1])
+            rows = rows_per_chunk(self.fc1.out_features, x.element_size())
+            out = map_row_chunks(self._forward, flat, rows, self.fc2.out_features)
+            return out.view(*x.shape[:-1], -1)
+        return self._forward(x)
+
+    def _forward(self, x: Tensor) -> Tensor:
         h = self.fc1(x)
         if (self.recompute_act and torch.is_grad_enabled() and h.device.type in ('cpu', 'cuda')
                 and not torch.is_autocast_enabled(h.device.type)):

@@ -46,7 +46,8 @@ class PatchEmbed(nn.Module):
                              f'in_channels={self.in_chans}; convert the input or set '
                              f'in_channels={c}')
         if h == 0 or w == 0 or b == 0:
-            raise ValueError(f'input has an empty dimension: shape {tuple(x.shape)}')
+            raise ValueError(f'input has an empty dimension: shape {tuple(x.shape)}; B, H and W '
+                             'must be at least 1')
         ph, pw = self.patch_size
         pad_h, pad_w = (ph - h % ph) % ph, (pw - w % pw) % pw
         if pad_h or pad_w:

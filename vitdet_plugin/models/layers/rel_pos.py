@@ -43,6 +43,23 @@ def decomposed_rel_pos_embeddings(q_size: int, k_size: int, rel_pos: Tensor) -> 
     return table[rel.long()]
 
 
+def decomposed_rel_pos_terms(q: Tensor, rel_pos_h: Tensor, rel_pos_w: Tensor,
+                             q_size: Tuple[int, int],
+                             k_size: Tuple[int, int]) -> Tuple[Tensor, Tensor]:
+    """The two per-axis terms of :func:`decomposed_rel_pos_bias`:
+    ``(B, heads, qh, qw, kh)`` and ``(B, heads, qh, qw, kw)`` (the bias is their broadcast sum).
+    """
+    qh, qw = q_size
+    kh, kw = k_size
+    rh = decomposed_rel_pos_embeddings(qh, kh, rel_pos_h)     # (qh, kh, d)
+    rw = decomposed_rel_pos_embeddings(qw, kw, rel_pos_w)     # (qw, kw, d)
+    b, heads, _, d = q.shape
+    r_q = q.reshape(b, heads, qh, qw, d)
+    rel_h = torch.einsum('bnhwc,hkc->bnhwk', r_q, rh.to(q.dtype))
+    rel_w = torch.einsum('bnhwc,wkc->bnhwk', r_q, rw.to(q.dtype))
+    return rel_h, rel_w
+
+
 def decomposed_rel_pos_bias(q: Tensor, rel_pos_h: Tensor, rel_pos_w: Tensor,
                             q_size: Tuple[int, int], k_size: Tuple[int, int]) -> Tensor:
     """Additive attention bias from decomposed relative positions (MViTv2 / ViTDet / SAM).
@@ -55,13 +72,7 @@ def decomposed_rel_pos_bias(q: Tensor, rel_pos_h: Tensor, rel_pos_w: Tensor,
     Returns:
         bias ``(B, heads, qh * qw, kh * kw)``.
     """
-    qh, qw = q_size
-    kh, kw = k_size
-    rh = decomposed_rel_pos_embeddings(qh, kh, rel_pos_h)     # (qh, kh, d)
-    rw = decomposed_rel_pos_embeddings(qw, kw, rel_pos_w)     # (qw, kw, d)
-    b, heads, _, d = q.shape
-    r_q = q.reshape(b, heads, qh, qw, d)
-    rel_h = torch.einsum('bnhwc,hkc->bnhwk', r_q, rh.to(q.dtype))
-    rel_w = torch.einsum('bnhwc,wkc->bnhwk', r_q, rw.to(q.dtype))
+    rel_h, rel_w = decomposed_rel_pos_terms(q, rel_pos_h, rel_pos_w, q_size, k_size)
     bias = rel_h[..., :, None] + rel_w[..., None, :]             # (B, heads, qh, qw, kh, kw)
-    return bias.reshape(b, heads, qh * qw, kh * kw)
+    b, heads = q.shape[:2]
+    return bias.reshape(b, heads, q_size[0] * q_size[1], k_size[0] * k_size[1])

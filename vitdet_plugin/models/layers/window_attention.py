@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from .attention import MASKED_LOGIT, Attention, combine_bias
+from .chunking import map_row_chunks, rows_per_chunk
 from .rel_pos import relative_position_index
 from .window import window_partition
 
@@ -69,7 +70,10 @@ class WindowAttention(Attention):
     def forward(self, x: Tensor, shift_mask: Optional[Tensor] = None) -> Tensor:  # type: ignore[override]
         """``x``: windows ``(B * nW, N, C)``; ``shift_mask``: ``(nW, N, N)`` additive or None."""
         if self._cacheable():
-            return super().forward(x, self.window_bias(shift_mask, x.shape[0]))
+            bias = self.window_bias(shift_mask, x.shape[0])
+            # inference: windows in chunks keep the 3C-wide qkv temporary small
+            rows = rows_per_chunk(3 * self.dim * x.shape[1], x.element_size())
+            return map_row_chunks(super().forward, x, rows, self.dim, bias)
         # training: the bias carries a gradient; the mask stays separate and unexpanded
         mask = None if shift_mask is None else shift_mask.unsqueeze(1)
         return super().forward(x, self.relative_position_bias(), mask)

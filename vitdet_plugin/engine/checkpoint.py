@@ -1,0 +1,166 @@
+"""Crash-safe checkpoint saving.
+
+mmengine's ``CheckpointHook`` writes ``iter_N.pth`` and ``last_checkpoint`` in place and, with
+``max_keep_ckpts``, deletes the oldest checkpoint *before* writing the new one: a run killed
+while saving (pre-emption, OOM killer, full disk) can leave a truncated newest file, a
+``last_checkpoint`` pointing at nothing or, with ``max_keep_ckpts=1``, no checkpoint at all.
+
+:class:`AtomicCheckpointHook` (registered in mmengine's ``HOOKS``) keeps every option of
+``CheckpointHook`` but, for local work dirs, writes ``<file>.tmp``, syncs it and renames it over
+``<file>`` (:func:`os.replace` is atomic on POSIX and Windows), then updates ``last_checkpoint``
+the same way, and only then removes checkpoints beyond ``max_keep_ckpts``. At every instant the
+previous checkpoint and the ``last_checkpoint`` pointing at it stay complete and loadable.
+Remote backends (``backend_args`` / ``out_dir`` URIs) fall back to the stock behaviour.
+
+:func:`install_safe_checkpoint_loader` (applied on import) makes mmengine's loader for local
+files, used by ``Runner.resume`` (``tools/train.py --resume``), ``load_from`` and
+``load_checkpoint``, read with an explicit ``torch.load(weights_only=True)`` and refuse a
+checkpoint carrying arbitrary Python objects with a :class:`CheckpointError` that names the
+file and the refused object (nothing is executed).
+"""
+import os
+import os.path as osp
+import pickle
+from typing import Any, Optional
+
+import torch
+from mmengine.dist import is_main_process
+from mmengine.hooks import CheckpointHook
+from mmengine.registry import HOOKS
+from mmengine.runner.checkpoint import CheckpointLoader
+
+from ..weights.common import CheckpointError
+
+#: suffix of the partial file a save writes before the atomic rename
+TMP_SUFFIX = '.tmp'
+LAST_CHECKPOINT_FILE = 'last_checkpoint'
+
+
+def _fsync_file(path: str) -> None:
+    with open(path, 'rb+') as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: str) -> None:
+    try:  # persist the rename itself; not possible on every platform/filesystem
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_replace(tmp_path: str, path: str) -> None:
+    """Sync ``tmp_path`` to disk and rename it over ``path`` in one atomic step."""
+    _fsync_file(tmp_path)
+    os.replace(tmp_path, path)
+    _fsync_dir(osp.dirname(osp.abspath(path)))
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` so readers see either the old or the new content."""
+    tmp = path + TMP_SUFFIX
+    with open(tmp, 'w') as f:
+        f.write(text)
+    atomic_replace(tmp, path)
+
+
+def remove_if_exists(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+@HOOKS.register_module()
+class AtomicCheckpointHook(CheckpointHook):
+    """``CheckpointHook`` whose saves cannot leave a corrupt or missing latest checkpoint.
+
+    Drop-in replacement: ``default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook',
+    interval=..., by_epoch=..., max_keep_ckpts=...))``; every ``CheckpointHook`` argument works
+    unchanged. See the module docstring for the write protocol.
+    """
+
+    def _is_local(self, runner) -> bool:
+        out_dir = self.out_dir if isinstance(self.out_dir, str) else runner.work_dir
+        return self.backend_args is None and self.file_client_args is None \
+            and '://' not in out_dir
+
+    def _save_checkpoint_with_step(self, runner, step: int, meta: dict) -> None:
+        if not self._is_local(runner):
+            return super()._save_checkpoint_with_step(runner, step, meta)
+
+        ckpt_filename = self.filename_tmpl.format(step)
+        final_path = osp.join(self.out_dir, ckpt_filename)
+        tmp_path = final_path + TMP_SUFFIX
+        try:
+            runner.save_checkpoint(
+                self.out_dir,
+                ckpt_filename + TMP_SUFFIX,
+                self.file_client_args,
+                save_optimizer=self.save_optimizer,
+                save_param_scheduler=self.save_param_scheduler,
+                meta=meta,
+                by_epoch=self.by_epoch,
+                backend_args=self.backend_args,
+                **self.args)
+        except BaseException:
+            if is_main_process():
+                remove_if_exists(tmp_path)  # never leave a partial file behind
+            raise
+
+        # From here on the new checkpoint is complete; publish it, then retire old ones.
+        self.last_ckpt = final_path
+        runner.message_hub.update_info('last_ckpt', self.last_ckpt)
+        stale: Optional[int] = None
+        if self.max_keep_ckpts > 0 and not (self.keep_ckpt_ids
+                                            and self.keep_ckpt_ids[-1] == step):
+            if len(self.keep_ckpt_ids) == self.max_keep_ckpts:  # a bounded deque
+                stale = self.keep_ckpt_ids.popleft()
+            self.keep_ckpt_ids.append(step)
+            runner.message_hub.update_info('keep_ckpt_ids', list(self.keep_ckpt_ids))
+
+        if not is_main_process():
+            return
+        atomic_replace(tmp_path, final_path)
+        atomic_write_text(osp.join(runner.work_dir, LAST_CHECKPOINT_FILE), final_path)
+        if stale is not None and stale != step:
+            old = osp.join(self.out_dir, self.filename_tmpl.format(stale))
+            if osp.isfile(old):
+                os.remove(old)
+
+
+# ----------------------------------------------------------------------------- safe loading
+def safe_load_from_local(filename: str, map_location: Any = None) -> Any:
+    """mmengine's local-file checkpoint loader with ``weights_only=True`` and clear errors."""
+    filename = osp.expanduser(filename)
+    if not osp.isfile(filename):
+        raise FileNotFoundError(f'checkpoint file {filename!r} does not exist; check '
+                                '--resume / load_from / the checkpoint path')
+    try:
+        return torch.load(filename, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        # torch names the refused object on the line after 'WeightsUnpickler error:'
+        after = [lines[i + 1] for i, ln in enumerate(lines[:-1])
+                 if ln.endswith('WeightsUnpickler error:')]
+        detail = next((ln for ln in lines if 'GLOBAL' in ln),
+                      after[0] if after else (lines[0] if lines else repr(e)))
+        raise CheckpointError(
+            f'refused to load checkpoint {filename!r}: it contains Python objects that are '
+            f'not on the weights_only allow-list ({detail}); unpickling it could run '
+            'arbitrary code, so nothing was loaded or executed. Load only checkpoints you '
+            'trust; re-save a trusted one as tensors and plain containers.') from e
+
+
+def install_safe_checkpoint_loader() -> None:
+    """Route mmengine's loading of local checkpoint files through
+    :func:`safe_load_from_local` (idempotent)."""
+    CheckpointLoader.register_scheme(prefixes='', force=True)(safe_load_from_local)
+
+
+install_safe_checkpoint_loader()

@@ -1,0 +1,39 @@
+"""Row-chunked evaluation of token-wise functions for inference.
+
+Large temporaries (the ``4C``-wide MLP hidden layer, the ``3C``-wide ``qkv``) cost more than
+their arithmetic on CPU: every fresh multi-megabyte allocation is page-faulted in again
+(glibc serves blocks above its mmap threshold, at most 32 MiB, straight from the kernel), and
+the elementwise pass that follows a GEMM finds the data already evicted from cache. Evaluating
+token-independent functions over chunks of rows keeps those temporaries small and reused.
+Only for inference: under autograd every chunk's activations would be kept anyway.
+"""
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+#: Target size of the largest temporary of one chunk.
+CHUNK_BYTES = 8 << 20
+
+
+def rows_per_chunk(widest: int, element_size: int = 4) -> int:
+    """Rows per chunk so that a ``(rows, widest)`` temporary stays near :data:`CHUNK_BYTES`."""
+    return max(1, CHUNK_BYTES // max(1, widest * element_size))
+
+
+def map_row_chunks(fn: Callable[..., Tensor], x: Tensor, rows: int, out_features: int,
+                   *args: Tensor) -> Tensor:
+    """``fn(x, *args)`` evaluated over chunks of ``rows`` along dim 0; same result.
+
+    ``fn`` must treat rows independently and return ``(rows, ..., out_features)`` with the
+    trailing shape of ``x`` otherwise unchanged. Each of ``args`` whose dim 0 matches ``x`` is
+    chunked alongside (e.g. a per-window bias); the others are passed whole (broadcast).
+    """
+    n = x.shape[0]
+    if n <= rows or torch.is_grad_enabled():
+        return fn(x, *args)
+    out = x.new_empty(*x.shape[:-1], out_features)
+    for start in range(0, n, rows):
+        part = slice(start, start + rows)
+        out[part] = fn(x[part], *(a[part] if a.dim() and a.shape[0] == n else a for a in args))
+    return out
