@@ -64,6 +64,9 @@ def peak_cuda_bytes(fn: Callable[[], object]) -> int:
     return torch.cuda.max_memory_allocated() - base
 
 
+CLOCK = time.perf_counter
+
+
 def time_calls(models: Dict[str, nn.Module], make_call: Callable[[nn.Module], Callable[[], object]],
                repeats: int, device: str, warmup: int = 1) -> Dict[str, float]:
     """Median seconds per model, interleaving the models on every repeat."""
@@ -75,10 +78,10 @@ def time_calls(models: Dict[str, nn.Module], make_call: Callable[[nn.Module], Ca
     for _ in range(repeats):
         for name, call in calls.items():
             sync(device)
-            t0 = time.perf_counter()
+            t0 = CLOCK()
             call()
             sync(device)
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(CLOCK() - t0)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
@@ -210,11 +213,16 @@ def main(argv=None) -> None:
     p.add_argument('--threads', type=int, default=None)
     p.add_argument('--with-cp', action='store_true', help='also measure with_cp=True')
     p.add_argument('--skip-backward', action='store_true')
+    p.add_argument('--clock', choices=['wall', 'cpu'], default='wall',
+                   help="'cpu': process CPU time (all threads), robust on a shared machine")
     args = p.parse_args(argv)
+    global CLOCK
+    CLOCK = time.perf_counter if args.clock == 'wall' else time.process_time
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    print(f'device={args.device} threads={torch.get_num_threads()} torch={torch.__version__}')
+    print(f'device={args.device} threads={torch.get_num_threads()} clock={args.clock} '
+          f'torch={torch.__version__} load={os.getloadavg()[0]:.1f}')
     if args.model == 'vit':
         import benchmark_vit  # tools/benchmark_vit.py
         benchmark_vit.main([f'--device={args.device}', f'--repeats={args.repeats}'])

@@ -77,8 +77,14 @@ class SwinBlock(nn.Module):
         index = geometry.shifted_index if self.shifted else geometry.index
         windows = index.partition(self.norm1(x).view(b, h * w, c), geometry.window_tokens)
         windows = self.attn(windows, geometry.shift_mask if self.shifted else None)
-        x = x + self.drop_path(index.reverse(windows, b).view(b, h, w, c))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        x = _residual(x, self.drop_path(index.reverse(windows, b).view(b, h, w, c)))
+        return _residual(x, self.drop_path(self.mlp(self.norm2(x))))
+
+
+def _residual(x: Tensor, branch: Tensor) -> Tensor:
+    """``x + branch``; without autograd, accumulated into ``branch`` (a fresh tensor here)
+    to save an allocation."""
+    return x + branch if torch.is_grad_enabled() else branch.add_(x)
 
 
 class WindowGeometry(NamedTuple):
