@@ -23,6 +23,7 @@ from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor, nn
 
 from ...weights.swin import load_swin_pretrained
+from .base import FreezeMixin
 from ..layers import (DropPath, Mlp, PatchEmbed, PatchMerging, WindowAttention, WindowIndex,
                       linear_drop_path_rates, padded_size, shifted_window_mask, to_2tuple,
                       window_gather_index)
@@ -177,7 +178,7 @@ def _resolve_arch(arch: Union[str, dict, None], **overrides) -> dict:
 
 
 @MODELS.register_module()
-class SwinBackbone(BaseModule):
+class SwinBackbone(FreezeMixin, BaseModule):
     """Swin Transformer for detection: multi-scale NCHW maps with a declared contract.
 
     Args:
@@ -314,8 +315,8 @@ class SwinBackbone(BaseModule):
         self.out_strides: Tuple[int, ...] = tuple(patch_size * 2**i for i in out_indices)
         self._freeze_stages()
 
-    # ------------------------------------------------------------------ freezing / modes
-    def _frozen_modules(self) -> List[nn.Module]:
+    # ------------------------------------------------------------------ freezing
+    def frozen_modules(self) -> List[nn.Module]:
         mods: List[nn.Module] = []
         if self.frozen_stages >= 0:
             mods += [self.patch_embed, self.drop_after_pos]
@@ -325,25 +326,9 @@ class SwinBackbone(BaseModule):
                 mods.append(getattr(self, f'norm{i}'))
         return mods
 
-    def _freeze_stages(self) -> None:
-        if self.frozen_stages >= 0 and self.use_abs_pos_embed:
-            self.absolute_pos_embed.requires_grad_(False)
-        for m in self._frozen_modules():
-            m.eval()
-            for p in m.parameters():
-                p.requires_grad_(False)
-
-    def train(self, mode: bool = True) -> 'SwinBackbone':
-        """Set the mode, keeping frozen stages (and norms if ``norm_eval``) in eval mode."""
-        super().train(mode)
-        if mode:
-            for m in self._frozen_modules():
-                m.eval()
-            if self.norm_eval:
-                for m in self.modules():
-                    if isinstance(m, (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)):
-                        m.eval()
-        return self
+    def frozen_parameters(self) -> List[nn.Parameter]:
+        return [self.absolute_pos_embed] if self.frozen_stages >= 0 and self.use_abs_pos_embed \
+            else []
 
     # ------------------------------------------------------------------ weights
     def init_weights(self) -> None:
