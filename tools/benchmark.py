@@ -204,8 +204,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument('--model', choices=['swin', 'vit'], default='swin')
     p.add_argument('--arch', default='tiny')
-    p.add_argument('--sizes', nargs='+', type=parse_size,
-                   default=[(224, 224), (800, 1216), (1024, 1024)])
+    p.add_argument('--sizes', nargs='+', type=parse_size, default=None,
+                   help='input sizes HxW (default: 224x224 800x1216 1024x1024; ViT: 1024x1024)')
     p.add_argument('--train-size', type=parse_size, default=(512, 512),
                    help='input size of the training forward/backward and memory columns')
     p.add_argument('--repeats', type=int, default=3)
@@ -216,6 +216,9 @@ def main(argv=None) -> None:
     p.add_argument('--clock', choices=['wall', 'cpu'], default='wall',
                    help="'cpu': process CPU time (all threads), robust on a shared machine")
     args = p.parse_args(argv)
+    if args.sizes is None:
+        args.sizes = [(1024, 1024)] if args.model == 'vit' else [(224, 224), (800, 1216),
+                                                                  (1024, 1024)]
     global CLOCK
     CLOCK = time.perf_counter if args.clock == 'wall' else time.process_time
     if args.threads:
@@ -225,7 +228,8 @@ def main(argv=None) -> None:
           f'torch={torch.__version__} load={os.getloadavg()[0]:.1f}')
     if args.model == 'vit':
         import benchmark_vit  # tools/benchmark_vit.py
-        benchmark_vit.main([f'--device={args.device}', f'--repeats={args.repeats}'])
+        rows = benchmark_vit.run(device=args.device, sizes=args.sizes, repeats=args.repeats)
+        print(benchmark_vit.format_rows(rows))
         return
     bench_swin(args)
 

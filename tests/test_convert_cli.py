@@ -1,0 +1,51 @@
+"""tools/convert_weights.py: converts Swin and ViT checkpoints into loadable files."""
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from helpers import randomize_
+
+import vitdet_plugin  # noqa: F401
+from vitdet_plugin.models.backbones.swin import SwinBackbone
+from vitdet_plugin.weights.swin import swin_to_mmdet
+
+ROOT = Path(__file__).resolve().parents[1]
+ARCH = dict(embed_dims=32, depths=(2, 2), num_heads=(2, 4))
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, str(ROOT / 'tools' / 'convert_weights.py'), *args],
+                          capture_output=True, text=True)
+
+
+def test_convert_mmdet_swin_checkpoint_with_window_resize(tmp_path):
+    src = randomize_(SwinBackbone(arch=ARCH, out_indices=(0, 1)))
+    torch.save({'state_dict': swin_to_mmdet(src.state_dict())}, tmp_path / 'mm.pth')
+    res = _cli(str(tmp_path / 'mm.pth'), str(tmp_path / 'ours.pth'), '--window-size', '12')
+    assert res.returncode == 0, res.stderr
+    assert "swin checkpoint in 'mmdet' format" in res.stdout
+    model = SwinBackbone(arch=ARCH, out_indices=(0, 1), window_size=12,
+                         init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'ours.pth')))
+    model.init_weights()
+    assert torch.equal(model.layers[1].blocks[0].attn.qkv.weight,
+                       src.layers[1].blocks[0].attn.qkv.weight)
+    assert model.layers[0].blocks[0].attn.relative_position_bias_table.shape == (23 * 23, 2)
+
+
+def test_convert_timm_vit_checkpoint(tmp_path):
+    from timm.models.vision_transformer import VisionTransformer
+    ref = VisionTransformer(img_size=64, patch_size=16, embed_dim=32, depth=2, num_heads=2,
+                            num_classes=5)
+    torch.save({'model': ref.state_dict()}, tmp_path / 'mae.pth')
+    res = _cli(str(tmp_path / 'mae.pth'), str(tmp_path / 'vit.pth'))
+    assert res.returncode == 0, res.stderr
+    assert 'vit checkpoint' in res.stdout
+    sd = torch.load(tmp_path / 'vit.pth', weights_only=True)['state_dict']
+    assert torch.equal(sd['blocks.1.attn.qkv.weight'], ref.state_dict()['blocks.1.attn.qkv.weight'])
+
+
+def test_convert_reports_bad_input(tmp_path):
+    res = _cli(str(tmp_path / 'missing.pth'), str(tmp_path / 'out.pth'))
+    assert res.returncode == 1
+    assert 'does not exist' in res.stderr

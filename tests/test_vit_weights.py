@@ -1,0 +1,365 @@
+"""ViT checkpoint conversion: format detection, round trips, resizing, strict loading and
+``init_cfg=dict(type='Pretrained')`` for every supported layout."""
+import re
+from functools import partial
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from helpers import assert_close_rel, randomize_
+
+timm_sam = pytest.importorskip('timm.models.vision_transformer_sam')
+timm_vit = pytest.importorskip('timm.models.vision_transformer')
+
+import vitdet_plugin  # noqa: E402,F401
+from vitdet_plugin.models.backbones import ViTBackbone  # noqa: E402
+from vitdet_plugin.models.layers import resize_rel_pos  # noqa: E402
+from vitdet_plugin.models.necks import ViTSimpleFPN  # noqa: E402
+from vitdet_plugin.weights.common import CheckpointError  # noqa: E402
+from vitdet_plugin.weights.vit import (  # noqa: E402
+    convert_simple_fpn, convert_vit, detect_vit_format, load_vit_pretrained,
+    simple_fpn_to_detectron2, vit_target_shapes)
+
+LN6 = partial(nn.LayerNorm, eps=1e-6)
+ARCH = dict(arch=dict(embed_dims=64, depth=4, num_heads=4), global_attn_indexes=(1, 3),
+            window_size=3)
+
+
+def ours(**kwargs) -> ViTBackbone:
+    cfg = dict(ARCH, img_size=128, pretrain_img_size=128)
+    cfg.update(kwargs)
+    return randomize_(ViTBackbone(**cfg)).eval()
+
+
+def samvit(img_size=128):
+    return randomize_(timm_sam.VisionTransformerSAM(
+        img_size=img_size, embed_dim=64, depth=4, num_heads=4, window_size=3,
+        global_attn_indexes=(1, 3), use_rel_pos=True, norm_layer=LN6, num_classes=0))
+
+
+def sam_checkpoint(ref_sd):
+    """The Segment Anything file layout: image_encoder. prefix, mlp.lin1/lin2, other parts."""
+    sd = {'image_encoder.' + re.sub(r'\.mlp\.fc([12])\.', r'.mlp.lin\1.', k): v
+          for k, v in ref_sd.items()}
+    sd['prompt_encoder.pe_layer.positional_encoding_gaussian_matrix'] = torch.randn(2, 8)
+    sd['mask_decoder.iou_token.weight'] = torch.randn(1, 8)
+    return sd
+
+
+def d2_checkpoint(model: ViTBackbone):
+    """The detectron2 ViTDet layout: backbone.net.*, backbone.simfp_*, heads."""
+    sd = model.state_dict()
+    out = {'backbone.net.' + k: v for k, v in sd.items() if not k.startswith('pyramid.')}
+    if model.pyramid is not None:
+        pyr = {k[len('pyramid.'):]: v for k, v in sd.items() if k.startswith('pyramid.')}
+        out.update({'backbone.' + k: v for k, v in simple_fpn_to_detectron2(
+            pyr, model.pyramid.scale_factors).items()})
+    out['roi_heads.box_predictor.cls_score.weight'] = torch.randn(81, 8)
+    out['proposal_generator.rpn_head.conv.weight'] = torch.randn(8, 8, 3, 3)
+    return {'model': out, '__author__': 'detectron2'}
+
+
+def run(model, size=(128, 128)):
+    with torch.no_grad():
+        return model(torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(1)))
+
+
+# ---------------------------------------------------------------------------- detection
+def test_detect_formats():
+    sam_sd = samvit().state_dict()
+    vit = timm_vit.VisionTransformer(img_size=64, embed_dim=32, depth=1, num_heads=2)
+    assert detect_vit_format(sam_sd) == 'timm_samvit'
+    assert detect_vit_format(sam_checkpoint(sam_sd)) == 'sam'
+    assert detect_vit_format(vit.state_dict()) == 'timm_vit'
+    mae = dict(vit.state_dict(), mask_token=torch.zeros(1, 1, 32),
+               **{'decoder_embed.weight': torch.zeros(16, 32)})
+    assert detect_vit_format(mae) == 'mae'
+    assert detect_vit_format(d2_checkpoint(ours())['model']) == 'detectron2'
+    assert detect_vit_format(ours().state_dict()) == 'ours'
+    det = {'backbone.' + k: v for k, v in ours().state_dict().items()}
+    det['neck.lateral_convs.0.conv.weight'] = torch.zeros(1)
+    assert detect_vit_format(det) == 'ours'
+    with pytest.raises(CheckpointError, match='unrecognised checkpoint format: no ViT '
+                                              'attention weights found'):
+        detect_vit_format({'layers.0.blocks.0.attn.qkv.weight': torch.zeros(1)})
+
+
+# ---------------------------------------------------------------------------- round trips
+@pytest.mark.parametrize('fmt', ['timm_samvit', 'sam'])
+def test_sam_formats_round_trip(fmt):
+    ref = samvit()
+    sd = ref.state_dict() if fmt == 'timm_samvit' else sam_checkpoint(ref.state_dict())
+    model = ours(pretrain_use_cls_token=False)
+    conv, dropped = convert_vit(sd, vit_target_shapes(model), pos_grid=model.pretrain_grid)
+    assert detect_vit_format(sd) == fmt
+    assert all(k.startswith(('neck.', 'prompt_encoder.', 'mask_decoder.')) for k in dropped)
+    assert torch.equal(conv['pos_embed'], ref.pos_embed.flatten(1, 2))
+    assert torch.equal(conv['blocks.2.mlp.fc1.weight'], ref.blocks[2].mlp.fc1.weight)
+    assert torch.equal(conv['blocks.1.attn.rel_pos_h'], ref.blocks[1].attn.rel_pos_h)
+    model.load_state_dict(conv)  # complete: every key present, no leftovers
+
+
+def test_detectron2_round_trip_with_pyramid():
+    src = ours(residual_block_indexes=(2,), pyramid=dict(out_channels=16))
+    ckpt = d2_checkpoint(src)
+    dst = ViTBackbone(**ARCH, img_size=128, pretrain_img_size=128,
+                      residual_block_indexes=(2,), pyramid=dict(out_channels=16)).eval()
+    conv, dropped = convert_vit(ckpt, vit_target_shapes(dst), pos_grid=dst.pretrain_grid)
+    assert sorted(dropped) == ['proposal_generator.rpn_head.conv.weight',
+                               'roi_heads.box_predictor.cls_score.weight']
+    assert conv.keys() == src.state_dict().keys()
+    for k, v in src.state_dict().items():
+        assert torch.equal(conv[k], v), k
+    # without a pyramid in the target, simfp keys are dropped and reported
+    plain = ViTBackbone(**ARCH, img_size=128, pretrain_img_size=128,
+                        residual_block_indexes=(2,))
+    conv2, dropped2 = convert_vit(ckpt, vit_target_shapes(plain))
+    assert not any(k.startswith('pyramid.') for k in conv2)
+    assert 'backbone.simfp_2.0.weight' in dropped2 and 'backbone.simfp_5.2.norm.bias' in dropped2
+
+
+def test_detectron2_simfp_names_map_exactly():
+    """The key names and shapes of detectron2's SimpleFeaturePyramid (ViT-B, out 256,
+    scales 4/2/1/0.5, norm LN) land on ViTSimpleFPN's parameters one to one."""
+    d, o = 768, 256
+    d2 = {
+        'simfp_2.0.weight': (d, d // 2, 2, 2), 'simfp_2.0.bias': (d // 2,),
+        'simfp_2.1.weight': (d // 2,), 'simfp_2.1.bias': (d // 2,),
+        'simfp_2.3.weight': (d // 2, d // 4, 2, 2), 'simfp_2.3.bias': (d // 4,),
+        'simfp_2.4.weight': (o, d // 4, 1, 1), 'simfp_2.4.norm.weight': (o,),
+        'simfp_2.4.norm.bias': (o,), 'simfp_2.5.weight': (o, o, 3, 3),
+        'simfp_2.5.norm.weight': (o,), 'simfp_2.5.norm.bias': (o,),
+        'simfp_3.0.weight': (d, d // 2, 2, 2), 'simfp_3.0.bias': (d // 2,),
+        'simfp_3.1.weight': (o, d // 2, 1, 1), 'simfp_3.1.norm.weight': (o,),
+        'simfp_3.1.norm.bias': (o,), 'simfp_3.2.weight': (o, o, 3, 3),
+        'simfp_3.2.norm.weight': (o,), 'simfp_3.2.norm.bias': (o,),
+        'simfp_4.0.weight': (o, d, 1, 1), 'simfp_4.0.norm.weight': (o,),
+        'simfp_4.0.norm.bias': (o,), 'simfp_4.1.weight': (o, o, 3, 3),
+        'simfp_4.1.norm.weight': (o,), 'simfp_4.1.norm.bias': (o,),
+        'simfp_5.1.weight': (o, d, 1, 1), 'simfp_5.1.norm.weight': (o,),
+        'simfp_5.1.norm.bias': (o,), 'simfp_5.2.weight': (o, o, 3, 3),
+        'simfp_5.2.norm.weight': (o,), 'simfp_5.2.norm.bias': (o,),
+    }
+    with torch.device('meta'):
+        neck = ViTSimpleFPN(in_channels=d, out_channels=o)
+    conv = convert_simple_fpn({k: torch.empty(s, device='meta') for k, s in d2.items()})
+    assert {k: tuple(v.shape) for k, v in conv.items()} == {
+        k: tuple(v.shape) for k, v in neck.state_dict().items()}
+    back = simple_fpn_to_detectron2(conv, neck.scale_factors)
+    assert {k: tuple(v.shape) for k, v in back.items()} == d2
+
+
+def test_ours_detector_checkpoint_round_trip(tmp_path):
+    src = ours(pyramid=dict(out_channels=16))
+    ckpt = {'state_dict': {**{'backbone.' + k: v for k, v in src.state_dict().items()},
+                           'neck.fpn_convs.0.conv.weight': torch.zeros(2),
+                           'rpn_head.rpn_cls.weight': torch.zeros(2)},
+            'meta': {'epoch': 3}}
+    path = tmp_path / 'det.pth'
+    torch.save(ckpt, path)
+    dst = ViTBackbone(**ARCH, img_size=128, pretrain_img_size=128,
+                      pyramid=dict(out_channels=16),
+                      init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    dst.init_weights()
+    for k, v in src.state_dict().items():
+        assert torch.equal(dst.state_dict()[k], v), k
+
+
+# ---------------------------------------------------------------------------- timm ViT / MAE / DeiT
+def _timm_vit(**kwargs):
+    cfg = dict(img_size=224, patch_size=16, embed_dim=64, depth=4, num_heads=4, num_classes=10)
+    cfg.update(kwargs)
+    return randomize_(timm_vit.VisionTransformer(**cfg))
+
+
+@pytest.mark.parametrize('kind', ['timm_vit', 'mae', 'deit_distilled'])
+def test_timm_vit_family_loads_through_init_cfg(tmp_path, kind):
+    if kind == 'deit_distilled':
+        from timm.models.deit import VisionTransformerDistilled
+        ref = randomize_(VisionTransformerDistilled(img_size=224, patch_size=16, embed_dim=64,
+                                                    depth=4, num_heads=4, num_classes=10))
+        sd = ref.state_dict()
+        assert sd['pos_embed'].shape[1] == 2 + 14 * 14
+    else:
+        ref = _timm_vit()
+        sd = ref.state_dict()
+    if kind == 'mae':
+        sd = {k: v for k, v in sd.items() if not k.startswith('head.')}
+        sd['mask_token'] = torch.zeros(1, 1, 32)
+        sd['decoder_embed.weight'] = torch.zeros(32, 64)
+        sd = {'model': sd}
+    path = tmp_path / f'{kind}.pth'
+    torch.save(sd, path)
+    model = ViTBackbone(**ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    before_rel = model.blocks[0].attn.rel_pos_h.clone()
+    model.init_weights()
+    # ViTDet pretrain layout: cls slot + 14x14 grid, taken over unchanged (the grid starts
+    # after the cls and, for distilled DeiT, the distillation token)
+    num_prefix = ref.pos_embed.shape[1] - 196
+    assert torch.equal(model.pos_embed[:, :1], ref.pos_embed[:, :1])
+    assert torch.equal(model.pos_embed[:, 1:], ref.pos_embed[:, num_prefix:])
+    assert torch.equal(model.blocks[3].attn.qkv.weight, ref.blocks[3].attn.qkv.weight)
+    assert torch.equal(model.patch_embed.proj.weight, ref.patch_embed.proj.weight)
+    # relative positions are new (zero init, as ViTDet from MAE)
+    assert torch.equal(model.blocks[0].attn.rel_pos_h, before_rel)
+
+
+def test_pos_embed_is_resized_bicubically_and_cls_slot_kept():
+    ref = _timm_vit(img_size=224)
+    model = ViTBackbone(**ARCH, pretrain_img_size=256)  # 16x16 grid
+    conv, _ = convert_vit(ref.state_dict(), vit_target_shapes(model),
+                          pos_grid=model.pretrain_grid)
+    grid = ref.pos_embed[:, 1:].reshape(1, 14, 14, 64).permute(0, 3, 1, 2)
+    expected = F.interpolate(grid, size=(16, 16), mode='bicubic', align_corners=False)
+    expected = expected.permute(0, 2, 3, 1).reshape(1, 256, 64)
+    assert conv['pos_embed'].shape == (1, 257, 64)
+    assert torch.equal(conv['pos_embed'][:, :1], ref.pos_embed[:, :1])
+    assert_close_rel([conv['pos_embed'][:, 1:]], [expected], tol=1e-6)
+
+
+def test_sam_pos_embed_and_rel_pos_resized_to_target():
+    ref = samvit(img_size=128)  # pos 8x8, global tables 15 rows, window tables 5 rows
+    model = ViTBackbone(**dict(ARCH, window_size=5), img_size=192, pretrain_img_size=224)
+    conv, _ = convert_vit(ref.state_dict(), vit_target_shapes(model),
+                          pos_grid=model.pretrain_grid)
+    assert conv['pos_embed'].shape == (1, 1 + 14 * 14, 64)
+    assert torch.equal(conv['pos_embed'][:, 0], torch.zeros(1, 64))  # no cls in SAM
+    assert conv['blocks.1.attn.rel_pos_h'].shape == (23, 16)  # 2 * 192/16 - 1
+    assert conv['blocks.0.attn.rel_pos_w'].shape == (9, 16)   # 2 * 5 - 1
+    assert torch.equal(conv['blocks.0.attn.rel_pos_w'],
+                       resize_rel_pos(ref.blocks[0].attn.rel_pos_w, 9))
+    model.load_state_dict(conv)
+
+
+def test_sam_weights_into_matching_model_equal_timm_features(tmp_path):
+    ref = samvit(img_size=128).eval()
+    path = tmp_path / 'sam.pth'
+    torch.save(sam_checkpoint(ref.state_dict()), path)
+    model = ViTBackbone(**ARCH, img_size=128, pretrain_img_size=128,
+                        pretrain_use_cls_token=False,
+                        init_cfg=dict(type='Pretrained', checkpoint=str(path))).eval()
+    model.init_weights()
+    x = torch.randn(1, 3, 128, 128)
+    with torch.no_grad():
+        assert_close_rel(model(x), ref.forward_intermediates(x, indices=[3],
+                                                             intermediates_only=True), 1e-5)
+
+
+# ---------------------------------------------------------------------------- strictness / safety
+def test_mismatched_architecture_is_reported():
+    ref = _timm_vit(embed_dim=96, num_heads=4)
+    model = ViTBackbone(**ARCH)
+    with pytest.raises(CheckpointError, match=r'shape mismatch for \d+ keys: pos_embed: ViT '
+                                              r'checkpoint \(1, 197, 96\) vs model '
+                                              r'\(1, 197, 64\), patch_embed.proj.weight: '
+                                              r'ViT checkpoint '
+                                              r'\(96, 3, 16, 16\) vs model \(64, 3, 16, 16\)'):
+        load_vit_pretrained(model, ref.state_dict())
+
+
+def test_unknown_keys_and_missing_blocks_are_reported():
+    model = ViTBackbone(**ARCH)
+    sd = ours().state_dict()
+    sd['blocks.0.ls1.gamma'] = torch.ones(64)
+    with pytest.raises(CheckpointError, match=r'unexpected in the ViT checkpoint: '
+                                              r'blocks.0.ls1.gamma'):
+        load_vit_pretrained(model, sd)
+    sd = {k: v for k, v in ours().state_dict().items() if not k.startswith('blocks.3.mlp')}
+    with pytest.raises(CheckpointError, match=r'missing from the ViT checkpoint: '
+                                              r'blocks.3.mlp.fc1.weight'):
+        load_vit_pretrained(model, sd)
+    # partial rel-pos tables are not silently allowed either
+    sd = {k: v for k, v in ours().state_dict().items() if k != 'blocks.2.attn.rel_pos_h'}
+    with pytest.raises(CheckpointError, match=r'missing from the ViT checkpoint: '
+                                              r'blocks.2.attn.rel_pos_h'):
+        load_vit_pretrained(model, sd)
+
+
+def test_checkpoint_with_code_is_refused(tmp_path):
+    path = tmp_path / 'evil.pth'
+    torch.save({'model': ours().state_dict(), 'cfg': partial(print)}, path)
+    model = ViTBackbone(**ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    with pytest.raises(CheckpointError, match='weights_only'):
+        model.init_weights()
+
+
+def test_unknown_format_name():
+    with pytest.raises(ValueError, match=r"src_format='beit' is not a ViT format"):
+        convert_vit(ours().state_dict(), src_format='beit')
+
+
+def test_detectron2_model_zoo_pkl(tmp_path):
+    """Model-zoo files are plain pickles of numpy arrays: read safely, arrays -> tensors."""
+    import pickle
+    src = ours(pyramid=dict(out_channels=16))
+    ckpt = d2_checkpoint(src)
+    ckpt['model'] = {k: v.numpy() for k, v in ckpt['model'].items()}
+    path = tmp_path / 'model_final.pkl'
+    with open(path, 'wb') as f:
+        pickle.dump(ckpt, f)
+    dst = ViTBackbone(**ARCH, img_size=128, pretrain_img_size=128,
+                      pyramid=dict(out_channels=16),
+                      init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    dst.init_weights()
+    for k, v in src.state_dict().items():
+        assert torch.equal(dst.state_dict()[k], v), k
+    evil = tmp_path / 'evil.pkl'
+    with open(evil, 'wb') as f:
+        pickle.dump({'model': ckpt['model'], 'x': partial(print, 'pwned')}, f)
+    with pytest.raises(CheckpointError, match=r"refused to load .*evil.pkl.*global "
+                                              r"functools.partial is not allowed"):
+        load_vit_pretrained(dst, str(evil))
+
+
+def test_mmpretrain_mae_layout(tmp_path):
+    """mmpretrain ViT / MAE: backbone.-prefixed, ln1/ln2/ffn.layers names, neck dropped."""
+    ref = _timm_vit()
+    renames = ((r'^patch_embed\.proj\.', 'patch_embed.projection.'),
+               (r'^blocks\.(\d+)\.norm1\.', r'layers.\1.ln1.'),
+               (r'^blocks\.(\d+)\.norm2\.', r'layers.\1.ln2.'),
+               (r'^blocks\.(\d+)\.mlp\.fc1\.', r'layers.\1.ffn.layers.0.0.'),
+               (r'^blocks\.(\d+)\.mlp\.fc2\.', r'layers.\1.ffn.layers.1.'),
+               (r'^blocks\.', 'layers.'), (r'^norm\.', 'ln1.'))
+    sd = {}
+    for k, v in ref.state_dict().items():
+        if k.startswith('head.'):
+            continue
+        for pattern, repl in renames:
+            k, n = re.subn(pattern, repl, k)
+            if n:
+                break
+        sd['backbone.' + k] = v
+    sd['neck.mask_token'] = torch.zeros(1, 1, 8)
+    sd['neck.decoder_blocks.0.ln1.weight'] = torch.zeros(8)
+    assert detect_vit_format(sd) == 'mmpretrain'
+    path = tmp_path / 'mmpretrain_mae.pth'
+    torch.save({'state_dict': sd, 'meta': {}}, path)
+    model = ViTBackbone(**ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    model.init_weights()
+    assert torch.equal(model.blocks[2].mlp.fc1.weight, ref.blocks[2].mlp.fc1.weight)
+    assert torch.equal(model.blocks[1].norm2.bias, ref.blocks[1].norm2.bias)
+    assert torch.equal(model.patch_embed.proj.weight, ref.patch_embed.proj.weight)
+    assert torch.equal(model.pos_embed, ref.pos_embed)
+
+
+def test_detectron2_to_mmdet_detector_with_neck():
+    """A detectron2 ViTDet checkpoint -> backbone.* + neck.* of an mmdet detector whose neck
+    is ViTSimpleFPN (strides 4..64)."""
+    from vitdet_plugin.weights.vit import convert_vitdet_to_mmdet
+    src = ours(pyramid=dict(out_channels=16))
+    ckpt = d2_checkpoint(src)
+    plain = ViTBackbone(**ARCH, img_size=128, pretrain_img_size=128)
+    neck = ViTSimpleFPN(in_channels=64, out_channels=16)
+    det, dropped = convert_vitdet_to_mmdet(ckpt, vit_target_shapes(plain),
+                                           pos_grid=plain.pretrain_grid)
+    assert sorted(dropped) == ['proposal_generator.rpn_head.conv.weight',
+                               'roi_heads.box_predictor.cls_score.weight']
+    plain.load_state_dict({k[9:]: v for k, v in det.items() if k.startswith('backbone.')})
+    neck.load_state_dict({k[5:]: v for k, v in det.items() if k.startswith('neck.')})
+    for k, v in src.state_dict().items():
+        if k.startswith('pyramid.'):
+            assert torch.equal(neck.state_dict()[k[len('pyramid.'):]], v), k
+        else:
+            assert torch.equal(plain.state_dict()[k], v), k

@@ -1,0 +1,170 @@
+"""Layer-wise learning-rate decay for ViT and Swin backbones (BEiT / MAE / ViTDet recipe).
+
+A parameter at layer ``l`` of ``L + 1`` gets ``lr = base_lr * rate ** (L + 1 - l)``:
+
+* ViT (:class:`ViTBackbone`, detectron2 ``get_vit_lr_decay_rate``): patch / position
+  embeddings are layer 0, block ``i`` is layer ``i + 1``; ``L`` = number of blocks. Residual
+  conv blocks are new layers and keep the full rate, as in detectron2.
+* Swin (:class:`SwinBackbone`, mmpretrain's rule): patch embedding and absolute position
+  embedding are layer 0; blocks are numbered over all stages (``layers.{i}.blocks.{j}`` is layer
+  ``sum(depths[:i]) + j + 1``), a stage's ``downsample`` shares the layer of its last block;
+  ``L = sum(depths)``.
+* Everything else (output norms ``norm{i}``, the in-backbone pyramid, neck, heads) is layer
+  ``L + 1`` (full rate).
+
+Weight decay is 0 for norm layers, biases, position embeddings, relative-position tables and
+tokens; ``base_wd`` elsewhere. Parameters are grouped by (layer, decay) and each group carries
+``lr_scale``, ``layer_id`` and ``param_names`` for inspection.
+
+Config::
+
+    optim_wrapper = dict(
+        type='OptimWrapper', optimizer=dict(type='AdamW', lr=1e-4, weight_decay=0.1),
+        constructor='LayerDecayOptimWrapperConstructor',
+        paramwise_cfg=dict(layer_decay_rate=0.7))
+"""
+import logging
+import re
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from mmengine.logging import print_log
+from mmengine.optim import DefaultOptimWrapperConstructor
+from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.instancenorm import _InstanceNorm
+
+from ..models.backbones.vit import ViTBackbone
+
+#: Parameter names (last component) that never get weight decay.
+DEFAULT_NO_DECAY_NAMES = ('pos_embed', 'absolute_pos_embed', 'relative_position_bias_table',
+                          'rel_pos_h', 'rel_pos_w', 'cls_token', 'dist_token', 'mask_token')
+_NORM_TYPES = (_BatchNorm, _InstanceNorm, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
+_OPTIONS = ('layer_decay_rate', 'num_layers', 'no_decay_names', 'norm_decay_mult',
+            'bias_decay_mult')
+
+
+def vit_layer_id(name: str, num_layers: int) -> int:
+    """Layer of a ViT backbone parameter (name relative to the backbone)."""
+    if name.startswith(('patch_embed.', 'pos_embed', 'cls_token')):
+        return 0
+    m = re.match(r'^blocks\.(\d+)\.', name)
+    if m and '.residual.' not in name:
+        return int(m.group(1)) + 1
+    return num_layers + 1
+
+
+def swin_layer_id(name: str, depths: Sequence[int]) -> int:
+    """Layer of a Swin backbone parameter (name relative to the backbone)."""
+    if name.startswith(('patch_embed.', 'absolute_pos_embed')):
+        return 0
+    m = re.match(r'^layers\.(\d+)\.(blocks\.(\d+)|downsample)\.', name)
+    if m:
+        stage = int(m.group(1))
+        if m.group(3) is None:  # downsample: with the last block of its stage
+            return sum(depths[:stage + 1])
+        return sum(depths[:stage]) + int(m.group(3)) + 1
+    return sum(depths) + 1
+
+
+def _backbone_rule(model: nn.Module) -> Tuple[str, int, Callable[[str], int]]:
+    """(prefix of backbone parameter names, its layer count, name -> layer id)."""
+    backbone, prefix = model, ''
+    if hasattr(model, 'backbone') and isinstance(model.backbone, nn.Module):
+        backbone, prefix = model.backbone, 'backbone.'
+    if isinstance(backbone, ViTBackbone):
+        n = len(backbone.blocks)
+        return prefix, n, lambda name: vit_layer_id(name, n)
+    layers = getattr(backbone, 'layers', None)
+    if isinstance(layers, nn.ModuleList) and all(hasattr(s, 'blocks') for s in layers):
+        depths = [len(s.blocks) for s in layers]
+        return prefix, sum(depths), lambda name: swin_layer_id(name, depths)
+    raise TypeError(f'{LayerDecayOptimWrapperConstructor.__name__} supports ViTBackbone and '
+                    f'SwinBackbone backbones, got {type(backbone).__name__}')
+
+
+@OPTIM_WRAPPER_CONSTRUCTORS.register_module()
+class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
+    """Optimizer-wrapper constructor with layer-wise lr decay (see the module docstring).
+
+    ``paramwise_cfg`` options:
+        layer_decay_rate (float): decay per layer, in ``(0, 1]`` (ViTDet: 0.7 for ViT-B,
+            0.8 for ViT-L, 0.9 for ViT-H).
+        num_layers (int, optional): ``L``; defaults to the backbone's block count and may only
+            be raised (deeper layers would otherwise get rates above the base lr).
+        no_decay_names (sequence of str, optional): parameter names (last component) without
+            weight decay; replaces :data:`DEFAULT_NO_DECAY_NAMES`.
+        norm_decay_mult, bias_decay_mult (float): weight-decay multipliers of norm layers and
+            biases (default 0).
+    """
+
+    def __init__(self, optim_wrapper_cfg: dict, paramwise_cfg: Optional[dict] = None) -> None:
+        super().__init__(optim_wrapper_cfg, None)
+        cfg = dict(paramwise_cfg or {})
+        unknown = sorted(set(cfg) - set(_OPTIONS))
+        if unknown:
+            raise ValueError(f'paramwise_cfg has unsupported keys {unknown} for '
+                             f'{type(self).__name__}; accepted: {list(_OPTIONS)}')
+        rate = float(cfg.get('layer_decay_rate', 1.0))
+        if not 0.0 < rate <= 1.0:
+            raise ValueError(f'layer_decay_rate={rate} must be in (0, 1]')
+        num_layers = cfg.get('num_layers')
+        if num_layers is not None and int(num_layers) <= 0:
+            raise ValueError(f'num_layers={num_layers} must be a positive int')
+        if self.base_lr is None:
+            raise ValueError('the optimizer config needs an lr for layer-wise lr decay')
+        self.layer_decay_rate = rate
+        self.num_layers = None if num_layers is None else int(num_layers)
+        self.no_decay_names = tuple(cfg.get('no_decay_names', DEFAULT_NO_DECAY_NAMES))
+        self.norm_decay_mult = float(cfg.get('norm_decay_mult', 0.0))
+        self.bias_decay_mult = float(cfg.get('bias_decay_mult', 0.0))
+        cfg.setdefault('layer_decay_rate', rate)  # non-empty: always go through add_params
+        self.paramwise_cfg = cfg
+
+    def _decay_mult(self, name: str, module: nn.Module) -> float:
+        short = name.rsplit('.', 1)[-1]
+        if short in self.no_decay_names:
+            return 0.0
+        if isinstance(module, _NORM_TYPES):
+            return self.norm_decay_mult
+        if short == 'bias':
+            return self.bias_decay_mult
+        return 1.0
+
+    def add_params(self, params: List[dict], module: nn.Module, **kwargs) -> None:
+        """Append one group per (layer, weight decay) to ``params``."""
+        prefix, backbone_layers, layer_of = _backbone_rule(module)
+        num_layers = self.num_layers or backbone_layers
+        if num_layers < backbone_layers:
+            raise ValueError(f'num_layers={num_layers} is smaller than the backbone\'s '
+                             f'{backbone_layers} layers; omit it to use the backbone depth')
+        base_wd = self.base_wd or 0.0
+        owner = {f'{mod_name}.{p_name}' if mod_name else p_name: mod
+                 for mod_name, mod in module.named_modules()
+                 for p_name, _ in mod.named_parameters(recurse=False)}
+        groups: Dict[Tuple[int, float], dict] = {}
+        for name, param in module.named_parameters():
+            if not param.requires_grad:
+                print_log(f'{name} is frozen (requires_grad=False) and not optimized',
+                          logger='current', level=logging.DEBUG)
+                continue
+            if prefix and not name.startswith(prefix):
+                layer = num_layers + 1
+            else:
+                layer = min(layer_of(name[len(prefix):]), num_layers + 1)
+                if layer == backbone_layers + 1:
+                    layer = num_layers + 1
+            wd = base_wd * self._decay_mult(name, owner[name])
+            group = groups.get((layer, wd))
+            if group is None:
+                scale = self.layer_decay_rate ** (num_layers + 1 - layer)
+                group = groups[(layer, wd)] = dict(
+                    params=[], param_names=[], lr=self.base_lr * scale, weight_decay=wd,
+                    lr_scale=scale, layer_id=layer)
+            group['params'].append(param)
+            group['param_names'].append(name)
+        for (layer, wd), group in sorted(groups.items()):
+            print_log(f'layer decay: layer {layer} lr_scale={group["lr_scale"]:.4g} '
+                      f'weight_decay={wd:g}: {len(group["params"])} params',
+                      logger='current', level=logging.DEBUG)
+            params.append(group)

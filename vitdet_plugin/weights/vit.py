@@ -1,0 +1,379 @@
+"""Plain-ViT (ViTDet) checkpoint converters: pure ``state_dict -> state_dict`` functions.
+
+Our layout is timm / SAM / detectron2's ViT naming (``patch_embed.proj``, ``pos_embed`` as
+``(1, [1 +] gh * gw, C)``, ``blocks.{i}.{norm1, attn.qkv, attn.proj, attn.rel_pos_h,
+attn.rel_pos_w, norm2, mlp.fc1, mlp.fc2, residual.*}``, ``pyramid.*`` for the optional
+in-backbone simple pyramid). Accepted sources (:data:`VIT_FORMATS`):
+
+* ``timm_vit``: timm ``VisionTransformer`` / DeiT (``cls_token``, ``dist_token``,
+  ``pos_embed (1, prefix + 14*14, C)``, ``norm``, ``fc_norm``, ``head`` dropped);
+* ``mae``: MAE pretraining checkpoints (``{'model': sd}``; timm names plus ``mask_token`` /
+  ``decoder_*`` when saved with the decoder);
+* ``sam``: Segment Anything (``image_encoder.``-prefixed, ``pos_embed (1, 64, 64, C)``, rel-pos
+  tables, ``mlp.lin1/lin2``; ``neck``, prompt encoder and mask decoder dropped);
+* ``timm_samvit``: timm ``samvit_*`` (SAM names without the prefix, ``mlp.fc1/fc2``);
+* ``detectron2``: ViTDet detectors (``backbone.net.*``; the ``backbone.simfp_*`` pyramid maps
+  exactly onto :class:`ViTSimpleFPN` names), as ``.pth`` or model-zoo ``.pkl`` (numpy arrays,
+  read by a restricted unpickler);
+* ``mmpretrain``: mmpretrain ``VisionTransformer`` / MAE (``patch_embed.projection``,
+  ``layers.{i}.{ln1, attn, ln2, ffn.layers.0.0, ffn.layers.1}``, final ``ln1``; possibly
+  ``backbone.``-prefixed with ``neck`` / ``head`` keys);
+* ``ours``: this package's layout (possibly ``backbone.``-prefixed in a detector checkpoint).
+
+Position embeddings are resized bicubically to the target grid and relative-position tables
+linearly to the target lengths.
+"""
+import logging
+import math
+import os
+import pickle
+import re
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..models.layers.rel_pos import resize_rel_pos
+from .common import (CheckpointError, StateDict, drop_keys, load_checkpoint_file,
+                     load_state_dict_checked, resize_pos_grid, select_prefix, unwrap_state_dict)
+
+logger = logging.getLogger('vitdet_plugin')
+
+VIT_FORMATS = ('timm_vit', 'mae', 'sam', 'timm_samvit', 'detectron2', 'mmpretrain', 'ours')
+
+#: Classification / pretraining-only keys (after prefixes are removed).
+_NON_BACKBONE = (r'^cls_token$', r'^dist_token$', r'^reg_token$', r'^mask_token$', r'^norm\.',
+                 r'^fc_norm\.', r'^head(_dist)?\.', r'^pre_logits\.', r'^attn_pool\.',
+                 r'^decoder_', r'^neck\.')
+#: Layers of each simple-pyramid scale before its 1x1 conv (detectron2 ``simfp_*`` layout).
+_RESAMPLE_LAYERS = {4.0: 4, 2.0: 1, 1.0: 0, 0.5: 1}
+_SIMFP = re.compile(r'^simfp_(\d+)\.(\d+)\.(.+)$')
+_REL_POS = re.compile(r'^blocks\.\d+\.attn\.rel_pos_[hw]$')
+_RESIDUAL = re.compile(r'^blocks\.\d+\.residual\.')
+
+
+#: The only globals a detectron2 model-zoo ``.pkl`` (numpy arrays in dicts) may reference.
+_PICKLE_SAFE_GLOBALS = frozenset({
+    ('numpy.core.multiarray', '_reconstruct'), ('numpy._core.multiarray', '_reconstruct'),
+    ('numpy.core.multiarray', 'scalar'), ('numpy._core.multiarray', 'scalar'),
+    ('numpy', 'ndarray'), ('numpy', 'dtype'), ('collections', 'OrderedDict')})
+
+
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) in _PICKLE_SAFE_GLOBALS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f'global {module}.{name} is not allowed')
+
+
+def load_numpy_pickle(path: Union[str, os.PathLike]) -> dict:
+    """Read a detectron2 model-zoo ``.pkl`` (``{'model': {name: ndarray}}``) safely: only
+    numpy arrays and plain containers are accepted, arrays become tensors."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f'checkpoint file {path!r} does not exist')
+    try:
+        with open(path, 'rb') as f:
+            obj = _NumpyOnlyUnpickler(f, encoding='latin1').load()
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(f'refused to load {path!r}: a .pkl checkpoint may hold only numpy '
+                              f'arrays and plain containers ({e}); load only checkpoints you '
+                              'trust') from e
+
+    def to_tensors(x):
+        if isinstance(x, np.ndarray):
+            return torch.from_numpy(np.ascontiguousarray(x))
+        if isinstance(x, dict):
+            return {k: to_tensors(v) for k, v in x.items()}
+        return x
+    return to_tensors(obj)
+
+
+def detect_vit_format(sd: Mapping[str, Tensor]) -> str:
+    """Name the layout of a ViT state dict (one of :data:`VIT_FORMATS`)."""
+    keys = list(sd)
+    if any(k.startswith('image_encoder.') for k in keys):
+        return 'sam'
+    if any(k.startswith('backbone.net.') for k in keys):
+        return 'detectron2'
+    inner = [k[len('backbone.'):] for k in keys if k.startswith('backbone.')] or keys
+    if any(re.match(r'layers\.\d+\.ffn\.layers\.0\.0\.', k) for k in inner):
+        return 'mmpretrain'
+    if not any(re.match(r'blocks\.\d+\.attn\.qkv\.', k) for k in inner):
+        raise CheckpointError(
+            'unrecognised checkpoint format: no ViT attention weights found (expected keys like '
+            "'blocks.0.attn.qkv.weight' (timm/MAE/ours), 'image_encoder.blocks.0.attn.qkv.weight'"
+            " (SAM), 'backbone.net.blocks.0.attn.qkv.weight' (detectron2) or "
+            "'layers.0.ffn.layers.0.0.weight' (mmpretrain)); first keys: "
+            f'{keys[:5]}')
+    if len(inner) != len(keys):  # a detector checkpoint with our backbone
+        return 'ours'
+    pos = sd.get('pos_embed')
+    if pos is not None and pos.dim() == 4 or any(k.startswith('neck.') for k in keys):
+        return 'timm_samvit'
+    if any(k.startswith('decoder_') or k == 'mask_token' for k in keys):
+        return 'mae'
+    if any(re.match(r'^(cls_token|dist_token|norm\.|fc_norm\.|head\.)', k) for k in keys):
+        return 'timm_vit'
+    return 'ours'
+
+
+def _is_square(n: int) -> bool:
+    return n >= 0 and math.isqrt(n) ** 2 == n
+
+
+_MMPRETRAIN_RENAMES = ((r'^patch_embed\.projection\.', 'patch_embed.proj.'),
+                       (r'^layers\.(\d+)\.ln1\.', r'blocks.\1.norm1.'),
+                       (r'^layers\.(\d+)\.ln2\.', r'blocks.\1.norm2.'),
+                       (r'^layers\.(\d+)\.ffn\.layers\.0\.0\.', r'blocks.\1.mlp.fc1.'),
+                       (r'^layers\.(\d+)\.ffn\.layers\.1\.', r'blocks.\1.mlp.fc2.'),
+                       (r'^layers\.(\d+)\.', r'blocks.\1.'))
+
+
+def _from_mmpretrain(key: str) -> str:
+    for pattern, repl in _MMPRETRAIN_RENAMES:
+        key, n = re.subn(pattern, repl, key)
+        if n:
+            break
+    return key
+
+
+def split_pos_embed(pos: Tensor, num_prefix_tokens: int = 0,
+                    grid: Optional[Tuple[int, int]] = None) -> Tuple[Optional[Tensor], Tensor]:
+    """Split a position embedding into its prefix slots ``(1, p, C)`` (or None) and its grid
+    ``(1, C, gh, gw)``.
+
+    Accepts ``(1, H, W, C)`` (SAM) or ``(1, p + gh * gw, C)``; ``p`` is ``num_prefix_tokens``
+    when that leaves a square grid (or ``grid`` if given), else 0 or 1 whichever does.
+    """
+    if pos.dim() == 4:
+        return None, pos.permute(0, 3, 1, 2)
+    if pos.dim() != 3 or pos.shape[0] != 1:
+        raise CheckpointError(f'pos_embed must be (1, N, C) or (1, H, W, C), got '
+                              f'{tuple(pos.shape)}')
+    n = pos.shape[1]
+    if grid is not None and n - grid[0] * grid[1] in (0, 1, num_prefix_tokens):
+        p = n - grid[0] * grid[1]
+    else:
+        p = next((c for c in (num_prefix_tokens, 0, 1) if _is_square(n - c)), None)
+        if p is None:
+            raise CheckpointError(f'cannot infer the grid of pos_embed {tuple(pos.shape)}: '
+                                  f'{n} positions are not a square grid plus 0, 1 or '
+                                  f'{num_prefix_tokens} prefix tokens')
+        side = math.isqrt(n - p)
+        grid = (side, side)
+    body = pos[:, p:].reshape(1, grid[0], grid[1], -1).permute(0, 3, 1, 2)
+    return (pos[:, :p] if p else None), body
+
+
+def convert_simple_fpn(sd: Mapping[str, Tensor], in_stride: int = 16) -> StateDict:
+    """detectron2 ``simfp_{s}.*`` pyramid keys (prefix removed) -> :class:`ViTSimpleFPN` names.
+
+    Level ``s`` has stride ``2**s``; levels are ordered fine to coarse as ``scale_factors``.
+    """
+    levels = sorted({int(m.group(1)) for k in sd for m in [_SIMFP.match(k)] if m})
+    out: StateDict = {}
+    for k, v in sd.items():
+        m = _SIMFP.match(k)
+        if m is None:
+            raise CheckpointError(f'{k!r} is not a detectron2 simple-pyramid key (simfp_S.N.*)')
+        s, layer, rest = int(m.group(1)), int(m.group(2)), m.group(3)
+        scale = in_stride / 2**s
+        if scale not in _RESAMPLE_LAYERS:
+            raise CheckpointError(f'{k!r}: stride {2**s} is not reachable from stride '
+                                  f'{in_stride} with the supported scale factors')
+        i, n = levels.index(s), _RESAMPLE_LAYERS[scale]
+        if layer < n:
+            out[f'scales.{i}.{layer}.{rest}'] = v
+        elif layer in (n, n + 1):
+            conv = 'lateral_convs' if layer == n else 'output_convs'
+            sub = rest if rest.startswith('norm.') else f'conv.{rest}'
+            out[f'{conv}.{i}.{sub}'] = v
+        else:
+            raise CheckpointError(f'{k!r}: unexpected layer {layer} in pyramid level {s}')
+    return out
+
+
+def simple_fpn_to_detectron2(sd: Mapping[str, Tensor], scale_factors: Sequence[float],
+                             in_stride: int = 16) -> StateDict:
+    """Inverse of :func:`convert_simple_fpn` (our pyramid names -> ``simfp_{s}.*``)."""
+    out: StateDict = {}
+    for k, v in sd.items():
+        m = re.match(r'^(scales|lateral_convs|output_convs)\.(\d+)\.(.+)$', k)
+        if m is None:
+            raise CheckpointError(f'{k!r} is not a ViTSimpleFPN key')
+        kind, i, rest = m.group(1), int(m.group(2)), m.group(3)
+        scale = float(scale_factors[i])
+        s, n = int(round(math.log2(in_stride / scale))), _RESAMPLE_LAYERS[scale]
+        if kind == 'scales':
+            out[f'simfp_{s}.{rest}'] = v
+        else:
+            layer = n if kind == 'lateral_convs' else n + 1
+            rest = rest[len('conv.'):] if rest.startswith('conv.') else rest
+            out[f'simfp_{s}.{layer}.{rest}'] = v
+    return out
+
+
+def _target_pos_layout(shape: Sequence[int],
+                       grid: Optional[Tuple[int, int]]) -> Tuple[int, Tuple[int, int]]:
+    n = int(shape[1])
+    if grid is not None:
+        return n - grid[0] * grid[1], tuple(grid)  # type: ignore[return-value]
+    p = 0 if _is_square(n) else 1
+    if not _is_square(n - p):
+        raise CheckpointError(f'target pos_embed {tuple(shape)} is not a square grid; pass '
+                              'pos_grid')
+    side = math.isqrt(n - p)
+    return p, (side, side)
+
+
+def convert_vit(sd: Mapping[str, Tensor],
+                target_shapes: Optional[Mapping[str, Sequence[int]]] = None,
+                pos_grid: Optional[Tuple[int, int]] = None,
+                src_format: Optional[str] = None,
+                in_stride: int = 16) -> Tuple[StateDict, List[str]]:
+    """Convert a ViT state dict of any supported layout to ours.
+
+    Args:
+        sd: the checkpoint or its state dict (wrappers ``model`` / ``state_dict`` removed).
+        target_shapes: ``{name: shape}`` of the target model (see :func:`vit_target_shapes`):
+            ``pos_embed`` is resized (bicubic) to its grid and cls slot, rel-pos tables
+            (linear) to its lengths, and the detectron2 pyramid is kept only if the target has
+            ``pyramid.*`` keys. ``None`` only renames.
+        pos_grid: the target's position grid ``(gh, gw)`` (inferred as square if omitted).
+        src_format: skip auto-detection (one of :data:`VIT_FORMATS`).
+        in_stride: backbone stride, to place detectron2 pyramid levels.
+
+    Returns:
+        the converted state dict and the names of the source keys dropped (classification
+        heads and norms, cls/dist tokens, MAE decoder, SAM neck / prompt encoder / mask
+        decoder, detector necks and heads, an unwanted pyramid).
+    """
+    sd = unwrap_state_dict(sd)
+    fmt = src_format or detect_vit_format(sd)
+    if fmt not in VIT_FORMATS:
+        raise ValueError(f'src_format={fmt!r} is not a ViT format; one of {VIT_FORMATS}')
+    dropped: List[str] = []
+    pyramid: StateDict = {}
+    pyramid_src: List[str] = []
+    prefix = {'sam': 'image_encoder.', 'detectron2': 'backbone.'}.get(fmt)
+    if prefix is None and fmt in ('ours', 'mmpretrain') and any(
+            k.startswith('backbone.') for k in sd):
+        prefix = 'backbone.'
+    if prefix is not None:
+        dropped += [k for k in sd if not k.startswith(prefix)]
+        sd = select_prefix(sd, prefix)
+    if fmt == 'detectron2':
+        pyramid_src = [prefix + k for k in sd if k.startswith('simfp_')]
+        pyramid = convert_simple_fpn({k: v for k, v in sd.items() if k.startswith('simfp_')},
+                                     in_stride)
+        dropped += [k for k in sd if not k.startswith(('net.', 'simfp_'))]
+        sd = select_prefix({k: v for k, v in sd.items() if k.startswith('net.')}, 'net.')
+    if fmt == 'sam':
+        sd = {re.sub(r'\.mlp\.lin([12])\.', r'.mlp.fc\1.', k): v for k, v in sd.items()}
+    if fmt == 'mmpretrain':
+        sd, dropped_now = drop_keys(sd, (r'^ln[12]\.', r'^pre_norm\.'))  # final / pre norms
+        dropped += dropped_now
+        sd = {_from_mmpretrain(k): v for k, v in sd.items()}
+    num_prefix = sum(1 for k in ('cls_token', 'dist_token') if k in sd)
+    if 'reg_token' in sd:
+        num_prefix += sd['reg_token'].shape[1]
+    sd, dropped_now = drop_keys(sd, _NON_BACKBONE)
+    dropped += dropped_now
+
+    if target_shapes is not None and any(k.startswith('pyramid.') for k in target_shapes):
+        sd.update({f'pyramid.{k}': v for k, v in pyramid.items()})
+    else:
+        dropped += pyramid_src
+
+    if 'pos_embed' in sd:
+        if target_shapes is not None and 'pos_embed' not in target_shapes:
+            dropped.append('pos_embed')
+            del sd['pos_embed']
+        else:
+            src = sd['pos_embed']
+            slots, grid = split_pos_embed(src, num_prefix)
+            if target_shapes is not None:
+                t_prefix, t_grid = _target_pos_layout(target_shapes['pos_embed'], pos_grid)
+            else:
+                t_prefix, t_grid = (1 if slots is not None else 0), tuple(grid.shape[-2:])
+            if t_grid[0] < grid.shape[-2] or t_grid[1] < grid.shape[-1]:
+                logger.warning('ViT checkpoint: pos_embed grid %s is downsampled to the model\'s '
+                               '%s; set pretrain_img_size to the checkpoint\'s image size (and '
+                               'pretrain_use_cls_token to match) to keep it exactly',
+                               tuple(grid.shape[-2:]), t_grid)
+            grid = resize_pos_grid(grid, t_grid).permute(0, 2, 3, 1).flatten(1, 2)
+            if t_prefix:
+                cls = (slots[:, :1] if slots is not None
+                       else grid.new_zeros(1, 1, grid.shape[-1]))
+                grid = torch.cat([cls, grid], dim=1)
+            sd['pos_embed'] = grid.contiguous()
+    if target_shapes is not None:
+        for k in [k for k in sd if _REL_POS.match(k) and k in target_shapes]:
+            length = int(target_shapes[k][0])
+            if sd[k].shape[0] != length:
+                sd[k] = resize_rel_pos(sd[k], length)
+    return sd, dropped
+
+
+def convert_vitdet_to_mmdet(sd: Mapping[str, Tensor],
+                            target_shapes: Optional[Mapping[str, Sequence[int]]] = None,
+                            pos_grid: Optional[Tuple[int, int]] = None,
+                            in_stride: int = 16) -> Tuple[StateDict, List[str]]:
+    """A ViT checkpoint (any format) -> ``backbone.*`` keys of an mmdet detector built with
+    ``ViTBackbone`` and, for detectron2 checkpoints, ``neck.*`` keys of a ``ViTSimpleFPN``
+    neck (the ``simfp_*`` pyramid). ``target_shapes`` describe the backbone (unprefixed).
+
+    Returns the detector state dict and the dropped source keys (detectron2's RPN / ROI heads
+    are not converted).
+    """
+    sd = unwrap_state_dict(sd)
+    backbone, dropped = convert_vit(sd, target_shapes, pos_grid, in_stride=in_stride)
+    out = {f'backbone.{k}': v for k, v in backbone.items()}
+    simfp = {k[len('backbone.'):]: v for k, v in sd.items() if k.startswith('backbone.simfp_')}
+    if simfp and not any(k.startswith('pyramid.') for k in backbone):
+        out.update({f'neck.{k}': v for k, v in convert_simple_fpn(simfp, in_stride).items()})
+        dropped = [k for k in dropped if not k.startswith('backbone.simfp_')]
+    return out, dropped
+
+
+def vit_target_shapes(model: nn.Module) -> Dict[str, torch.Size]:
+    """``{name: shape}`` of a model's state dict, the ``target_shapes`` of :func:`convert_vit`."""
+    return {k: v.shape for k, v in model.state_dict().items()}
+
+
+def load_vit_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Tensor]],
+                        prefix: Optional[str] = None) -> List[str]:
+    """Load a ViT checkpoint of any supported format into a :class:`ViTBackbone`.
+
+    Strict: shape mismatches, missing backbone weights and leftover keys raise
+    :class:`CheckpointError` naming them. Parts the source format does not have keep their
+    init and are logged: relative-position tables (zero init, as ViTDet fine-tuning from
+    MAE), residual conv blocks and the in-backbone pyramid.
+
+    Returns the names of the dropped checkpoint keys.
+    """
+    if isinstance(checkpoint, (str, os.PathLike)):
+        ckpt = (load_numpy_pickle(checkpoint) if os.fspath(checkpoint).endswith('.pkl')
+                else load_checkpoint_file(checkpoint))
+    else:
+        ckpt = checkpoint
+    sd = unwrap_state_dict(ckpt)
+    if prefix:
+        sd = select_prefix(sd, prefix if prefix.endswith('.') else prefix + '.')
+    converted, dropped = convert_vit(sd, vit_target_shapes(model),
+                                     pos_grid=getattr(model, 'pretrain_grid', None),
+                                     in_stride=getattr(model, 'patch_size', 16))
+    if dropped:
+        logger.info('ViT checkpoint: ignored %d keys not used by the backbone (e.g. %s)',
+                    len(dropped), ', '.join(dropped[:5]))
+    allow = []
+    if not any(_REL_POS.match(k) for k in converted):
+        allow.append(_REL_POS.pattern)
+    if not any(_RESIDUAL.match(k) for k in converted):
+        allow.append(_RESIDUAL.pattern)
+    if not any(k.startswith('pyramid.') for k in converted):
+        allow.append(r'^pyramid\.')
+    load_state_dict_checked(model, converted, allow_missing=allow, source='ViT checkpoint')
+    return dropped
