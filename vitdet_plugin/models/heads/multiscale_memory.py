@@ -7,7 +7,9 @@ encoding of its centre in image-normalised coordinates plus a learned level embe
 of all levels are flattened into one memory ``(B, N, C)``.
 
 Images of different sizes are padded to one batch shape by the data preprocessor; tokens
-outside an image's ``img_shape`` are flagged in ``padding_mask`` so attention can mask them.
+outside an image's ``img_shape`` are flagged in ``padding_mask`` so attention can mask them,
+and the projections' GroupNorm statistics are taken over the valid area only, so an image
+gives the same memory whatever it is batched with.
 """
 import math
 from typing import List, NamedTuple, Optional, Sequence, Tuple
@@ -15,6 +17,8 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 import torch
 from mmdet.models.layers.transformer.utils import coordinate_to_encoding
 from torch import Tensor, nn
+
+from ..layers.norm import masked_group_norm
 
 #: GroupNorm groups of the input projections (Deformable DETR / DINO).
 PROJ_NORM_GROUPS = 32
@@ -49,14 +53,13 @@ class FlatMemory(NamedTuple):
 
 
 def image_shapes(batch_img_metas: Optional[Sequence[dict]], batch_size: int,
-                 feat_hw: Tuple[int, int]) -> Tuple[Tuple[int, int], List[Tuple[int, int]]]:
+                 frame: Tuple[int, int]) -> Tuple[Tuple[int, int], List[Tuple[int, int]]]:
     """``(batch_input_shape, [img_shape, ...])`` from mmdet image metas.
 
-    Without metas (``tensor`` mode) the batch is taken as unpadded and the first level's grid
-    serves as the image frame (only ratios matter).
+    Without metas (``tensor`` mode) the batch is taken as unpadded, of size ``frame``.
     """
     if batch_img_metas is None:
-        return feat_hw, [feat_hw] * batch_size
+        return frame, [frame] * batch_size
     if len(batch_img_metas) != batch_size:
         raise ValueError(f'got {len(batch_img_metas)} image metas for a batch of {batch_size} '
                          'feature maps; pass one meta dict per image')
@@ -72,6 +75,13 @@ def image_shapes(batch_img_metas: Optional[Sequence[dict]], batch_size: int,
     return tuple(int(s) for s in batch_shape[:2]), shapes
 
 
+def _valid_mask(counts: Tensor, hw: Sequence[int]) -> Tensor:
+    """``(B, H, W)`` bool, True inside each image's ``counts (B, 2)`` valid rows / columns."""
+    rows = torch.arange(hw[0], device=counts.device)[None, :, None] < counts[:, 0, None, None]
+    cols = torch.arange(hw[1], device=counts.device)[None, None, :] < counts[:, 1, None, None]
+    return rows & cols
+
+
 class MultiScaleMemory(nn.Module):
     """Selected backbone levels -> :class:`FlatMemory`.
 
@@ -80,6 +90,9 @@ class MultiScaleMemory(nn.Module):
         embed_dims: memory channels ``C`` (even).
         in_levels: indices into the backbone's output tuple to use (default: all, in order).
         num_extra_levels: extra levels made by stride-2 convs on the last selected input.
+        in_strides: stride of each selected input level in input pixels; inferred from the
+            batch shape and the map sizes when None (exact with mmdet's ``pad_size_divisor``
+            a multiple of the largest stride).
         pos_temperature: temperature of the sine encoding.
     """
 
@@ -88,6 +101,7 @@ class MultiScaleMemory(nn.Module):
                  embed_dims: int = 256,
                  in_levels: Optional[Sequence[int]] = None,
                  num_extra_levels: int = 0,
+                 in_strides: Optional[Sequence[int]] = None,
                  pos_temperature: int = 10000) -> None:
         super().__init__()
         in_channels = [int(c) for c in in_channels]
@@ -102,7 +116,12 @@ class MultiScaleMemory(nn.Module):
                              f'{PROJ_NORM_GROUPS} (GroupNorm groups of the input projections)')
         if num_extra_levels < 0:
             raise ValueError(f'num_extra_levels must be >= 0, got {num_extra_levels}')
+        if in_strides is not None and (len(in_strides) != len(in_channels)
+                                       or min(in_strides) <= 0):
+            raise ValueError(f'in_strides={list(in_strides)} must give one positive stride per '
+                             f'input level ({len(in_channels)} levels)')
         self.in_channels = in_channels
+        self.in_strides = None if in_strides is None else [int(s) for s in in_strides]
         self.in_levels = None if in_levels is None else [int(i) for i in in_levels]
         self.embed_dims = embed_dims
         self.num_levels = len(in_channels) + num_extra_levels
@@ -147,38 +166,60 @@ class MultiScaleMemory(nn.Module):
                                  f'={c}; set in_channels to the backbone/neck out_channels')
         return chosen
 
+    def _strides(self, maps: Sequence[Tensor], batch_shape: Tuple[int, int]
+                 ) -> List[Tuple[float, float]]:
+        """``(stride_y, stride_x)`` in batch-input pixels of every input level."""
+        if self.in_strides is not None:
+            return [(float(s), float(s)) for s in self.in_strides]
+        # inferred: exact when the batch is padded to a multiple of the stride (mmdet's
+        # pad_size_divisor), which keeps every map at batch_shape / stride
+        return [(batch_shape[0] / x.shape[-2], batch_shape[1] / x.shape[-1]) for x in maps]
+
     def forward(self, feats: Sequence[Tensor],
                 batch_img_metas: Optional[Sequence[dict]] = None) -> FlatMemory:
         chosen = self.select(feats)
-        maps = [proj(x) for proj, x in zip(self.input_proj, chosen)]
-        src = chosen[-1]
-        for proj in self.extra_proj:
-            src = proj(src)
-            maps.append(src)
-        b = maps[0].shape[0]
-        batch_shape, img_shapes = image_shapes(batch_img_metas, b, tuple(maps[0].shape[-2:]))
-        device = maps[0].device
+        b = chosen[0].shape[0]
+        device = chosen[0].device
+        # without metas the unpadded batch is the frame: the first map times its stride (or
+        # the map itself when strides are inferred: only ratios matter)
+        s0 = self.in_strides[0] if self.in_strides is not None else 1
+        frame = (chosen[0].shape[-2] * s0, chosen[0].shape[-1] * s0)
+        batch_shape, img_shapes = image_shapes(batch_img_metas, b, frame)
         img_hw = torch.tensor(img_shapes, dtype=torch.float32, device=device)  # (B, 2) h, w
+        maps, valid_counts, strides = [], [], []
+        for proj, x, stride in zip(self.input_proj, chosen, self._strides(chosen, batch_shape)):
+            size = torch.tensor(x.shape[-2:], dtype=torch.float32, device=device)
+            # a token is valid when its cell starts inside the image (as nearest-resizing a
+            # pixel mask, the way mmdet's DETRs do): index < ceil(img / stride)
+            counts = torch.minimum(
+                torch.ceil(img_hw / img_hw.new_tensor(stride)).clamp_min(1), size)
+            y = proj[0](x)
+            maps.append(masked_group_norm(y, _valid_mask(counts, y.shape[-2:]), proj[1]))
+            valid_counts.append(counts)
+            strides.append(stride)
+        src, counts, stride = chosen[-1], valid_counts[-1], strides[-1]
+        for proj in self.extra_proj:
+            # zero the padded area so the stride-2 conv sees it as its own zero padding
+            y = proj[0](src * _valid_mask(counts, src.shape[-2:])[:, None].to(src.dtype))
+            counts = torch.ceil(counts / 2)
+            stride = (stride[0] * 2, stride[1] * 2)
+            src = masked_group_norm(y, _valid_mask(counts, y.shape[-2:]), proj[1])
+            maps.append(src)
+            valid_counts.append(counts)
+            strides.append(stride)
+
         memory, xy, pad, lvl, shapes = [], [], [], [], []
-        for level, x in enumerate(maps):
+        for level, (x, counts, (sy, sx)) in enumerate(zip(maps, valid_counts, strides)):
             h, w = x.shape[-2:]
             shapes.append((h, w))
             memory.append(x.flatten(2).transpose(1, 2))
-            # token centres in batch-input pixels (the level's stride may be fractional when
-            # the backbone pads internally), then normalised by each image's own size
-            sy, sx = batch_shape[0] / h, batch_shape[1] / w
+            # token centres in batch-input pixels, normalised by each image's own size
             ys = (torch.arange(h, device=device, dtype=torch.float32) + 0.5) * sy
             xs = (torch.arange(w, device=device, dtype=torch.float32) + 0.5) * sx
             gy, gx = torch.meshgrid(ys, xs, indexing='ij')
             grid = torch.stack((gx.flatten(), gy.flatten()), -1)                  # (HW, 2)
             xy.append(grid[None] / img_hw[:, None, [1, 0]])
-            # a token is valid when its cell starts inside the image (as nearest-resizing
-            # mmdet's pixel mask): index < ceil(img / stride)
-            valid_h = torch.ceil(img_hw[:, 0] / sy).clamp(1, h)
-            valid_w = torch.ceil(img_hw[:, 1] / sx).clamp(1, w)
-            iy = torch.arange(h, device=device).repeat_interleave(w)
-            ix = torch.arange(w, device=device).repeat(h)
-            pad.append((iy[None] >= valid_h[:, None]) | (ix[None] >= valid_w[:, None]))
+            pad.append(~_valid_mask(counts, (h, w)).flatten(1))
             lvl.append(torch.full((h * w,), level, dtype=torch.long, device=device))
         token_xy = torch.cat(xy, 1)
         level_ids = torch.cat(lvl)

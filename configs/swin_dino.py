@@ -1,0 +1,31 @@
+# mmdet's own DINO (4-scale, 12 epochs, COCO) with vitdet_plugin's Swin-T backbone instead of
+# ResNet-50: Swin-T out_indices (1, 2, 3) give strides 8 / 16 / 32 with 192 / 384 / 768
+# channels, and the ChannelMapper adds the 4th (stride 64) level as in the R-50 config.
+# Note: DINO's deformable attention is mmcv's compiled MultiScaleDeformableAttention (CPU and
+# CUDA fp32; no bf16, unreliable in fp16). configs/swin_detr.py is the SDPA-only alternative.
+# ImageNet weights: set
+#   model.backbone.init_cfg=dict(type='Pretrained', checkpoint='swin_tiny_patch4_window7_224.pth')
+_base_ = 'mmdet::dino/dino-4scale_r50_8xb2-12e_coco.py'
+
+custom_imports = dict(imports=['vitdet_plugin'], allow_failed_imports=False)
+
+model = dict(
+    backbone=dict(
+        _delete_=True,
+        type='SwinBackbone',
+        arch='tiny',
+        window_size=7,
+        drop_path_rate=0.2,
+        out_indices=(1, 2, 3),
+        with_cp=False,
+        init_cfg=None),  # dict(type='Pretrained', checkpoint='swin_tiny_patch4_window7_224.pth')
+    neck=dict(in_channels=[192, 384, 768]))
+
+optim_wrapper = dict(
+    paramwise_cfg=dict(
+        custom_keys={
+            'backbone': dict(lr_mult=0.1),
+            # the longest matching key wins, so backbone-only keys repeat the lr_mult
+            'absolute_pos_embed': dict(lr_mult=0.1, decay_mult=0.),
+            'relative_position_bias_table': dict(lr_mult=0.1, decay_mult=0.),
+        }))

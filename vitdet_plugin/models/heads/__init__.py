@@ -1,0 +1,12 @@
+"""Detection heads (registered in mmdet's ``MODELS``)."""
+from .denoising import DenoisingBatch, DenoisingQueries
+from .multiscale_memory import FlatMemory, MultiScaleMemory
+from .sdpa_detr_head import HeadOutputs, SdpaDETRHead
+from .set_criterion import SetCriterion
+from .transformer import BoxAttentionPrior, MemoryEncoder, RefineDecoder, TransformerLayer
+
+__all__ = [
+    'DenoisingBatch', 'DenoisingQueries', 'FlatMemory', 'MultiScaleMemory', 'HeadOutputs',
+    'SdpaDETRHead', 'SetCriterion', 'BoxAttentionPrior', 'MemoryEncoder', 'RefineDecoder',
+    'TransformerLayer'
+]

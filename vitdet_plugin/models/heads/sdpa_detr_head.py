@@ -1,0 +1,307 @@
+"""``SdpaDETRHead``: a DETR-style set-prediction head on multi-scale maps, SDPA attention only.
+
+Pipeline (all in this head, so any backbone/neck feeding NCHW maps can use it through mmdet's
+``SingleStageDetector`` or our thin :class:`~vitdet_plugin.models.detectors.SdpaDETR`):
+
+1. :class:`MultiScaleMemory`: chosen levels -> projected, position + level embedded, flattened
+   tokens with a padding mask from ``img_shape`` / ``batch_input_shape``.
+2. Optional light encoder on chosen memory levels (default: the coarsest).
+3. Queries: learned content queries with either learned reference boxes, or (``two_stage``)
+   reference boxes from the top-scoring encoder tokens (DINO's mixed query selection), which
+   converges much faster.
+4. :class:`RefineDecoder`: self-attention, cross-attention to the whole memory (padded tokens
+   masked, optional box prior), FFN; boxes refined per layer.
+5. :class:`SetCriterion` on every decoder layer (auxiliary losses) and the encoder proposals;
+   prediction = top-k over queries x classes, no NMS.
+"""
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+from mmdet.models.layers.transformer.utils import inverse_sigmoid
+from mmdet.registry import MODELS
+from mmdet.structures import SampleList
+from mmdet.structures.bbox import bbox_cxcywh_to_xyxy
+from mmengine.model import BaseModule, bias_init_with_prob
+from mmengine.structures import InstanceData
+from torch import Tensor, nn
+
+from .denoising import DenoisingQueries, split_outputs
+from .multiscale_memory import FlatMemory, MultiScaleMemory
+from .set_criterion import SetCriterion
+from .transformer import MemoryEncoder, RefineDecoder, padding_bias
+
+#: Prior probability of the classification logits at init (focal-loss init).
+CLS_PRIOR_PROB = 0.01
+#: Layers of the box-regression MLPs.
+REG_MLP_LAYERS = 3
+
+
+class HeadOutputs(NamedTuple):
+    """Raw predictions: per decoder layer ``(L, B, Q, num_classes)`` logits and ``(L, B, Q, 4)``
+    normalised cxcywh boxes; encoder proposals ``(B, Q, ...)`` (None without ``two_stage``);
+    denoising queries' ``(L, B, D, ...)`` outputs and their known matches (training only)."""
+    all_cls_scores: Tensor
+    all_bbox_preds: Tensor
+    enc_cls_scores: Optional[Tensor] = None
+    enc_bbox_preds: Optional[Tensor] = None
+    dn_cls_scores: Optional[Tensor] = None
+    dn_bbox_preds: Optional[Tensor] = None
+    dn_matches: Optional[List[Tuple[Tensor, Tensor]]] = None
+
+
+def _reg_mlp(dims: int) -> nn.Sequential:
+    layers: List[nn.Module] = []
+    for _ in range(REG_MLP_LAYERS - 1):
+        layers += [nn.Linear(dims, dims), nn.ReLU(inplace=True)]
+    layers.append(nn.Linear(dims, 4))
+    return nn.Sequential(*layers)
+
+
+@MODELS.register_module()
+class SdpaDETRHead(BaseModule):
+    """DETR-style detection head with dense multi-scale cross-attention through SDPA.
+
+    Args:
+        num_classes: foreground classes.
+        in_channels: channels of the selected input levels (e.g. ``backbone.out_channels``).
+        in_levels: indices of the backbone/neck outputs to use (default: all).
+        in_strides: strides of the selected levels (inferred from the map sizes when None).
+        num_extra_levels: extra stride-2 levels on top of the last input.
+        embed_dims, num_heads, ffn_dims, dropout: transformer sizes.
+        num_encoder_layers: encoder layers (0: no encoder).
+        encoder_levels: memory levels (indices, extra levels included) the encoder runs on.
+        num_decoder_layers: decoder layers (each refines boxes and gets an auxiliary loss).
+        num_queries: object queries (detections per image before top-k).
+        two_stage: initialise reference boxes from the top encoder tokens; otherwise learned
+            reference boxes.
+        box_prior: Gaussian box prior in cross-attention (see :class:`BoxAttentionPrior`).
+        prior_init_sigmas: initial prior widths ``(smallest, largest)`` across heads.
+        anchor_size: normalised side of the level-0 token anchors of ``two_stage``
+            (doubling per level).
+        dn_cfg: contrastive denoising queries during training, e.g.
+            ``dict(num_dn_queries=100, label_noise_scale=0.5, box_noise_scale=1.0)`` (see
+            :class:`DenoisingQueries`); None disables them.
+        loss_cls, loss_bbox, loss_iou: loss configs (focal 2.0, L1 5.0, GIoU 2.0 by default).
+        train_cfg: ``dict(assigner=...)`` (Hungarian with focal/L1/GIoU costs by default).
+        test_cfg: ``dict(max_per_img=100)``.
+        init_cfg: mmengine init config.
+    """
+
+    def __init__(self,
+                 num_classes: int,
+                 in_channels: Sequence[int],
+                 in_levels: Optional[Sequence[int]] = None,
+                 in_strides: Optional[Sequence[int]] = None,
+                 num_extra_levels: int = 0,
+                 embed_dims: int = 256,
+                 num_heads: int = 8,
+                 ffn_dims: int = 1024,
+                 dropout: float = 0.0,
+                 num_encoder_layers: int = 1,
+                 encoder_levels: Sequence[int] = (-1,),
+                 num_decoder_layers: int = 6,
+                 num_queries: int = 300,
+                 two_stage: bool = True,
+                 box_prior: bool = True,
+                 prior_init_sigmas: Tuple[float, float] = (0.5, 4.0),
+                 anchor_size: float = 0.05,
+                 dn_cfg: Optional[dict] = None,
+                 loss_cls: Optional[dict] = None,
+                 loss_bbox: Optional[dict] = None,
+                 loss_iou: Optional[dict] = None,
+                 train_cfg: Optional[dict] = None,
+                 test_cfg: Optional[dict] = None,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        if num_classes < 1:
+            raise ValueError(f'num_classes must be >= 1, got {num_classes}')
+        if num_queries < 1:
+            raise ValueError(f'num_queries must be >= 1, got {num_queries}')
+        if not 0 < anchor_size < 1:
+            raise ValueError(f'anchor_size must be in (0, 1), got {anchor_size}')
+        self.num_classes = num_classes
+        self.num_queries = num_queries
+        self.embed_dims = embed_dims
+        self.two_stage = two_stage
+        self.anchor_size = anchor_size
+        self.train_cfg = dict(train_cfg or {})
+        self.test_cfg = dict(test_cfg or {})
+        self.memory = MultiScaleMemory(in_channels, embed_dims, in_levels, num_extra_levels,
+                                       in_strides)
+        num_levels = self.memory.num_levels
+        self.encoder_levels = sorted({self._level_index(i, num_levels)
+                                      for i in encoder_levels}) if num_encoder_layers else []
+        self.encoder = MemoryEncoder(num_encoder_layers, embed_dims, num_heads, ffn_dims,
+                                     dropout)
+        self.decoder = RefineDecoder(num_decoder_layers, embed_dims, num_heads, ffn_dims,
+                                     dropout, box_prior, prior_init_sigmas)
+        self.query_embedding = nn.Embedding(num_queries, embed_dims)
+        if two_stage:
+            self.enc_output = nn.Linear(embed_dims, embed_dims)
+            self.enc_output_norm = nn.LayerNorm(embed_dims)
+            self.ref_logits = None
+        else:
+            self.ref_logits = nn.Parameter(torch.empty(num_queries, 4))
+        # one branch per decoder layer, plus one for the encoder proposals
+        num_branches = num_decoder_layers + int(two_stage)
+        self.cls_branches = nn.ModuleList(
+            nn.Linear(embed_dims, num_classes) for _ in range(num_branches))
+        self.reg_branches = nn.ModuleList(_reg_mlp(embed_dims) for _ in range(num_branches))
+        self.dn = None if dn_cfg is None else DenoisingQueries(num_classes, embed_dims,
+                                                                **dn_cfg)
+        assigner = self.train_cfg.get('assigner')
+        self.criterion = SetCriterion(num_classes, assigner, loss_cls, loss_bbox, loss_iou)
+        self._init_head_weights()
+
+    @staticmethod
+    def _level_index(i: int, num_levels: int) -> int:
+        if not -num_levels <= i < num_levels:
+            raise IndexError(f'encoder_levels entry {i} is out of range for {num_levels} memory '
+                             'levels (inputs + extra levels)')
+        return i % num_levels
+
+    def _init_head_weights(self) -> None:
+        bias = bias_init_with_prob(CLS_PRIOR_PROB)
+        for cls in self.cls_branches:
+            nn.init.constant_(cls.bias, bias)
+        for reg in self.reg_branches:
+            nn.init.zeros_(reg[-1].weight)
+            nn.init.zeros_(reg[-1].bias)
+        nn.init.normal_(self.query_embedding.weight)
+        if self.ref_logits is not None:
+            # centres spread uniformly over the image, small boxes (DAB-DETR style)
+            with torch.no_grad():
+                self.ref_logits[:, :2].uniform_(0, 1)
+                self.ref_logits[:, 2:].fill_(self.anchor_size * 2)
+                self.ref_logits.copy_(inverse_sigmoid(self.ref_logits))
+
+    # ------------------------------------------------------------------ forward
+    def _encode(self, fm: FlatMemory) -> Tensor:
+        if not self.encoder_levels or not len(self.encoder.layers):
+            return fm.memory
+        slices = fm.level_slices()
+        idx = torch.cat([torch.arange(slices[i].start, slices[i].stop, device=fm.memory.device)
+                         for i in self.encoder_levels])
+        encoded = self.encoder(fm.memory[:, idx], fm.pos[:, idx], fm.padding_mask[:, idx])
+        return fm.memory.index_copy(1, idx, encoded.to(fm.memory.dtype))
+
+    def _initial_queries(self, fm: FlatMemory, memory: Tensor
+                         ) -> Tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
+        """Content queries ``(B, Q, C)``, reference boxes ``(B, Q, 4)`` and, with
+        ``two_stage``, the selected proposals' logits and boxes."""
+        b, n, _ = memory.shape
+        if not self.two_stage:
+            query = self.query_embedding.weight[None].expand(b, -1, -1)
+            ref = self.ref_logits.sigmoid()[None].expand(b, -1, -1)
+            return query.to(memory.dtype), ref, None, None
+        valid = (~fm.padding_mask)[..., None]
+        out = self.enc_output_norm(self.enc_output(memory)) * valid
+        enc_cls = self.cls_branches[-1](out)
+        wh = self.anchor_size * torch.pow(2.0, fm.level_ids.float())
+        anchors = torch.cat((fm.token_xy, wh[None, :, None].expand(b, n, 2)), -1)
+        enc_box = (self.reg_branches[-1](out).float() + inverse_sigmoid(anchors)).sigmoid()
+        k = min(self.num_queries, n)
+        score = enc_cls.detach().float().max(-1).values.masked_fill(fm.padding_mask,
+                                                                    float('-inf'))
+        top = score.topk(k, dim=1).indices                                      # (B, k)
+        top_cls = enc_cls.gather(1, top[..., None].expand(-1, -1, self.num_classes))
+        top_box = enc_box.gather(1, top[..., None].expand(-1, -1, 4))
+        query = self.query_embedding.weight[None, :k].expand(b, -1, -1).to(memory.dtype)
+        return query, top_box.detach(), top_cls, top_box
+
+    def forward(self, feats: Sequence[Tensor], batch_img_metas: Optional[Sequence[dict]] = None,
+                batch_gt_instances: Optional[Sequence[InstanceData]] = None) -> HeadOutputs:
+        """Predictions for NCHW ``feats`` (images described by mmdet ``batch_img_metas``).
+
+        With ``dn_cfg``, in training mode and given ``batch_gt_instances``, denoising queries
+        run alongside the matching queries.
+        """
+        fm = self.memory(feats, batch_img_metas)
+        memory = self._encode(fm)
+        query, ref, enc_cls, enc_box = self._initial_queries(fm, memory)
+        dn = None
+        if self.dn is not None and self.training and batch_gt_instances is not None:
+            if batch_img_metas is None:
+                raise ValueError('denoising queries need batch_img_metas with img_shape')
+            dn = self.dn(batch_gt_instances, batch_img_metas, query.shape[1])
+        self_bias = None
+        if dn is not None:
+            query = torch.cat((dn.query.to(query.dtype), query), 1)
+            ref = torch.cat((dn.ref_boxes, ref.float()), 1)
+            self_bias = dn.self_bias
+        memory_key = memory + fm.pos
+        hidden, boxes = self.decoder(query, ref, memory, memory_key, fm.token_xy,
+                                     padding_bias(fm.padding_mask), self.reg_branches,
+                                     self_bias)
+        cls = torch.stack([branch(h) for branch, h in zip(self.cls_branches, hidden)])
+        boxes = torch.stack(boxes)
+        if dn is None:
+            return HeadOutputs(cls, boxes, enc_cls, enc_box)
+        dn_cls, cls = split_outputs(cls, dn.num_queries)
+        dn_boxes, boxes = split_outputs(boxes, dn.num_queries)
+        return HeadOutputs(cls, boxes, enc_cls, enc_box, dn_cls, dn_boxes, dn.matches)
+
+    # ------------------------------------------------------------------ training
+    def loss_by_feat(self, outs: HeadOutputs, batch_gt_instances: Sequence[InstanceData],
+                     batch_img_metas: Sequence[dict]) -> Dict[str, Tensor]:
+        """Set losses of every decoder layer (``d{i}.`` prefixes for auxiliary layers), of
+        the encoder proposals (``enc_`` prefix) and of the denoising queries (``dn_``)."""
+        losses: Dict[str, Tensor] = {}
+        num_layers = outs.all_cls_scores.shape[0]
+        for i in range(num_layers):
+            prefix = '' if i == num_layers - 1 else f'd{i}.'
+            layer = self.criterion(outs.all_cls_scores[i], outs.all_bbox_preds[i],
+                                   batch_gt_instances, batch_img_metas)
+            losses.update({prefix + k: v for k, v in layer.items()})
+        if outs.enc_cls_scores is not None:
+            enc = self.criterion(outs.enc_cls_scores, outs.enc_bbox_preds, batch_gt_instances,
+                                 batch_img_metas)
+            losses.update({'enc_' + k: v for k, v in enc.items()})
+        if outs.dn_cls_scores is not None:
+            for i in range(num_layers):
+                prefix = 'dn_' if i == num_layers - 1 else f'd{i}.dn_'
+                layer = self.criterion(outs.dn_cls_scores[i], outs.dn_bbox_preds[i],
+                                       batch_gt_instances, batch_img_metas, outs.dn_matches)
+                losses.update({prefix + k: v for k, v in layer.items()})
+        return losses
+
+    def loss(self, feats: Sequence[Tensor], batch_data_samples: SampleList) -> Dict[str, Tensor]:
+        metas = [s.metainfo for s in batch_data_samples]
+        gts = [s.gt_instances for s in batch_data_samples]
+        return self.loss_by_feat(self(feats, metas, gts), gts, metas)
+
+    # ------------------------------------------------------------------ inference
+    def predict(self, feats: Sequence[Tensor], batch_data_samples: SampleList,
+                rescale: bool = True) -> List[InstanceData]:
+        metas = [s.metainfo for s in batch_data_samples]
+        return self.predict_by_feat(self(feats, metas), metas, rescale)
+
+    def predict_by_feat(self, outs: HeadOutputs, batch_img_metas: Sequence[dict],
+                        rescale: bool = True) -> List[InstanceData]:
+        """Last-layer predictions -> per-image ``InstanceData`` (xyxy boxes in the
+        ``img_shape`` frame, or the original image when ``rescale``)."""
+        cls, boxes = outs.all_cls_scores[-1].float(), outs.all_bbox_preds[-1].float()
+        return [self._predict_single(cls[i], boxes[i], meta, rescale)
+                for i, meta in enumerate(batch_img_metas)]
+
+    def _predict_single(self, cls_score: Tensor, bbox_pred: Tensor, img_meta: dict,
+                        rescale: bool) -> InstanceData:
+        max_per_img = min(int(self.test_cfg.get('max_per_img', 100)), cls_score.numel())
+        scores, idx = cls_score.sigmoid().flatten().topk(max_per_img)
+        labels = idx % self.num_classes
+        bboxes = bbox_cxcywh_to_xyxy(bbox_pred[idx // self.num_classes])
+        img_h, img_w = img_meta['img_shape'][:2]
+        bboxes[:, 0::2] = (bboxes[:, 0::2] * img_w).clamp(min=0, max=img_w)
+        bboxes[:, 1::2] = (bboxes[:, 1::2] * img_h).clamp(min=0, max=img_h)
+        if rescale:
+            if img_meta.get('scale_factor') is None:
+                raise KeyError("rescale=True needs 'scale_factor' in the image meta (set by "
+                               'the Resize transform); pass rescale=False otherwise')
+            bboxes /= bboxes.new_tensor(img_meta['scale_factor']).repeat((1, 2))
+        score_thr = self.test_cfg.get('score_thr', 0.0)
+        keep = scores > score_thr if score_thr > 0 else slice(None)
+        results = InstanceData()
+        results.bboxes = bboxes[keep]
+        results.scores = scores[keep]
+        results.labels = labels[keep]
+        return results

@@ -1,0 +1,122 @@
+"""Set prediction loss: Hungarian matching, then focal classification + L1 / GIoU box losses.
+
+Matching and losses are mmdet's (``HungarianAssigner`` with its match costs, ``FocalLoss``,
+``L1Loss``, ``GIoULoss``), built from config dicts; this module only arranges targets. Losses
+are computed in fp32 whatever the autocast dtype of the predictions.
+"""
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from mmdet.registry import MODELS, TASK_UTILS
+from mmdet.structures.bbox import bbox_cxcywh_to_xyxy, bbox_xyxy_to_cxcywh
+from mmdet.utils import reduce_mean
+from mmengine.structures import InstanceData
+from torch import Tensor, nn
+
+DEFAULT_ASSIGNER = dict(
+    type='HungarianAssigner',
+    match_costs=[
+        dict(type='FocalLossCost', weight=2.0),
+        dict(type='BBoxL1Cost', weight=5.0, box_format='xywh'),
+        dict(type='IoUCost', iou_mode='giou', weight=2.0)
+    ])
+DEFAULT_LOSS_CLS = dict(type='FocalLoss', use_sigmoid=True, gamma=2.0, alpha=0.25,
+                        loss_weight=2.0)
+DEFAULT_LOSS_BBOX = dict(type='L1Loss', loss_weight=5.0)
+DEFAULT_LOSS_IOU = dict(type='GIoULoss', loss_weight=2.0)
+
+
+def _factor(img_meta: dict, like: Tensor) -> Tensor:
+    """``(1, 4)`` ``[w, h, w, h]`` of the image (boxes are normalised by ``img_shape``)."""
+    img_h, img_w = img_meta['img_shape'][:2]
+    return like.new_tensor([img_w, img_h, img_w, img_h])[None]
+
+
+class SetCriterion(nn.Module):
+    """One-to-one matched set loss of DETR-style predictions.
+
+    Args:
+        num_classes: foreground classes (sigmoid classification, no background logit).
+        assigner: ``TASK_UTILS`` config of the matcher (default: Hungarian with focal 2.0,
+            L1 5.0, GIoU 2.0 costs).
+        loss_cls, loss_bbox, loss_iou: ``MODELS`` configs of the losses.
+    """
+
+    def __init__(self, num_classes: int, assigner: Optional[dict] = None,
+                 loss_cls: Optional[dict] = None, loss_bbox: Optional[dict] = None,
+                 loss_iou: Optional[dict] = None) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.assigner = TASK_UTILS.build(assigner or DEFAULT_ASSIGNER)
+        self.loss_cls = MODELS.build(loss_cls or DEFAULT_LOSS_CLS)
+        if not getattr(self.loss_cls, 'use_sigmoid', False):
+            raise ValueError(f'loss_cls={loss_cls} must be a sigmoid classification loss '
+                             "(e.g. dict(type='FocalLoss', use_sigmoid=True)); the head has no "
+                             'background logit')
+        self.loss_bbox = MODELS.build(loss_bbox or DEFAULT_LOSS_BBOX)
+        self.loss_iou = MODELS.build(loss_iou or DEFAULT_LOSS_IOU)
+
+    @torch.no_grad()
+    def match(self, cls_score: Tensor, boxes: Tensor, gt_instances: InstanceData,
+              img_meta: dict) -> Tuple[Tensor, Tensor]:
+        """Hungarian matching for one image.
+
+        Args:
+            cls_score: logits ``(Q, num_classes)``.
+            boxes: normalised cxcywh ``(Q, 4)``.
+            gt_instances: ``bboxes`` (xyxy, pixels of the ``img_shape`` frame) and ``labels``.
+
+        Returns:
+            ``(query_inds, gt_inds)`` of the matched pairs.
+        """
+        pred = InstanceData(scores=cls_score.float(),
+                            bboxes=bbox_cxcywh_to_xyxy(boxes.float()) * _factor(img_meta, boxes))
+        gt = InstanceData(bboxes=gt_instances.bboxes.float(), labels=gt_instances.labels)
+        result = self.assigner.assign(pred_instances=pred, gt_instances=gt, img_meta=img_meta)
+        query_inds = torch.nonzero(result.gt_inds > 0, as_tuple=False).squeeze(-1)
+        return query_inds, result.gt_inds[query_inds] - 1
+
+    def forward(self, cls_scores: Tensor, boxes: Tensor,
+                batch_gt_instances: Sequence[InstanceData], batch_img_metas: Sequence[dict],
+                matches: Optional[List[Tuple[Tensor, Tensor]]] = None) -> Dict[str, Tensor]:
+        """Losses of one prediction set.
+
+        Args:
+            cls_scores: logits ``(B, Q, num_classes)``.
+            boxes: normalised cxcywh ``(B, Q, 4)``.
+            batch_gt_instances, batch_img_metas: per image.
+            matches: precomputed ``(query_inds, gt_inds)`` per image (e.g. denoising queries,
+                whose targets are known); Hungarian matching when None.
+
+        Returns:
+            ``loss_cls``, ``loss_bbox``, ``loss_iou``.
+        """
+        cls_scores, boxes = cls_scores.float(), boxes.float()
+        b, q, c = cls_scores.shape
+        if c != self.num_classes:
+            raise ValueError(f'cls_scores have {c} classes, the criterion {self.num_classes}')
+        if matches is None:
+            matches = [self.match(cls_scores[i], boxes[i], batch_gt_instances[i],
+                                  batch_img_metas[i]) for i in range(b)]
+        labels = cls_scores.new_full((b, q), self.num_classes, dtype=torch.long)
+        pos_pred, pos_tgt, factors = [], [], []
+        for i, (q_inds, g_inds) in enumerate(matches):
+            gt = batch_gt_instances[i]
+            labels[i, q_inds] = gt.labels[g_inds].to(labels.device)
+            pos_pred.append(boxes[i, q_inds])
+            factor = _factor(batch_img_metas[i], boxes)
+            pos_tgt.append(gt.bboxes[g_inds].float() / factor)
+            factors.append(factor.expand(len(q_inds), 4))
+        num_pos = sum(len(m[0]) for m in matches)
+        avg = torch.clamp(reduce_mean(cls_scores.new_tensor([float(num_pos)])), min=1).item()
+        loss_cls = self.loss_cls(cls_scores.reshape(-1, c), labels.reshape(-1), avg_factor=avg)
+        pred = torch.cat(pos_pred)
+        if num_pos == 0:
+            zero = boxes.sum() * 0
+            return dict(loss_cls=loss_cls, loss_bbox=zero, loss_iou=zero)
+        target_xyxy = torch.cat(pos_tgt)
+        factor = torch.cat(factors)
+        loss_bbox = self.loss_bbox(pred, bbox_xyxy_to_cxcywh(target_xyxy), avg_factor=avg)
+        loss_iou = self.loss_iou(bbox_cxcywh_to_xyxy(pred) * factor, target_xyxy * factor,
+                                 avg_factor=avg)
+        return dict(loss_cls=loss_cls, loss_bbox=loss_bbox, loss_iou=loss_iou)
