@@ -28,6 +28,8 @@ setup(
         'numpy',
         'pycocotools',
         'tqdm',
+        # mmengine resolves `mmdet::` base configs through pkg_resources (gone in setuptools 81)
+        'setuptools<81',
     ],
     extras_require={
         'tests': ['pytest>=7', 'timm>=1.0.9'],
