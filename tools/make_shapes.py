@@ -8,10 +8,16 @@ Deterministic: the same seed and options give byte-identical images and annotati
 seed and options is kept; a different one is only replaced with ``--overwrite``.
 """
 import argparse
+import importlib.util
+import os.path as osp
 import sys
 from dataclasses import replace
 
-from vitdet_plugin.datasets.shapes import CLASSES, SHAPE_MAKERS, ShapesSpec, generate_dataset
+if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not pip-installed
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+from vitdet_plugin.datasets.shapes import (CLASSES, SHAPE_MAKERS,  # noqa: E402
+                                           ShapesSpec, generate_dataset)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

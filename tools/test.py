@@ -10,6 +10,7 @@ Prints the metrics and writes them as JSON (``--metrics-out``, default
 """
 import argparse
 import glob
+import importlib.util
 import json
 import math
 import os
@@ -20,8 +21,11 @@ from typing import Dict, List, Optional
 
 from mmengine.config import ConfigDict, DictAction
 
-import vitdet_plugin  # noqa: F401  (registers our modules, torch/mmengine resume fix)
-from vitdet_plugin.datasets import DatasetNotFoundError, check_data, load_config
+if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not pip-installed
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+import vitdet_plugin  # noqa: E402,F401  (registers our modules, torch/mmengine resume fix)
+from vitdet_plugin.datasets import DatasetNotFoundError, check_data, load_config  # noqa: E402
 
 GRID_TILE = 384  # px, longest side of one tile in --grid
 

@@ -8,14 +8,19 @@ is set, ``--cfg-options data_root=DIR`` moves every dataloader and evaluator pat
 and missing data is reported before anything is built. Multi-GPU: ``tools/dist_train.sh``.
 """
 import argparse
+import importlib.util
 import os
 import os.path as osp
 import sys
 
 from mmengine.config import DictAction
 
-import vitdet_plugin  # noqa: F401  (registers our modules, torch/mmengine resume fix)
-from vitdet_plugin.datasets import DatasetNotFoundError, check_data, load_config
+if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not pip-installed
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+import vitdet_plugin  # noqa: E402,F401  (registers our modules, torch/mmengine resume fix)
+from vitdet_plugin.datasets import DatasetNotFoundError, check_data, load_config  # noqa: E402
+from vitdet_plugin.engine.dist import prepare_cpu_distributed  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -60,8 +65,6 @@ def build_cfg(args: argparse.Namespace):
     if args.amp:
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         cfg.optim_wrapper.loss_scale = 'dynamic'
-    if args.launcher != 'none' and not torch.cuda.is_available():
-        cfg.env_cfg.setdefault('dist_cfg', {})['backend'] = 'gloo'  # CPU DDP
 
     if args.auto_scale_lr:
         if 'base_batch_size' not in cfg.get('auto_scale_lr', {}):
@@ -91,6 +94,7 @@ def main(argv=None) -> None:
         check_data(cfg, stages, config_path=args.config, tool='tools/train.py')
     except DatasetNotFoundError as e:
         sys.exit(f'error: {e}')
+    prepare_cpu_distributed(cfg)  # gloo + CPU DDP wrapper when torchrun runs without GPUs
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     runner.train()
 

@@ -58,4 +58,8 @@ optim_wrapper = dict(
     clip_grad=dict(max_norm=1.0, norm_type=2))
 
 budget_minutes = 9.5
-custom_hooks = [dict(type='TimeBudgetHook', minutes=budget_minutes)]
+custom_hooks = [
+    dict(type='TimeBudgetHook', minutes=budget_minutes),
+    dict(type='RNGStateHook'),
+    dict(type='NonFiniteCheckHook'),
+]

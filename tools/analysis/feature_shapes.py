@@ -7,13 +7,19 @@ from a real forward pass on a zero image (random init, no weights loaded). The i
 like the config's data preprocessor (``pad_size_divisor``) before the forward.
 """
 import argparse
+import importlib.util
+import os.path as osp
+import sys
 from typing import List, Sequence, Tuple
 
 import torch
 from mmengine.config import DictAction
 
-import vitdet_plugin  # noqa: F401  (registers our modules)
-from vitdet_plugin.datasets import load_config
+if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not pip-installed
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+
+import vitdet_plugin  # noqa: E402,F401  (registers our modules)
+from vitdet_plugin.datasets import load_config  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

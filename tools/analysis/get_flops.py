@@ -9,6 +9,9 @@ Attention runs through the eager path while counting so its matmuls are counted 
 kernel is opaque to the tracer). Post-processing (NMS, mask pasting) is not counted.
 """
 import argparse
+import importlib.util
+import os.path as osp
+import sys
 from collections import defaultdict
 from typing import Dict, List, Tuple
 
@@ -16,9 +19,12 @@ import torch
 from mmengine.config import DictAction
 from torch import nn
 
-import vitdet_plugin  # noqa: F401  (registers our modules)
-from vitdet_plugin.datasets import load_config
-from vitdet_plugin.models.layers import eager_attention
+if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not pip-installed
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+
+import vitdet_plugin  # noqa: E402,F401  (registers our modules)
+from vitdet_plugin.datasets import load_config  # noqa: E402
+from vitdet_plugin.models.layers import eager_attention  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -83,7 +89,8 @@ def complexity(model: nn.Module, inputs: torch.Tensor, data_samples: list,
     for name, _ in wrapper.detector.named_modules():
         if not name or name.count('.') >= depth:
             continue
-        rows[name] = [float(by_module.get(f'detector.{name}', 0)), params.get(f'detector.{name}', 0)]
+        rows[name] = [float(by_module.get(f'detector.{name}', 0)),
+                      params.get(f'detector.{name}', 0)]
     return total, int(params['']), [(k, v[0], int(v[1])) for k, v in rows.items()]
 
 

@@ -214,3 +214,23 @@ def check_data(cfg: Config, stages: Sequence[str] = ('train', 'val'),
     else:
         lines.append('Set the dataloaders\' dataset.data_root / ann_file with --cfg-options.')
     raise DatasetNotFoundError('\n'.join(lines))
+
+
+# ----------------------------------------------------------------------------- tools entry
+def load_config(path: str, cfg_options: Optional[Dict[str, Any]] = None) -> Config:
+    """Load a config for vitdet_plugin's tools.
+
+    ``--cfg-options`` are merged with :func:`apply_cfg_options` (a ``data_root`` override
+    reaches every derived path), ``default_scope`` defaults to ``'mmdet'`` and that scope is
+    initialised, so models can be built from the config directly.
+    """
+    from mmengine.registry import init_default_scope
+
+    if not osp.isfile(path):
+        raise FileNotFoundError(f'config file {path!r} does not exist')
+    cfg = Config.fromfile(path)
+    apply_cfg_options(cfg, cfg_options)
+    if cfg.get('default_scope') is None:
+        cfg.default_scope = 'mmdet'
+    init_default_scope(cfg.default_scope)
+    return cfg

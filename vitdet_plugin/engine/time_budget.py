@@ -7,12 +7,13 @@ and shrinks the run's ``max_iters`` so that training ends inside the budget; it 
 parameter schedulers that run to the end of training (``end >= max_iters``, e.g. the cosine
 decay after a warm-up) are re-targeted to the new end, so the learning rate still completes its
 schedule; mmengine's cosine scheduler is chainable, so a re-plan continues from the current
-value without a jump. If the budget is exhausted anyway, the current iteration becomes the last
+value without a jump (schedulers configured to end after ``max_iters`` are first moved to it).
+If the budget is exhausted anyway, the current iteration becomes the last
 one: the final checkpoint and validation still run as for a normal end of training.
 """
 import time
-from collections import Counter
-from typing import Iterable, List, Optional
+from collections import Counter, deque
+from typing import Deque, Iterable, List, Tuple
 
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
@@ -29,6 +30,8 @@ class TimeBudgetHook(Hook):
         minutes: wall-clock budget of the training loop (validation at the end not included).
         measure_after: iterations excluded from the speed estimate (start-up costs).
         replan_interval: re-estimate the speed and the end every this many iterations.
+        speed_window: the speed is measured over the last ``speed_window`` re-plan intervals
+            (recent enough to follow a machine that slows down, long enough to average noise).
         log_change: log a re-plan when the planned end moves by more than this fraction.
     """
     # Before ParamSchedulerHook (LOW), LoggerHook (BELOW_NORMAL) and CheckpointHook (VERY_LOW),
@@ -36,20 +39,22 @@ class TimeBudgetHook(Hook):
     priority = 'NORMAL'
 
     def __init__(self, minutes: float, measure_after: int = 10, replan_interval: int = 20,
-                 log_change: float = 0.05) -> None:
+                 speed_window: int = 3, log_change: float = 0.05) -> None:
         if not minutes > 0:
             raise ValueError(f'TimeBudgetHook(minutes={minutes!r}): the budget must be > 0 '
                              'minutes')
-        if measure_after < 1 or replan_interval < 1:
+        if measure_after < 1 or replan_interval < 1 or speed_window < 1:
             raise ValueError(f'TimeBudgetHook(measure_after={measure_after!r}, replan_interval='
-                             f'{replan_interval!r}): both must be >= 1 iteration')
+                             f'{replan_interval!r}, speed_window={speed_window!r}): all must be '
+                             '>= 1')
         self.budget_s = float(minutes) * SECONDS_PER_MINUTE
         self.measure_after = int(measure_after)
         self.replan_interval = int(replan_interval)
         self.log_change = float(log_change)
         self._t0 = 0.0
         self._start_iter = 0
-        self._mark: Optional[tuple] = None   # (iteration, time) where the speed window starts
+        # (iterations done, time) at the last re-plans; the speed window starts at marks[0]
+        self._marks: Deque[Tuple[int, float]] = deque(maxlen=int(speed_window) + 1)
         self._cap = 0
         self._last_logged = 0
 
@@ -63,9 +68,14 @@ class TimeBudgetHook(Hook):
                             'schedulers')
         self._t0 = time.perf_counter()
         self._start_iter = runner.iter
-        self._mark = None
+        self._marks.clear()
         self._cap = loop.max_iters
         self._last_logged = loop.max_iters
+        # schedulers configured past the end of training (max_iters lowered by an override)
+        # end with it
+        for scheduler in _iter_schedulers(runner.param_schedulers):
+            if not scheduler.by_epoch and scheduler.end > loop.max_iters:
+                retarget_scheduler(scheduler, scheduler.end, loop.max_iters)
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
         now = time.perf_counter()
@@ -79,14 +89,14 @@ class TimeBudgetHook(Hook):
                                    f'budget used up, stopping after iteration {done}')
             return
         ran = done - self._start_iter
-        if ran == self.measure_after:
-            self._mark = (done, now)
+        if ran < self.measure_after or (ran - self.measure_after) % self.replan_interval:
             return
-        if self._mark is None or (ran - self.measure_after) % self.replan_interval:
+        self._marks.append((done, now))
+        if len(self._marks) < 2:
             return
-        sec_per_iter = (now - self._mark[1]) / (done - self._mark[0])
+        sec_per_iter = (now - self._marks[0][1]) / (done - self._marks[0][0])
         planned = done + int((self.budget_s - elapsed) / sec_per_iter)
-        planned = max(done + 1, min(self._cap, planned))
+        planned = max(done, min(self._cap, planned))
         if planned != loop.max_iters:
             self._set_max_iters(runner, planned)
             if abs(planned - self._last_logged) > self.log_change * self._last_logged:

@@ -1,0 +1,8 @@
+# Mask R-CNN, Swin-T (vitdet_plugin SwinBackbone) + FPN, COCO 2017 instance segmentation,
+# 1x AdamW (mmdet's swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py with our backbone).
+_base_ = [
+    './_base_/models/mask-rcnn_swin-t_fpn.py',
+    './_base_/datasets/coco_instance.py',
+    './_base_/schedules/adamw_1x.py',
+    './_base_/default_runtime.py',
+]

@@ -1,0 +1,10 @@
+# Mask R-CNN, Swin-T + FPN, COCO 2017, 3x schedule with multi-scale + random-crop training and
+# automatic mixed precision (mmdet's swin/mask-rcnn_swin-t-p4-w7_fpn_amp-ms-crop-3x_coco.py
+# with our backbone).
+_base_ = [
+    './_base_/models/mask-rcnn_swin-t_fpn.py',
+    './_base_/datasets/coco_instance_ms_crop.py',
+    './_base_/schedules/adamw_3x.py',
+    './_base_/default_runtime.py',
+]
+optim_wrapper = dict(type='AmpOptimWrapper')

@@ -1,0 +1,296 @@
+"""Every config under configs/ loads, builds, trains one step and predicts on CPU; stock mmdet
+Swin configs work with only the backbone type changed; data_root overrides really move data."""
+import copy
+import glob
+import os.path as osp
+import shlex
+
+import pytest
+import torch
+
+import vitdet_plugin  # noqa: F401
+from vitdet_plugin.datasets import (DatasetNotFoundError, check_data, data_root_paths,
+                                    load_config)
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+CONFIGS = sorted(p for p in glob.glob(osp.join(ROOT, 'configs', '**', '*.py'), recursive=True)
+                 if '_base_' not in p.split(osp.sep))
+CONFIG_IDS = [osp.relpath(p, osp.join(ROOT, 'configs')) for p in CONFIGS]
+# mmdet's own Swin configs, loaded from the installed package (same files as
+# 'mmdet::swin/...', without mmengine's pkg_resources-based package lookup)
+STOCK = ['swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py',
+         'swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py']
+
+
+def _stock_path(name: str) -> str:
+    import mmdet
+    return osp.join(osp.dirname(mmdet.__file__), '.mim', 'configs', name)
+TINY_HW = (96, 128)
+TINY_PROPOSALS = dict(nms_pre=200, max_per_img=50)
+
+# Small variants of our backbones, applied by backbone type (never by config name); a
+# callable gets the full-size backbone (to keep its number of stages).
+TINY_BACKBONE = {
+    'SwinBackbone': lambda full: dict(
+        embed_dims=32, depths=[2] * len(full.depths),
+        num_heads=[2 ** i for i in range(len(full.depths))], window_size=4,
+        drop_path_rate=0.0, init_cfg=None),
+    'ViTBackbone': lambda full: dict(embed_dims=64, depth=2, num_heads=2, global_attn_indexes=(1,),
+                                     window_size=4, init_cfg=None),
+}
+
+
+TINY_QUERIES = 30
+
+
+def _build(cfg_model):
+    from mmdet.registry import MODELS
+    return MODELS.build(copy.deepcopy(cfg_model))
+
+
+def _shrink(model_cfg):
+    """Shrink the backbone; channel lists that consumed its outputs follow the new widths."""
+    from mmdet.registry import MODELS
+
+    bb = model_cfg.backbone
+    full = MODELS.build(dict(copy.deepcopy(bb), init_cfg=None))
+    old = getattr(full, 'out_channels', None)
+    tiny = TINY_BACKBONE.get(bb.type)
+    bb.update(tiny(full) if tiny else dict(init_cfg=None))
+    new = getattr(MODELS.build(copy.deepcopy(bb)), 'out_channels', None)
+    if old is not None and new is not None:
+        _replace_in_channels(model_cfg, list(old), list(new))
+    # query-based detectors pick top-k encoder tokens: a tiny input has fewer than 900
+    if 'num_queries' in model_cfg:
+        model_cfg.num_queries = min(model_cfg.num_queries, TINY_QUERIES)
+    # fewer RoIs per image for two-stage models (the per-RoI heads dominate on tiny inputs)
+    for cfg_key, stage, key, value in (('train_cfg', 'rcnn', 'sampler', dict(num=64)),
+                                       ('train_cfg', 'rpn_proposal', None, TINY_PROPOSALS),
+                                       ('test_cfg', 'rpn', None, TINY_PROPOSALS)):
+        node = (model_cfg.get(cfg_key) or {}).get(stage)
+        if isinstance(node, dict):
+            target = node.get(key) if key else node
+            if isinstance(target, dict):
+                target.update(value)
+    return model_cfg
+
+
+def _replace_in_channels(model_cfg, old: list, new: list) -> None:
+    """Channel lists outside the backbone that equal the backbone's channels follow the shrunk
+    backbone; so does an int ``neck.in_channels`` (single-input necks)."""
+    neck = model_cfg.get('neck')
+    if isinstance(neck, dict) and isinstance(neck.get('in_channels'), int) \
+            and neck.in_channels in old:
+        neck.in_channels = new[old.index(neck.in_channels)]
+
+    def walk(node):
+        if isinstance(node, list):
+            for item in node:
+                walk(item)
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                if key == 'in_channels' and isinstance(value, (list, tuple)) \
+                        and list(value) == old:
+                    node[key] = list(new)
+                elif key != 'backbone':
+                    walk(value)
+
+    walk(model_cfg)
+
+
+def _batch(model, with_mask: bool, num_classes: int):
+    from mmdet.testing import demo_mm_inputs
+
+    packed = demo_mm_inputs(batch_size=2, image_shapes=[(3, *TINY_HW)] * 2, num_items=[3, 2],
+                            num_classes=num_classes, with_mask=with_mask)
+    return packed
+
+
+def _num_classes(model_cfg) -> int:
+    for key in ('bbox_head', 'roi_head'):
+        head = model_cfg.get(key)
+        if head is None:
+            continue
+        head = head.get('bbox_head', head)
+        if isinstance(head, list):
+            head = head[0]
+        return head.num_classes
+    raise AssertionError('no bbox head found')
+
+
+def _train_and_predict(model_cfg, optim_cfg):
+    from mmengine.optim import build_optim_wrapper
+
+    torch.manual_seed(0)
+    model = _build(model_cfg)
+    model.init_weights()
+    with_mask = 'mask_head' in model_cfg.get('roi_head', {})
+    data = _batch(model, with_mask, _num_classes(model_cfg))
+    optim_cfg = copy.deepcopy(optim_cfg)
+    if optim_cfg.get('type') == 'AmpOptimWrapper' and not torch.cuda.is_available():
+        optim_cfg.type = 'OptimWrapper'  # AMP needs a GPU; the rest of the recipe is tested
+        optim_cfg.pop('loss_scale', None)
+    optim_wrapper = build_optim_wrapper(model, optim_cfg)
+    model.train()
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    losses = model.train_step(data, optim_wrapper)
+    assert losses and all(torch.isfinite(v).all() for v in losses.values()), losses
+    changed = [k for k, v in model.named_parameters() if not torch.equal(v, before[k])]
+    assert any(k.startswith('backbone.') for k in changed)
+    model.eval()
+    with torch.no_grad():
+        results = model.test_step(data)
+    assert len(results) == 2
+    for r in results:
+        assert r.pred_instances.bboxes.shape[-1] == 4
+        if with_mask:
+            assert 'masks' in r.pred_instances
+    return model
+
+
+def test_configs_found():
+    names = set(CONFIG_IDS)
+    assert {'swin_retinanet.py', 'swin_mask_rcnn.py', 'swin_mask_rcnn_3x_ms_amp.py',
+            'demo/swin_retinanet_shapes.py', 'demo/swin_mask_rcnn_shapes.py'} <= names
+
+
+@pytest.mark.parametrize('path', CONFIGS, ids=CONFIG_IDS)
+def test_config_neck_matches_backbone(path):
+    """At the config's own size, the neck consumes exactly the backbone's outputs."""
+    cfg = load_config(path)
+    backbone = _build(dict(cfg.model.backbone, init_cfg=None))
+    neck = cfg.model.get('neck')
+    if neck is not None and isinstance(neck.get('in_channels'), (list, tuple)):
+        assert list(neck.in_channels) == list(backbone.out_channels)
+    x = torch.zeros(1, 3, 64, 64)
+    with torch.no_grad():
+        feats = backbone(x)
+    assert [f.shape[1] for f in feats] == list(backbone.out_channels)
+
+
+@pytest.mark.parametrize('path', CONFIGS, ids=CONFIG_IDS)
+def test_config_trains_and_predicts(path):
+    cfg = load_config(path)
+    _train_and_predict(_shrink(cfg.model), cfg.optim_wrapper)
+
+
+@pytest.mark.parametrize('stock', STOCK)
+def test_stock_mmdet_config_with_our_backbone(stock):
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+
+    cfg = Config.fromfile(_stock_path(stock))
+    init_default_scope('mmdet')
+    bb = cfg.model.backbone
+    assert bb.type == 'SwinTransformer'
+    bb.type = 'SwinBackbone'
+    bb.init_cfg = None
+    torch.manual_seed(0)
+    model = _build(cfg.model)
+    model.init_weights()
+    assert type(model.backbone).__name__ == 'SwinBackbone'
+    assert list(cfg.model.neck.in_channels) == list(model.backbone.out_channels)
+    data = model.data_preprocessor(
+        _batch(model, 'mask_head' in cfg.model.get('roi_head', {}), 80), training=True)
+    model.train()
+    losses = model.loss(data['inputs'], data['data_samples'])
+    total = sum(v.sum() if isinstance(v, torch.Tensor) else sum(v) for v in losses.values())
+    assert torch.isfinite(total)
+    total.backward()
+    grad = model.backbone.layers[0].blocks[0].attn.qkv.weight.grad
+    assert grad is not None and grad.abs().sum() > 0
+
+
+def test_3x_config_is_amp_multiscale_crop():
+    cfg = load_config(osp.join(ROOT, 'configs/swin_mask_rcnn_3x_ms_amp.py'))
+    assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
+    assert cfg.train_cfg.max_epochs == 36
+    types = [t['type'] for t in cfg.train_dataloader.dataset.pipeline]
+    assert 'RandomChoice' in types
+    crop = cfg.train_dataloader.dataset.pipeline[types.index('RandomChoice')].transforms[1]
+    assert [t['type'] for t in crop] == ['RandomChoiceResize', 'RandomCrop',
+                                         'RandomChoiceResize']
+
+
+def test_retinanet_config_mirrors_mmdet():
+    ours = load_config(osp.join(ROOT, 'configs/swin_retinanet.py'))
+    from mmengine.config import Config
+    stock = Config.fromfile(_stock_path(STOCK[0]))
+    for key in ('depths', 'num_heads', 'window_size', 'drop_path_rate', 'out_indices'):
+        want, got = stock.model.backbone[key], _arch(ours.model.backbone, key)
+        assert _plain(got) == _plain(want), key
+    assert list(ours.model.neck.in_channels) == [192, 384, 768]
+    assert ours.model.neck.num_outs == stock.model.neck.num_outs == 5
+    assert ours.optim_wrapper.optimizer.type == 'AdamW'
+    assert ours.train_cfg.max_epochs == 12
+    assert ours.train_dataloader.dataset.ann_file == stock.train_dataloader.dataset.ann_file
+
+
+def _plain(v):
+    return list(v) if isinstance(v, (list, tuple)) else v
+
+
+def _arch(bb, key):
+    presets = dict(depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24])
+    if key in bb and bb[key] is not None:
+        return bb[key]
+    assert bb.arch == 'tiny'
+    return presets[key]
+
+
+# ----------------------------------------------------------------------------- data_root
+def _data_cfg(path):
+    cfg = load_config(path)
+    if 'data_root' not in cfg:
+        pytest.skip(f'{osp.relpath(path, ROOT)} has no top-level data_root')
+    return cfg
+
+
+@pytest.mark.parametrize('path', CONFIGS, ids=CONFIG_IDS)
+def test_data_root_override_reaches_everything(path, tmp_path):
+    base = _data_cfg(path)
+    old = base.data_root
+    derived = data_root_paths(base)
+    assert any(k.endswith('dataset.data_root') for k in derived)
+    new = str(tmp_path / 'elsewhere') + '/'
+    moved = load_config(path, {'data_root': new})
+    # nothing refers to the old root any more, every derived key now sits below the new one
+    assert data_root_paths(moved, old) == []
+    assert set(data_root_paths(moved, new)) == set(derived)
+    for stage in ('train', 'val', 'test'):
+        assert moved[f'{stage}_dataloader'].dataset.data_root.rstrip('/') == new.rstrip('/')
+    for key in ('val_evaluator', 'test_evaluator'):
+        ann = moved[key].get('ann_file')
+        if ann:
+            assert ann.startswith(new)
+    # explicit options still win over the propagation
+    explicit = load_config(path, {'data_root': new, 'val_evaluator.ann_file': '/x/a.json'})
+    assert explicit.val_evaluator.ann_file == '/x/a.json'
+
+
+@pytest.mark.parametrize('path', CONFIGS, ids=CONFIG_IDS)
+def test_missing_data_message_gives_working_override(path, tmp_path, monkeypatch):
+    from mmengine.config import DictAction
+
+    monkeypatch.chdir(tmp_path)  # relative data roots resolve to nothing here
+    cfg = _data_cfg(path)
+    with pytest.raises(DatasetNotFoundError) as info:
+        check_data(cfg, ('train', 'val'), config_path=path)
+    msg = str(info.value)
+    assert f"data_root='{cfg.data_root}'" in msg
+    assert 'annotations/' in msg and 'missing' in msg
+    assert '--cfg-options data_root=/path/to/data/' in msg
+    # the explicit override in the message, applied the way plain mmdet tools apply it
+    # (merge_from_dict, no propagation), points every dataloader/evaluator to the new root
+    line = next(ln for ln in msg.splitlines() if ln.strip().startswith('--cfg-options')
+                and len(ln.split()) > 2)
+    options = {}
+    for item in shlex.split(line)[1:]:
+        k, v = item.split('=', 1)
+        options[k] = DictAction._parse_iterable(v)
+    plain = load_config(path)
+    plain.merge_from_dict(options)
+    propagated = load_config(path, {'data_root': '/path/to/data/'})
+    for key in ('train_dataloader', 'val_dataloader', 'test_dataloader', 'val_evaluator',
+                'test_evaluator'):
+        assert plain[key].to_dict() == propagated[key].to_dict(), key
