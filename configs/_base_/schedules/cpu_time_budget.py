@@ -29,9 +29,7 @@ optim_wrapper = dict(
         }),
     clip_grad=dict(max_norm=10.0, norm_type=2))
 
-# TimeBudgetHook is registered by vitdet_plugin (see _base_/iter_runtime.py for the import)
-custom_hooks = [
-    dict(type='TimeBudgetHook', minutes=budget_minutes),
-    dict(type='RNGStateHook'),
-    dict(type='NonFiniteCheckHook'),
-]
+# Configs using this schedule add the hook (custom_hooks is defined by _base_/default_runtime.py,
+# and mmengine does not allow one key in two bases):
+#   custom_hooks = [dict(type='TimeBudgetHook', minutes=budget_minutes),
+#                   dict(type='RNGStateHook'), dict(type='NonFiniteCheckHook')]
