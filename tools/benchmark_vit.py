@@ -26,6 +26,9 @@ import torch
 from torch import Tensor, nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/: shared helpers
+
+from benchmark import saved_activation_bytes  # noqa: E402  (tools/benchmark.py)
 
 Size = Tuple[int, int]
 
@@ -79,23 +82,6 @@ def _time(fn: Callable[[], object], device: str) -> float:
     fn()
     _sync(device)
     return time.perf_counter() - t0
-
-
-def saved_activation_bytes(fn: Callable[[], Tensor], params: Sequence[Tensor]) -> int:
-    """Bytes of the distinct storages autograd saves for backward while ``fn`` runs."""
-    skip = {p.untyped_storage().data_ptr() for p in params}
-    seen: Dict[int, int] = {}
-
-    def pack(t: Tensor) -> Tensor:
-        s = t.untyped_storage()
-        if s.data_ptr() not in skip:
-            seen[s.data_ptr()] = s.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    del out
-    return sum(seen.values())
 
 
 def peak_cuda_bytes(fn: Callable[[], Tensor], device: str) -> int:
