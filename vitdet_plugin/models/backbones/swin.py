@@ -25,8 +25,8 @@ from torch import Tensor, nn
 from ...weights.swin import load_swin_pretrained
 from .base import FreezeMixin
 from ..layers import (DropPath, Mlp, PatchEmbed, PatchMerging, WindowAttention, WindowIndex,
-                      linear_drop_path_rates, padded_size, shifted_window_mask, to_2tuple,
-                      window_gather_index)
+                      linear_drop_path_rates, padded_size, residual_add, shifted_window_mask,
+                      to_2tuple, window_gather_index)
 
 #: ``arch`` presets: embed dims, depths and heads of the published Swin models.
 SWIN_ARCHS: Dict[str, dict] = {
@@ -78,14 +78,8 @@ class SwinBlock(nn.Module):
         index = geometry.shifted_index if self.shifted else geometry.index
         windows = index.partition(self.norm1(x).view(b, h * w, c), geometry.window_tokens)
         windows = self.attn(windows, geometry.shift_mask if self.shifted else None)
-        x = _residual(x, self.drop_path(index.reverse(windows, b).view(b, h, w, c)))
-        return _residual(x, self.drop_path(self.mlp(self.norm2(x))))
-
-
-def _residual(x: Tensor, branch: Tensor) -> Tensor:
-    """``x + branch``; without autograd, accumulated into ``branch`` (a fresh tensor here)
-    to save an allocation."""
-    return x + branch if torch.is_grad_enabled() else branch.add_(x)
+        x = residual_add(x, self.drop_path(index.reverse(windows, b).view(b, h, w, c)))
+        return residual_add(x, self.drop_path(self.mlp(self.norm2(x))))
 
 
 class WindowGeometry(NamedTuple):

@@ -26,7 +26,7 @@ from ...weights.common import resize_pos_grid
 from ...weights.vit import load_vit_pretrained
 from ..layers import (Attention, DropPath, Mlp, PatchEmbed, ResBottleneckBlock, WindowIndex,
                       attend, decomposed_rel_pos_bias, decomposed_rel_pos_terms,
-                      linear_drop_path_rates, rel_pos_attention, to_2tuple,
+                      linear_drop_path_rates, rel_pos_attention, residual_add, to_2tuple,
                       window_gather_index)
 from ..necks.simple_fpn import ViTSimpleFPN
 from .base import FreezeMixin
@@ -150,12 +150,8 @@ class ViTBlock(nn.Module):
             index = None
         elif index is None:
             index = window_gather_index(tuple(x.shape[1:3]), self.window_size, device=x.device)
-        if torch.is_grad_enabled():
-            x = x + self.drop_path(self.attn(self.norm1(x), index))
-            x = x + self.drop_path(self.mlp(self.norm2(x)))
-        else:  # inference: accumulate the residuals into the fresh branch outputs
-            x = self.drop_path(self.attn(self.norm1(x), index)).add_(x)
-            x = self.drop_path(self.mlp(self.norm2(x))).add_(x)
+        x = residual_add(x, self.drop_path(self.attn(self.norm1(x), index)))
+        x = residual_add(x, self.drop_path(self.mlp(self.norm2(x))))
         if self.residual is not None:
             x = self.residual(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
         return x

@@ -36,3 +36,6 @@ from .rel_pos import decomposed_rel_pos_terms  # noqa: E402
 from .lean_attention import rel_pos_attention  # noqa: E402
 
 __all__ += ['decomposed_rel_pos_terms', 'rel_pos_attention']
+from .residual import residual_add  # noqa: E402
+
+__all__ += ['residual_add']
