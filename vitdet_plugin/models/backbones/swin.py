@@ -24,9 +24,10 @@ from torch import Tensor, nn
 
 from ...weights.swin import load_swin_pretrained
 from .base import FreezeMixin
-from ..layers import (DropPath, Mlp, PatchEmbed, PatchMerging, WindowAttention, WindowIndex,
-                      linear_drop_path_rates, padded_size, residual_add, shifted_window_mask,
-                      to_2tuple, window_gather_index)
+from ..layers import (BatchedWindowIndex, DropPath, Mlp, PatchEmbed, PatchMerging,
+                      WindowAttention, WindowIndex, linear_drop_path_rates, padded_size,
+                      residual_add, rows_per_chunk, chunk_slices, shifted_window_mask, to_2tuple,
+                      window_gather_index)
 
 #: ``arch`` presets: embed dims, depths and heads of the published Swin models.
 SWIN_ARCHS: Dict[str, dict] = {
@@ -81,6 +82,39 @@ class SwinBlock(nn.Module):
         x = residual_add(x, self.drop_path(index.reverse(windows, b).view(b, h, w, c)))
         return residual_add(x, self.drop_path(self.mlp(self.norm2(x))))
 
+    @torch.no_grad()
+    def forward_inplace_(self, tokens: Tensor, windows: BatchedWindowIndex,
+                         shift_mask: Optional[Tensor], window_tokens: int) -> None:
+        """Inference (eval mode): apply the block to a flat token buffer in place.
+
+        ``tokens``: ``(B * H * W + 1, C)``, the images' tokens then a scratch row (see
+        :class:`BatchedWindowIndex`); ``windows``: this block's (shifted) window rows.
+        Same values as :meth:`forward`, without its full-size temporaries: each chunk of
+        windows is gathered, normalised, attended and scatter-added back into its rows (the
+        residual), then the MLP runs over row chunks and is added in place.
+        """
+        c = tokens.shape[1]
+        num_windows = windows.rows.numel() // window_tokens
+        bias = self.attn.window_bias(shift_mask, num_windows)
+        step = self.attn.windows_per_chunk(window_tokens, tokens.element_size())
+        for chunk in chunk_slices(num_windows, step):
+            start, stop = chunk.start, chunk.stop
+            part = slice(start * window_tokens, stop * window_tokens)
+            rows = windows.rows[part]
+            x = self.norm1(tokens.index_select(0, rows))
+            if windows.pad is not None:
+                x.masked_fill_(windows.pad[part].unsqueeze(1), 0.0)   # zero padding
+            out = self.attn.forward_with_bias(
+                x.view(stop - start, window_tokens, c),
+                bias[start:stop] if bias.shape[0] == num_windows else bias)
+            tokens.index_add_(0, rows, out.view(-1, c))
+        tokens[-1].zero_()  # the scratch row took the padding's outputs
+        image_tokens = tokens[:-1]
+        step = rows_per_chunk(self.mlp.fc1.out_features, tokens.element_size())
+        for part in chunk_slices(image_tokens.shape[0], step):
+            x = image_tokens[part]
+            self.mlp.add_to_(x, self.norm2(x))
+
 
 class WindowGeometry(NamedTuple):
     """How a stage splits an ``(H, W)`` map into (shifted) windows; built once per size.
@@ -114,6 +148,7 @@ class SwinStage(nn.Module):
         self.downsample = (PatchMerging(dim, build_norm_layer(norm_cfg, 4 * dim)[1])
                            if downsample else None)
         self._geometry_cache: Dict[tuple, WindowGeometry] = {}
+        self._batched_cache: Dict[tuple, tuple] = {}
 
     def geometry(self, hw: Tuple[int, int], device: torch.device) -> WindowGeometry:
         """Cached windowing (gather indices, shift mask) of an ``(H, W)`` map."""
@@ -133,9 +168,39 @@ class SwinStage(nn.Module):
             self._geometry_cache[key] = geom
         return geom
 
+    def batched_windows(self, hw: Tuple[int, int], batch: int, device: torch.device
+                        ) -> Tuple[BatchedWindowIndex, Optional[BatchedWindowIndex]]:
+        """(plain, shifted) window rows of ``batch`` images of size ``hw`` in a flat token
+        buffer; cached per size, batch and device."""
+        key = (tuple(hw), batch, device)
+        cached = self._batched_cache.get(key)
+        if cached is None:
+            geom = self.geometry(hw, device)
+            cached = (geom.index.batched(batch),
+                      geom.shifted_index.batched(batch) if geom.shifted_index is not None
+                      else None)
+            self._batched_cache.clear()
+            self._batched_cache[key] = cached
+        return cached
+
+    def _forward_inplace(self, x: Tensor, geom: WindowGeometry) -> Tensor:
+        """Inference: every block on one flat token buffer, updated in place."""
+        b, h, w, c = x.shape
+        tokens = x.new_empty(b * h * w + 1, c)
+        tokens[:-1].copy_(x.reshape(-1, c))
+        tokens[-1].zero_()
+        plain, shifted = self.batched_windows((h, w), b, x.device)
+        for blk in self.blocks:
+            blk.forward_inplace_(tokens, shifted if blk.shifted else plain,
+                                 geom.shift_mask if blk.shifted else None, geom.window_tokens)
+        return tokens[:-1].view(b, h, w, c)
+
     def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         """``(B, H, W, C)`` -> (stage output ``(B, H, W, C)``, input of the next stage)."""
         geom = self.geometry(x.shape[1:3], x.device)
+        if not (self.training or torch.is_grad_enabled()):
+            x = self._forward_inplace(x, geom)
+            return x, (self.downsample(x) if self.downsample is not None else x)
         for blk in self.blocks:
             if self.with_cp and self.training and torch.is_grad_enabled():
                 x = cp.checkpoint(blk, x, geom, use_reentrant=False)

@@ -7,7 +7,7 @@ the elementwise pass that follows a GEMM finds the data already evicted from cac
 token-independent functions over chunks of rows keeps those temporaries small and reused.
 Only for inference: under autograd every chunk's activations would be kept anyway.
 """
-from typing import Callable
+from typing import Callable, List
 
 import torch
 from torch import Tensor
@@ -19,6 +19,14 @@ CHUNK_BYTES = 8 << 20
 def rows_per_chunk(widest: int, element_size: int = 4) -> int:
     """Rows per chunk so that a ``(rows, widest)`` temporary stays near :data:`CHUNK_BYTES`."""
     return max(1, CHUNK_BYTES // max(1, widest * element_size))
+
+
+def chunk_slices(n: int, rows: int) -> List[slice]:
+    """``range(n)`` in the fewest chunks of at most ``rows``, of (nearly) equal size: no small
+    remainder chunk, whose GEMMs would run far below peak."""
+    count = max(1, -(-n // max(1, rows)))
+    bounds = [i * n // count for i in range(count + 1)]
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def map_row_chunks(fn: Callable[..., Tensor], x: Tensor, rows: int, out_features: int,
@@ -33,7 +41,6 @@ def map_row_chunks(fn: Callable[..., Tensor], x: Tensor, rows: int, out_features
     if n <= rows or torch.is_grad_enabled():
         return fn(x, *args)
     out = x.new_empty(*x.shape[:-1], out_features)
-    for start in range(0, n, rows):
-        part = slice(start, start + rows)
+    for part in chunk_slices(n, rows):
         out[part] = fn(x[part], *(a[part] if a.dim() and a.shape[0] == n else a for a in args))
     return out

@@ -69,9 +69,29 @@ class Mlp(nn.Module):
             return out.view(*x.shape[:-1], -1)
         return self._forward(x)
 
+    @torch.no_grad()
+    def add_to_(self, out: Tensor, x: Tensor) -> Tensor:
+        """Inference: ``out += mlp(x)`` for ``(rows, C)`` tensors, with ``fc2`` accumulated
+        straight into ``out`` (no output temporary) and the activation applied in place."""
+        h = self.fc1(x)
+        h = _act_inplace(self.act, h)
+        out.addmm_(h, self.fc2.weight.t())
+        if self.fc2.bias is not None:
+            out.add_(self.fc2.bias)
+        return out
+
     def _forward(self, x: Tensor) -> Tensor:
         h = self.fc1(x)
         if (self.recompute_act and torch.is_grad_enabled() and h.device.type in ('cpu', 'cuda')
                 and not torch.is_autocast_enabled(h.device.type)):
             return _GeluLinear.apply(h, self.fc2.weight, self.fc2.bias)
         return self.drop(self.fc2(self.drop(self.act(h))))
+
+
+def _act_inplace(act: nn.Module, h: Tensor) -> Tensor:
+    """``act(h)``, overwriting ``h`` where the activation has an in-place form."""
+    if isinstance(act, nn.GELU):
+        return torch._C._nn.gelu_(h, approximate=act.approximate)
+    if isinstance(act, (nn.ReLU, nn.SiLU)):
+        return type(act)(inplace=True)(h)
+    return act(h)

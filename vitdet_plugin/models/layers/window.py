@@ -73,6 +73,32 @@ class WindowIndex(NamedTuple):
         """Windows ``(B * nW, N, C)`` -> ``(B, H * W, C)`` (shift and padding undone)."""
         return windows.reshape(batch, -1, windows.shape[-1]).index_select(1, self.rev)
 
+    def batched(self, batch: int) -> 'BatchedWindowIndex':
+        """The gather for ``batch`` images stored in one token buffer (see
+        :class:`BatchedWindowIndex`)."""
+        tokens = self.rev.numel()
+        offsets = torch.arange(batch, device=self.fwd.device).mul_(tokens).unsqueeze(1)
+        rows = (self.fwd.unsqueeze(0) + offsets)                      # (B, nW * N)
+        pad = None
+        if self.pad.numel():
+            rows[:, self.pad] = batch * tokens
+            pad = torch.zeros(self.fwd.numel(), dtype=torch.bool, device=self.fwd.device)
+            pad[self.pad] = True
+            pad = pad.repeat(batch)
+        return BatchedWindowIndex(rows.view(-1), pad)
+
+
+class BatchedWindowIndex(NamedTuple):
+    """Window rows of ``B`` images in a flat token buffer ``(B * H * W + 1, C)``.
+
+    The buffer holds the images' tokens one after another, then one scratch row. ``rows[i]`` is
+    the buffer row of windowed token ``i`` (windows ordered as in :func:`window_partition`);
+    padding tokens point at the scratch row, so a gather reads it and a scatter-add writes into
+    it, never into an image token. ``pad`` marks those padding positions (None: no padding).
+    """
+    rows: Tensor             # (B * nW * N,) int64
+    pad: Optional[Tensor]    # (B * nW * N,) bool
+
 
 def window_gather_index(hw: Tuple[int, int], window_size: Tuple[int, int],
                         shift_size: Tuple[int, int] = (0, 0),

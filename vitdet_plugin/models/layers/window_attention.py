@@ -72,11 +72,21 @@ class WindowAttention(Attention):
         if self._cacheable():
             bias = self.window_bias(shift_mask, x.shape[0])
             # inference: windows in chunks keep the 3C-wide qkv temporary small
-            rows = rows_per_chunk(3 * self.dim * x.shape[1], x.element_size())
-            return map_row_chunks(super().forward, x, rows, self.dim, bias)
+            rows = self.windows_per_chunk(x.shape[1], x.element_size())
+            return map_row_chunks(self.forward_with_bias, x, rows, self.dim, bias)
         # training: the bias carries a gradient; the mask stays separate and unexpanded
         mask = None if shift_mask is None else shift_mask.unsqueeze(1)
         return super().forward(x, self.relative_position_bias(), mask)
+
+    def forward_with_bias(self, x: Tensor, bias: Tensor) -> Tensor:
+        """Windows ``(W, N, C)`` with a ready bias ``(1 | W, heads, N, N)``, e.g. rows of
+        :meth:`window_bias` for a chunk of windows."""
+        return super().forward(x, bias)
+
+    def windows_per_chunk(self, window_tokens: int, element_size: int = 4) -> int:
+        """Windows per inference chunk (keeps the ``3C``-wide qkv temporary near
+        :data:`~.chunking.CHUNK_BYTES`)."""
+        return rows_per_chunk(3 * self.dim * window_tokens, element_size)
 
     def train(self, mode: bool = True) -> 'WindowAttention':
         self._cache.clear()
