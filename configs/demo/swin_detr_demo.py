@@ -53,7 +53,7 @@ train_dataloader = dict(batch_size=4)
 
 base_lr = 4e-4
 optim_wrapper = dict(
-    optimizer=dict(lr=base_lr, weight_decay=1e-4),
+    optimizer=dict(lr=base_lr, weight_decay=1e-4, fused=True),
     paramwise_cfg=dict(custom_keys={'level_embed': dict(decay_mult=0.)}),
     clip_grad=dict(max_norm=1.0, norm_type=2))
 
