@@ -424,6 +424,20 @@ class SwinBackbone(FreezeMixin, BaseModule):
         for i, stage in enumerate(self.layers):
             out, x = stage(x)
             if i in self.out_indices:
-                out = getattr(self, f'norm{i}')(out)
-                outs.append(out.permute(0, 3, 1, 2).contiguous())
+                outs.append(_norm_to_nchw(getattr(self, f'norm{i}'), out))
         return tuple(outs)
+
+
+def _norm_to_nchw(norm: nn.Module, x: Tensor) -> Tensor:
+    """``norm`` over channels of ``(B, H, W, C)``, returned as ``(B, C, H, W)`` (contiguous).
+
+    Without autograd the rows are normalised in chunks written straight into the NCHW result,
+    instead of materialising the normalised NHWC map first.
+    """
+    if torch.is_grad_enabled():
+        return norm(x).permute(0, 3, 1, 2).contiguous()
+    b, h, w, c = x.shape
+    out = x.new_empty(b, c, h, w)
+    for part in chunk_slices(h, rows_per_chunk(b * w * c, x.element_size())):
+        out[:, :, part] = norm(x[:, part]).permute(0, 3, 1, 2)
+    return out

@@ -1,8 +1,11 @@
 """Swin patch merging: 2x2 neighbourhood concat -> norm -> linear ``4C -> out``."""
 from typing import Optional
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from .chunking import chunk_slices, rows_per_chunk
 
 
 class PatchMerging(nn.Module):
@@ -31,6 +34,17 @@ class PatchMerging(nn.Module):
             x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
             h, w = h + h % 2, w + w % 2
         # (B, H/2, 2[h], W/2, 2[w], C) -> (B, H/2, W/2, 2[w], 2[h], C): the official order
+        if torch.is_grad_enabled():
+            return self._merge(x)
+        # inference: output rows in chunks (no full-size 4C temporaries)
+        out = x.new_empty(b, h // 2, w // 2, self.out_dim)
+        step = rows_per_chunk(b * (w // 2) * 4 * c, x.element_size())
+        for part in chunk_slices(h // 2, step):
+            out[:, part] = self._merge(x[:, 2 * part.start:2 * part.stop])
+        return out
+
+    def _merge(self, x: Tensor) -> Tensor:
+        b, h, w, c = x.shape
         x = x.view(b, h // 2, 2, w // 2, 2, c).permute(0, 1, 3, 4, 2, 5).reshape(
             b, h // 2, w // 2, 4 * c)
         return self.reduction(self.norm(x))
