@@ -25,9 +25,9 @@ from torch import Tensor, nn
 from ...weights.swin import load_swin_pretrained
 from .base import FreezeMixin
 from ..layers import (BatchedWindowIndex, DropPath, Mlp, PatchEmbed, PatchMerging,
-                      WindowAttention, WindowIndex, linear_drop_path_rates, padded_size,
-                      residual_add, rows_per_chunk, chunk_slices, shifted_window_mask, to_2tuple,
-                      window_gather_index)
+                      WindowAttention, WindowIndex, chunk_rows, chunk_slices,
+                      linear_drop_path_rates, padded_size, residual_add, rows_per_chunk,
+                      shifted_window_mask, to_2tuple, window_gather_index)
 
 #: ``arch`` presets: embed dims, depths and heads of the published Swin models.
 SWIN_ARCHS: Dict[str, dict] = {
@@ -104,9 +104,8 @@ class SwinBlock(nn.Module):
             x = self.norm1(tokens.index_select(0, rows))
             if windows.pad is not None:
                 x.masked_fill_(windows.pad[part].unsqueeze(1), 0.0)   # zero padding
-            out = self.attn.forward_with_bias(
-                x.view(stop - start, window_tokens, c),
-                bias[start:stop] if bias.shape[0] == num_windows else bias)
+            out = self.attn.forward_with_bias(x.view(stop - start, window_tokens, c),
+                                              chunk_rows(bias, chunk, num_windows))
             tokens.index_add_(0, rows, out.view(-1, c))
         tokens[-1].zero_()  # the scratch row took the padding's outputs
         image_tokens = tokens[:-1]

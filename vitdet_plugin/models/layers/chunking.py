@@ -29,6 +29,12 @@ def chunk_slices(n: int, rows: int) -> List[slice]:
     return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
+def chunk_rows(a: Tensor, part: slice, n: int) -> Tensor:
+    """``a[part]`` when ``a`` has ``n`` rows (chunked alongside the data), else ``a`` whole
+    (a broadcast operand, e.g. a bias shared by every window)."""
+    return a[part] if a.dim() and a.shape[0] == n else a
+
+
 def map_row_chunks(fn: Callable[..., Tensor], x: Tensor, rows: int, out_features: int,
                    *args: Tensor) -> Tensor:
     """``fn(x, *args)`` evaluated over chunks of ``rows`` along dim 0; same result.
@@ -42,5 +48,5 @@ def map_row_chunks(fn: Callable[..., Tensor], x: Tensor, rows: int, out_features
         return fn(x, *args)
     out = x.new_empty(*x.shape[:-1], out_features)
     for part in chunk_slices(n, rows):
-        out[part] = fn(x[part], *(a[part] if a.dim() and a.shape[0] == n else a for a in args))
+        out[part] = fn(x[part], *(chunk_rows(a, part, n) for a in args))
     return out

@@ -92,6 +92,8 @@ def _act_inplace(act: nn.Module, h: Tensor) -> Tensor:
     """``act(h)``, overwriting ``h`` where the activation has an in-place form."""
     if isinstance(act, nn.GELU):
         return torch._C._nn.gelu_(h, approximate=act.approximate)
-    if isinstance(act, (nn.ReLU, nn.SiLU)):
-        return type(act)(inplace=True)(h)
+    if isinstance(act, nn.ReLU):
+        return F.relu_(h)
+    if isinstance(act, nn.SiLU):
+        return F.silu(h, inplace=True)
     return act(h)
