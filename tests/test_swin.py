@@ -161,6 +161,34 @@ def test_inplace_inference_path_matches_the_autograd_path(monkeypatch):
     assert torch.equal(x, x0)
 
 
+def test_inplace_inference_path_across_sizes_and_threads(monkeypatch):
+    """The in-place path caches windowing per size: alternating input sizes and forwards
+    running concurrently in two threads must still give the autograd path's values."""
+    import threading
+    from vitdet_plugin.models.layers import chunking
+    monkeypatch.setattr(chunking, 'CHUNK_BYTES', 1 << 15)
+    model = randomize_(SwinBackbone(**SMALL, window_size=7)).eval()
+    inputs = [torch.randn(1, 3, 97, 131), torch.randn(2, 3, 64, 64), torch.randn(1, 3, 97, 131)]
+    references = [model(x) for x in inputs]
+    with torch.no_grad():
+        for x, ref in zip(inputs, references):
+            assert_close_rel(model(x), ref, tol=1e-5)
+    results = {}
+
+    def run(i):
+        with torch.no_grad():
+            results[i] = [model(inputs[i]) for _ in range(3)]
+
+    threads = [threading.Thread(target=run, args=(i, )) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in (0, 1):
+        for out in results[i]:
+            assert_close_rel(out, references[i], tol=1e-5)
+
+
 def test_bias_cache_follows_parameter_updates():
     model = SwinBackbone(**SMALL).eval()
     x = torch.randn(1, 3, 64, 64)

@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """Speed and memory of our backbones vs the reference implementations, side by side.
 
-Same config, same weights, same process, interleaved repeats; results as ratios (ours / ref).
+Same config, same weights, interleaved repeats; results as ratios (ours / ref). Each table row
+(size, with_cp) runs in a fresh process holding all the compared models, so no row inherits
+the allocator state left by earlier rows (``--same-process`` measures everything in one).
 
     python tools/benchmark.py                       # Swin-T at 224, 800x1216, 1024 on CPU
     python tools/benchmark.py --sizes 800x1216 --repeats 5
@@ -14,8 +16,10 @@ backward in a training forward (parameters excluded); on CUDA, the peak allocate
 training forward+backward above the model's own footprint.
 """
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from typing import Callable, Dict, List, Sequence, Tuple
@@ -151,34 +155,49 @@ def build_swin_models(arch: str, img_size: Tuple[int, int], with_cp: bool) -> Di
     return models
 
 
-def bench_swin(args) -> List[dict]:
+def bench_swin_row(args, size: Tuple[int, int], with_cp: bool) -> dict:
+    """One table row: the three models built, interleaved and measured in this process."""
+    models = {k: m.to(args.device) for k, m in build_swin_models(args.arch, size, with_cp).items()}
+    x = torch.randn(1, 3, *size, device=args.device)
+    row = {'size': f'{size[0]}x{size[1]}', 'with_cp': with_cp}
+    if not with_cp:
+        for m in models.values():
+            m.eval()
+        row['fwd'] = time_calls(models, lambda m: forward_call(m, x), args.repeats, args.device)
+    xt = torch.randn(1, 3, *args.train_size, device=args.device)
+    for m in models.values():
+        m.train()
+    if not args.skip_backward:
+        row['fwd+bwd'] = time_calls(models, lambda m: train_call(m, xt),
+                                    max(1, args.repeats // 2), args.device)
+    mem = {}
+    for name, m in models.items():
+        if args.device.startswith('cuda'):
+            mem[name] = peak_cuda_bytes(lambda: m(xt)) / 2**20
+        else:
+            mem[name] = saved_activation_bytes(lambda: m(xt), list(m.parameters())) / 2**20
+    row['act MB'] = mem
+    return row
+
+
+def run_row_in_child(argv: Sequence[str], size: Tuple[int, int], with_cp: bool) -> dict:
+    """:func:`bench_swin_row` in a fresh interpreter, so that no row inherits the allocator
+    state (glibc's mmap/trim thresholds, a fragmented heap) that earlier rows left behind."""
+    cmd = [sys.executable, os.path.abspath(__file__), *argv, '--row',
+           f'{size[0]}x{size[1]}{":cp" if with_cp else ""}']
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def bench_swin(args, argv: Sequence[str]) -> List[dict]:
     rows = []
     for size in args.sizes:
         for with_cp in ([False, True] if args.with_cp else [False]):
-            models = {k: m.to(args.device) for k, m in
-                      build_swin_models(args.arch, size, with_cp).items()}
-            x = torch.randn(1, 3, *size, device=args.device)
-            row = {'size': f'{size[0]}x{size[1]}', 'with_cp': with_cp}
-            if not with_cp:
-                for m in models.values():
-                    m.eval()
-                row['fwd'] = time_calls(models, lambda m: forward_call(m, x), args.repeats,
-                                        args.device)
-            xt = torch.randn(1, 3, *args.train_size, device=args.device)
-            for m in models.values():
-                m.train()
-            if not args.skip_backward:
-                row['fwd+bwd'] = time_calls(models, lambda m: train_call(m, xt),
-                                            max(1, args.repeats // 2), args.device)
-            mem = {}
-            for name, m in models.items():
-                if args.device.startswith('cuda'):
-                    mem[name] = peak_cuda_bytes(lambda: m(xt)) / 2**20
-                else:
-                    mem[name] = saved_activation_bytes(lambda: m(xt), list(m.parameters())) / 2**20
-            row['act MB'] = mem
+            row = (bench_swin_row(args, size, with_cp) if args.same_process
+                   else run_row_in_child(argv, size, with_cp))
             rows.append(row)
             print_row(row, 'mmdet')
+            mem = row['act MB']
             if with_cp and rows[-2:-1] and not rows[-2].get('with_cp'):
                 plain = rows[-2]['act MB']['mmdet']
                 print(f"{'':>13} | act MB: ours with_cp {mem['ours']:.3g} / mmdet without "
@@ -215,6 +234,11 @@ def main(argv=None) -> None:
     p.add_argument('--skip-backward', action='store_true')
     p.add_argument('--clock', choices=['wall', 'cpu'], default='wall',
                    help="'cpu': process CPU time (all threads), robust on a shared machine")
+    p.add_argument('--same-process', action='store_true',
+                   help='measure every row in this process (default: each (size, with_cp) row '
+                        'in a fresh process; the models stay interleaved within a row)')
+    p.add_argument('--row', default=None, help=argparse.SUPPRESS)  # internal: one child row
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
     if args.sizes is None:
         args.sizes = [(1024, 1024)] if args.model == 'vit' else [(224, 224), (800, 1216),
@@ -224,6 +248,10 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    if args.row is not None:  # child process: one row, as JSON on the last stdout line
+        size, _, cp = args.row.partition(':')
+        print(json.dumps(bench_swin_row(args, parse_size(size), cp == 'cp')), flush=True)
+        return
     print(f'device={args.device} threads={torch.get_num_threads()} clock={args.clock} '
           f'torch={torch.__version__} load={os.getloadavg()[0]:.1f}')
     if args.model == 'vit':
@@ -231,7 +259,7 @@ def main(argv=None) -> None:
         rows = benchmark_vit.run(device=args.device, sizes=args.sizes, repeats=args.repeats)
         print(benchmark_vit.format_rows(rows))
         return
-    bench_swin(args)
+    bench_swin(args, argv)
 
 
 if __name__ == '__main__':

@@ -26,8 +26,8 @@ from ...weights.swin import load_swin_pretrained
 from .base import FreezeMixin
 from ..layers import (BatchedWindowIndex, DropPath, Mlp, PatchEmbed, PatchMerging,
                       WindowAttention, WindowIndex, chunk_rows, chunk_slices,
-                      linear_drop_path_rates, padded_size, residual_add, rows_per_chunk,
-                      shifted_window_mask, to_2tuple, window_gather_index)
+                      linear_drop_path_rates, map_height_chunks, padded_size, residual_add,
+                      rows_per_chunk, shifted_window_mask, to_2tuple, window_gather_index)
 
 #: ``arch`` presets: embed dims, depths and heads of the published Swin models.
 SWIN_ARCHS: Dict[str, dict] = {
@@ -102,8 +102,9 @@ class SwinBlock(nn.Module):
             part = slice(start * window_tokens, stop * window_tokens)
             rows = windows.rows[part]
             x = self.norm1(tokens.index_select(0, rows))
-            if windows.pad is not None:
-                x.masked_fill_(windows.pad[part].unsqueeze(1), 0.0)   # zero padding
+            pad = windows.pad_in(part)
+            if pad is not None:
+                x.index_fill_(0, pad.to(x.device), 0.0)                # zero padding
             out = self.attn.forward_with_bias(x.view(stop - start, window_tokens, c),
                                               chunk_rows(bias, chunk, num_windows))
             tokens.index_add_(0, rows, out.view(-1, c))
@@ -437,6 +438,5 @@ def _norm_to_nchw(norm: nn.Module, x: Tensor) -> Tensor:
         return norm(x).permute(0, 3, 1, 2).contiguous()
     b, h, w, c = x.shape
     out = x.new_empty(b, c, h, w)
-    for part in chunk_slices(h, rows_per_chunk(b * w * c, x.element_size())):
-        out[:, :, part] = norm(x[:, part]).permute(0, 3, 1, 2)
+    map_height_chunks(norm, x, out.permute(0, 2, 3, 1))
     return out

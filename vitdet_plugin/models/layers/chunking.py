@@ -50,3 +50,13 @@ def map_row_chunks(fn: Callable[..., Tensor], x: Tensor, rows: int, out_features
     for part in chunk_slices(n, rows):
         out[part] = fn(x[part], *(chunk_rows(a, part, n) for a in args))
     return out
+
+
+def map_height_chunks(fn: Callable[[Tensor], Tensor], x: Tensor, out: Tensor) -> Tensor:
+    """Inference: ``out[:, i] = fn(x[:, i])`` for ``(B, H, ...)`` tensors, over chunks of ``H``
+    whose temporaries stay near :data:`CHUNK_BYTES`. ``out`` may be any strided view, e.g. an
+    NCHW result seen as NHWC, so ``fn``'s output is written straight into its final layout."""
+    step = rows_per_chunk(x[:, :1].numel(), x.element_size())
+    for part in chunk_slices(x.shape[1], step):
+        out[:, part] = fn(x[:, part])
+    return out

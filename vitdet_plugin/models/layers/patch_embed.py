@@ -1,9 +1,11 @@
 """Patch embedding: a strided convolution that turns an image into a token grid."""
 from typing import Optional, Tuple, Union
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .chunking import map_height_chunks
 from .window import to_2tuple
 
 
@@ -56,4 +58,10 @@ class PatchEmbed(nn.Module):
                                  f'{ph}x{pw}')
             x = F.pad(x, (0, pad_w, 0, pad_h))
         x = self.proj(x).permute(0, 2, 3, 1)
-        return self.norm(x)
+        if isinstance(self.norm, nn.Identity):
+            return x
+        if torch.is_grad_enabled():
+            return self.norm(x)
+        # inference: normalise in row chunks (no full-size NHWC copy of the conv output)
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        return map_height_chunks(self.norm, x, out)

@@ -82,9 +82,8 @@ class WindowIndex(NamedTuple):
         pad = None
         if self.pad.numel():
             rows[:, self.pad] = batch * tokens
-            pad = torch.zeros(self.fwd.numel(), dtype=torch.bool, device=self.fwd.device)
-            pad[self.pad] = True
-            pad = pad.repeat(batch)
+            images = torch.arange(batch, device=self.pad.device).unsqueeze(1)
+            pad = (self.pad.unsqueeze(0) + images * self.fwd.numel()).view(-1).cpu()
         return BatchedWindowIndex(rows.view(-1), pad)
 
 
@@ -94,10 +93,18 @@ class BatchedWindowIndex(NamedTuple):
     The buffer holds the images' tokens one after another, then one scratch row. ``rows[i]`` is
     the buffer row of windowed token ``i`` (windows ordered as in :func:`window_partition`);
     padding tokens point at the scratch row, so a gather reads it and a scatter-add writes into
-    it, never into an image token. ``pad`` marks those padding positions (None: no padding).
+    it, never into an image token. ``pad`` lists those padding positions, ascending, on the
+    CPU (None: no padding).
     """
     rows: Tensor             # (B * nW * N,) int64
-    pad: Optional[Tensor]    # (B * nW * N,) bool
+    pad: Optional[Tensor]    # (P * B,) int64, ascending, CPU
+
+    def pad_in(self, part: slice) -> Optional[Tensor]:
+        """Padding positions inside ``rows[part]``, relative to ``part.start`` (None: none)."""
+        if self.pad is None:
+            return None
+        lo, hi = torch.searchsorted(self.pad, torch.tensor([part.start, part.stop])).tolist()
+        return self.pad[lo:hi] - part.start if hi > lo else None
 
 
 def window_gather_index(hw: Tuple[int, int], window_size: Tuple[int, int],
