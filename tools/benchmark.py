@@ -185,7 +185,10 @@ def run_row_in_child(argv: Sequence[str], size: Tuple[int, int], with_cp: bool) 
     state (glibc's mmap/trim thresholds, a fragmented heap) that earlier rows left behind."""
     cmd = [sys.executable, os.path.abspath(__file__), *argv, '--row',
            f'{size[0]}x{size[1]}{":cp" if with_cp else ""}']
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f'benchmark row {cmd[-1]} failed (exit {proc.returncode}); its error '
+                         'is printed above')
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
