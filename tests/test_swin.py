@@ -288,3 +288,36 @@ def test_training_fused_and_eager_agree_in_outputs_and_grads():
     sum((o * torch.linspace(-1, 1, o.shape[-1])).sum() for o in outs_b).backward()
     for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
         assert max_rel_err(pa.grad, pb.grad) <= 1e-4, name
+
+
+def test_conv_stem_shapes_contract_and_freezing():
+    """An optional convolutional stem replaces part of the patch stride: same contract and
+    ceil-division shapes at odd sizes, frozen with the patch embedding, trained otherwise."""
+    model = SwinBackbone(**SMALL, patch_size=8, stem_channels=(8, 16), out_indices=(0, 1, 2))
+    assert model.out_strides == (8, 16, 32)
+    assert model.patch_embed.proj.kernel_size == (2, 2)          # 8 = stem 4 x proj 2
+    outs = model(torch.randn(2, 3, 97, 131))
+    for out, c, s in zip(outs, model.out_channels, model.out_strides):
+        assert out.shape == (2, c, math.ceil(97 / s), math.ceil(131 / s))
+    sum(o.mean() for o in outs).backward()
+    assert all(p.grad is not None for p in model.patch_embed.stem.parameters())
+    frozen = SwinBackbone(**SMALL, patch_size=8, stem_channels=(8, 16), frozen_stages=0).train()
+    assert not any(p.requires_grad for p in frozen.patch_embed.stem.parameters())
+    assert not frozen.patch_embed.stem.training                   # BN statistics frozen too
+
+
+def test_conv_stem_inference_matches_training_path_in_eval():
+    model = randomize_(SwinBackbone(**SMALL, stem_channels=(8, ))).eval()
+    x = torch.randn(1, 3, 70, 90)
+    with torch.no_grad():
+        fast = model(x)
+    assert_close_rel(fast, model(x), tol=1e-5)
+
+
+@pytest.mark.parametrize('stem, patch, match', [
+    ((8, 16, 32), 4, r'stem has stride 8, which does not divide the patch size \(4, 4\)'),
+    ((0, ), 4, 'ConvStem channels must be a non-empty list of positive ints'),
+])
+def test_conv_stem_bad_settings(stem, patch, match):
+    with pytest.raises(ValueError, match=match):
+        SwinBackbone(**SMALL, patch_size=patch, stem_channels=stem)

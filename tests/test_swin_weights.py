@@ -191,3 +191,27 @@ def test_malicious_checkpoint_is_refused_and_nothing_runs(tmp_path):
     with pytest.raises(CheckpointError, match='refused to load .*could run arbitrary code'):
         model.init_weights()
     assert not os.path.exists(marker)
+
+
+def test_official_checkpoint_into_a_conv_stem_model_names_the_stem_keys():
+    """A conv stem has no published weights: loading a standard checkpoint must say so."""
+    sd = randomize_(_ours()).state_dict()
+    with pytest.raises(CheckpointError) as err:
+        load_swin_pretrained(_ours(stem_channels=(8, )), sd)
+    msg = str(err.value)
+    assert 'missing from the Swin checkpoint' in msg and 'patch_embed.stem.0.conv.weight' in msg
+    assert 'patch_embed.proj.weight: Swin checkpoint (32, 3, 4, 4) vs model (32, 8, 2, 2)' in msg
+
+
+def test_conv_stem_model_roundtrips_its_own_checkpoint_and_refuses_mmdet_export(tmp_path):
+    src = randomize_(_ours(stem_channels=(8, )))
+    path = tmp_path / 'stem.pth'
+    torch.save({'state_dict': src.state_dict()}, path)
+    dst = SwinBackbone(arch=ARCH, drop_path_rate=0.0, stem_channels=(8, ),
+                       init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    dst.init_weights()
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        assert_close_rel(dst.eval()(x), src(x), tol=0)
+    with pytest.raises(ValueError, match='convolutional stem .*patch_embed.stem.0'):
+        swin_to_mmdet(src.state_dict())

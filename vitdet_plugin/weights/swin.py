@@ -202,6 +202,11 @@ def swin_to_mmdet(sd: Mapping[str, Tensor]) -> StateDict:
     (square windows, inferred from the bias-table size).
     """
     sd = dict(sd)
+    stem = sorted(k for k in sd if k.startswith('patch_embed.stem.'))
+    if stem:
+        raise ValueError(f'this state dict has a convolutional stem ({stem[0]}, ...), which '
+                         "mmdet's SwinTransformer does not have; keep it in our layout and load "
+                         'it with SwinBackbone(stem_channels=...)')
     for k in [k for k in sd if k.endswith('relative_position_bias_table')]:
         side = (math.isqrt(sd[k].shape[0]) + 1) // 2
         sd[k.replace('_bias_table', '_index')] = relative_position_index((side, side))

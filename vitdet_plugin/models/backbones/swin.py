@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ...weights.swin import load_swin_pretrained
 from .base import FreezeMixin
-from ..layers import (BatchedWindowIndex, DropPath, Mlp, PatchEmbed, PatchMerging,
+from ..layers import (BatchedWindowIndex, ConvStem, DropPath, Mlp, PatchEmbed, PatchMerging,
                       WindowAttention, WindowIndex, chunk_rows, chunk_slices,
                       linear_drop_path_rates, map_height_chunks, padded_size, residual_add,
                       rows_per_chunk, shifted_window_mask, to_2tuple, window_gather_index)
@@ -255,6 +255,12 @@ class SwinBackbone(FreezeMixin, BaseModule):
             grid (``pretrain_img_size / patch_size``) and bicubically resized to the input.
         pretrain_img_size: image size of that grid (int or ``(h, w)``).
         patch_norm: LayerNorm after the patch embedding.
+        stem_channels: optional convolutional stem (:class:`~..layers.ConvStem`): one ``3x3``
+            stride-2 conv + norm + ReLU per entry, before a patch projection covering the rest
+            of ``patch_size``. Not part of the published Swin (no official weights): for
+            training from scratch, where it speeds up convergence. Empty: the standard
+            ``patch_size x patch_size`` linear embedding.
+        stem_norm_cfg: norm config of the stem's convolutions (default BN).
         out_indices: stages whose outputs are returned (each through its own norm).
         frozen_stages: ``-1`` trains everything; ``0`` freezes the patch embedding (and the
             absolute position embedding); ``k >= 1`` also freezes stages ``0..k-1`` and their
@@ -293,6 +299,8 @@ class SwinBackbone(FreezeMixin, BaseModule):
                  use_abs_pos_embed: bool = False,
                  pretrain_img_size: Union[int, Tuple[int, int]] = 224,
                  patch_norm: bool = True,
+                 stem_channels: Sequence[int] = (),
+                 stem_norm_cfg: Optional[dict] = None,
                  out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
@@ -347,9 +355,11 @@ class SwinBackbone(FreezeMixin, BaseModule):
         self.convert_weights = convert_weights
         self.in_channels = in_channels
 
+        stem = (ConvStem(in_channels, stem_channels, stem_norm_cfg) if len(stem_channels)
+                else None)
         self.patch_embed = PatchEmbed(patch_size, in_channels, self.embed_dims,
                                       build_norm_layer(norm_cfg, self.embed_dims)[1]
-                                      if patch_norm else None)
+                                      if patch_norm else None, stem=stem)
         self.use_abs_pos_embed = use_abs_pos_embed
         if use_abs_pos_embed:
             grid = tuple(s // patch_size for s in to_2tuple(pretrain_img_size))

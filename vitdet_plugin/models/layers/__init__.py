@@ -3,6 +3,7 @@ from .attention import (MASKED_LOGIT, Attention, attend, eager_attention,
                         register_fusable_attention, set_fused_attention)
 from .chunking import (chunk_rows, chunk_slices, map_height_chunks, map_row_chunks,
                        rows_per_chunk)
+from .conv_stem import ConvStem
 from .cross_attention import MultiheadCrossAttention
 from .drop_path import DropPath, drop_path, linear_drop_path_rates
 from .lean_attention import rel_pos_attention
@@ -22,7 +23,7 @@ __all__ = [
     'MASKED_LOGIT', 'Attention', 'attend', 'eager_attention', 'register_fusable_attention',
     'set_fused_attention', 'chunk_rows', 'chunk_slices', 'map_height_chunks', 'map_row_chunks',
     'rows_per_chunk',
-    'MultiheadCrossAttention',
+    'ConvStem', 'MultiheadCrossAttention',
     'DropPath', 'drop_path', 'linear_drop_path_rates', 'rel_pos_attention', 'Mlp',
     'LayerNorm2d', 'masked_group_norm', 'PatchEmbed', 'PatchMerging',
     'decomposed_rel_pos_bias', 'decomposed_rel_pos_embeddings', 'decomposed_rel_pos_terms',

@@ -21,6 +21,9 @@ class PatchEmbed(nn.Module):
         embed_dim: output channels.
         norm_layer: optional norm applied to the tokens (``(B, H', W', C)``).
         pad: pad inputs that are not a multiple of the patch size; if False they are rejected.
+        stem: optional module run on the (padded) image before the projection, e.g. a
+            :class:`~.conv_stem.ConvStem`; it must have ``out_channels`` and an integer
+            ``stride`` that divides the patch size, and the projection covers the rest of it.
     """
 
     def __init__(self,
@@ -28,14 +31,23 @@ class PatchEmbed(nn.Module):
                  in_chans: int,
                  embed_dim: int,
                  norm_layer: Optional[nn.Module] = None,
-                 pad: bool = True) -> None:
+                 pad: bool = True,
+                 stem: Optional[nn.Module] = None) -> None:
         super().__init__()
         self.patch_size = to_2tuple(patch_size)
         self.in_chans = in_chans
         self.embed_dim = embed_dim
         self.pad = pad
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size,
-                              stride=self.patch_size)
+        self.stem = stem
+        kernel, proj_in = self.patch_size, in_chans
+        if stem is not None:
+            if any(p % stem.stride for p in self.patch_size):
+                raise ValueError(f'the stem has stride {stem.stride}, which does not divide the '
+                                 f'patch size {self.patch_size}; use a patch size that is a '
+                                 f'multiple of {stem.stride} or fewer stem layers')
+            kernel = (self.patch_size[0] // stem.stride, self.patch_size[1] // stem.stride)
+            proj_in = stem.out_channels
+        self.proj = nn.Conv2d(proj_in, embed_dim, kernel_size=kernel, stride=kernel)
         self.norm = norm_layer if norm_layer is not None else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
@@ -57,6 +69,8 @@ class PatchEmbed(nn.Module):
                 raise ValueError(f'input size {h}x{w} is not a multiple of the patch size '
                                  f'{ph}x{pw}')
             x = F.pad(x, (0, pad_w, 0, pad_h))
+        if self.stem is not None:
+            x = self.stem(x)
         x = self.proj(x).permute(0, 2, 3, 1)
         if isinstance(self.norm, nn.Identity):
             return x
