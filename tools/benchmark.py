@@ -230,7 +230,7 @@ def main(argv=None) -> None:
                    help='input sizes HxW (default: 224x224 800x1216 1024x1024; ViT: 1024x1024)')
     p.add_argument('--train-size', type=parse_size, default=(512, 512),
                    help='input size of the training forward/backward and memory columns')
-    p.add_argument('--repeats', type=int, default=3)
+    p.add_argument('--repeats', type=int, default=5)
     p.add_argument('--device', default='cpu')
     p.add_argument('--threads', type=int, default=None)
     p.add_argument('--with-cp', action='store_true', help='also measure with_cp=True')
