@@ -2,7 +2,7 @@
 from typing import Optional, Sequence
 
 from mmcv.cnn import ConvModule
-from torch import Tensor, nn
+from torch import nn
 
 
 class ConvStem(nn.Sequential):
@@ -34,6 +34,3 @@ class ConvStem(nn.Sequential):
         super().__init__(*layers)
         self.out_channels = channels[-1]
         self.stride = 2**len(channels)
-
-    def forward(self, x: Tensor) -> Tensor:  # type: ignore[override]
-        return super().forward(x)
