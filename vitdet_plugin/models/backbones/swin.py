@@ -24,10 +24,10 @@ from torch import Tensor, nn
 
 from ...weights.swin import load_swin_pretrained
 from .base import FreezeMixin
-from ..layers import (BatchedWindowIndex, ConvStem, DropPath, Mlp, PatchEmbed, PatchMerging,
-                      WindowAttention, WindowIndex, chunk_rows, chunk_slices,
-                      linear_drop_path_rates, map_height_chunks, padded_size, residual_add,
-                      rows_per_chunk, shifted_window_mask, to_2tuple, window_gather_index)
+from ..layers import (ConvStem, DropPath, Mlp, PatchEmbed, PatchMerging, WindowAttention,
+                      WindowIndex, WindowPlan, chunk_slices, linear_drop_path_rates,
+                      map_height_chunks, padded_size, residual_add, rows_per_chunk,
+                      shifted_window_mask, to_2tuple, window_gather_index, window_plan)
 
 #: ``arch`` presets: embed dims, depths and heads of the published Swin models.
 SWIN_ARCHS: Dict[str, dict] = {
@@ -83,36 +83,30 @@ class SwinBlock(nn.Module):
         return residual_add(x, self.drop_path(self.mlp(self.norm2(x))))
 
     @torch.no_grad()
-    def forward_inplace_(self, tokens: Tensor, windows: BatchedWindowIndex,
-                         shift_mask: Optional[Tensor], window_tokens: int) -> None:
+    def forward_inplace_(self, tokens: Tensor, plan: WindowPlan,
+                         shift_mask: Optional[Tensor]) -> None:
         """Inference (eval mode): apply the block to a flat token buffer in place.
 
-        ``tokens``: ``(B * H * W + 1, C)``, the images' tokens then a scratch row (see
-        :class:`BatchedWindowIndex`); ``windows``: this block's (shifted) window rows.
+        ``tokens``: ``(B * H * W, C)``, the images' tokens one after another; ``plan``: this
+        block's (shifted) windows; ``shift_mask``: ``(M, N, N)``, the masks of the plan's
+        masked windows (from ``plan.first_masked`` on) in plan order, or None.
         Same values as :meth:`forward`, without its full-size temporaries: each chunk of
         windows is gathered, normalised, attended and scatter-added back into its rows (the
         residual), then the MLP runs over row chunks and is added in place.
         """
-        c = tokens.shape[1]
-        num_windows = windows.rows.numel() // window_tokens
-        bias = self.attn.window_bias(shift_mask, num_windows)
-        step = self.attn.windows_per_chunk(window_tokens, tokens.element_size())
-        for chunk in chunk_slices(num_windows, step):
-            start, stop = chunk.start, chunk.stop
-            part = slice(start * window_tokens, stop * window_tokens)
-            rows = windows.rows[part]
-            x = self.norm1(tokens.index_select(0, rows))
-            pad = windows.pad_in(part)
-            if pad is not None:
-                x.index_fill_(0, pad.to(x.device), 0.0)                # zero padding
-            out = self.attn.forward_with_bias(x.view(stop - start, window_tokens, c),
-                                              chunk_rows(bias, chunk, num_windows))
-            tokens.index_add_(0, rows, out.view(-1, c))
-        tokens[-1].zero_()  # the scratch row took the padding's outputs
-        image_tokens = tokens[:-1]
+        shared = self.attn.window_bias(None)
+        masked = None if shift_mask is None else self.attn.window_bias(shift_mask)
+        first_masked = plan.first_masked
+        for chunk in plan.chunks:
+            start, stop = chunk.windows.start, chunk.windows.stop
+            bias = (shared if start < first_masked
+                    else masked[start - first_masked:stop - first_masked])
+            x = self.norm1(tokens.index_select(0, chunk.rows))
+            out = self.attn.forward_tokens(x, chunk.real, stop - start, bias)
+            tokens.index_add_(0, chunk.rows, out)
         step = rows_per_chunk(self.mlp.fc1.out_features, tokens.element_size())
-        for part in chunk_slices(image_tokens.shape[0], step):
-            x = image_tokens[part]
+        for part in chunk_slices(tokens.shape[0], step):
+            x = tokens[part]
             self.mlp.add_to_(x, self.norm2(x))
 
 
@@ -126,6 +120,15 @@ class WindowGeometry(NamedTuple):
     shifted_index: Optional[WindowIndex]
     shift_mask: Optional[Tensor]
     window_tokens: int
+
+
+class InferencePlans(NamedTuple):
+    """A stage's windows for the in-place inference path (see :func:`window_plan`), and the
+    shift masks ``(M, N, N)`` of the shifted plan's masked windows, in plan order (None:
+    no window wraps around)."""
+    plain: WindowPlan
+    shifted: Optional[WindowPlan]
+    shift_mask: Optional[Tensor]
 
 
 class SwinStage(nn.Module):
@@ -148,7 +151,7 @@ class SwinStage(nn.Module):
         self.downsample = (PatchMerging(dim, build_norm_layer(norm_cfg, 4 * dim)[1])
                            if downsample else None)
         self._geometry_cache: Dict[tuple, WindowGeometry] = {}
-        self._batched_cache: Dict[tuple, tuple] = {}
+        self._plan_cache: Dict[tuple, InferencePlans] = {}
 
     def geometry(self, hw: Tuple[int, int], device: torch.device) -> WindowGeometry:
         """Cached windowing (gather indices, shift mask) of an ``(H, W)`` map."""
@@ -168,39 +171,54 @@ class SwinStage(nn.Module):
             self._geometry_cache[key] = geom
         return geom
 
-    def batched_windows(self, hw: Tuple[int, int], batch: int, device: torch.device
-                        ) -> Tuple[BatchedWindowIndex, Optional[BatchedWindowIndex]]:
-        """(plain, shifted) window rows of ``batch`` images of size ``hw`` in a flat token
-        buffer; cached per size, batch and device."""
-        key = (tuple(hw), batch, device)
-        cached = self._batched_cache.get(key)
+    def window_plans(self, hw: Tuple[int, int], batch: int, device: torch.device,
+                     windows_per_chunk: int) -> InferencePlans:
+        """Inference walk over the (plain, shifted) windows of ``batch`` images of size
+        ``hw`` in a flat token buffer; cached per size, batch, device and chunk size."""
+        key = (tuple(hw), batch, device, windows_per_chunk)
+        cached = self._plan_cache.get(key)
         if cached is None:
             geom = self.geometry(hw, device)
-            cached = (geom.index.batched(batch),
-                      geom.shifted_index.batched(batch) if geom.shifted_index is not None
-                      else None)
-            self._batched_cache.clear()
-            self._batched_cache[key] = cached
+            plain = window_plan(geom.index, batch, geom.window_tokens, windows_per_chunk)
+            shifted = mask = None
+            if geom.shifted_index is not None:
+                num_windows = geom.shift_mask.shape[0]
+                needs_mask = geom.shift_mask.view(num_windows, -1).ne(0).any(1)
+                shifted = window_plan(geom.shifted_index, batch, geom.window_tokens,
+                                      windows_per_chunk, masked=needs_mask)
+                if shifted.first_masked < shifted.order.numel():
+                    mask = geom.shift_mask[shifted.order[shifted.first_masked:]]
+            cached = InferencePlans(plain, shifted, mask)
+            self._plan_cache.clear()
+            self._plan_cache[key] = cached
         return cached
 
-    def _forward_inplace(self, x: Tensor, geom: WindowGeometry) -> Tensor:
-        """Inference: every block on one flat token buffer, updated in place."""
+    def forward_inplace_(self, x: Tensor) -> Tensor:
+        """Inference (eval, no autograd) on ``x`` ``(B, H, W, C)``, which is overwritten with
+        the stage's block output (when contiguous; else a copy is made) and returned."""
         b, h, w, c = x.shape
-        tokens = x.new_empty(b * h * w + 1, c)
-        tokens[:-1].copy_(x.reshape(-1, c))
-        tokens[-1].zero_()
-        plain, shifted = self.batched_windows((h, w), b, x.device)
+        x = x.contiguous()
+        tokens = x.view(-1, c)
+        step = self.blocks[0].attn.windows_per_chunk(self.blocks[0].attn.window_tokens,
+                                                     x.element_size())
+        plans = self.window_plans((h, w), b, x.device, step)
         for blk in self.blocks:
-            blk.forward_inplace_(tokens, shifted if blk.shifted else plain,
-                                 geom.shift_mask if blk.shifted else None, geom.window_tokens)
-        return tokens[:-1].view(b, h, w, c)
+            if blk.shifted:
+                blk.forward_inplace_(tokens, plans.shifted, plans.shift_mask)
+            else:
+                blk.forward_inplace_(tokens, plans.plain, None)
+        return x
 
-    def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]:
-        """``(B, H, W, C)`` -> (stage output ``(B, H, W, C)``, input of the next stage)."""
-        geom = self.geometry(x.shape[1:3], x.device)
+    def forward(self, x: Tensor, consume_input: bool = False) -> Tuple[Tensor, Tensor]:
+        """``(B, H, W, C)`` -> (stage output ``(B, H, W, C)``, input of the next stage).
+
+        ``consume_input``: at inference, ``x``'s storage may serve as the token buffer (the
+        backbone passes tensors it made itself); otherwise ``x`` is left untouched.
+        """
         if not (self.training or torch.is_grad_enabled()):
-            x = self._forward_inplace(x, geom)
+            x = self.forward_inplace_(x if consume_input else x.clone())
             return x, (self.downsample(x) if self.downsample is not None else x)
+        geom = self.geometry(x.shape[1:3], x.device)
         for blk in self.blocks:
             if self.with_cp and self.training and torch.is_grad_enabled():
                 x = cp.checkpoint(blk, x, geom, use_reentrant=False)
@@ -432,7 +450,7 @@ class SwinBackbone(FreezeMixin, BaseModule):
         x = self.drop_after_pos(x)
         outs = []
         for i, stage in enumerate(self.layers):
-            out, x = stage(x)
+            out, x = stage(x, consume_input=True)
             if i in self.out_indices:
                 outs.append(_norm_to_nchw(getattr(self, f'norm{i}'), out))
         return tuple(outs)

@@ -15,8 +15,8 @@ from .rel_pos import (decomposed_rel_pos_bias, decomposed_rel_pos_embeddings,
                       decomposed_rel_pos_terms, relative_position_index, resize_rel_pos)
 from .res_bottleneck import ResBottleneckBlock
 from .residual import residual_add
-from .window import (BatchedWindowIndex, WindowIndex, pad_hw, padded_size, to_2tuple,
-                     window_gather_index, window_partition, window_reverse)
+from .window import (WindowChunk, WindowIndex, WindowPlan, pad_hw, padded_size, to_2tuple,
+                     window_gather_index, window_partition, window_plan, window_reverse)
 from .window_attention import WindowAttention, shifted_window_mask
 
 __all__ = [
@@ -28,7 +28,7 @@ __all__ = [
     'LayerNorm2d', 'masked_group_norm', 'PatchEmbed', 'PatchMerging',
     'decomposed_rel_pos_bias', 'decomposed_rel_pos_embeddings', 'decomposed_rel_pos_terms',
     'relative_position_index', 'resize_rel_pos', 'ResBottleneckBlock', 'residual_add',
-    'BatchedWindowIndex', 'WindowIndex', 'pad_hw', 'padded_size', 'to_2tuple',
-    'window_gather_index', 'window_partition', 'window_reverse', 'WindowAttention',
+    'WindowChunk', 'WindowIndex', 'WindowPlan', 'pad_hw', 'padded_size', 'to_2tuple',
+    'window_gather_index', 'window_partition', 'window_plan', 'window_reverse', 'WindowAttention',
     'shifted_window_mask',
 ]

@@ -133,8 +133,12 @@ class Attention(nn.Module):
 
     def qkv_heads(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """``(..., N, C)`` -> q, k, v each ``(..., heads, N, head_dim)``."""
-        *lead, n, _ = x.shape
-        qkv = self.qkv(x).view(*lead, n, 3, self.num_heads, self.head_dim)
+        return self.split_heads(self.qkv(x))
+
+    def split_heads(self, qkv: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """The ``qkv`` projection ``(..., N, 3C)`` -> q, k, v (views) ``(..., heads, N, d)``."""
+        *lead, n, _ = qkv.shape
+        qkv = qkv.view(*lead, n, 3, self.num_heads, self.head_dim)
         qkv = qkv.movedim(-3, 0).transpose(-3, -2)
         return qkv[0], qkv[1], qkv[2]
 

@@ -1,9 +1,11 @@
 """Window partition / reverse and padding helpers shared by the Swin and ViT backbones."""
-from typing import NamedTuple, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .chunking import chunk_slices
 
 
 def to_2tuple(value) -> Tuple[int, int]:
@@ -73,38 +75,68 @@ class WindowIndex(NamedTuple):
         """Windows ``(B * nW, N, C)`` -> ``(B, H * W, C)`` (shift and padding undone)."""
         return windows.reshape(batch, -1, windows.shape[-1]).index_select(1, self.rev)
 
-    def batched(self, batch: int) -> 'BatchedWindowIndex':
-        """The gather for ``batch`` images stored in one token buffer (see
-        :class:`BatchedWindowIndex`)."""
-        tokens = self.rev.numel()
-        offsets = torch.arange(batch, device=self.fwd.device).mul_(tokens).unsqueeze(1)
-        rows = (self.fwd.unsqueeze(0) + offsets)                      # (B, nW * N)
-        pad = None
-        if self.pad.numel():
-            rows[:, self.pad] = batch * tokens
-            images = torch.arange(batch, device=self.pad.device).unsqueeze(1)
-            pad = (self.pad.unsqueeze(0) + images * self.fwd.numel()).view(-1).cpu()
-        return BatchedWindowIndex(rows.view(-1), pad)
+
+class WindowChunk(NamedTuple):
+    """A run of windows that the in-place inference path processes together (see
+    :func:`window_plan`)."""
+    windows: slice            # the windows' range in plan order
+    rows: Tensor              # (R,) token-buffer rows of the image tokens, in window order
+    real: Optional[Tensor]    # (R,) their positions among the W * N window tokens; None: the
+                              # windows hold no padding (R == W * N)
 
 
-class BatchedWindowIndex(NamedTuple):
-    """Window rows of ``B`` images in a flat token buffer ``(B * H * W + 1, C)``.
+class WindowPlan(NamedTuple):
+    """How inference walks the windows of ``B`` images stored in one flat token buffer
+    ``(B * H * W, C)`` (images one after another), in chunks of windows that share a kind:
+    windows without padding before windows with padding, and windows that need their own
+    attention mask (e.g. where a shifted window wraps around) after all the others, from plan
+    position ``first_masked`` on. Padding tokens are never stored: a padded chunk lists only
+    its image tokens and where they sit among its window tokens.
 
-    The buffer holds the images' tokens one after another, then one scratch row. ``rows[i]`` is
-    the buffer row of windowed token ``i`` (windows ordered as in :func:`window_partition`);
-    padding tokens point at the scratch row, so a gather reads it and a scatter-add writes into
-    it, never into an image token. ``pad`` lists those padding positions, ascending, on the
-    CPU (None: no padding).
+    ``order[i]``: the index (:func:`window_partition` order, within its image) of the ``i``-th
+    window of the plan, e.g. to pick the rows of a per-window mask.
     """
-    rows: Tensor             # (B * nW * N,) int64
-    pad: Optional[Tensor]    # (P * B,) int64, ascending, CPU
+    chunks: Tuple[WindowChunk, ...]
+    order: Tensor             # (B * nW,) int64
+    first_masked: int
 
-    def pad_in(self, part: slice) -> Optional[Tensor]:
-        """Padding positions inside ``rows[part]``, relative to ``part.start`` (None: none)."""
-        if self.pad is None:
-            return None
-        lo, hi = torch.searchsorted(self.pad, torch.tensor([part.start, part.stop])).tolist()
-        return self.pad[lo:hi] - part.start if hi > lo else None
+
+def window_plan(index: WindowIndex, batch: int, window_tokens: int, windows_per_chunk: int,
+                masked: Optional[Tensor] = None) -> WindowPlan:
+    """The :class:`WindowPlan` of ``batch`` images windowed by ``index``, in chunks of at most
+    ``windows_per_chunk`` windows; ``masked``: ``(nW,)`` bool, the windows (of one image) that
+    need a mask of their own. Built on the CPU (once per size), moved to ``index``'s device."""
+    device = index.fwd.device
+    src = index.fwd.cpu().view(-1, window_tokens)                   # (nW, N)
+    num_windows, tokens = src.shape[0], index.rev.numel()
+    is_pad = torch.zeros(src.numel(), dtype=torch.bool)
+    is_pad[index.pad.cpu()] = True
+    is_pad = is_pad.view(num_windows, window_tokens)
+    padded = is_pad.any(1)
+    masked = torch.zeros_like(padded) if masked is None else masked.cpu().bool()
+    chunks: List[WindowChunk] = []
+    order: List[Tensor] = []
+    start = first_masked = 0
+    for kind_masked in (False, True):
+        if kind_masked:
+            first_masked = start
+        for kind_padded in (False, True):
+            group = torch.nonzero((masked == kind_masked) & (padded == kind_padded)).view(-1)
+            if not group.numel():
+                continue
+            wins = group.repeat(batch)                               # image-major
+            image = torch.arange(batch).repeat_interleave(group.numel()).unsqueeze(1)
+            rows = src[wins] + image * tokens                        # (B * G, N)
+            for part in chunk_slices(wins.numel(), windows_per_chunk):
+                chunk_rows, real = rows[part].reshape(-1), None
+                if kind_padded:
+                    real = torch.nonzero(~is_pad[wins[part]].reshape(-1)).view(-1)
+                    chunk_rows, real = chunk_rows[real], real.to(device)
+                chunks.append(WindowChunk(slice(start + part.start, start + part.stop),
+                                          chunk_rows.to(device), real))
+            order.append(wins)
+            start += wins.numel()
+    return WindowPlan(tuple(chunks), torch.cat(order).to(device), first_masked)
 
 
 def window_gather_index(hw: Tuple[int, int], window_size: Tuple[int, int],

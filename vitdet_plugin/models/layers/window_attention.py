@@ -10,10 +10,15 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from .attention import MASKED_LOGIT, Attention, combine_bias
+from .attention import MASKED_LOGIT, Attention, attend, combine_bias
 from .chunking import map_row_chunks, rows_per_chunk
 from .rel_pos import relative_position_index
 from .window import window_partition
+
+
+#: Inference biases kept per module: the plain and the masked one of the current size, and
+#: those of a second size when two alternate.
+BIAS_CACHE_ENTRIES = 4
 
 
 class WindowAttention(Attention):
@@ -37,7 +42,8 @@ class WindowAttention(Attention):
             torch.zeros((2 * wh - 1) * (2 * ww - 1), num_heads))
         self.register_buffer('relative_position_index',
                              relative_position_index(self.window_size), persistent=False)
-        self._cache: Dict[tuple, Tensor] = {}
+        self._cache: Dict[tuple, Tuple[Optional[Tensor], Tensor]] = {}
+        self._cache_state: Optional[tuple] = None
 
     def _cacheable(self) -> bool:
         return not (torch.is_grad_enabled() and self.relative_position_bias_table.requires_grad)
@@ -53,19 +59,27 @@ class WindowAttention(Attention):
         bias = table[self.relative_position_index.view(-1)].view(n, n, -1)
         return bias.permute(2, 0, 1).unsqueeze(0)
 
-    def window_bias(self, shift_mask: Optional[Tensor], batch: int) -> Tensor:
-        """Inference bias for ``batch`` windows: ``(1, heads, N, N)`` or, with a ``(nW, N, N)``
-        shift mask, ``(batch, heads, N, N)``; cached until the table changes."""
+    def window_bias(self, shift_mask: Optional[Tensor], batch: Optional[int] = None) -> Tensor:
+        """Inference bias: ``(1, heads, N, N)``, or with a ``(nW, N, N)`` shift mask
+        ``(nW, heads, N, N)`` repeated to ``batch`` windows (a multiple of ``nW``); cached
+        until the table changes (a few entries: the masks of the current feature size)."""
         table = self.relative_position_bias_table
-        key = (table._version, table.device, table.dtype, batch,
-               None if shift_mask is None else (shift_mask.data_ptr(), shift_mask.shape))
-        cached = self._cache.get(key)
-        if cached is None:
+        state = (table._version, table.device, table.dtype)
+        key = (None if shift_mask is None else (shift_mask.data_ptr(), shift_mask.shape),
+               batch)
+        if self._cache_state != state:
+            self._cache.clear()
+            self._cache_state = state
+        entry = self._cache.get(key)
+        if entry is None or entry[0] is not shift_mask:
             mask = None if shift_mask is None else shift_mask.unsqueeze(1)
-            cached = combine_bias(self.relative_position_bias(), mask, batch)
-            self._cache.clear()  # one entry per module: the current feature size
-            self._cache[key] = cached
-        return cached
+            batch = batch or (1 if mask is None else mask.shape[0])
+            bias = combine_bias(self.relative_position_bias(), mask, batch).contiguous()
+            while len(self._cache) >= BIAS_CACHE_ENTRIES:
+                self._cache.pop(next(iter(self._cache)))              # oldest first
+            # the entry holds the mask, so its address cannot be reused by another mask
+            entry = self._cache[key] = (shift_mask, bias)
+        return entry[1]
 
     def forward(self, x: Tensor, shift_mask: Optional[Tensor] = None) -> Tensor:  # type: ignore[override]
         """``x``: windows ``(B * nW, N, C)``; ``shift_mask``: ``(nW, N, N)`` additive or None."""
@@ -82,6 +96,34 @@ class WindowAttention(Attention):
         """Windows ``(W, N, C)`` with a ready bias ``(1 | W, heads, N, N)``, e.g. rows of
         :meth:`window_bias` for a chunk of windows."""
         return super().forward(x, bias)
+
+    def forward_tokens(self, x: Tensor, real: Optional[Tensor], windows: int,
+                       bias: Tensor) -> Tensor:
+        """Inference on the image tokens of ``windows`` windows, padding left implicit.
+
+        ``x``: ``(R, C)`` normalised image tokens in window order; ``real``: their positions
+        among the ``windows * N`` window tokens (None: no padding, ``R = windows * N``);
+        ``bias``: ``(1 | windows, heads, N, N)``. Padding tokens are zeros after the norm (the
+        detection semantics), so their ``qkv`` rows are just the ``qkv`` bias: they take part
+        as keys and values without a GEMM row, and their outputs are never projected.
+        Returns ``(R, C)``.
+        """
+        qkv = self.qkv(x)
+        if real is not None:
+            full = qkv.new_zeros(windows * self.window_tokens, qkv.shape[1])
+            if self.qkv.bias is not None:
+                full.copy_(self.qkv.bias.expand_as(full))
+            qkv = full.index_copy_(0, real, qkv)
+        q, k, v = self.split_heads(qkv.view(windows, self.window_tokens, -1))
+        out = attend(q, k, v, bias, fused=self.fused, scale=self.scale)
+        out = out.transpose(1, 2).reshape(-1, self.dim)              # (windows * N, C)
+        if real is not None:
+            out = out.index_select(0, real)
+        return self.proj(out)
+
+    @property
+    def window_tokens(self) -> int:
+        return self.window_size[0] * self.window_size[1]
 
     def windows_per_chunk(self, window_tokens: int, element_size: int = 4) -> int:
         """Windows per inference chunk (keeps the ``3C``-wide qkv temporary near
