@@ -5,7 +5,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .chunking import map_height_chunks
 from .window import to_2tuple
 
 
@@ -71,11 +70,9 @@ class PatchEmbed(nn.Module):
             x = F.pad(x, (0, pad_w, 0, pad_h))
         if self.stem is not None:
             x = self.stem(x)
-        x = self.proj(x).permute(0, 2, 3, 1)
-        if isinstance(self.norm, nn.Identity):
-            return x
-        if torch.is_grad_enabled():
-            return self.norm(x)
-        # inference: normalise in row chunks (no full-size NHWC copy of the conv output)
-        out = torch.empty_like(x, memory_format=torch.contiguous_format)
-        return map_height_chunks(self.norm, x, out)
+        # a channels-last weight makes the convolution write its output channels-last, so the
+        # (B, H, W, C) view below is contiguous: no NCHW -> NHWC reorder of the whole map
+        # (on CPU the NCHW output costs oneDNN a reorder of its own: ~4x the conv time)
+        weight = self.proj.weight.contiguous(memory_format=torch.channels_last)
+        x = F.conv2d(x, weight, self.proj.bias, self.proj.stride).permute(0, 2, 3, 1)
+        return self.norm(x)
