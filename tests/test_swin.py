@@ -189,6 +189,63 @@ def test_inplace_inference_path_across_sizes_and_threads(monkeypatch):
             assert_close_rel(out, references[i], tol=1e-5)
 
 
+@pytest.mark.parametrize('hw,window,shift', [((10, 17), (7, 7), (3, 3)), ((14, 14), (7, 7), (0, 0)),
+                                             ((9, 12), (5, 7), (2, 3))])
+def test_window_plan_covers_every_token_once_and_no_padding(hw, window, shift):
+    """The in-place path's window plan: every image token of every image is in exactly one
+    chunk (so the scatter-add residual hits each token once), padding is never gathered,
+    windows needing a mask come last, and the ``real`` positions place each token where
+    the reference partition puts it."""
+    from vitdet_plugin.models.layers import (padded_size, shifted_window_mask,
+                                             window_gather_index, window_partition, window_plan)
+    from vitdet_plugin.models.layers.window import pad_hw
+    batch, n = 2, window[0] * window[1]
+    index = window_gather_index(hw, window, shift)
+    masked = None
+    if any(shift):
+        mask = shifted_window_mask(padded_size(hw, window), window, shift)
+        masked = mask.flatten(1).ne(0).any(1)
+    plan = window_plan(index, batch, n, windows_per_chunk=3, masked=masked)
+    tokens = batch * hw[0] * hw[1]
+    rows = torch.cat([c.rows for c in plan.chunks])
+    assert torch.equal(rows.sort().values, torch.arange(tokens))
+    num_windows = index.fwd.numel() // n
+    assert sorted(plan.order.tolist()) == sorted(list(range(num_windows)) * batch)
+    # reference: token ids (+1, 0 = padding) laid out by pad -> roll -> partition
+    grid = torch.arange(1, tokens + 1).view(batch, *hw, 1)
+    grid, _ = pad_hw(grid, window)
+    grid = torch.roll(grid, (-shift[0], -shift[1]), (1, 2))
+    ref = window_partition(grid, window).view(batch, num_windows, n)
+    seen = 0
+    for chunk in plan.chunks:
+        assert chunk.windows.start == seen and chunk.windows.stop - chunk.windows.start <= 3
+        seen = chunk.windows.stop
+        wins = plan.order[chunk.windows]
+        expected = torch.stack([ref[:, w] for w in wins.tolist()])      # (W, B, N)
+        image = torch.div(chunk.rows, hw[0] * hw[1], rounding_mode='floor')
+        laid = torch.zeros(wins.numel() * n, dtype=torch.long)
+        real = torch.arange(wins.numel() * n) if chunk.real is None else chunk.real
+        laid[real] = chunk.rows + 1
+        for i in range(wins.numel()):
+            img = int(image[(real >= i * n) & (real < (i + 1) * n)][0])
+            assert torch.equal(laid[i * n:(i + 1) * n], expected[i, img])
+        if masked is not None:
+            assert bool(masked[wins].all()) == (chunk.windows.start >= plan.first_masked)
+            assert bool(masked[wins].any()) == (chunk.windows.start >= plan.first_masked)
+    assert seen == plan.order.numel()
+
+
+def test_inplace_path_alternating_transposed_sizes():
+    """Sizes whose shift masks have the same shape but different contents (H x W and W x H)
+    alternate: the cached biases must follow the mask, not its shape."""
+    model = randomize_(SwinBackbone(**SMALL, window_size=7)).eval()
+    a, b = torch.randn(1, 3, 56, 112), torch.randn(1, 3, 112, 56)
+    refs = [model(a), model(b)]
+    with torch.no_grad():
+        for x, ref in [(a, refs[0]), (b, refs[1])] * 2:
+            assert_close_rel(model(x), ref, tol=1e-5)
+
+
 def test_bias_cache_follows_parameter_updates():
     model = SwinBackbone(**SMALL).eval()
     x = torch.randn(1, 3, 64, 64)
