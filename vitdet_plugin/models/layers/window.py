@@ -121,7 +121,8 @@ def window_plan(index: WindowIndex, batch: int, window_tokens: int, windows_per_
         if kind_masked:
             first_masked = start
         for kind_padded in (False, True):
-            group = torch.nonzero((masked == kind_masked) & (padded == kind_padded)).view(-1)
+            group = torch.nonzero((masked if kind_masked else ~masked)
+                                  & (padded if kind_padded else ~padded)).view(-1)
             if not group.numel():
                 continue
             wins = group.repeat(batch)                               # image-major
