@@ -347,6 +347,17 @@ def test_training_fused_and_eager_agree_in_outputs_and_grads():
         assert max_rel_err(pa.grad, pb.grad) <= 1e-4, name
 
 
+def test_training_forward_runs_every_block_through_the_fused_kernel():
+    """With a trainable relative-position bias, the training forward must still take SDPA's
+    fused kernel in every block (the math path stores N x N probabilities and is slower)."""
+    model = randomize_(SwinBackbone(**SMALL, drop_path_rate=0.0)).train()
+    with torch.profiler.profile() as prof:
+        model(torch.randn(1, 3, 64, 96))
+    names = [e.name for e in prof.events()]
+    assert names.count('aten::_scaled_dot_product_flash_attention_for_cpu') == sum(model.depths)
+    assert 'aten::_scaled_dot_product_attention_math' not in names
+
+
 def test_conv_stem_shapes_contract_and_freezing():
     """An optional convolutional stem replaces part of the patch stride: same contract and
     ceil-division shapes at odd sizes, frozen with the patch embedding, trained otherwise."""

@@ -56,7 +56,9 @@ class _FusedAttentionRecompute(torch.autograd.Function):
                 scale: float) -> Tensor:
         ctx.scale = scale
         ctx.save_for_backward(q, k, v, bias, mask)
-        full = combine_bias(bias, mask, q.shape[0]).to(q.dtype)
+        # detached: SDPA picks its backend from requires_grad (grad mode aside), and a mask
+        # that requires grad would send it to the slow math path
+        full = combine_bias(bias.detach(), mask, q.shape[0]).to(q.dtype)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=full, scale=scale)
 
     @staticmethod
