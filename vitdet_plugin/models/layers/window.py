@@ -66,14 +66,52 @@ class WindowIndex(NamedTuple):
 
     def partition(self, tokens: Tensor, window_tokens: int) -> Tensor:
         """``(B, H * W, C)`` -> windows ``(B * nW, N, C)`` with zero padding."""
-        windows = tokens.index_select(1, self.fwd)
-        if self.pad.numel():
-            windows.index_fill_(1, self.pad, 0.0)
+        windows = _Partition.apply(tokens, self)
         return windows.view(-1, window_tokens, tokens.shape[-1])
 
     def reverse(self, windows: Tensor, batch: int) -> Tensor:
         """Windows ``(B * nW, N, C)`` -> ``(B, H * W, C)`` (shift and padding undone)."""
-        return windows.reshape(batch, -1, windows.shape[-1]).index_select(1, self.rev)
+        return _Reverse.apply(windows.reshape(batch, -1, windows.shape[-1]), self)
+
+    def gather(self, tokens: Tensor) -> Tensor:
+        """``(B, H * W, C)`` -> ``(B, nW * N, C)``, padding zeroed (no autograd graph)."""
+        windows = tokens.index_select(1, self.fwd)
+        if self.pad.numel():
+            windows.index_fill_(1, self.pad, 0.0)
+        return windows
+
+    def ungather(self, windows: Tensor) -> Tensor:
+        """``(B, nW * N, C)`` -> ``(B, H * W, C)``, padding dropped (no autograd graph)."""
+        return windows.index_select(1, self.rev)
+
+
+class _Partition(torch.autograd.Function):
+    """:meth:`WindowIndex.gather` whose backward is :meth:`WindowIndex.ungather`: every image
+    token sits at exactly one windowed position and padding is constant, so the gradient is a
+    gather too (autograd's own would zero-fill a buffer and scatter-add into it)."""
+
+    @staticmethod
+    def forward(ctx, tokens: Tensor, index: 'WindowIndex') -> Tensor:  # type: ignore[override]
+        ctx.index = index
+        return index.gather(tokens)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        return ctx.index.ungather(grad), None
+
+
+class _Reverse(torch.autograd.Function):
+    """:meth:`WindowIndex.ungather` whose backward is :meth:`WindowIndex.gather` (padding
+    positions do not reach the output, so their gradient is zero)."""
+
+    @staticmethod
+    def forward(ctx, windows: Tensor, index: 'WindowIndex') -> Tensor:  # type: ignore[override]
+        ctx.index = index
+        return index.ungather(windows)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        return ctx.index.gather(grad), None
 
 
 class WindowChunk(NamedTuple):
