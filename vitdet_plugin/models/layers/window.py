@@ -66,12 +66,12 @@ class WindowIndex(NamedTuple):
 
     def partition(self, tokens: Tensor, window_tokens: int) -> Tensor:
         """``(B, H * W, C)`` -> windows ``(B * nW, N, C)`` with zero padding."""
-        windows = _Partition.apply(tokens, self)
+        windows = _WindowGather.apply(tokens, self, False)
         return windows.view(-1, window_tokens, tokens.shape[-1])
 
     def reverse(self, windows: Tensor, batch: int) -> Tensor:
         """Windows ``(B * nW, N, C)`` -> ``(B, H * W, C)`` (shift and padding undone)."""
-        return _Reverse.apply(windows.reshape(batch, -1, windows.shape[-1]), self)
+        return _WindowGather.apply(windows.reshape(batch, -1, windows.shape[-1]), self, True)
 
     def gather(self, tokens: Tensor) -> Tensor:
         """``(B, H * W, C)`` -> ``(B, nW * N, C)``, padding zeroed (no autograd graph)."""
@@ -85,33 +85,22 @@ class WindowIndex(NamedTuple):
         return windows.index_select(1, self.rev)
 
 
-class _Partition(torch.autograd.Function):
-    """:meth:`WindowIndex.gather` whose backward is :meth:`WindowIndex.ungather`: every image
-    token sits at exactly one windowed position and padding is constant, so the gradient is a
+class _WindowGather(torch.autograd.Function):
+    """:meth:`WindowIndex.gather` (``inverse=False``) or :meth:`WindowIndex.ungather`
+    (``inverse=True``), whose backward is the other one: every image token sits at exactly one
+    windowed position and padding is constant (its gradient is zero), so the gradient is a
     gather too (autograd's own would zero-fill a buffer and scatter-add into it)."""
 
     @staticmethod
-    def forward(ctx, tokens: Tensor, index: 'WindowIndex') -> Tensor:  # type: ignore[override]
-        ctx.index = index
-        return index.gather(tokens)
+    def forward(ctx, x: Tensor, index: 'WindowIndex',  # type: ignore[override]
+                inverse: bool) -> Tensor:
+        ctx.index, ctx.inverse = index, inverse
+        return index.ungather(x) if inverse else index.gather(x)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        return ctx.index.ungather(grad), None
-
-
-class _Reverse(torch.autograd.Function):
-    """:meth:`WindowIndex.ungather` whose backward is :meth:`WindowIndex.gather` (padding
-    positions do not reach the output, so their gradient is zero)."""
-
-    @staticmethod
-    def forward(ctx, windows: Tensor, index: 'WindowIndex') -> Tensor:  # type: ignore[override]
-        ctx.index = index
-        return index.ungather(windows)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
-        return ctx.index.gather(grad), None
+        back = ctx.index.gather(grad) if ctx.inverse else ctx.index.ungather(grad)
+        return back, None, None
 
 
 class WindowChunk(NamedTuple):
