@@ -216,7 +216,8 @@ class SwinStage(nn.Module):
         backbone passes tensors it made itself); otherwise ``x`` is left untouched.
         """
         if not (self.training or torch.is_grad_enabled()):
-            x = self.forward_inplace_(x if consume_input else x.clone())
+            x = self.forward_inplace_(x if consume_input
+                                      else x.clone(memory_format=torch.contiguous_format))
             return x, (self.downsample(x) if self.downsample is not None else x)
         geom = self.geometry(x.shape[1:3], x.device)
         for blk in self.blocks:

@@ -65,19 +65,18 @@ class WindowAttention(Attention):
         until the table changes (a few entries: the masks of the current feature size)."""
         table = self.relative_position_bias_table
         state = (table._version, table.device, table.dtype)
-        key = (None if shift_mask is None else (shift_mask.data_ptr(), shift_mask.shape),
-               batch)
+        # keyed on the mask object; the entry holds the mask, so its id cannot be reused
+        key = (None if shift_mask is None else id(shift_mask), batch)
         if self._cache_state != state:
             self._cache.clear()
             self._cache_state = state
         entry = self._cache.get(key)
-        if entry is None or entry[0] is not shift_mask:
+        if entry is None:
             mask = None if shift_mask is None else shift_mask.unsqueeze(1)
             batch = batch or (1 if mask is None else mask.shape[0])
             bias = combine_bias(self.relative_position_bias(), mask, batch).contiguous()
             while len(self._cache) >= BIAS_CACHE_ENTRIES:
                 self._cache.pop(next(iter(self._cache)))              # oldest first
-            # the entry holds the mask, so its address cannot be reused by another mask
             entry = self._cache[key] = (shift_mask, bias)
         return entry[1]
 
