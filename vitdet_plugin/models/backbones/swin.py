@@ -25,8 +25,8 @@ from torch import Tensor, nn
 from ...weights.swin import load_swin_pretrained
 from .base import FreezeMixin
 from ..layers import (ConvStem, DropPath, Mlp, PatchEmbed, PatchMerging, WindowAttention,
-                      WindowIndex, WindowPlan, chunk_slices, linear_drop_path_rates,
-                      map_height_chunks, padded_size, residual_add, rows_per_chunk,
+                      WindowIndex, WindowPlan, chunk_slices, inference_fast_path,
+                      linear_drop_path_rates, map_height_chunks, padded_size, residual_add, rows_per_chunk,
                       shifted_window_mask, to_2tuple, window_gather_index, window_plan)
 
 #: ``arch`` presets: embed dims, depths and heads of the published Swin models.
@@ -212,10 +212,11 @@ class SwinStage(nn.Module):
     def forward(self, x: Tensor, consume_input: bool = False) -> Tuple[Tensor, Tensor]:
         """``(B, H, W, C)`` -> (stage output ``(B, H, W, C)``, input of the next stage).
 
-        ``consume_input``: at inference, ``x``'s storage may serve as the token buffer (the
-        backbone passes tensors it made itself); otherwise ``x`` is left untouched.
+        ``consume_input``: at inference (eval, no autograd, no autocast), ``x``'s storage may
+        serve as the token buffer (the backbone passes tensors it made itself); otherwise
+        ``x`` is left untouched.
         """
-        if not (self.training or torch.is_grad_enabled()):
+        if not self.training and inference_fast_path(x):
             x = self.forward_inplace_(x if consume_input
                                       else x.clone(memory_format=torch.contiguous_format))
             return x, (self.downsample(x) if self.downsample is not None else x)
@@ -463,7 +464,7 @@ def _norm_to_nchw(norm: nn.Module, x: Tensor) -> Tensor:
     Without autograd the rows are normalised in chunks written straight into the NCHW result,
     instead of materialising the normalised NHWC map first.
     """
-    if torch.is_grad_enabled():
+    if not inference_fast_path(x):
         return norm(x).permute(0, 3, 1, 2).contiguous()
     b, h, w, c = x.shape
     out = x.new_empty(b, c, h, w)

@@ -91,7 +91,8 @@ class ViTAttention(Attention):
             wh, ww = self.window_size
             qkv = qkv.index_select(1, index.fwd)                 # (B, nW * N, 3C), one copy
             if index.pad.numel():  # padded tokens: qkv of a zero token = the qkv bias
-                qkv[:, index.pad] = (self.qkv.bias if self.qkv.bias is not None else 0.0)
+                qkv[:, index.pad] = (self.qkv.bias.to(qkv.dtype) if self.qkv.bias is not None
+                                     else 0.0)  # autocast: qkv may be fp16 / bf16
         n = wh * ww
         qkv = qkv.view(-1, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]                       # (B * nW, heads, N, d)

@@ -1,8 +1,8 @@
 """Building blocks shared by the backbones and heads: one copy of each."""
 from .attention import (MASKED_LOGIT, Attention, attend, eager_attention,
                         register_fusable_attention, set_fused_attention)
-from .chunking import (chunk_rows, chunk_slices, map_height_chunks, map_row_chunks,
-                       rows_per_chunk)
+from .chunking import (chunk_rows, chunk_slices, inference_fast_path, map_height_chunks,
+                       map_row_chunks, rows_per_chunk)
 from .conv_stem import ConvStem
 from .cross_attention import MultiheadCrossAttention
 from .drop_path import DropPath, drop_path, linear_drop_path_rates
@@ -21,8 +21,8 @@ from .window_attention import WindowAttention, shifted_window_mask
 
 __all__ = [
     'MASKED_LOGIT', 'Attention', 'attend', 'eager_attention', 'register_fusable_attention',
-    'set_fused_attention', 'chunk_rows', 'chunk_slices', 'map_height_chunks', 'map_row_chunks',
-    'rows_per_chunk',
+    'set_fused_attention', 'chunk_rows', 'chunk_slices', 'inference_fast_path', 'map_height_chunks',
+    'map_row_chunks', 'rows_per_chunk',
     'ConvStem', 'MultiheadCrossAttention',
     'DropPath', 'drop_path', 'linear_drop_path_rates', 'rel_pos_attention', 'Mlp',
     'LayerNorm2d', 'masked_group_norm', 'PatchEmbed', 'PatchMerging',

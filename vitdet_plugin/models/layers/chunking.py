@@ -16,6 +16,14 @@ from torch import Tensor
 CHUNK_BYTES = 8 << 20
 
 
+def inference_fast_path(x: Tensor) -> bool:
+    """Whether the chunked / in-place inference paths may run on ``x``: no autograd graph is
+    being recorded and no autocast is active on ``x``'s device. Those paths write results
+    into buffers of the input's dtype; under autocast the plain path runs, so every op gets
+    autocast's dtype exactly as in eager PyTorch."""
+    return not torch.is_grad_enabled() and not torch.is_autocast_enabled(x.device.type)
+
+
 def rows_per_chunk(widest: int, element_size: int = 4) -> int:
     """Rows per chunk so that a ``(rows, widest)`` temporary stays near :data:`CHUNK_BYTES`."""
     return max(1, CHUNK_BYTES // max(1, widest * element_size))
@@ -44,7 +52,7 @@ def map_row_chunks(fn: Callable[..., Tensor], x: Tensor, rows: int, out_features
     chunked alongside (e.g. a per-window bias); the others are passed whole (broadcast).
     """
     n = x.shape[0]
-    if n <= rows or torch.is_grad_enabled():
+    if n <= rows or not inference_fast_path(x):
         return fn(x, *args)
     out = x.new_empty(*x.shape[:-1], out_features)
     for part in chunk_slices(n, rows):

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .chunking import map_row_chunks, rows_per_chunk
+from .chunking import inference_fast_path, map_row_chunks, rows_per_chunk
 
 
 class _GeluLinear(torch.autograd.Function):
@@ -62,7 +62,7 @@ class Mlp(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``(..., C)`` -> ``(..., out_features)``; inference runs over row chunks."""
-        if not torch.is_grad_enabled() and x.dim() >= 2:
+        if inference_fast_path(x) and x.dim() >= 2:
             flat = x.reshape(-1, x.shape[-1])
             rows = rows_per_chunk(self.fc1.out_features, x.element_size())
             out = map_row_chunks(self._forward, flat, rows, self.fc2.out_features)

@@ -1,11 +1,10 @@
 """Swin patch merging: 2x2 neighbourhood concat -> norm -> linear ``4C -> out``."""
 from typing import Optional
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .chunking import chunk_slices, rows_per_chunk
+from .chunking import chunk_slices, inference_fast_path, rows_per_chunk
 
 
 class PatchMerging(nn.Module):
@@ -34,7 +33,7 @@ class PatchMerging(nn.Module):
             x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
             h, w = h + h % 2, w + w % 2
         # (B, H/2, 2[h], W/2, 2[w], C) -> (B, H/2, W/2, 2[w], 2[h], C): the official order
-        if torch.is_grad_enabled():
+        if not inference_fast_path(x):
             return self._merge(x)
         # inference: output rows in chunks (no full-size 4C temporaries)
         out = x.new_empty(b, h // 2, w // 2, self.out_dim)

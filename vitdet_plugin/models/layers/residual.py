@@ -1,9 +1,10 @@
 """Residual connection."""
-import torch
 from torch import Tensor
+
+from .chunking import inference_fast_path
 
 
 def residual_add(x: Tensor, branch: Tensor) -> Tensor:
     """``x + branch``. Without autograd the sum is accumulated into ``branch``, which must be a
     fresh tensor (a block's branch output), saving one allocation per residual."""
-    return x + branch if torch.is_grad_enabled() else branch.add_(x)
+    return branch.add_(x) if inference_fast_path(x) else x + branch
