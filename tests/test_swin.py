@@ -1,8 +1,10 @@
 """SwinBackbone: shapes vs the declared contract, parity with mmdet and timm, training modes."""
+import copy
 import math
 
 import pytest
 import torch
+from torch import nn
 from helpers import assert_close_rel, max_rel_err, randomize_
 
 import vitdet_plugin  # noqa: F401
@@ -281,6 +283,40 @@ def test_bias_cache_follows_parameter_updates():
         again = model(x)
     assert max_rel_err(after[0], before[0]) > 1e-3
     assert_close_rel(again, after, tol=0)
+
+
+@pytest.mark.parametrize('change', ['data', 'assign', 'new_parameter', 'functional_call'])
+def test_bias_cache_follows_changes_autograd_does_not_count(change):
+    """Writes through ``.data`` (mmengine's EMA update and EMAHook's swap), a state dict loaded
+    with ``assign=True``, a replaced Parameter and ``functional_call`` leave the table's
+    version counter alone: the cached bias must follow them all the same."""
+    model = randomize_(SwinBackbone(**SMALL)).eval()
+    fresh = copy.deepcopy(model)
+    x = torch.randn(1, 3, 64, 64)
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    for k in sd:
+        if k.endswith('relative_position_bias_table'):
+            sd[k] = torch.randn_like(sd[k])
+    with torch.no_grad():
+        before = model(x)                    # fills the caches
+        if change == 'data':
+            for name, p in model.named_parameters():
+                p.data.copy_(sd[name])
+        elif change == 'assign':
+            model.load_state_dict(sd, assign=True)
+        elif change == 'new_parameter':
+            for name, m in model.named_modules():
+                if hasattr(m, 'relative_position_bias_table'):
+                    key = f'{name}.relative_position_bias_table'
+                    m.relative_position_bias_table = nn.Parameter(sd[key].clone())
+        if change == 'functional_call':
+            after = torch.func.functional_call(model, sd, (x, ))
+        else:
+            after = model(x)
+        fresh.load_state_dict(sd)
+        expected = fresh(x)
+    assert max_rel_err(expected[0], before[0]) > 1e-3
+    assert_close_rel(after, expected, tol=1e-6)
 
 
 def test_with_cp_same_outputs_and_grads():

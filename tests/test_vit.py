@@ -177,6 +177,22 @@ def test_parity_timm_samvit(img_size, use_abs_pos, sizes):
                 assert_close_rel(ours(x), expected, tol=1e-5)
 
 
+@pytest.mark.parametrize('size', [(128, 128), (96, 160)], ids=['stored-grid', 'resized'])
+def test_pos_embed_cache_follows_data_writes(size):
+    """A write through ``.data`` (mmengine's EMA) does not bump the version counter; the cached
+    (resized) position embedding must follow it anyway."""
+    model = randomize_(tiny_vit()).eval()
+    x = torch.randn(1, 3, *size)
+    with torch.no_grad():
+        before = model(x)
+        model.pos_embed.data.mul_(3.0)
+        after = model(x)
+        model._pos_cache = None
+        expected = model(x)
+    assert (after[0] - before[0]).abs().max() > 1e-3
+    assert_close_rel(after, expected, tol=0)
+
+
 def test_parity_timm_vit_all_global():
     ref = timm_vit.VisionTransformer(img_size=64, patch_size=16, embed_dim=48, depth=3,
                                      num_heads=3, class_token=False, global_pool='avg',

@@ -24,8 +24,8 @@ from torch import Tensor, nn
 
 from ...weights.common import resize_pos_grid
 from ...weights.vit import load_vit_pretrained
-from ..layers import (Attention, DropPath, Mlp, PatchEmbed, ResBottleneckBlock, WindowIndex,
-                      attend, decomposed_rel_pos_bias, decomposed_rel_pos_terms,
+from ..layers import (Attention, DropPath, Mlp, PatchEmbed, ResBottleneckBlock, TensorWatch,
+                      WindowIndex, attend, decomposed_rel_pos_bias, decomposed_rel_pos_terms,
                       linear_drop_path_rates, rel_pos_attention, residual_add, to_2tuple,
                       window_gather_index)
 from ..necks.simple_fpn import ViTSimpleFPN
@@ -323,7 +323,8 @@ class ViTBackbone(FreezeMixin, BaseModule):
             self.pos_embed = nn.Parameter(torch.zeros(1, n, self.embed_dims))
         else:
             self.register_parameter('pos_embed', None)
-        self._pos_cache: Optional[Tuple[tuple, Tensor]] = None
+        self._pos_cache: Optional[Tuple[tuple, Tensor]] = None   # (grid size, embedding)
+        self._pos_watch = TensorWatch()
         self._window_index_cache: Dict[tuple, WindowIndex] = {}
 
         full_grid = tuple(s // patch_size for s in to_2tuple(img_size))
@@ -407,15 +408,17 @@ class ViTBackbone(FreezeMixin, BaseModule):
         """The position embedding for an ``hw`` token grid, ``(1, h, w, C)`` (bicubic resize
         of the stored grid; cached while the parameter is unchanged and no grad is needed)."""
         pos = self.pos_embed
-        key = (hw, pos._version, pos.data_ptr(), pos.dtype, pos.device)
         cacheable = not (torch.is_grad_enabled() and pos.requires_grad)
-        if cacheable and self._pos_cache is not None and self._pos_cache[0] == key:
-            return self._pos_cache[1]
+        if cacheable:
+            if self._pos_watch.changed(pos):
+                self._pos_cache = None
+            elif self._pos_cache is not None and self._pos_cache[0] == hw:
+                return self._pos_cache[1]
         gh, gw = self.pretrain_grid
         grid = pos[:, self.num_pos_prefix:].reshape(1, gh, gw, -1)
         if (gh, gw) != tuple(hw):
             grid = resize_pos_grid(grid.permute(0, 3, 1, 2), hw).permute(0, 2, 3, 1)
-        self._pos_cache = (key, grid.detach()) if cacheable else None
+        self._pos_cache = (hw, grid.detach()) if cacheable else None
         return grid
 
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:

@@ -15,19 +15,21 @@ from .rel_pos import (decomposed_rel_pos_bias, decomposed_rel_pos_embeddings,
                       decomposed_rel_pos_terms, relative_position_index, resize_rel_pos)
 from .res_bottleneck import ResBottleneckBlock
 from .residual import residual_add
+from .tensor_watch import TensorWatch
 from .window import (WindowChunk, WindowIndex, WindowPlan, pad_hw, padded_size, to_2tuple,
                      window_gather_index, window_partition, window_plan, window_reverse)
 from .window_attention import WindowAttention, shifted_window_mask
 
 __all__ = [
     'MASKED_LOGIT', 'Attention', 'attend', 'eager_attention', 'register_fusable_attention',
-    'set_fused_attention', 'chunk_rows', 'chunk_slices', 'inference_fast_path', 'map_height_chunks',
-    'map_row_chunks', 'rows_per_chunk',
+    'set_fused_attention', 'chunk_rows', 'chunk_slices', 'inference_fast_path',
+    'map_height_chunks', 'map_row_chunks', 'rows_per_chunk',
     'ConvStem', 'MultiheadCrossAttention',
     'DropPath', 'drop_path', 'linear_drop_path_rates', 'rel_pos_attention', 'Mlp',
     'LayerNorm2d', 'masked_group_norm', 'PatchEmbed', 'PatchMerging',
     'decomposed_rel_pos_bias', 'decomposed_rel_pos_embeddings', 'decomposed_rel_pos_terms',
     'relative_position_index', 'resize_rel_pos', 'ResBottleneckBlock', 'residual_add',
+    'TensorWatch',
     'WindowChunk', 'WindowIndex', 'WindowPlan', 'pad_hw', 'padded_size', 'to_2tuple',
     'window_gather_index', 'window_partition', 'window_plan', 'window_reverse', 'WindowAttention',
     'shifted_window_mask',

@@ -2,8 +2,9 @@
 
 The relative-position index is a non-persistent buffer; the gathered ``(heads, N, N)`` bias and
 its sum with a shift mask are cached while they cannot change (no autograd graph is being
-recorded through the table), keyed on the table's version counter, so inference never
-rebuilds them and training always sees the current parameters.
+recorded through the table) and rebuilt whenever the table changes (see
+:class:`~.tensor_watch.TensorWatch`), so inference never rebuilds them and training always
+sees the current parameters.
 """
 from typing import Dict, Optional, Tuple
 
@@ -13,6 +14,7 @@ from torch import Tensor, nn
 from .attention import MASKED_LOGIT, Attention, attend, combine_bias
 from .chunking import map_row_chunks, rows_per_chunk
 from .rel_pos import relative_position_index
+from .tensor_watch import TensorWatch
 from .window import window_partition
 
 
@@ -43,7 +45,7 @@ class WindowAttention(Attention):
         self.register_buffer('relative_position_index',
                              relative_position_index(self.window_size), persistent=False)
         self._cache: Dict[tuple, Tuple[Optional[Tensor], Tensor]] = {}
-        self._cache_state: Optional[tuple] = None
+        self._table_watch = TensorWatch()
 
     def _cacheable(self) -> bool:
         return not (torch.is_grad_enabled() and self.relative_position_bias_table.requires_grad)
@@ -63,13 +65,10 @@ class WindowAttention(Attention):
         """Inference bias: ``(1, heads, N, N)``, or with a ``(nW, N, N)`` shift mask
         ``(nW, heads, N, N)`` repeated to ``batch`` windows (a multiple of ``nW``); cached
         until the table changes (a few entries: the masks of the current feature size)."""
-        table = self.relative_position_bias_table
-        state = (table._version, table.device, table.dtype)
         # keyed on the mask object; the entry holds the mask, so its id cannot be reused
         key = (None if shift_mask is None else id(shift_mask), batch)
-        if self._cache_state != state:
+        if self._table_watch.changed(self.relative_position_bias_table):
             self._cache.clear()
-            self._cache_state = state
         entry = self._cache.get(key)
         if entry is None:
             mask = None if shift_mask is None else shift_mask.unsqueeze(1)
@@ -130,12 +129,16 @@ class WindowAttention(Attention):
         return rows_per_chunk(3 * self.dim * window_tokens, element_size)
 
     def train(self, mode: bool = True) -> 'WindowAttention':
-        self._cache.clear()
+        self._clear_cache()
         return super().train(mode)
 
     def _apply(self, fn, recurse: bool = True):  # device/dtype moves invalidate the cache
-        self._cache.clear()
+        self._clear_cache()
         return super()._apply(fn, recurse)
+
+    def _clear_cache(self) -> None:
+        self._cache.clear()
+        self._table_watch.reset()
 
     def extra_repr(self) -> str:
         return f'window_size={self.window_size}, ' + super().extra_repr()
