@@ -55,6 +55,36 @@ def test_rng_state_roundtrip_is_weights_only_loadable(tmp_path):
     assert (random.random(), np.random.rand(3).tolist(), torch.rand(3).tolist()) == ref
 
 
+@pytest.mark.parametrize('numpy_module', ['numpy._core', 'numpy.core'], ids=['numpy2', 'numpy1'])
+def test_checkpoint_written_by_either_numpy_loads_weights_only(tmp_path, numpy_module):
+    """A message hub pickled by numpy 1.x names ``numpy.core.multiarray``, one pickled by
+    numpy 2 ``numpy._core.multiarray``: both load with weights_only, whichever is installed."""
+    import zipfile
+
+    from mmengine.logging import MessageHub
+
+    from vitdet_plugin.engine.checkpoint import safe_load_from_local
+    hub = MessageHub.get_instance('numpy-names')
+    hub.update_scalar('train/loss', 1.5)
+    written = tmp_path / 'written.pth'
+    torch.save({'state_dict': {'w': torch.ones(1)}, 'message_hub': hub.state_dict()}, written)
+    path = tmp_path / 'ckpt.pth'
+    with zipfile.ZipFile(written) as src, zipfile.ZipFile(path, 'w') as dst:
+        for item in src.infolist():
+            data = src.read(item.filename)
+            if item.filename.endswith('data.pkl'):  # the module names as that numpy writes them
+                data = data.replace(b'numpy._core.multiarray\n', b'numpy.core.multiarray\n')
+                data = data.replace(b'numpy.core.multiarray\n',
+                                    numpy_module.encode() + b'.multiarray\n')
+            dst.writestr(item, data)
+    assert (numpy_module + '.multiarray').encode() in zipfile.ZipFile(path).read(
+        next(n for n in zipfile.ZipFile(path).namelist() if n.endswith('data.pkl')))
+    ckpt = safe_load_from_local(str(path))
+    restored = MessageHub.get_instance('numpy-names-restored')
+    restored.load_state_dict(ckpt['message_hub'])
+    assert restored.get_scalar('train/loss').current() == 1.5
+
+
 def test_exact_resume_matches_uninterrupted_run(data_root, tmp_path):
     full_losses, full_state = _train(data_root, str(tmp_path / 'full'), 'full')
     assert sorted(full_losses) == list(range(1, N_ITERS + 1))

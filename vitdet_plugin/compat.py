@@ -83,14 +83,18 @@ def mmengine_safe_globals() -> List[object]:
     safe: List[object] = [HistoryBuffer, np.ndarray, np.dtype,
                           (_history_buffer_getattr, 'builtins.getattr')]
     # numpy pickles arrays through ``_reconstruct`` and scalars through ``scalar``; the module
-    # moved from numpy.core to numpy._core in numpy 2.
+    # moved from numpy.core to numpy._core in numpy 2, and a checkpoint names the module of the
+    # numpy that wrote it: allow both names, whichever numpy is installed
+    multiarray = None
     for modname in ('numpy._core.multiarray', 'numpy.core.multiarray'):
         try:
-            mod = __import__(modname, fromlist=['_reconstruct', 'scalar'])
+            multiarray = __import__(modname, fromlist=['_reconstruct', 'scalar'])
+            break
         except ImportError:
             continue
-        safe += [mod._reconstruct, mod.scalar]
-        break
+    if multiarray is not None:
+        safe += [(getattr(multiarray, fn), f'{modname}.multiarray.{fn}')
+                 for modname in ('numpy._core', 'numpy.core') for fn in ('_reconstruct', 'scalar')]
     # dtypes are pickled by their class (numpy >= 1.25: numpy.dtypes.Float64DType, ...)
     dtypes = getattr(np, 'dtypes', None)
     if dtypes is not None:
