@@ -319,6 +319,23 @@ def test_bias_cache_follows_changes_autograd_does_not_count(change):
     assert_close_rel(after, expected, tol=1e-6)
 
 
+@pytest.mark.parametrize('frozen', [-1, 4])
+@pytest.mark.parametrize('train', [True, False], ids=['train', 'eval'])
+def test_autograd_forward_after_inference_mode_at_the_same_size(train, frozen):
+    """Caches filled under ``torch.inference_mode()`` (windowing, shift mask, bias) are reused
+    by a later forward + backward at that size: they must not be inference tensors."""
+    model = randomize_(SwinBackbone(**SMALL, frozen_stages=frozen, drop_path_rate=0.0))
+    model.train(train)
+    x = torch.randn(2, 3, 61, 75)
+    with torch.inference_mode():
+        expected = model(x)
+    x = x.requires_grad_()
+    outs = model(x)
+    sum(o.sum() for o in outs).backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+    assert_close_rel(outs, expected, tol=1e-5)
+
+
 def test_with_cp_same_outputs_and_grads():
     torch.manual_seed(0)
     a = randomize_(SwinBackbone(**SMALL, drop_path_rate=0.0))

@@ -193,6 +193,16 @@ def test_pos_embed_cache_follows_data_writes(size):
     assert_close_rel(after, expected, tol=0)
 
 
+def test_autograd_forward_after_inference_mode_at_the_same_size():
+    model = randomize_(tiny_vit(frozen_stages=2)).train()
+    x = torch.randn(1, 3, 96, 160)
+    with torch.inference_mode():
+        model(x)
+    x = x.requires_grad_()
+    sum(o.sum() for o in model(x)).backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
 def test_parity_timm_vit_all_global():
     ref = timm_vit.VisionTransformer(img_size=64, patch_size=16, embed_dim=48, depth=3,
                                      num_heads=3, class_token=False, global_pool='avg',

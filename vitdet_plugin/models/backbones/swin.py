@@ -153,6 +153,7 @@ class SwinStage(nn.Module):
         self._geometry_cache: Dict[tuple, WindowGeometry] = {}
         self._plan_cache: Dict[tuple, InferencePlans] = {}
 
+    @torch.inference_mode(False)  # cached for later autograd forwards too
     def geometry(self, hw: Tuple[int, int], device: torch.device) -> WindowGeometry:
         """Cached windowing (gather indices, shift mask) of an ``(H, W)`` map."""
         key = (tuple(hw), device)
@@ -171,6 +172,7 @@ class SwinStage(nn.Module):
             self._geometry_cache[key] = geom
         return geom
 
+    @torch.inference_mode(False)
     def window_plans(self, hw: Tuple[int, int], batch: int, device: torch.device,
                      windows_per_chunk: int) -> InferencePlans:
         """Inference walk over the (plain, shifted) windows of ``batch`` images of size

@@ -392,6 +392,7 @@ class ViTBackbone(FreezeMixin, BaseModule):
             else []
 
     # ------------------------------------------------------------------ forward
+    @torch.inference_mode(False)  # cached for later autograd forwards too
     def window_index(self, hw: Tuple[int, int], device: torch.device) -> WindowIndex:
         """Gather indices that pad and partition an ``hw`` token grid into windows (and
         back), cached per grid size and device."""
