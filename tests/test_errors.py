@@ -19,6 +19,7 @@ from dist_worker import make_data, tiny_cfg
 from vitdet_plugin.datasets import DatasetNotFoundError, check_data
 from vitdet_plugin.engine.hooks import NonFiniteCheckHook, NonFiniteError
 from vitdet_plugin.models.backbones.swin import SwinBackbone
+from vitdet_plugin.models.backbones.vit import ViTBackbone
 
 TINY = dict(arch=dict(embed_dims=16, depths=(1, 1), num_heads=(1, 2)), window_size=4,
             out_indices=(0, 1))
@@ -67,7 +68,14 @@ def test_swin_bad_input_tensor(shape, match):
     (dict(frozen_stages=3), ValueError, r'frozen_stages=3 must be in -1\.\.2'),
     (dict(frozen_stages=-2), ValueError, r'frozen_stages=-2 must be in -1\.\.2'),
     (dict(in_channels=0), ValueError, r'in_channels must be positive, got 0'),
-    (dict(patch_size=0), ValueError, r'patch_size must be positive, got 0'),
+    (dict(patch_size=0), ValueError, r'patch_size must be a positive int'),
+    (dict(patch_size=(4, 4)), ValueError, r'patch_size must be a positive int .*got \(4, 4\)'),
+    (dict(window_size=7.0), ValueError, r'window_size must be an int or a pair .*got 7\.0'),
+    (dict(window_size='7'), ValueError, r"window_size must be an int or a pair .*got '7'"),
+    (dict(frozen_stages=None), TypeError, r'frozen_stages must be an int in -1\.\.2, got None'),
+    (dict(mlp_ratio=0), ValueError, r'mlp_ratio must be positive, got 0'),
+    (dict(attn_drop_rate=-0.1), ValueError, r'attn_drop_rate must be in \[0, 1\), got -0\.1'),
+    (dict(drop_path_rate=1.0), ValueError, r'drop_path_rate must be in \[0, 1\), got 1\.0'),
     (dict(strides=(4, 4)), ValueError, r'strides=\(4, 4\) is not supported: Swin uses the '
                                        r'patch size then 2x patch merging, i\.e\. \(4, 2\)'),
     (dict(pretrained='a.pth', init_cfg=dict(type='Pretrained', checkpoint='b.pth')),
@@ -93,13 +101,34 @@ VIT = dict(arch=dict(embed_dims=32, depth=2, num_heads=2), img_size=32, patch_si
     (dict(frozen_stages=3), r'frozen_stages=3 must be in -1\.\.2'),
 ])
 def test_vit_bad_arguments(kw, match):
-    from vitdet_plugin.models.backbones.vit import ViTBackbone
     with pytest.raises(ValueError, match=match):
         ViTBackbone(**{**VIT, **kw})
 
 
+@pytest.mark.parametrize('dtype, match', [
+    (torch.uint8, r'input has dtype torch\.uint8; the model takes normalised floating point '
+                  r'images: convert with x\.float\(\)'),
+    (torch.float64, r'input dtype torch\.float64 differs from the model dtype torch\.float32; '
+                    r'convert one of them'),
+])
+@pytest.mark.parametrize('backbone', ['swin', 'vit'])
+def test_bad_input_dtype(backbone, dtype, match):
+    model = _swin() if backbone == 'swin' else ViTBackbone(**VIT)
+    x = (torch.rand(1, 3, 32, 32) * 255).to(dtype)
+    with pytest.raises(TypeError, match=match):
+        model(x)
+
+
+def test_out_indices_in_any_order_follow_the_declared_contract():
+    model = _swin(out_indices=(1, 0)).eval()
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, 64, 64))
+    assert model.out_indices == (0, 1)
+    assert [o.shape[1] for o in outs] == list(model.out_channels)
+    assert [64 // o.shape[-1] for o in outs] == list(model.out_strides)
+
+
 def test_vit_bad_input_channels():
-    from vitdet_plugin.models.backbones.vit import ViTBackbone
     with pytest.raises(ValueError, match=r'input has 1 channels but the model was built with '
                                          r'in_channels=3'):
         ViTBackbone(**VIT)(torch.zeros(1, 1, 32, 32))

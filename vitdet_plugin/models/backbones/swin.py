@@ -351,21 +351,37 @@ class SwinBackbone(FreezeMixin, BaseModule):
                                  f'embed_dims * 2**stage')
         if in_channels <= 0:
             raise ValueError(f'in_channels must be positive, got {in_channels}')
-        if patch_size <= 0:
-            raise ValueError(f'patch_size must be positive, got {patch_size}')
-        self.window_size = to_2tuple(window_size)
+        if not isinstance(patch_size, int) or isinstance(patch_size, bool) or patch_size <= 0:
+            raise ValueError(f'patch_size must be a positive int (the first output stride), '
+                             f'got {patch_size!r}')
+        self.window_size = to_2tuple(window_size, 'window_size')
         if min(self.window_size) <= 0:
             raise ValueError(f'window_size must be positive, got {window_size!r}')
         expected_strides = (patch_size,) + (2,) * (num_stages - 1)
         if strides is not None and tuple(strides) != expected_strides:
             raise ValueError(f'strides={tuple(strides)} is not supported: Swin uses the patch '
                              f'size then 2x patch merging, i.e. {expected_strides}')
+        if isinstance(out_indices, int):
+            out_indices = (out_indices, )
         out_indices = tuple(int(i) for i in out_indices)
         if not out_indices or any(not 0 <= i < num_stages for i in out_indices):
             raise ValueError(f'out_indices={out_indices} must be a non-empty subset of stage '
                              f'indices 0..{num_stages - 1}')
         if len(set(out_indices)) != len(out_indices):
             raise ValueError(f'out_indices={out_indices} has duplicates')
+        # outputs come in stage order (as mmdet's), and so does the declared contract
+        out_indices = tuple(sorted(out_indices))
+        if not isinstance(frozen_stages, int) or isinstance(frozen_stages, bool):
+            raise TypeError(f'frozen_stages must be an int in -1..{num_stages}, got '
+                            f'{frozen_stages!r}')
+        if self.embed_dims <= 0:
+            raise ValueError(f'embed_dims must be positive, got {self.embed_dims}')
+        if mlp_ratio <= 0:
+            raise ValueError(f'mlp_ratio must be positive, got {mlp_ratio}')
+        for name, rate in (('drop_rate', drop_rate), ('attn_drop_rate', attn_drop_rate),
+                           ('drop_path_rate', drop_path_rate)):
+            if not 0 <= rate < 1:
+                raise ValueError(f'{name} must be in [0, 1), got {rate}')
         if not -1 <= frozen_stages <= num_stages:
             raise ValueError(f'frozen_stages={frozen_stages} must be in -1..{num_stages} '
                              '(-1: train all, 0: patch embedding, k: also the first k stages)')

@@ -290,9 +290,7 @@ class ViTBackbone(FreezeMixin, BaseModule):
                                                spec['global_attn_indexes'], self.depth)
         self.residual_block_indexes = _index_list('residual_block_indexes',
                                                   residual_block_indexes, self.depth)
-        if not isinstance(window_size, int) and len(tuple(window_size)) != 2:
-            raise ValueError(f'window_size must be an int or (h, w), got {window_size!r}')
-        self.window_size = to_2tuple(window_size)
+        self.window_size = to_2tuple(window_size, 'window_size')
         if min(self.window_size) <= 0:
             raise ValueError(f'window_size must be positive, got {window_size!r}; for global '
                              'attention in every block list all blocks in global_attn_indexes')

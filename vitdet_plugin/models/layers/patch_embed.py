@@ -61,6 +61,15 @@ class PatchEmbed(nn.Module):
         if h == 0 or w == 0 or b == 0:
             raise ValueError(f'input has an empty dimension: shape {tuple(x.shape)}; B, H and W '
                              'must be at least 1')
+        if not x.is_floating_point():
+            raise TypeError(f'input has dtype {x.dtype}; the model takes normalised floating '
+                            f'point images: convert with x.float() (and normalise, e.g. with '
+                            f"the detector's data_preprocessor)")
+        weight_dtype = self.proj.weight.dtype
+        if x.dtype != weight_dtype and not torch.is_autocast_enabled(x.device.type):
+            raise TypeError(f'input dtype {x.dtype} differs from the model dtype '
+                            f'{weight_dtype}; convert one of them (x.to({weight_dtype}) or '
+                            f'model.to({x.dtype})) or run under torch.autocast')
         ph, pw = self.patch_size
         pad_h, pad_w = (ph - h % ph) % ph, (pw - w % pw) % pw
         if pad_h or pad_w:

@@ -1,4 +1,5 @@
 """Window partition / reverse and padding helpers shared by the Swin and ViT backbones."""
+import numbers
 from typing import List, NamedTuple, Optional, Tuple
 
 import torch
@@ -8,14 +9,19 @@ from torch import Tensor
 from .chunking import chunk_slices
 
 
-def to_2tuple(value) -> Tuple[int, int]:
-    """``7 -> (7, 7)``; ``(7, 9) -> (7, 9)``."""
-    if isinstance(value, int):
-        return (value, value)
-    value = tuple(int(v) for v in value)
-    if len(value) != 2:
-        raise ValueError(f'expected an int or a pair of ints, got {value!r}')
-    return value  # type: ignore[return-value]
+def to_2tuple(value, name: str = 'value') -> Tuple[int, int]:
+    """``7 -> (7, 7)``; ``(7, 9) -> (7, 9)``; anything else (floats, strings, other lengths)
+    raises a ``ValueError`` naming what was given."""
+    def is_int(v) -> bool:
+        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+    if is_int(value):
+        return (int(value), int(value))
+    if (isinstance(value, (tuple, list)) and len(value) == 2
+            and all(is_int(v) for v in value)):
+        return (int(value[0]), int(value[1]))
+    raise ValueError(f'{name} must be an int or a pair of ints (h, w), got {value!r} '
+                     f'({type(value).__name__})')
 
 
 def padded_size(hw: Tuple[int, int], multiple: Tuple[int, int]) -> Tuple[int, int]:
