@@ -188,9 +188,54 @@ def test_malicious_checkpoint_is_refused_and_nothing_runs(tmp_path):
     with open(path, 'wb') as f:
         pickle.dump({'state_dict': {'x': _Payload()}}, f)
     model = _ours(init_cfg=dict(type='Pretrained', checkpoint=path))
-    with pytest.raises(CheckpointError, match='refused to load .*could run arbitrary code'):
+    # a raw pickle is no torch.save file; the weights-only reader stops before any object
+    with pytest.raises(CheckpointError, match=r"cannot read .*evil\.pth' as a checkpoint .*"
+                                              r'Nothing in it was executed'):
         model.init_weights()
     assert not os.path.exists(marker)
+    torch.save({'state_dict': {'x': _Payload()}}, path)     # the objects inside a torch.save file
+    with pytest.raises(CheckpointError, match=r'refused to load .*evil\.pth.*not on the '
+                                              r'weights_only allow-list.*could run arbitrary'):
+        model.init_weights()
+    assert not os.path.exists(marker)
+
+
+@pytest.mark.parametrize('content, match', [
+    (b'', r'is empty'),
+    (b'hello world\n' * 8, r"cannot read .* as a checkpoint \(KeyError"),
+    (bytes(range(256)) * 4, r'cannot read .* as a checkpoint'),
+])
+def test_unreadable_checkpoint_files_are_named(tmp_path, content, match):
+    path = tmp_path / 'bad.pth'
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError, match=match):
+        _ours(init_cfg=dict(type='Pretrained', checkpoint=path)).init_weights()
+
+
+def test_checkpoint_path_forms(tmp_path, monkeypatch):
+    """pathlib paths, ``~`` and .safetensors files load; an unreachable URL names the cache
+    path where the file can be placed by hand (then it loads without a network)."""
+    from safetensors.torch import save_file
+    src = randomize_(_ours())
+    sd = {k: v.contiguous() for k, v in src.state_dict().items()}
+    torch.save(sd, tmp_path / 'a.pth')
+    save_file(sd, str(tmp_path / 'a.safetensors'))
+    monkeypatch.setenv('HOME', str(tmp_path))
+    monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch'))
+    for ckpt in (tmp_path / 'a.pth', '~/a.pth', tmp_path / 'a.safetensors'):
+        model = _ours(init_cfg=dict(type='Pretrained', checkpoint=ckpt))
+        model.init_weights()
+        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                     src.state_dict().values())), ckpt
+    url = 'http://127.0.0.1:9/swin_tiny.pth'
+    cached = tmp_path / 'torch' / 'hub' / 'checkpoints' / 'swin_tiny.pth'
+    with pytest.raises(CheckpointError, match=r'cannot download checkpoint .*place it at '
+                                              + re.escape(repr(str(cached)))):
+        _ours(init_cfg=dict(type='Pretrained', checkpoint=url)).init_weights()
+    cached.write_bytes((tmp_path / 'a.pth').read_bytes())
+    model = _ours(init_cfg=dict(type='Pretrained', checkpoint=url))
+    model.init_weights()
+    assert torch.equal(model.patch_embed.proj.weight, src.patch_embed.proj.weight)
 
 
 def test_official_checkpoint_into_a_conv_stem_model_names_the_stem_keys():

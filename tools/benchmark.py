@@ -138,7 +138,7 @@ def build_swin_models(arch: str, img_size: Tuple[int, int], with_cp: bool) -> Di
 
     import vitdet_plugin  # noqa: F401
     from vitdet_plugin.models.backbones.swin import SWIN_ARCHS, SwinBackbone
-    from vitdet_plugin.weights.swin import convert_swin, swin_to_mmdet
+    from vitdet_plugin.weights.swin import swin_to_mmdet
     spec = SWIN_ARCHS[arch]
     ours = SwinBackbone(arch=arch, drop_path_rate=0.0, with_cp=with_cp)
     ours.init_weights()

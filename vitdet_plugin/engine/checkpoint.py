@@ -20,16 +20,14 @@ file and the refused object (nothing is executed).
 """
 import os
 import os.path as osp
-import pickle
 from typing import Any, Optional
 
-import torch
 from mmengine.dist import is_main_process
 from mmengine.hooks import CheckpointHook
 from mmengine.registry import HOOKS
 from mmengine.runner.checkpoint import CheckpointLoader
 
-from ..weights.common import CheckpointError
+from ..weights.common import torch_load_weights_only
 
 #: suffix of the partial file a save writes before the atomic rename
 TMP_SUFFIX = '.tmp'
@@ -141,20 +139,7 @@ def safe_load_from_local(filename: str, map_location: Any = None) -> Any:
     if not osp.isfile(filename):
         raise FileNotFoundError(f'checkpoint file {filename!r} does not exist; check '
                                 '--resume / load_from / the checkpoint path')
-    try:
-        return torch.load(filename, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        # torch names the refused object on the line after 'WeightsUnpickler error:'
-        after = [lines[i + 1] for i, ln in enumerate(lines[:-1])
-                 if ln.endswith('WeightsUnpickler error:')]
-        detail = next((ln for ln in lines if 'GLOBAL' in ln),
-                      after[0] if after else (lines[0] if lines else repr(e)))
-        raise CheckpointError(
-            f'refused to load checkpoint {filename!r}: it contains Python objects that are '
-            f'not on the weights_only allow-list ({detail}); unpickling it could run '
-            'arbitrary code, so nothing was loaded or executed. Load only checkpoints you '
-            'trust; re-save a trusted one as tensors and plain containers.') from e
+    return torch_load_weights_only(filename, map_location)
 
 
 def install_safe_checkpoint_loader() -> None:

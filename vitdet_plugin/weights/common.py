@@ -9,8 +9,10 @@ import logging
 import os
 import pickle
 import re
+import urllib.parse
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple, Union
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -22,23 +24,135 @@ class CheckpointError(ValueError):
     """A checkpoint cannot be used: unsafe, unrecognised, or not matching the model."""
 
 
-def load_checkpoint_file(path: Union[str, os.PathLike], map_location: str = 'cpu') -> dict:
-    """Read a checkpoint with ``weights_only=True``; clear errors for missing or unsafe files."""
+#: The only globals a detectron2 model-zoo ``.pkl`` (numpy arrays in dicts) may reference.
+_PICKLE_SAFE_GLOBALS = frozenset({
+    ('numpy.core.multiarray', '_reconstruct'), ('numpy._core.multiarray', '_reconstruct'),
+    ('numpy.core.multiarray', 'scalar'), ('numpy._core.multiarray', 'scalar'),
+    ('numpy', 'ndarray'), ('numpy', 'dtype'), ('collections', 'OrderedDict')})
+
+_URL = re.compile(r'^https?://', re.IGNORECASE)
+
+
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) in _PICKLE_SAFE_GLOBALS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f'global {module}.{name} is not allowed')
+
+
+def resolve_checkpoint_path(path: Union[str, os.PathLike]) -> str:
+    """A local file for ``path``: ``~`` expanded; an ``http(s)://`` URL downloaded once into
+    torch hub's checkpoint cache (``$TORCH_HOME/hub/checkpoints``, as mmengine does)."""
     path = os.fspath(path)
+    if _URL.match(path):
+        cache = os.path.join(torch.hub.get_dir(), 'checkpoints')
+        local = os.path.join(cache, os.path.basename(urllib.parse.urlparse(path).path))
+        if not os.path.isfile(local):
+            os.makedirs(cache, exist_ok=True)
+            try:
+                torch.hub.download_url_to_file(path, local, progress=False)
+            except Exception as e:  # network errors come in many types
+                raise CheckpointError(
+                    f'cannot download checkpoint {path!r} ({type(e).__name__}: {e}); download '
+                    f'it yourself and give the local path, or place it at {local!r}') from e
+        return local
+    path = os.path.expanduser(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f'checkpoint file {path!r} does not exist; check the path given as '
             f"init_cfg=dict(type='Pretrained', checkpoint=...) or on the command line")
+    return path
+
+
+def load_checkpoint_file(path: Union[str, os.PathLike], map_location: str = 'cpu') -> dict:
+    """Read a checkpoint safely: a local path or URL (see :func:`resolve_checkpoint_path`);
+    ``.pth``/``.pt``/``.bin`` through ``torch.load(weights_only=True)``, a detectron2
+    model-zoo ``.pkl`` through an unpickler that admits only numpy arrays and plain
+    containers. Clear errors for missing, empty, unreadable or unsafe files."""
+    path = resolve_checkpoint_path(path)
+    if os.path.getsize(path) == 0:
+        raise CheckpointError(f'checkpoint file {path!r} is empty (an interrupted download or '
+                              'save?); fetch or save it again')
+    if path.endswith('.pkl'):
+        return load_numpy_pickle(path)
+    if path.endswith('.safetensors'):
+        return load_safetensors(path, map_location)
+    return torch_load_weights_only(path, map_location)
+
+
+def torch_load_weights_only(path: str, map_location=None):
+    """``torch.load(path, weights_only=True)`` with errors that say what is wrong: a refused
+    (unsafe) object is named; a file that is no ``torch.save`` pickle is called that."""
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        refused = next((ln for ln in lines if 'GLOBAL' in ln), None)
+        if refused is None:  # not a pickle torch.save wrote (garbage, another format)
+            # torch names the problem on the line after 'WeightsUnpickler error:'
+            after = [lines[i + 1] for i, ln in enumerate(lines[:-1])
+                     if ln.endswith('WeightsUnpickler error:')]
+            raise _not_a_checkpoint(path, e, after[0] if after else None) from e
         raise CheckpointError(
-            f'refused to load {path!r}: it contains Python objects other than tensors and '
-            f'plain containers, and loading it could run arbitrary code (torch.load with '
-            f'weights_only=True said: {str(e).splitlines()[0]}). Load only checkpoints you '
-            f'trust; re-save a trusted one as a plain state dict of tensors.') from e
-    except (RuntimeError, EOFError, OSError) as e:
-        raise CheckpointError(f'cannot read checkpoint {path!r}: {e}') from e
+            f'refused to load checkpoint {path!r}: it contains Python objects that are not on '
+            f'the weights_only allow-list ({refused}); unpickling it could run arbitrary code, '
+            f'so nothing was loaded or executed. Load only checkpoints you trust; re-save a '
+            f'trusted one as tensors and plain containers.') from e
+    except Exception as e:  # garbage makes torch.load fail in many ways (KeyError, EOF, ...)
+        raise _not_a_checkpoint(path, e) from e
+
+
+def load_numpy_pickle(path: Union[str, os.PathLike]) -> dict:
+    """Read a detectron2 model-zoo ``.pkl`` (``{'model': {name: ndarray}}``) safely: only
+    numpy arrays and plain containers are accepted, arrays become tensors."""
+    path = resolve_checkpoint_path(path)
+    try:
+        with open(path, 'rb') as f:
+            obj = _NumpyOnlyUnpickler(f, encoding='latin1').load()
+    except pickle.UnpicklingError as e:
+        if 'is not allowed' not in str(e):
+            raise _not_a_checkpoint(path, e) from e
+        raise CheckpointError(f'refused to load {path!r}: a .pkl checkpoint may hold only numpy '
+                              f'arrays and plain containers ({e}); load only checkpoints you '
+                              'trust') from e
+    except Exception as e:  # not a pickle, or a truncated one
+        raise _not_a_checkpoint(path, e) from e
+
+    def to_tensors(x):
+        if isinstance(x, np.ndarray):
+            return torch.from_numpy(np.ascontiguousarray(x))
+        if isinstance(x, dict):
+            return {k: to_tensors(v) for k, v in x.items()}
+        return x
+    return to_tensors(obj)
+
+
+def load_safetensors(path: Union[str, os.PathLike], map_location: str = 'cpu') -> dict:
+    """Read a ``.safetensors`` file (tensors only by design; e.g. timm's hub checkpoints).
+    Needs the ``safetensors`` package (installed with timm)."""
+    path = resolve_checkpoint_path(path)
+    try:
+        from safetensors.torch import load_file
+    except ImportError as e:
+        raise CheckpointError(f'{path!r} is a safetensors file; install the safetensors '
+                              'package (pip install safetensors) to read it') from e
+    try:
+        return load_file(path, device=str(map_location))
+    except Exception as e:  # safetensors raises its own SafetensorError
+        raise _not_a_checkpoint(path, e) from e
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _not_a_checkpoint(path: str, e: BaseException,
+                      detail: Optional[str] = None) -> CheckpointError:
+    return CheckpointError(
+        f'cannot read {path!r} as a checkpoint ({type(e).__name__}: '
+        f'{detail or _first_line(e)}); expected a file written by torch.save (.pth/.pt), a '
+        f'.safetensors file or a detectron2 .pkl. Nothing in it was executed.')
 
 
 def unwrap_state_dict(ckpt: Mapping) -> StateDict:

@@ -14,10 +14,10 @@ official PatchMerging channel order) plus detection output norms ``norm{i}``. Ac
 """
 import logging
 import math
+import os
 import re
-from typing import Dict, List, Mapping, Optional, Tuple, Union
+from typing import List, Mapping, Optional, Tuple, Union
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -235,7 +235,8 @@ def load_swin_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, T
 
     Returns the names of the dropped checkpoint keys (head, buffers, detector neck/head).
     """
-    ckpt = load_checkpoint_file(checkpoint) if isinstance(checkpoint, str) else checkpoint
+    ckpt = (load_checkpoint_file(checkpoint) if isinstance(checkpoint, (str, os.PathLike))
+            else checkpoint)
     sd = unwrap_state_dict(ckpt)
     if prefix:
         sd = select_prefix(sd, prefix if prefix.endswith('.') else prefix + '.')

@@ -26,11 +26,9 @@ linearly to the target lengths.
 import logging
 import math
 import os
-import pickle
 import re
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -51,43 +49,6 @@ _RESAMPLE_LAYERS = {4.0: 4, 2.0: 1, 1.0: 0, 0.5: 1}
 _SIMFP = re.compile(r'^simfp_(\d+)\.(\d+)\.(.+)$')
 _REL_POS = re.compile(r'^blocks\.\d+\.attn\.rel_pos_[hw]$')
 _RESIDUAL = re.compile(r'^blocks\.\d+\.residual\.')
-
-
-#: The only globals a detectron2 model-zoo ``.pkl`` (numpy arrays in dicts) may reference.
-_PICKLE_SAFE_GLOBALS = frozenset({
-    ('numpy.core.multiarray', '_reconstruct'), ('numpy._core.multiarray', '_reconstruct'),
-    ('numpy.core.multiarray', 'scalar'), ('numpy._core.multiarray', 'scalar'),
-    ('numpy', 'ndarray'), ('numpy', 'dtype'), ('collections', 'OrderedDict')})
-
-
-class _NumpyOnlyUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str):
-        if (module, name) in _PICKLE_SAFE_GLOBALS:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f'global {module}.{name} is not allowed')
-
-
-def load_numpy_pickle(path: Union[str, os.PathLike]) -> dict:
-    """Read a detectron2 model-zoo ``.pkl`` (``{'model': {name: ndarray}}``) safely: only
-    numpy arrays and plain containers are accepted, arrays become tensors."""
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f'checkpoint file {path!r} does not exist')
-    try:
-        with open(path, 'rb') as f:
-            obj = _NumpyOnlyUnpickler(f, encoding='latin1').load()
-    except pickle.UnpicklingError as e:
-        raise CheckpointError(f'refused to load {path!r}: a .pkl checkpoint may hold only numpy '
-                              f'arrays and plain containers ({e}); load only checkpoints you '
-                              'trust') from e
-
-    def to_tensors(x):
-        if isinstance(x, np.ndarray):
-            return torch.from_numpy(np.ascontiguousarray(x))
-        if isinstance(x, dict):
-            return {k: to_tensors(v) for k, v in x.items()}
-        return x
-    return to_tensors(obj)
 
 
 def detect_vit_format(sd: Mapping[str, Tensor]) -> str:
@@ -354,11 +315,8 @@ def load_vit_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Te
 
     Returns the names of the dropped checkpoint keys.
     """
-    if isinstance(checkpoint, (str, os.PathLike)):
-        ckpt = (load_numpy_pickle(checkpoint) if os.fspath(checkpoint).endswith('.pkl')
-                else load_checkpoint_file(checkpoint))
-    else:
-        ckpt = checkpoint
+    ckpt = (load_checkpoint_file(checkpoint) if isinstance(checkpoint, (str, os.PathLike))
+            else checkpoint)
     sd = unwrap_state_dict(ckpt)
     if prefix:
         sd = select_prefix(sd, prefix if prefix.endswith('.') else prefix + '.')
