@@ -260,3 +260,21 @@ def test_conv_stem_model_roundtrips_its_own_checkpoint_and_refuses_mmdet_export(
         assert_close_rel(dst.eval()(x), src(x), tol=0)
     with pytest.raises(ValueError, match='convolutional stem .*patch_embed.stem.0'):
         swin_to_mmdet(src.state_dict())
+
+
+def test_mmdet_checkpoint_with_a_non_square_position_grid_loads():
+    """mmdet stores the absolute position embedding as tokens; a non-square pretraining size
+    must be read on the model's (known) grid, not refused or misread."""
+    from mmdet.models.backbones import SwinTransformer
+    arch = dict(embed_dims=32, depths=(2, 2), num_heads=(2, 4))
+    ours = SwinBackbone(arch=arch, out_indices=(0, 1), use_abs_pos_embed=True,
+                        pretrain_img_size=(128, 96), drop_path_rate=0.0)
+    ref = SwinTransformer(embed_dims=32, depths=(2, 2), num_heads=(2, 4), out_indices=(0, 1),
+                          strides=(4, 2), use_abs_pos_embed=True, pretrain_img_size=(128, 96),
+                          drop_path_rate=0.0)
+    randomize_(ref)
+    load_swin_pretrained(ours, {'state_dict': ref.state_dict()})
+    ours.eval(), ref.eval()
+    x = torch.randn(1, 3, 128, 96)
+    with torch.no_grad():
+        assert_close_rel(ours(x), ref(x), tol=1e-5)

@@ -363,3 +363,30 @@ def test_detectron2_to_mmdet_detector_with_neck():
             assert torch.equal(neck.state_dict()[k[len('pyramid.'):]], v), k
         else:
             assert torch.equal(plain.state_dict()[k], v), k
+
+
+@pytest.mark.parametrize('pretrain, use_cls', [((96, 128), True), ((96, 160), False),
+                                               ((96, 160), True)])
+def test_own_checkpoint_with_a_non_square_position_grid_round_trips(pretrain, use_cls):
+    """A non-square grid (plus a cls slot, without a cls_token key) must be read on the model's
+    grid: 6x8 + 1 = 49 positions would otherwise pass for a square 7x7 grid."""
+    kw = dict(arch=dict(embed_dims=32, depth=2, num_heads=2), patch_size=16, img_size=pretrain,
+              pretrain_img_size=pretrain, pretrain_use_cls_token=use_cls, window_size=2,
+              global_attn_indexes=(1, ), drop_path_rate=0.0)
+    src = randomize_(ViTBackbone(**kw)).eval()
+    dst = ViTBackbone(**kw).eval()
+    load_vit_pretrained(dst, {'state_dict': src.state_dict()})
+    assert torch.equal(dst.pos_embed, src.pos_embed)
+
+
+def test_position_resizing_keeps_float64_precision():
+    from vitdet_plugin.weights.common import resize_pos_grid
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(13, 8, generator=g, dtype=torch.float64)
+    grid = torch.randn(1, 8, 5, 7, generator=g, dtype=torch.float64)
+    ref_table = torch.nn.functional.interpolate(table.t()[None], size=21, mode='linear')[0].t()
+    ref_grid = torch.nn.functional.interpolate(grid, size=(9, 11), mode='bicubic',
+                                               align_corners=False)
+    assert resize_rel_pos(table, 21).dtype == torch.float64
+    assert (resize_rel_pos(table, 21) - ref_table).abs().max() < 1e-12
+    assert (resize_pos_grid(grid, (9, 11)) - ref_grid).abs().max() < 1e-12

@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..models.layers.rel_pos import interpolation_dtype
+
 StateDict = Dict[str, Tensor]
 logger = logging.getLogger('vitdet_plugin')
 
@@ -247,8 +249,11 @@ def load_state_dict_checked(model: nn.Module, sd: Mapping[str, Tensor],
 
 
 def resize_pos_grid(pos: Tensor, size: Tuple[int, int], mode: str = 'bicubic') -> Tensor:
-    """Resize a ``(1, C, H, W)`` position grid to ``size`` (float32 math, dtype preserved)."""
+    """Resize a ``(1, C, H, W)`` position grid to ``size`` (dtype preserved; fp16 / bf16 are
+    interpolated in fp32, fp32 / fp64 in their own precision)."""
     if tuple(pos.shape[-2:]) == tuple(size):
         return pos
-    out = torch.nn.functional.interpolate(pos.float(), size=size, mode=mode, align_corners=False)
+    out = torch.nn.functional.interpolate(interpolation_dtype(pos), size=size, mode=mode,
+                                          align_corners=False)
     return out.to(pos.dtype)
+

@@ -22,8 +22,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..models.layers.rel_pos import relative_position_index
-from .common import (CheckpointError, StateDict, drop_keys, load_checkpoint_file,
-                     load_state_dict_checked, resize_pos_grid, select_prefix, unwrap_state_dict)
+from .common import (CheckpointError, StateDict, drop_keys, interpolation_dtype,
+                     load_checkpoint_file, load_state_dict_checked, resize_pos_grid,
+                     select_prefix, unwrap_state_dict)
 
 logger = logging.getLogger('vitdet_plugin')
 
@@ -107,8 +108,6 @@ def _from_mmdet(sd: StateDict) -> StateDict:
                 break
         if re.match(r'layers\.\d+\.downsample\.(reduction|norm)\.', k):
             v = _unfold_to_official(v)
-        if k == 'absolute_pos_embed' and v.dim() == 3:
-            v = _tokens_to_grid(v)
         out[k] = v
     return out
 
@@ -123,13 +122,21 @@ def _from_timm(sd: StateDict) -> StateDict:
     return out
 
 
-def _tokens_to_grid(pos: Tensor) -> Tensor:
-    """``(1, H*W, C)`` square token embedding -> ``(1, C, H, W)``."""
+def _tokens_to_grid(pos: Tensor, grid: Optional[Tuple[int, int]] = None) -> Tensor:
+    """``(1, H*W, C)`` token embedding (mmdet's layout) -> ``(1, C, H, W)``: on the target
+    ``grid`` when the token count fits it, else on a square grid."""
     n, c = pos.shape[1:]
-    side = math.isqrt(n)
-    if side * side != n:
-        raise CheckpointError(f'absolute_pos_embed with {n} tokens is not a square grid')
-    return pos.reshape(1, side, side, c).permute(0, 3, 1, 2)
+    if grid is not None and grid[0] * grid[1] == n:
+        h, w = grid
+    else:
+        h = w = math.isqrt(n)
+        if h * w != n:
+            raise CheckpointError(
+                f'absolute_pos_embed with {n} tokens is not a square grid'
+                + (f' and does not fit the model\'s {grid[0]}x{grid[1]} grid; build the model '
+                   f'with the pretrain_img_size the checkpoint was trained at' if grid else
+                   '; convert it for a model whose grid it fits'))
+    return pos.reshape(1, h, w, c).permute(0, 3, 1, 2)
 
 
 def resize_rel_pos_bias_table(table: Tensor, window_size: Tuple[int, int],
@@ -149,7 +156,7 @@ def resize_rel_pos_bias_table(table: Tensor, window_size: Tuple[int, int],
         src = (2 * src_window_size[0] - 1, 2 * src_window_size[1] - 1)
     heads = table.shape[1]
     grid = table.t().reshape(1, heads, *src)
-    grid = F.interpolate(grid.float(), size=dst, mode='bicubic', align_corners=False)
+    grid = F.interpolate(interpolation_dtype(grid), size=dst, mode='bicubic', align_corners=False)
     return grid.reshape(heads, -1).t().to(table.dtype)
 
 
@@ -185,7 +192,7 @@ def convert_swin(sd: Mapping[str, Tensor], window_size: Optional[Tuple[int, int]
     if 'absolute_pos_embed' in sd:
         pos = sd['absolute_pos_embed']
         if pos.dim() == 3:
-            pos = _tokens_to_grid(pos)
+            pos = _tokens_to_grid(pos, tuple(pos_grid) if pos_grid is not None else None)
         if pos_grid is not None:
             pos = resize_pos_grid(pos, tuple(pos_grid))
         sd['absolute_pos_embed'] = pos

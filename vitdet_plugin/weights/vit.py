@@ -33,8 +33,9 @@ import torch
 from torch import Tensor, nn
 
 from ..models.layers.rel_pos import resize_rel_pos
-from .common import (CheckpointError, StateDict, drop_keys, load_checkpoint_file,
-                     load_state_dict_checked, resize_pos_grid, select_prefix, unwrap_state_dict)
+from .common import (CheckpointError, StateDict, drop_keys, load_checkpoint_file,  # noqa: F401
+                     load_numpy_pickle, load_state_dict_checked, resize_pos_grid, select_prefix,
+                     unwrap_state_dict)
 
 logger = logging.getLogger('vitdet_plugin')
 
@@ -254,11 +255,17 @@ def convert_vit(sd: Mapping[str, Tensor],
             del sd['pos_embed']
         else:
             src = sd['pos_embed']
-            slots, grid = split_pos_embed(src, num_prefix)
-            if target_shapes is not None:
-                t_prefix, t_grid = _target_pos_layout(target_shapes['pos_embed'], pos_grid)
+            t_layout = (_target_pos_layout(target_shapes['pos_embed'], pos_grid)
+                        if target_shapes is not None else None)
+            # a source laid out like the target (e.g. a non-square grid) is read with the
+            # target's grid; otherwise its grid must be square to be inferred
+            slots, grid = split_pos_embed(src, num_prefix,
+                                          grid=t_layout[1] if t_layout is not None else None)
+            if t_layout is not None:
+                t_prefix, t_grid = t_layout
             else:
-                t_prefix, t_grid = (1 if slots is not None else 0), tuple(grid.shape[-2:])
+                t_prefix = 1 if slots is not None else 0
+                t_grid = tuple(pos_grid) if pos_grid is not None else tuple(grid.shape[-2:])
             if t_grid[0] < grid.shape[-2] or t_grid[1] < grid.shape[-1]:
                 logger.warning('ViT checkpoint: pos_embed grid %s is downsampled to the model\'s '
                                '%s; set pretrain_img_size to the checkpoint\'s image size (and '

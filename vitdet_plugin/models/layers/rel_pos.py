@@ -12,6 +12,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
+def interpolation_dtype(t: Tensor) -> Tensor:
+    """``t`` in a dtype ``F.interpolate`` resizes accurately: fp16 / bf16 as fp32, fp32 / fp64
+    as they are (resizing fp64 tables in fp32 would lose its precision)."""
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+
+
 def relative_position_index(window_size: Tuple[int, int]) -> Tensor:
     """Index ``(N, N)`` into a ``((2wh-1)(2ww-1), heads)`` Swin bias table (official layout)."""
     wh, ww = window_size
@@ -25,7 +31,7 @@ def resize_rel_pos(rel_pos: Tensor, length: int) -> Tensor:
     """Linearly resize a ``(L, C)`` decomposed relative-position table to ``(length, C)``."""
     if rel_pos.shape[0] == length:
         return rel_pos
-    resized = F.interpolate(rel_pos.t()[None].float(), size=length, mode='linear')
+    resized = F.interpolate(interpolation_dtype(rel_pos).t()[None], size=length, mode='linear')
     return resized[0].t().to(rel_pos.dtype)
 
 
