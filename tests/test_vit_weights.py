@@ -87,10 +87,14 @@ def test_detect_formats():
 
 
 # ---------------------------------------------------------------------------- round trips
-@pytest.mark.parametrize('fmt', ['timm_samvit', 'sam'])
+@pytest.mark.parametrize('fmt', ['timm_samvit', 'sam', 'sam_encoder_only'])
 def test_sam_formats_round_trip(fmt):
     ref = samvit()
     sd = ref.state_dict() if fmt == 'timm_samvit' else sam_checkpoint(ref.state_dict())
+    if fmt == 'sam_encoder_only':  # the image encoder saved alone: no prefix, SAM's names
+        sd = {k[len('image_encoder.'):]: v for k, v in sd.items()
+              if k.startswith('image_encoder.')}
+        fmt = 'sam'
     model = ours(pretrain_use_cls_token=False)
     conv, dropped = convert_vit(sd, vit_target_shapes(model), pos_grid=model.pretrain_grid)
     assert detect_vit_format(sd) == fmt
@@ -390,3 +394,18 @@ def test_position_resizing_keeps_float64_precision():
     assert resize_rel_pos(table, 21).dtype == torch.float64
     assert (resize_rel_pos(table, 21) - ref_table).abs().max() < 1e-12
     assert (resize_pos_grid(grid, (9, 11)) - ref_grid).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize('as_list', [False, True], ids=['dict', 'list'])
+def test_init_cfg_pretrained_as_dict_or_list(tmp_path, as_list):
+    """mmengine accepts init_cfg as a dict or a list of dicts."""
+    src = randomize_(ours())
+    torch.save(src.state_dict(), tmp_path / 'w.pth')
+    cfg = dict(type='Pretrained', checkpoint=str(tmp_path / 'w.pth'))
+    kw = {k: v for k, v in ARCH.items()}
+    model = ViTBackbone(**kw, img_size=128, pretrain_img_size=128,
+                        init_cfg=[dict(type='TruncNormal', layer='Linear', std=0.02), cfg]
+                        if as_list else cfg)
+    model.init_weights()
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                 src.state_dict().values()))

@@ -55,8 +55,8 @@ _RESIDUAL = re.compile(r'^blocks\.\d+\.residual\.')
 def detect_vit_format(sd: Mapping[str, Tensor]) -> str:
     """Name the layout of a ViT state dict (one of :data:`VIT_FORMATS`)."""
     keys = list(sd)
-    if any(k.startswith('image_encoder.') for k in keys):
-        return 'sam'
+    if any(k.startswith('image_encoder.') or '.mlp.lin1.' in k for k in keys):
+        return 'sam'  # also the encoder alone (prefix removed), named by SAM's MLP layers
     if any(k.startswith('backbone.net.') for k in keys):
         return 'detectron2'
     inner = [k[len('backbone.'):] for k in keys if k.startswith('backbone.')] or keys
@@ -223,7 +223,7 @@ def convert_vit(sd: Mapping[str, Tensor],
     if prefix is None and fmt in ('ours', 'mmpretrain') and any(
             k.startswith('backbone.') for k in sd):
         prefix = 'backbone.'
-    if prefix is not None:
+    if prefix is not None and any(k.startswith(prefix) for k in sd):
         dropped += [k for k in sd if not k.startswith(prefix)]
         sd = select_prefix(sd, prefix)
     if fmt == 'detectron2':

@@ -1,10 +1,20 @@
 """What every backbone of ours shares: the output contract and freezing semantics."""
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 _NORMS = (nn.LayerNorm, nn.GroupNorm, _BatchNorm)
+
+
+def pretrained_init_cfg(init_cfg) -> Optional[dict]:
+    """The ``dict(type='Pretrained', checkpoint=...)`` entry of an mmengine ``init_cfg`` (a
+    dict or a list of dicts), or None."""
+    cfgs = init_cfg if isinstance(init_cfg, (list, tuple)) else [init_cfg]
+    found = [c for c in cfgs if isinstance(c, dict) and c.get('type') == 'Pretrained']
+    if len(found) > 1:
+        raise ValueError(f'init_cfg lists {len(found)} Pretrained checkpoints; give one')
+    return found[0] if found else None
 
 
 class FreezeMixin:

@@ -23,7 +23,7 @@ from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor, nn
 
 from ...weights.swin import load_swin_pretrained
-from .base import FreezeMixin
+from .base import FreezeMixin, pretrained_init_cfg
 from ..layers import (ConvStem, DropPath, Mlp, PatchEmbed, PatchMerging, WindowAttention,
                       WindowIndex, WindowPlan, chunk_slices, inference_fast_path,
                       linear_drop_path_rates, map_height_chunks, padded_size, residual_add, rows_per_chunk,
@@ -440,9 +440,9 @@ class SwinBackbone(FreezeMixin, BaseModule):
     # ------------------------------------------------------------------ weights
     def init_weights(self) -> None:
         """Truncated-normal init, or load ``init_cfg.checkpoint`` through the converters."""
-        if self.init_cfg is not None and self.init_cfg.get('type') == 'Pretrained':
-            load_swin_pretrained(self, self.init_cfg['checkpoint'],
-                                 prefix=self.init_cfg.get('prefix'))
+        pretrained = pretrained_init_cfg(self.init_cfg)
+        if pretrained is not None:
+            load_swin_pretrained(self, pretrained['checkpoint'], prefix=pretrained.get('prefix'))
             self._is_init = True
             return
         if self.use_abs_pos_embed:

@@ -29,7 +29,7 @@ from ..layers import (Attention, DropPath, Mlp, PatchEmbed, ResBottleneckBlock, 
                       linear_drop_path_rates, rel_pos_attention, residual_add, to_2tuple,
                       window_gather_index)
 from ..necks.simple_fpn import ViTSimpleFPN
-from .base import FreezeMixin
+from .base import FreezeMixin, pretrained_init_cfg
 
 #: ``arch`` presets: the ViTDet models (detectron2 ``projects/ViTDet``).
 VIT_ARCHS: Dict[str, dict] = {
@@ -373,9 +373,9 @@ class ViTBackbone(FreezeMixin, BaseModule):
 
     def init_weights(self) -> None:
         """Load ``init_cfg.checkpoint`` (any supported layout) or keep the constructor init."""
-        if self.init_cfg is not None and self.init_cfg.get('type') == 'Pretrained':
-            load_vit_pretrained(self, self.init_cfg['checkpoint'],
-                                prefix=self.init_cfg.get('prefix'))
+        pretrained = pretrained_init_cfg(self.init_cfg)
+        if pretrained is not None:
+            load_vit_pretrained(self, pretrained['checkpoint'], prefix=pretrained.get('prefix'))
             self._is_init = True
             return
         super().init_weights()
