@@ -278,3 +278,16 @@ def test_mmdet_checkpoint_with_a_non_square_position_grid_loads():
     x = torch.randn(1, 3, 128, 96)
     with torch.no_grad():
         assert_close_rel(ours(x), ref(x), tol=1e-5)
+
+
+def test_detection_checkpoint_with_more_output_norms_loads_into_fewer_outputs(caplog):
+    """Trained with out_indices=(0, 1), loaded with (1, ): the spare norm0 is reported and
+    not used (mmdet loads such checkpoints too); everything else is strict."""
+    arch = dict(embed_dims=32, depths=(2, 2), num_heads=(2, 4))
+    src = randomize_(SwinBackbone(arch=arch, out_indices=(0, 1), drop_path_rate=0.0))
+    dst = SwinBackbone(arch=arch, out_indices=(1, ), drop_path_rate=0.0)
+    with caplog.at_level(logging.INFO, logger='vitdet_plugin'):
+        dropped = load_swin_pretrained(dst, {'state_dict': src.state_dict()})
+    assert sorted(dropped) == ['norm0.bias', 'norm0.weight']
+    assert 'outside out_indices=(1,) not used: norm0.weight, norm0.bias' in caplog.text
+    assert torch.equal(dst.norm1.weight, src.norm1.weight)

@@ -28,6 +28,8 @@ from .common import (CheckpointError, StateDict, drop_keys, interpolation_dtype,
 
 logger = logging.getLogger('vitdet_plugin')
 
+_OUTPUT_NORM = re.compile(r'^norm(\d+)\.')
+
 SWIN_FORMATS = ('official', 'swin_od', 'timm', 'mmdet', 'ours')
 
 #: Keys that exist only in classification checkpoints or as derived buffers.
@@ -250,6 +252,16 @@ def load_swin_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, T
     grid = (tuple(model.absolute_pos_embed.shape[-2:])
             if getattr(model, 'use_abs_pos_embed', False) else None)
     converted, dropped = convert_swin(sd, window_size=model.window_size, pos_grid=grid)
+    # output norms of stages this model does not return (trained with other out_indices)
+    spare = [k for k in converted
+             if _OUTPUT_NORM.match(k) and int(_OUTPUT_NORM.match(k).group(1)) not in
+             model.out_indices]
+    for k in spare:
+        del converted[k]
+    if spare:
+        logger.info('Swin checkpoint: output norms of stages outside out_indices=%s not used: '
+                    '%s', model.out_indices, ', '.join(spare))
+        dropped = dropped + spare
     if dropped:
         logger.info('Swin checkpoint: ignored %d non-backbone keys (e.g. %s)', len(dropped),
                     ', '.join(dropped[:5]))
