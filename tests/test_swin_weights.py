@@ -13,7 +13,7 @@ import vitdet_plugin  # noqa: F401
 from vitdet_plugin.models.backbones.swin import SwinBackbone
 from vitdet_plugin.weights import CheckpointError
 from vitdet_plugin.weights.swin import (convert_swin, detect_swin_format, load_swin_pretrained,
-                                        swin_to_mmdet)
+                                        resize_rel_pos_bias_table, swin_to_mmdet)
 
 ARCH = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4))
 
@@ -291,3 +291,18 @@ def test_detection_checkpoint_with_more_output_norms_loads_into_fewer_outputs(ca
     assert sorted(dropped) == ['norm0.bias', 'norm0.weight']
     assert 'outside out_indices=(1,) not used: norm0.weight, norm0.bias' in caplog.text
     assert torch.equal(dst.norm1.weight, src.norm1.weight)
+
+
+def test_rectangular_window_checkpoint_needs_and_uses_its_window(tmp_path):
+    arch = dict(embed_dims=32, depths=(2, 2), num_heads=(2, 4))
+    src = randomize_(SwinBackbone(arch=arch, window_size=(5, 7), out_indices=(0, 1)))
+    torch.save(src.state_dict(), tmp_path / 'rect.pth')
+    cfg = dict(type='Pretrained', checkpoint=str(tmp_path / 'rect.pth'))
+    with pytest.raises(CheckpointError, match=r'117 rows \(not a square window\); give the '
+                                              r'window .*src_window_size=\(h, w\)'):
+        SwinBackbone(arch=arch, out_indices=(0, 1), init_cfg=cfg).init_weights()
+    model = SwinBackbone(arch=arch, out_indices=(0, 1), init_cfg=dict(cfg, src_window_size=(5, 7)))
+    model.init_weights()
+    table = src.layers[0].blocks[0].attn.relative_position_bias_table
+    expected = resize_rel_pos_bias_table(table.detach(), (7, 7), (5, 7))
+    assert torch.equal(model.layers[0].blocks[0].attn.relative_position_bias_table, expected)

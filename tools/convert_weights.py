@@ -43,6 +43,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument('--model', choices=['auto', 'swin', 'vit'], default='auto')
     p.add_argument('--window-size', type=int, nargs='+', default=None,
                    help='Swin: target window size (h [w]); bias tables are resized')
+    p.add_argument('--src-window-size', type=int, nargs=2, default=None,
+                   help='Swin: the window (h w) the checkpoint was trained with, needed only '
+                        'for rectangular windows')
     p.add_argument('--pos-grid', type=int, nargs=2, default=None,
                    help='target absolute position grid (h w)')
     args = p.parse_args(argv)
@@ -62,7 +65,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             if args.window_size:
                 window = tuple(args.window_size * (2 if len(args.window_size) == 1 else 1))
             converted, dropped = convert_swin(
-                sd, window_size=window, pos_grid=tuple(args.pos_grid) if args.pos_grid else None)
+                sd, window_size=window, pos_grid=tuple(args.pos_grid) if args.pos_grid else None,
+                src_window_size=tuple(args.src_window_size) if args.src_window_size else None)
         else:
             fmt, converted, dropped = _convert_vit(sd, args)
     except (CheckpointError, FileNotFoundError) as e:

@@ -151,8 +151,10 @@ def resize_rel_pos_bias_table(table: Tensor, window_size: Tuple[int, int],
         side = math.isqrt(table.shape[0])
         if side * side != table.shape[0]:
             raise CheckpointError(
-                f'cannot infer the window size of a bias table with {table.shape[0]} rows; '
-                'pass src_window_size')
+                f'cannot infer the window size of a bias table with {table.shape[0]} rows '
+                f'(not a square window); give the window the checkpoint was trained with: '
+                f"init_cfg=dict(type='Pretrained', checkpoint=..., src_window_size=(h, w)) or "
+                f'tools/convert_weights.py --src-window-size H W')
         src = (side, side)
     else:
         src = (2 * src_window_size[0] - 1, 2 * src_window_size[1] - 1)
@@ -164,12 +166,16 @@ def resize_rel_pos_bias_table(table: Tensor, window_size: Tuple[int, int],
 
 def convert_swin(sd: Mapping[str, Tensor], window_size: Optional[Tuple[int, int]] = None,
                  pos_grid: Optional[Tuple[int, int]] = None,
-                 src_format: Optional[str] = None) -> Tuple[StateDict, List[str]]:
+                 src_format: Optional[str] = None,
+                 src_window_size: Optional[Tuple[int, int]] = None
+                 ) -> Tuple[StateDict, List[str]]:
     """Convert a Swin state dict of any supported layout to ours.
 
     Args:
         sd: the (unwrapped) state dict.
         window_size: target window; bias tables trained for another window are resized.
+        src_window_size: the window the checkpoint was trained with; needed only for
+            rectangular windows (a table's size gives a square window's size, not ``(h, w)``).
         pos_grid: target absolute-position grid ``(h, w)``; resized bicubically if different.
         src_format: skip auto-detection.
 
@@ -200,7 +206,9 @@ def convert_swin(sd: Mapping[str, Tensor], window_size: Optional[Tuple[int, int]
         sd['absolute_pos_embed'] = pos
     if window_size is not None:
         for k in [k for k in sd if k.endswith('relative_position_bias_table')]:
-            sd[k] = resize_rel_pos_bias_table(sd[k], tuple(window_size))
+            sd[k] = resize_rel_pos_bias_table(
+                sd[k], tuple(window_size),
+                tuple(src_window_size) if src_window_size is not None else None)
     return sd, dropped
 
 
@@ -235,12 +243,16 @@ def swin_to_mmdet(sd: Mapping[str, Tensor]) -> StateDict:
 
 
 def load_swin_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Tensor]],
-                         prefix: Optional[str] = None) -> List[str]:
+                         prefix: Optional[str] = None,
+                         src_window_size: Optional[Tuple[int, int]] = None) -> List[str]:
     """Load a Swin checkpoint of any supported format into a :class:`SwinBackbone`.
 
     Strict: a shape mismatch, a missing backbone weight or a leftover key raises
     :class:`CheckpointError` naming the keys. Only the detection output norms ``norm{i}``
     may be absent (classification checkpoints have none); they keep their init and are logged.
+
+    ``src_window_size``: the checkpoint's window when it is rectangular (see
+    :func:`convert_swin`).
 
     Returns the names of the dropped checkpoint keys (head, buffers, detector neck/head).
     """
@@ -251,7 +263,8 @@ def load_swin_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, T
         sd = select_prefix(sd, prefix if prefix.endswith('.') else prefix + '.')
     grid = (tuple(model.absolute_pos_embed.shape[-2:])
             if getattr(model, 'use_abs_pos_embed', False) else None)
-    converted, dropped = convert_swin(sd, window_size=model.window_size, pos_grid=grid)
+    converted, dropped = convert_swin(sd, window_size=model.window_size, pos_grid=grid,
+                                      src_window_size=src_window_size)
     # output norms of stages this model does not return (trained with other out_indices)
     spare = [k for k in converted
              if _OUTPUT_NORM.match(k) and int(_OUTPUT_NORM.match(k).group(1)) not in

@@ -297,7 +297,9 @@ class SwinBackbone(FreezeMixin, BaseModule):
         convert_weights: accepted for mmdet-config compatibility; checkpoint formats are
             detected automatically.
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads official, Swin detection,
-            timm, mmdet/mmpretrain or our own checkpoints (format detected, weights_only).
+            timm, mmdet/mmpretrain or our own checkpoints (format detected, weights_only; a
+            path, ``~`` path or http(s) URL; optional ``prefix`` and, for a checkpoint with a
+            rectangular window, ``src_window_size=(h, w)``).
 
     Attributes:
         out_channels: channels of each returned map.
@@ -442,7 +444,8 @@ class SwinBackbone(FreezeMixin, BaseModule):
         """Truncated-normal init, or load ``init_cfg.checkpoint`` through the converters."""
         pretrained = pretrained_init_cfg(self.init_cfg)
         if pretrained is not None:
-            load_swin_pretrained(self, pretrained['checkpoint'], prefix=pretrained.get('prefix'))
+            load_swin_pretrained(self, pretrained['checkpoint'], prefix=pretrained.get('prefix'),
+                                 src_window_size=pretrained.get('src_window_size'))
             self._is_init = True
             return
         if self.use_abs_pos_embed:
