@@ -184,6 +184,22 @@ def test_image_without_objects():
     assert losses['loss_bbox'] == 0 and losses['loss_iou'] == 0 and losses['loss_cls'] > 0
 
 
+def test_denoising_batch_without_objects_keeps_graph_and_loss_keys():
+    """A batch without any object still runs (background) denoising queries: the same loss
+    keys, the same loss collectives and a gradient for the label embedding, so DDP without
+    find_unused_parameters does not stall on the rank that drew it."""
+    torch.manual_seed(0)
+    head = small_head(dn_cfg=dict(num_dn_queries=10)).train()
+    empty = sample((64, 64), (64, 64), torch.zeros(0, 4), torch.zeros(0, dtype=torch.long))
+    with_objects = head.loss(feats_for(1, 64, 64), [sample((64, 64), (64, 64))])
+    losses = head.loss(feats_for(1, 64, 64), [empty])
+    assert set(losses) == set(with_objects)
+    assert all(torch.isfinite(v) for v in losses.values())
+    assert losses['dn_loss_bbox'] == 0 and losses['dn_loss_cls'] > 0
+    sum(losses.values()).backward()
+    assert head.dn.label_embedding.weight.grad is not None
+
+
 # ---------------------------------------------------------------------------------- matching
 def test_assigner_matches_hand_made_case():
     crit = SetCriterion(NUM_CLASSES)

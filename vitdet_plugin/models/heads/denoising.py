@@ -7,7 +7,7 @@ half-sizes, trained to reconstruct the object) and one *negative* query (noise b
 two times that, trained as background). Groups cannot see each other and the matching queries
 cannot see any denoising query (an additive ``-inf`` self-attention bias).
 """
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Sequence, Tuple
 
 import torch
 from mmdet.structures.bbox import bbox_xyxy_to_cxcywh
@@ -61,13 +61,17 @@ class DenoisingQueries(nn.Module):
         self.label_embedding = nn.Embedding(num_classes, embed_dims)
 
     def forward(self, batch_gt_instances: Sequence[InstanceData],
-                batch_img_metas: Sequence[dict], num_matching: int) -> Optional[DenoisingBatch]:
-        """Denoising queries for a batch (None when no image has objects)."""
+                batch_img_metas: Sequence[dict], num_matching: int) -> DenoisingBatch:
+        """Denoising queries for a batch.
+
+        A batch without any object still gets one group of (padding, background) queries:
+        every rank then runs the same graph and the same loss collectives (DDP without
+        ``find_unused_parameters``), and the loss keys stay the same.
+        """
         max_gts = max(len(g) for g in batch_gt_instances)
-        if max_gts == 0:
-            return None
         device = self.label_embedding.weight.device
-        groups = max(1, self.num_dn_queries // max_gts)
+        groups = max(1, self.num_dn_queries // max_gts) if max_gts else 1
+        max_gts = max(max_gts, 1)
         per_group = 2 * max_gts                      # positives then negatives, padded
         d = groups * per_group
         b = len(batch_gt_instances)
