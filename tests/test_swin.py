@@ -75,6 +75,20 @@ def test_parity_with_mmdet_same_weights(hw, batch):
         assert_close_rel(ours(x), ref(x), tol=1e-5)
 
 
+@pytest.mark.parametrize('kw', [dict(patch_norm=False), dict(qkv_bias=False),
+                                dict(mlp_ratio=2), dict(qk_scale=0.1)],
+                         ids=['no-patch-norm', 'no-qkv-bias', 'mlp2', 'qk-scale'])
+def test_parity_with_mmdet_other_settings(kw):
+    """mmdet's arguments mean the same here (patch_norm=False also drops the merging norm)."""
+    from vitdet_plugin.weights.swin import load_swin_pretrained
+    ref = randomize_(_mmdet_swin(32, (2, 2, 2, 2), (2, 2, 4, 4), 7, **kw))
+    ours = SwinBackbone(**SMALL, window_size=7, drop_path_rate=0.0, **kw).eval()
+    load_swin_pretrained(ours, {'state_dict': ref.state_dict()})
+    x = torch.randn(1, 3, 97, 131)
+    with torch.no_grad():
+        assert_close_rel(ours(x), ref(x), tol=1e-5)
+
+
 def test_parity_with_mmdet_training_gradients():
     """Training path at a size that pads and shifts: the same parameter and input gradients
     as mmdet's SwinTransformer (gradients mapped to mmdet's layout by the export converter)."""

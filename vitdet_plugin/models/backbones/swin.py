@@ -140,7 +140,7 @@ class SwinStage(nn.Module):
 
     def __init__(self, dim: int, depth: int, num_heads: int, window_size: Tuple[int, int],
                  drop_paths: Sequence[float], downsample: bool, norm_cfg: dict,
-                 with_cp: bool = False, **block_kwargs) -> None:
+                 with_cp: bool = False, merge_norm: bool = True, **block_kwargs) -> None:
         super().__init__()
         self.window_size = window_size
         self.with_cp = with_cp
@@ -148,7 +148,8 @@ class SwinStage(nn.Module):
             SwinBlock(dim, num_heads, window_size, shift=(j % 2 == 1), drop_path=drop_paths[j],
                       norm_cfg=norm_cfg, **block_kwargs) for j in range(depth)
         ])
-        self.downsample = (PatchMerging(dim, build_norm_layer(norm_cfg, 4 * dim)[1])
+        self.downsample = (PatchMerging(dim, build_norm_layer(norm_cfg, 4 * dim)[1]
+                                        if merge_norm else nn.Identity())
                            if downsample else None)
         self._geometry_cache: Dict[tuple, WindowGeometry] = {}
         self._plan_cache: Dict[tuple, InferencePlans] = {}
@@ -276,7 +277,8 @@ class SwinBackbone(FreezeMixin, BaseModule):
         use_abs_pos_embed: add an absolute position embedding stored at the pretraining
             grid (``pretrain_img_size / patch_size``) and bicubically resized to the input.
         pretrain_img_size: image size of that grid (int or ``(h, w)``).
-        patch_norm: LayerNorm after the patch embedding.
+        patch_norm: LayerNorm after the patch embedding and in patch merging (as mmdet's
+            ``patch_norm``).
         stem_channels: optional convolutional stem (:class:`~..layers.ConvStem`): one ``3x3``
             stride-2 conv + norm + ReLU per entry, before a patch projection covering the rest
             of ``patch_size``. Not part of the published Swin (no official weights): for
@@ -413,9 +415,9 @@ class SwinBackbone(FreezeMixin, BaseModule):
             self.layers.append(SwinStage(
                 dims[i], depth, self.num_heads[i], self.window_size,
                 drop_paths=rates[start:start + depth], downsample=i < num_stages - 1,
-                norm_cfg=norm_cfg, with_cp=with_cp, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
-                qk_scale=qk_scale, drop=drop_rate, attn_drop=attn_drop_rate, act_cfg=act_cfg,
-                fused_attn=fused_attn))
+                norm_cfg=norm_cfg, with_cp=with_cp, merge_norm=patch_norm, mlp_ratio=mlp_ratio,
+                qkv_bias=qkv_bias, qk_scale=qk_scale, drop=drop_rate, attn_drop=attn_drop_rate,
+                act_cfg=act_cfg, fused_attn=fused_attn))
         for i in out_indices:
             self.add_module(f'norm{i}', build_norm_layer(norm_cfg, dims[i])[1])
 
