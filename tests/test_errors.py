@@ -99,6 +99,13 @@ VIT = dict(arch=dict(embed_dims=32, depth=2, num_heads=2), img_size=32, patch_si
      r'embed_dims=30 is not divisible by num_heads=4'),
     (dict(window_size=0), r'window_size must be positive, got 0'),
     (dict(frozen_stages=3), r'frozen_stages=3 must be in -1\.\.2'),
+    (dict(window_size=3.5), r'window_size must be an int or a pair of ints \(h, w\), got 3\.5'),
+    (dict(out_indices=(-5, )), r'out_indices=\(-5,\) contains \[-5\], out of range for '
+                               r'depth=2: block indices must be in -2\.\.1'),
+    (dict(out_indices=()), r'out_indices is empty'),
+    (dict(img_size=4), r'img_size=4 is smaller than patch_size=8'),
+    (dict(pretrain_img_size=(32, 4)), r'pretrain_img_size=\(32, 4\) is smaller than '
+                                      r'patch_size=8'),
 ])
 def test_vit_bad_arguments(kw, match):
     with pytest.raises(ValueError, match=match):

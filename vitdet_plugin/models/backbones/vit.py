@@ -300,6 +300,16 @@ class ViTBackbone(FreezeMixin, BaseModule):
             raise ValueError(f'in_channels must be positive, got {in_channels}')
         if not 0.0 <= float(spec['drop_path_rate']) < 1.0:
             raise ValueError(f"drop_path_rate must be in [0, 1), got {spec['drop_path_rate']}")
+        if isinstance(out_indices, int):
+            out_indices = (out_indices, )
+        if not len(out_indices):
+            raise ValueError('out_indices is empty; give at least one block index (-1: the '
+                             'last block)')
+        bad = [i for i in out_indices if not -self.depth <= int(i) < self.depth]
+        if bad:
+            raise ValueError(f'out_indices={tuple(out_indices)} contains {bad}, out of range '
+                             f'for depth={self.depth}: block indices must be in '
+                             f'{-self.depth}..{self.depth - 1}')
         out = [int(i) + self.depth if int(i) < 0 else int(i) for i in out_indices]
         self.out_indices = _index_list('out_indices', out, self.depth)
         if not -1 <= frozen_stages <= self.depth:
@@ -313,6 +323,11 @@ class ViTBackbone(FreezeMixin, BaseModule):
         norm_cfg = norm_cfg or dict(type='LN', eps=1e-6)
         act_cfg = act_cfg or dict(type='GELU')
 
+        for name, size in (('img_size', img_size), ('pretrain_img_size', pretrain_img_size)):
+            if min(to_2tuple(size, name)) < patch_size:
+                raise ValueError(f'{name}={size!r} is smaller than patch_size={patch_size}: '
+                                 f'the grid it describes would be empty; give the image size '
+                                 f'(at least one patch per side)')
         self.patch_embed = PatchEmbed(patch_size, in_channels, self.embed_dims)
         self.pretrain_grid = tuple(s // patch_size for s in to_2tuple(pretrain_img_size))
         self.num_pos_prefix = int(bool(pretrain_use_cls_token))
