@@ -9,7 +9,7 @@ from helpers import assert_close_rel, max_rel_err, randomize_
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.models.backbones.swin import SWIN_ARCHS, SwinBackbone
-from vitdet_plugin.models.layers import eager_attention
+from vitdet_plugin.models.layers import WindowAttention, eager_attention
 from vitdet_plugin.weights.swin import swin_to_mmdet
 
 SMALL = dict(arch=dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4)))
@@ -348,6 +348,19 @@ def test_autograd_forward_after_inference_mode_at_the_same_size(train, frozen):
     sum(o.sum() for o in outs).backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()
     assert_close_rel(outs, expected, tol=1e-5)
+
+
+@pytest.mark.parametrize('mode', ['no_grad', 'inference_mode'])
+def test_inference_caches_hold_no_autograd_history(mode):
+    """Cached biases must not require grad: SDPA picks its backend from requires_grad, and a
+    bias that requires grad would send every inference forward to the slow math path."""
+    model = randomize_(SwinBackbone(**SMALL)).eval()
+    ctx = torch.no_grad() if mode == 'no_grad' else torch.inference_mode()
+    with ctx:
+        model(torch.randn(1, 3, 64, 96))
+    biases = [b for m in model.modules() if isinstance(m, WindowAttention)
+              for _, b in m._cache.values()]
+    assert biases and not any(b.requires_grad or b.is_inference() for b in biases)
 
 
 def test_with_cp_same_outputs_and_grads():

@@ -25,9 +25,10 @@ from torch import Tensor, nn
 from ...weights.swin import load_swin_pretrained
 from .base import FreezeMixin, pretrained_init_cfg
 from ..layers import (ConvStem, DropPath, Mlp, PatchEmbed, PatchMerging, WindowAttention,
-                      WindowIndex, WindowPlan, chunk_slices, inference_fast_path,
-                      linear_drop_path_rates, map_height_chunks, padded_size, residual_add, rows_per_chunk,
-                      shifted_window_mask, to_2tuple, window_gather_index, window_plan)
+                      WindowIndex, WindowPlan, builds_cache, chunk_slices, inference_fast_path,
+                      linear_drop_path_rates, map_height_chunks, padded_size, residual_add,
+                      rows_per_chunk, shifted_window_mask, to_2tuple, window_gather_index,
+                      window_plan)
 
 #: ``arch`` presets: embed dims, depths and heads of the published Swin models.
 SWIN_ARCHS: Dict[str, dict] = {
@@ -154,7 +155,7 @@ class SwinStage(nn.Module):
         self._geometry_cache: Dict[tuple, WindowGeometry] = {}
         self._plan_cache: Dict[tuple, InferencePlans] = {}
 
-    @torch.inference_mode(False)  # cached for later autograd forwards too
+    @builds_cache
     def geometry(self, hw: Tuple[int, int], device: torch.device) -> WindowGeometry:
         """Cached windowing (gather indices, shift mask) of an ``(H, W)`` map."""
         key = (tuple(hw), device)
@@ -173,7 +174,7 @@ class SwinStage(nn.Module):
             self._geometry_cache[key] = geom
         return geom
 
-    @torch.inference_mode(False)
+    @builds_cache
     def window_plans(self, hw: Tuple[int, int], batch: int, device: torch.device,
                      windows_per_chunk: int) -> InferencePlans:
         """Inference walk over the (plain, shifted) windows of ``batch`` images of size

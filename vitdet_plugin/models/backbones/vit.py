@@ -25,9 +25,9 @@ from torch import Tensor, nn
 from ...weights.common import resize_pos_grid
 from ...weights.vit import load_vit_pretrained
 from ..layers import (Attention, DropPath, Mlp, PatchEmbed, ResBottleneckBlock, TensorWatch,
-                      WindowIndex, attend, decomposed_rel_pos_bias, decomposed_rel_pos_terms,
-                      linear_drop_path_rates, rel_pos_attention, residual_add, to_2tuple,
-                      window_gather_index)
+                      WindowIndex, attend, builds_cache, decomposed_rel_pos_bias,
+                      decomposed_rel_pos_terms, linear_drop_path_rates, rel_pos_attention,
+                      residual_add, to_2tuple, window_gather_index)
 from ..necks.simple_fpn import ViTSimpleFPN
 from .base import FreezeMixin, pretrained_init_cfg
 
@@ -405,7 +405,7 @@ class ViTBackbone(FreezeMixin, BaseModule):
             else []
 
     # ------------------------------------------------------------------ forward
-    @torch.inference_mode(False)  # cached for later autograd forwards too
+    @builds_cache
     def window_index(self, hw: Tuple[int, int], device: torch.device) -> WindowIndex:
         """Gather indices that pad and partition an ``hw`` token grid into windows (and
         back), cached per grid size and device."""

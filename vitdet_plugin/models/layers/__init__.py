@@ -15,7 +15,7 @@ from .rel_pos import (decomposed_rel_pos_bias, decomposed_rel_pos_embeddings,
                       decomposed_rel_pos_terms, relative_position_index, resize_rel_pos)
 from .res_bottleneck import ResBottleneckBlock
 from .residual import residual_add
-from .tensor_watch import TensorWatch
+from .tensor_watch import TensorWatch, builds_cache
 from .window import (WindowChunk, WindowIndex, WindowPlan, pad_hw, padded_size, to_2tuple,
                      window_gather_index, window_partition, window_plan, window_reverse)
 from .window_attention import WindowAttention, shifted_window_mask
@@ -29,7 +29,7 @@ __all__ = [
     'LayerNorm2d', 'masked_group_norm', 'PatchEmbed', 'PatchMerging',
     'decomposed_rel_pos_bias', 'decomposed_rel_pos_embeddings', 'decomposed_rel_pos_terms',
     'relative_position_index', 'resize_rel_pos', 'ResBottleneckBlock', 'residual_add',
-    'TensorWatch',
+    'TensorWatch', 'builds_cache',
     'WindowChunk', 'WindowIndex', 'WindowPlan', 'pad_hw', 'padded_size', 'to_2tuple',
     'window_gather_index', 'window_partition', 'window_plan', 'window_reverse', 'WindowAttention',
     'shifted_window_mask',

@@ -9,10 +9,26 @@ version, and on CPU also compares the contents with a snapshot (the watched tens
 a few KB to a few hundred KB); on accelerators it skips that comparison, which would stall the
 stream on every call.
 """
-from typing import Optional
+import functools
+from typing import Callable, Optional, TypeVar
 
 import torch
 from torch import Tensor
+
+F = TypeVar('F', bound=Callable)
+
+
+def builds_cache(fn: F) -> F:
+    """Decorate a method that builds tensors kept across calls (windowing indices, masks,
+    gathered biases): they are made as normal tensors even under ``torch.inference_mode()``
+    (a later autograd forward may use them) and without autograd history (``inference_mode
+    (False)`` alone would switch grad mode on, and a cached bias that requires grad sends
+    SDPA to its slow math path)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with torch.inference_mode(False), torch.no_grad():
+            return fn(*args, **kwargs)
+    return wrapper  # type: ignore[return-value]
 
 
 class TensorWatch:

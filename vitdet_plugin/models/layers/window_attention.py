@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from .attention import MASKED_LOGIT, Attention, attend, combine_bias
 from .chunking import map_row_chunks, rows_per_chunk
 from .rel_pos import relative_position_index
-from .tensor_watch import TensorWatch
+from .tensor_watch import TensorWatch, builds_cache
 from .window import window_partition
 
 
@@ -61,7 +61,7 @@ class WindowAttention(Attention):
         bias = table[self.relative_position_index.view(-1)].view(n, n, -1)
         return bias.permute(2, 0, 1).unsqueeze(0)
 
-    @torch.inference_mode(False)  # a cached bias may join a later autograd graph (frozen table)
+    @builds_cache  # a cached bias may join a later autograd graph (frozen table)
     def window_bias(self, shift_mask: Optional[Tensor], batch: Optional[int] = None) -> Tensor:
         """Inference bias: ``(1, heads, N, N)``, or with a ``(nW, N, N)`` shift mask
         ``(nW, heads, N, N)`` repeated to ``batch`` windows (a multiple of ``nW``); cached
