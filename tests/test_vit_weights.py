@@ -409,3 +409,13 @@ def test_init_cfg_pretrained_as_dict_or_list(tmp_path, as_list):
     model.init_weights()
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
                                                  src.state_dict().values()))
+
+
+def test_own_pyramid_keys_dropped_and_reported_for_a_backbone_without_pyramid():
+    """As a detectron2 simfp_* pyramid is: the backbone loads, the pyramid keys are reported."""
+    src = ours(pyramid=dict(out_channels=16))
+    dst = ViTBackbone(**ARCH, img_size=128, pretrain_img_size=128).eval()
+    dropped = load_vit_pretrained(dst, {'state_dict': src.state_dict()})
+    assert dropped and all(k.startswith('pyramid.') for k in dropped)
+    assert {k for k in src.state_dict() if k.startswith('pyramid.')} == set(dropped)
+    assert torch.equal(dst.blocks[1].attn.qkv.weight, src.blocks[1].attn.qkv.weight)

@@ -248,6 +248,9 @@ def convert_vit(sd: Mapping[str, Tensor],
         sd.update({f'pyramid.{k}': v for k, v in pyramid.items()})
     else:
         dropped += pyramid_src
+        if target_shapes is not None:  # our own in-backbone pyramid, for a target without one
+            sd, dropped_now = drop_keys(sd, (r'^pyramid\.', ))
+            dropped += dropped_now
 
     if 'pos_embed' in sd:
         if target_shapes is not None and 'pos_embed' not in target_shapes:

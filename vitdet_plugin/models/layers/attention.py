@@ -149,8 +149,16 @@ class Attention(nn.Module):
         """Attention of ``(..., heads, N, d)`` inputs, merged and projected to ``(..., N, C)``."""
         out = attend(q, k, v, bias, self.attn_drop if self.training else 0.0, self.fused,
                      self.scale, mask)
-        out = out.transpose(-3, -2).flatten(-2)
-        return self.proj_drop(self.proj(out))
+        return self.project(self.merge_heads(out))
+
+    @staticmethod
+    def merge_heads(out: Tensor) -> Tensor:
+        """Attention output ``(..., heads, N, d)`` -> ``(..., N, heads * d)``."""
+        return out.transpose(-3, -2).flatten(-2)
+
+    def project(self, x: Tensor) -> Tensor:
+        """The output projection (and its dropout) of merged heads ``(..., C)``."""
+        return self.proj_drop(self.proj(x))
 
     def forward(self, x: Tensor, bias: Optional[Tensor] = None,
                 mask: Optional[Tensor] = None) -> Tensor:

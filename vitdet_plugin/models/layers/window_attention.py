@@ -114,11 +114,11 @@ class WindowAttention(Attention):
                 full.copy_(self.qkv.bias.expand_as(full))
             qkv = full.index_copy_(0, real, qkv)
         q, k, v = self.split_heads(qkv.view(windows, self.window_tokens, -1))
-        out = attend(q, k, v, bias, fused=self.fused, scale=self.scale)
-        out = out.transpose(1, 2).reshape(-1, self.dim)              # (windows * N, C)
+        out = self.merge_heads(attend(q, k, v, bias, fused=self.fused, scale=self.scale))
+        out = out.reshape(-1, self.dim)                              # (windows * N, C)
         if real is not None:
             out = out.index_select(0, real)
-        return self.proj(out)
+        return self.project(out)
 
     @property
     def window_tokens(self) -> int:
