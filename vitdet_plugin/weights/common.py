@@ -180,6 +180,18 @@ def unwrap_state_dict(ckpt: Mapping) -> StateDict:
     return tensors
 
 
+def checkpoint_state_dict(checkpoint: Union[str, os.PathLike, Mapping],
+                          prefix: Optional[str] = None) -> StateDict:
+    """The tensors of a checkpoint (a file or URL read by :func:`load_checkpoint_file`, or an
+    already loaded dict), unwrapped, with the keys under ``prefix`` (if given) un-prefixed."""
+    ckpt = (load_checkpoint_file(checkpoint) if isinstance(checkpoint, (str, os.PathLike))
+            else checkpoint)
+    sd = unwrap_state_dict(ckpt)
+    if prefix:
+        sd = select_prefix(sd, prefix if prefix.endswith('.') else prefix + '.')
+    return sd
+
+
 def select_prefix(sd: Mapping[str, Tensor], prefix: str) -> StateDict:
     """Keys under ``prefix`` with it removed; ``sd`` unchanged when no key has the prefix."""
     if not any(k.startswith(prefix) for k in sd):

@@ -14,7 +14,6 @@ official PatchMerging channel order) plus detection output norms ``norm{i}``. Ac
 """
 import logging
 import math
-import os
 import re
 from typing import List, Mapping, Optional, Tuple, Union
 
@@ -22,9 +21,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..models.layers.rel_pos import relative_position_index
-from .common import (CheckpointError, StateDict, drop_keys, interpolation_dtype,
-                     load_checkpoint_file, load_state_dict_checked, resize_pos_grid,
-                     select_prefix, unwrap_state_dict)
+from .common import (CheckpointError, StateDict, checkpoint_state_dict, drop_keys,
+                     interpolation_dtype, load_state_dict_checked, resize_pos_grid,
+                     select_prefix)
 
 logger = logging.getLogger('vitdet_plugin')
 
@@ -256,19 +255,15 @@ def load_swin_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, T
 
     Returns the names of the dropped checkpoint keys (head, buffers, detector neck/head).
     """
-    ckpt = (load_checkpoint_file(checkpoint) if isinstance(checkpoint, (str, os.PathLike))
-            else checkpoint)
-    sd = unwrap_state_dict(ckpt)
-    if prefix:
-        sd = select_prefix(sd, prefix if prefix.endswith('.') else prefix + '.')
+    sd = checkpoint_state_dict(checkpoint, prefix)
     grid = (tuple(model.absolute_pos_embed.shape[-2:])
             if getattr(model, 'use_abs_pos_embed', False) else None)
     converted, dropped = convert_swin(sd, window_size=model.window_size, pos_grid=grid,
                                       src_window_size=src_window_size)
     # output norms of stages this model does not return (trained with other out_indices)
-    spare = [k for k in converted
-             if _OUTPUT_NORM.match(k) and int(_OUTPUT_NORM.match(k).group(1)) not in
-             model.out_indices]
+    norm_stages = {k: _OUTPUT_NORM.match(k) for k in converted}
+    spare = [k for k, m in norm_stages.items()
+             if m is not None and int(m.group(1)) not in model.out_indices]
     for k in spare:
         del converted[k]
     if spare:

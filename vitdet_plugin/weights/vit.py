@@ -25,7 +25,6 @@ linearly to the target lengths.
 """
 import logging
 import math
-import os
 import re
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -33,9 +32,9 @@ import torch
 from torch import Tensor, nn
 
 from ..models.layers.rel_pos import resize_rel_pos
-from .common import (CheckpointError, StateDict, drop_keys, load_checkpoint_file,  # noqa: F401
-                     load_numpy_pickle, load_state_dict_checked, resize_pos_grid, select_prefix,
-                     unwrap_state_dict)
+from .common import (CheckpointError, StateDict, checkpoint_state_dict, drop_keys,
+                     load_state_dict_checked, resize_pos_grid, select_prefix, unwrap_state_dict)
+from .common import load_numpy_pickle  # noqa: F401  (its home before common.py; still importable)
 
 logger = logging.getLogger('vitdet_plugin')
 
@@ -325,11 +324,7 @@ def load_vit_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Te
 
     Returns the names of the dropped checkpoint keys.
     """
-    ckpt = (load_checkpoint_file(checkpoint) if isinstance(checkpoint, (str, os.PathLike))
-            else checkpoint)
-    sd = unwrap_state_dict(ckpt)
-    if prefix:
-        sd = select_prefix(sd, prefix if prefix.endswith('.') else prefix + '.')
+    sd = checkpoint_state_dict(checkpoint, prefix)
     converted, dropped = convert_vit(sd, vit_target_shapes(model),
                                      pos_grid=getattr(model, 'pretrain_grid', None),
                                      in_stride=getattr(model, 'patch_size', 16))

@@ -203,8 +203,7 @@ class SwinStage(nn.Module):
         b, h, w, c = x.shape
         x = x.contiguous()
         tokens = x.view(-1, c)
-        step = self.blocks[0].attn.windows_per_chunk(self.blocks[0].attn.window_tokens,
-                                                     x.element_size())
+        step = self.blocks[0].attn.windows_per_chunk(x.element_size())
         plans = self.window_plans((h, w), b, x.device, step)
         for blk in self.blocks:
             if blk.shifted:

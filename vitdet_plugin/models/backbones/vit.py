@@ -161,13 +161,16 @@ class ViTBlock(nn.Module):
         return f'window_size={self.window_size}'
 
 
-def _index_list(name: str, values: Sequence[int], depth: int) -> Tuple[int, ...]:
+def _index_list(name: str, values: Sequence[int], depth: int,
+                negative: bool = False) -> Tuple[int, ...]:
+    """Sorted unique block indices; with ``negative``, ``-1`` is the last block."""
     values = tuple(int(v) for v in values)
-    bad = [v for v in values if not 0 <= v < depth]
+    low = -depth if negative else 0
+    bad = [v for v in values if not low <= v < depth]
     if bad:
         raise ValueError(f'{name}={values} contains {bad}, out of range for depth={depth}: '
-                         f'block indices must be in 0..{depth - 1}')
-    return tuple(sorted(set(values)))
+                         f'block indices must be in {low}..{depth - 1}')
+    return tuple(sorted({v % depth for v in values}))
 
 
 def _resolve_arch(arch: Union[str, dict, None], **overrides) -> dict:
@@ -305,13 +308,7 @@ class ViTBackbone(FreezeMixin, BaseModule):
         if not len(out_indices):
             raise ValueError('out_indices is empty; give at least one block index (-1: the '
                              'last block)')
-        bad = [i for i in out_indices if not -self.depth <= int(i) < self.depth]
-        if bad:
-            raise ValueError(f'out_indices={tuple(out_indices)} contains {bad}, out of range '
-                             f'for depth={self.depth}: block indices must be in '
-                             f'{-self.depth}..{self.depth - 1}')
-        out = [int(i) + self.depth if int(i) < 0 else int(i) for i in out_indices]
-        self.out_indices = _index_list('out_indices', out, self.depth)
+        self.out_indices = _index_list('out_indices', out_indices, self.depth, negative=True)
         if not -1 <= frozen_stages <= self.depth:
             raise ValueError(f'frozen_stages={frozen_stages} must be in -1..{self.depth} '
                              '(-1: train all, 0: patch/position embeddings, k: also the first '

@@ -85,7 +85,7 @@ class WindowAttention(Attention):
         if self._cacheable():
             bias = self.window_bias(shift_mask, x.shape[0])
             # inference: windows in chunks keep the 3C-wide qkv temporary small
-            rows = self.windows_per_chunk(x.shape[1], x.element_size())
+            rows = self.windows_per_chunk(x.element_size())
             return map_row_chunks(self.forward_with_bias, x, rows, self.dim, bias)
         # training: the bias carries a gradient; the mask stays separate and unexpanded
         mask = None if shift_mask is None else shift_mask.unsqueeze(1)
@@ -109,9 +109,11 @@ class WindowAttention(Attention):
         """
         qkv = self.qkv(x)
         if real is not None:
-            full = qkv.new_zeros(windows * self.window_tokens, qkv.shape[1])
+            full = qkv.new_empty(windows * self.window_tokens, qkv.shape[1])
             if self.qkv.bias is not None:
                 full.copy_(self.qkv.bias.expand_as(full))
+            else:
+                full.zero_()
             qkv = full.index_copy_(0, real, qkv)
         q, k, v = self.split_heads(qkv.view(windows, self.window_tokens, -1))
         out = self.merge_heads(attend(q, k, v, bias, fused=self.fused, scale=self.scale))
@@ -124,10 +126,10 @@ class WindowAttention(Attention):
     def window_tokens(self) -> int:
         return self.window_size[0] * self.window_size[1]
 
-    def windows_per_chunk(self, window_tokens: int, element_size: int = 4) -> int:
+    def windows_per_chunk(self, element_size: int = 4) -> int:
         """Windows per inference chunk (keeps the ``3C``-wide qkv temporary near
         :data:`~.chunking.CHUNK_BYTES`)."""
-        return rows_per_chunk(3 * self.dim * window_tokens, element_size)
+        return rows_per_chunk(3 * self.dim * self.window_tokens, element_size)
 
     def train(self, mode: bool = True) -> 'WindowAttention':
         self._clear_cache()
