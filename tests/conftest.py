@@ -14,3 +14,22 @@ torch.manual_seed(0)
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _uninitialized_memory_is_nan():
+    """Fill every ``torch.empty`` with NaN (ints: their max) for the duration of each test.
+
+    A read of memory nothing wrote (a parameter left to ``init_weights``, a padded buffer only
+    partly filled) then fails every time instead of once in a while, depending on what the
+    allocator hands back. ``fill_uninitialized_memory`` only acts in deterministic mode; on CPU
+    that mode changes no kernel we use, and ``warn_only`` keeps it from raising elsewhere.
+    """
+    prev_mode = torch.are_deterministic_algorithms_enabled()
+    prev_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    prev_fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    yield
+    torch.use_deterministic_algorithms(prev_mode, warn_only=prev_warn)
+    torch.utils.deterministic.fill_uninitialized_memory = prev_fill
