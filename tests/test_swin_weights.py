@@ -306,3 +306,86 @@ def test_rectangular_window_checkpoint_needs_and_uses_its_window(tmp_path):
     table = src.layers[0].blocks[0].attn.relative_position_bias_table
     expected = resize_rel_pos_bias_table(table.detach(), (7, 7), (5, 7))
     assert torch.equal(model.layers[0].blocks[0].attn.relative_position_bias_table, expected)
+
+
+def test_official_rectangular_window_is_read_from_its_index_buffer(caplog):
+    """Official / mmdet checkpoints keep ``relative_position_index``, which tells the window:
+    a (5, 7) checkpoint loads into a (7, 5) model resized (not verbatim), no argument needed,
+    and a contradicting src_window_size is refused."""
+    arch = dict(embed_dims=32, depths=(2, 2), num_heads=(2, 4))
+    from vitdet_plugin.models.layers import relative_position_index
+    src = randomize_(SwinBackbone(arch=arch, window_size=(5, 7), out_indices=(0, 1)))
+    ckpt = _official_from(src, buffers=False)
+    for k in [k for k in ckpt['model'] if k.endswith('relative_position_bias_table')]:
+        ckpt['model'][k.replace('_bias_table', '_index')] = relative_position_index((5, 7))
+    dst = SwinBackbone(arch=arch, window_size=(7, 5), out_indices=(0, 1))
+    with caplog.at_level(logging.WARNING, logger='vitdet_plugin'):
+        load_swin_pretrained(dst, ckpt)
+    assert 'records no window' not in caplog.text
+    table = src.layers[1].blocks[1].attn.relative_position_bias_table.detach()
+    assert torch.equal(dst.layers[1].blocks[1].attn.relative_position_bias_table,
+                       resize_rel_pos_bias_table(table, (7, 5), (5, 7)))
+    with pytest.raises(CheckpointError, match=r'src_window_size=\(7, 5\) contradicts the '
+                                              r'checkpoint, .* built for 5x7 windows'):
+        load_swin_pretrained(dst, ckpt, src_window_size=(7, 5))
+
+
+def test_rectangular_window_without_a_recorded_window_is_loaded_with_a_warning(caplog):
+    """Our own layout records no window, and a (5, 7) table has as many rows as a (7, 5) one:
+    it loads as the model's window, and the warning names the way out."""
+    arch = dict(embed_dims=32, depths=(2, 2), num_heads=(2, 4))
+    src = randomize_(SwinBackbone(arch=arch, window_size=(7, 5), out_indices=(0, 1)))
+    dst = SwinBackbone(arch=arch, window_size=(7, 5), out_indices=(0, 1))
+    with caplog.at_level(logging.WARNING, logger='vitdet_plugin'):
+        load_swin_pretrained(dst, src.state_dict())
+    assert 'loaded as 7x5. If it was trained with 5x7 windows, pass src_window_size=(5, 7)' \
+        in caplog.text
+    _assert_same_weights(dst, src)
+
+
+def test_src_window_size_that_does_not_fit_the_table_is_named():
+    sd = _official_from(randomize_(_ours()))
+    with pytest.raises(CheckpointError, match=r'src_window_size=\(5, 7\) does not fit a bias '
+                                              r'table of 169 rows .*e\.g\. 7 \(square\)'):
+        convert_swin({k: v for k, v in sd['model'].items() if 'index' not in k},
+                     window_size=(7, 7), src_window_size=(5, 7))
+
+
+def test_official_position_tokens_are_read_as_a_square_grid():
+    """The official code only has square grids: 16 tokens are 4x4, even for a model whose
+    8x2 grid also has 16 cells (reading them as 8x2 would scramble them)."""
+    tokens = torch.randn(1, 16, 32)
+    sd = dict(_official_from(randomize_(_ours()))['model'], absolute_pos_embed=tokens)
+    converted, _ = convert_swin(sd, pos_grid=(8, 2))
+    grid = tokens.reshape(1, 4, 4, 32).permute(0, 3, 1, 2)
+    expected = torch.nn.functional.interpolate(grid, size=(8, 2), mode='bicubic',
+                                               align_corners=False)
+    torch.testing.assert_close(converted['absolute_pos_embed'], expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize('wrapper', ['model_ema', 'state_dict_ema', 'ema_state_dict'])
+def test_checkpoint_holding_only_ema_weights_loads(wrapper):
+    src = randomize_(_ours())
+    dst = _ours()
+    load_swin_pretrained(dst, {wrapper: src.state_dict(), 'epoch': 3})
+    _assert_same_weights(dst, src, skip=r'^$')
+
+
+def test_checkpoint_without_tensors_lists_its_top_level_keys():
+    with pytest.raises(CheckpointError, match=r"holds no tensors .*top-level keys are epoch, "
+                                              r"optimizer"):
+        load_swin_pretrained(_ours(), {'epoch': 3, 'optimizer': {'lr': 0.1}})
+
+
+def test_prefix_that_matches_no_key_is_an_error():
+    sd = {'backbone.' + k: v for k, v in randomize_(_ours()).state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"no key of the checkpoint starts with "
+                                              r"prefix='encoder\.'; .*backbone\."):
+        load_swin_pretrained(_ours(), sd, prefix='encoder')
+
+
+def test_rectangular_window_state_dict_is_not_exported_to_mmdet():
+    src = _ours(window_size=(5, 7))
+    with pytest.raises(ValueError, match=r"117 rows, the table of a rectangular window; "
+                                         r"mmdet's SwinTransformer only has square windows"):
+        swin_to_mmdet(src.state_dict())

@@ -157,23 +157,42 @@ def _not_a_checkpoint(path: str, e: BaseException,
         f'.safetensors file or a detectron2 .pkl. Nothing in it was executed.')
 
 
-def unwrap_state_dict(ckpt: Mapping) -> StateDict:
-    """Find the tensor dict inside common wrappers (``state_dict``, ``model``, ``module``)."""
-    if not isinstance(ckpt, Mapping):
-        raise CheckpointError(f'a checkpoint must be a dict, got {type(ckpt).__name__}')
-    sd = ckpt
+#: Keys under which checkpoints keep their model weights, tried in this order at each level.
+_WRAPPERS = ('state_dict', 'model', 'module')
+#: Where checkpoints that hold *only* averaged (EMA) weights keep them: the official Swin /
+#: DeiT ``model_ema``, timm's ``state_dict_ema``, mmengine's ``ema_state_dict``.
+_EMA_WRAPPERS = ('model_ema', 'state_dict_ema', 'ema_state_dict')
+
+
+def _tensors_of(sd: Mapping) -> StateDict:
     for _ in range(3):
-        for wrapper in ('state_dict', 'model', 'module'):
+        for wrapper in _WRAPPERS:
             inner = sd.get(wrapper)
             if isinstance(inner, Mapping) and inner:
                 sd = inner
                 break
         else:
             break
-    tensors = {k: v for k, v in sd.items() if isinstance(v, Tensor)}
+    return {k: v for k, v in sd.items() if isinstance(v, Tensor)}
+
+
+def unwrap_state_dict(ckpt: Mapping) -> StateDict:
+    """Find the tensor dict inside common wrappers (``state_dict``, ``model``, ``module``; the
+    EMA weights ``model_ema`` / ``state_dict_ema`` / ``ema_state_dict`` when nothing else)."""
+    if not isinstance(ckpt, Mapping):
+        raise CheckpointError(f'a checkpoint must be a dict, got {type(ckpt).__name__}')
+    tensors = _tensors_of(ckpt)
+    for ema in _EMA_WRAPPERS:
+        if tensors:
+            break
+        if isinstance(ckpt.get(ema), Mapping):
+            tensors = _tensors_of(ckpt[ema])
     if not tensors:
-        raise CheckpointError('the checkpoint holds no tensors (looked at the top level and '
-                              "under 'state_dict', 'model' and 'module')")
+        raise CheckpointError(
+            'the checkpoint holds no tensors (looked at the top level, under '
+            f"{', '.join(map(repr, _WRAPPERS + _EMA_WRAPPERS))}); its top-level keys are "
+            f'{_summarise([str(k) for k in ckpt])}. Pass the tensor dict itself, or save the '
+            'model with torch.save(model.state_dict(), path)')
     if any(k.startswith('module.') for k in tensors):  # saved from DataParallel/DDP
         tensors = {k[len('module.'):] if k.startswith('module.') else k: v
                    for k, v in tensors.items()}
@@ -188,7 +207,13 @@ def checkpoint_state_dict(checkpoint: Union[str, os.PathLike, Mapping],
             else checkpoint)
     sd = unwrap_state_dict(ckpt)
     if prefix:
-        sd = select_prefix(sd, prefix if prefix.endswith('.') else prefix + '.')
+        prefix = prefix if prefix.endswith('.') else prefix + '.'
+        if not any(k.startswith(prefix) for k in sd):
+            raise CheckpointError(
+                f'no key of the checkpoint starts with prefix={prefix!r}; its keys start like '
+                f'{_summarise(sorted({k.split(".")[0] + "." for k in sd}))}. Give one of '
+                'those as the prefix, or none to let the format be detected')
+        sd = select_prefix(sd, prefix)
     return sd
 
 

@@ -17,6 +17,7 @@ import math
 import re
 from typing import List, Mapping, Optional, Tuple, Union
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -123,14 +124,21 @@ def _from_timm(sd: StateDict) -> StateDict:
     return out
 
 
-def _tokens_to_grid(pos: Tensor, grid: Optional[Tuple[int, int]] = None) -> Tensor:
-    """``(1, H*W, C)`` token embedding (mmdet's layout) -> ``(1, C, H, W)``: on the target
-    ``grid`` when the token count fits it, else on a square grid."""
+def _tokens_to_grid(pos: Tensor, grid: Optional[Tuple[int, int]] = None,
+                    square_source: bool = False) -> Tensor:
+    """``(1, H*W, C)`` token embedding -> ``(1, C, H, W)``.
+
+    The tokens are read on the target ``grid`` when their count fits it (mmdet's own reading:
+    a non-square ``pretrain_img_size`` round-trips), else on a square grid. ``square_source``:
+    the layout only comes from square images (the official code), so a square token count is
+    read as square even when a non-square target grid has as many cells, and then resized.
+    """
     n, c = pos.shape[1:]
-    if grid is not None and grid[0] * grid[1] == n:
+    side = math.isqrt(n)
+    if grid is not None and grid[0] * grid[1] == n and not (square_source and side * side == n):
         h, w = grid
     else:
-        h = w = math.isqrt(n)
+        h = w = side
         if h * w != n:
             raise CheckpointError(
                 f'absolute_pos_embed with {n} tokens is not a square grid'
@@ -140,17 +148,39 @@ def _tokens_to_grid(pos: Tensor, grid: Optional[Tuple[int, int]] = None) -> Tens
     return pos.reshape(1, h, w, c).permute(0, 3, 1, 2)
 
 
+def window_from_index(index: Tensor) -> Optional[Tuple[int, int]]:
+    """The ``(h, w)`` window a ``relative_position_index`` buffer ``(N, N)`` was built for (the
+    official and mmdet checkpoints keep it), or None if it is no such index."""
+    n = index.shape[-1]
+    if index.dim() != 2 or index.shape[0] != n:
+        return None
+    for h in range(1, n + 1):
+        if n % h == 0 and torch.equal(index.long(), relative_position_index((h, n // h))):
+            return h, n // h
+    return None
+
+
 def resize_rel_pos_bias_table(table: Tensor, window_size: Tuple[int, int],
                               src_window_size: Optional[Tuple[int, int]] = None) -> Tensor:
     """Bicubically resize a ``((2wh-1)(2ww-1), heads)`` bias table to another window size."""
     dst = (2 * window_size[0] - 1, 2 * window_size[1] - 1)
-    if table.shape[0] == dst[0] * dst[1] and src_window_size in (None, tuple(window_size)):
+    rows = table.shape[0]
+    if src_window_size is not None and rows != (2 * src_window_size[0] - 1) * (
+            2 * src_window_size[1] - 1):
+        raise CheckpointError(
+            f'src_window_size={tuple(src_window_size)} does not fit a bias table of {rows} '
+            f'rows (a {src_window_size[0]}x{src_window_size[1]} window has '
+            f'{(2 * src_window_size[0] - 1) * (2 * src_window_size[1] - 1)}); give the window '
+            f'the checkpoint was trained with' + (
+                f', e.g. {(math.isqrt(rows) + 1) // 2} (square)'
+                if math.isqrt(rows) ** 2 == rows else ''))
+    if rows == dst[0] * dst[1] and src_window_size in (None, tuple(window_size)):
         return table
     if src_window_size is None:
-        side = math.isqrt(table.shape[0])
-        if side * side != table.shape[0]:
+        side = math.isqrt(rows)
+        if side * side != rows:
             raise CheckpointError(
-                f'cannot infer the window size of a bias table with {table.shape[0]} rows '
+                f'cannot infer the window size of a bias table with {rows} rows '
                 f'(not a square window); give the window the checkpoint was trained with: '
                 f"init_cfg=dict(type='Pretrained', checkpoint=..., src_window_size=(h, w)) or "
                 f'tools/convert_weights.py --src-window-size H W')
@@ -186,6 +216,7 @@ def convert_swin(sd: Mapping[str, Tensor], window_size: Optional[Tuple[int, int]
     if fmt not in SWIN_FORMATS:
         raise ValueError(f'unknown Swin format {fmt!r}; one of {SWIN_FORMATS}')
     sd = dict(sd)
+    src_window_size = _source_window(sd, src_window_size)
     dropped: List[str] = []
     if any(k.startswith('backbone.') for k in sd):
         dropped += [k for k in sd if not k.startswith('backbone.')]
@@ -199,16 +230,43 @@ def convert_swin(sd: Mapping[str, Tensor], window_size: Optional[Tuple[int, int]
     if 'absolute_pos_embed' in sd:
         pos = sd['absolute_pos_embed']
         if pos.dim() == 3:
-            pos = _tokens_to_grid(pos, tuple(pos_grid) if pos_grid is not None else None)
+            pos = _tokens_to_grid(pos, tuple(pos_grid) if pos_grid is not None else None,
+                                  square_source=fmt == 'official')
         if pos_grid is not None:
             pos = resize_pos_grid(pos, tuple(pos_grid))
         sd['absolute_pos_embed'] = pos
     if window_size is not None:
-        for k in [k for k in sd if k.endswith('relative_position_bias_table')]:
+        tables = [k for k in sd if k.endswith('relative_position_bias_table')]
+        wh, ww = window_size
+        if (src_window_size is None and wh != ww and tables
+                and sd[tables[0]].shape[0] == (2 * wh - 1) * (2 * ww - 1)):
+            logger.warning(
+                'Swin checkpoint: its bias tables fit the model\'s %dx%d window and also a '
+                '%dx%d one, and it records no window; loaded as %dx%d. If it was trained with '
+                '%dx%d windows, pass src_window_size=(%d, %d) (init_cfg key, or '
+                'tools/convert_weights.py --src-window-size)', wh, ww, ww, wh, wh, ww, ww, wh,
+                ww, wh)
+        for k in tables:
             sd[k] = resize_rel_pos_bias_table(
                 sd[k], tuple(window_size),
                 tuple(src_window_size) if src_window_size is not None else None)
     return sd, dropped
+
+
+def _source_window(sd: Mapping[str, Tensor],
+                   given: Optional[Tuple[int, int]]) -> Optional[Tuple[int, int]]:
+    """The checkpoint's window: from its ``relative_position_index`` buffers when it keeps
+    them (official, mmdet), checked against ``given`` (the user's ``src_window_size``)."""
+    index = next((v for k, v in sd.items() if k.endswith('relative_position_index')), None)
+    found = window_from_index(index) if index is not None else None
+    if found is None:
+        return tuple(given) if given is not None else None
+    if given is not None and tuple(given) != found:
+        raise CheckpointError(
+            f'src_window_size={tuple(given)} contradicts the checkpoint, whose '
+            f'relative_position_index was built for {found[0]}x{found[1]} windows; drop '
+            'src_window_size (the checkpoint tells) or fix it')
+    return found
 
 
 def swin_to_mmdet(sd: Mapping[str, Tensor]) -> StateDict:
@@ -224,7 +282,12 @@ def swin_to_mmdet(sd: Mapping[str, Tensor]) -> StateDict:
                          "mmdet's SwinTransformer does not have; keep it in our layout and load "
                          'it with SwinBackbone(stem_channels=...)')
     for k in [k for k in sd if k.endswith('relative_position_bias_table')]:
-        side = (math.isqrt(sd[k].shape[0]) + 1) // 2
+        rows = sd[k].shape[0]
+        side = (math.isqrt(rows) + 1) // 2
+        if (2 * side - 1) ** 2 != rows:
+            raise ValueError(f'{k} has {rows} rows, the table of a rectangular window; mmdet\'s '
+                             'SwinTransformer only has square windows. Keep this state dict in '
+                             'our layout and load it with SwinBackbone(window_size=(h, w))')
         sd[k.replace('_bias_table', '_index')] = relative_position_index((side, side))
     out = {}
     for k, v in sd.items():

@@ -48,7 +48,9 @@ class _FusedAttentionRecompute(torch.autograd.Function):
     take the math path and keep every ``(N, N)`` attention matrix alive until backward. Here
     the forward runs the fused kernel without recording a graph and saves only ``q, k, v``
     (views of the ``qkv`` output, stored anyway), the small bias and the cached mask; the
-    backward recomputes the attention of the one layer it is processing.
+    backward recomputes the attention of the one layer it is processing (bias and mask added
+    inside the ``q k^T`` GEMM) and applies the softmax-attention gradient formulas directly,
+    without building a second autograd graph.
     """
 
     @staticmethod
@@ -64,12 +66,25 @@ class _FusedAttentionRecompute(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         q, k, v, bias, mask = ctx.saved_tensors
-        with torch.enable_grad():
-            q_, k_, v_, bias_ = (t.detach().requires_grad_() for t in (q, k, v, bias))
-            full = combine_bias(bias_, mask, q_.shape[0]).to(q_.dtype)
-            out = _math_attention(q_, k_, v_, full, ctx.scale)
-            grads = torch.autograd.grad(out, (q_, k_, v_, bias_), grad_out)
-        return (*grads, None, None)
+        scale = ctx.scale
+        b, h, n, d = q.shape
+        m, dv_dim = k.shape[-2], v.shape[-1]
+        # the attention of this layer, recomputed: logits = bias + mask + scale * q k^T
+        full = combine_bias(bias, mask, b).to(q.dtype).expand(b, h, n, m)
+        q3, k3, v3 = q.reshape(b * h, n, d), k.reshape(b * h, m, d), v.reshape(b * h, m, dv_dim)
+        probs = torch.softmax(torch.baddbmm(full.reshape(b * h, n, m), q3, k3.transpose(1, 2),
+                                            alpha=scale), dim=-1)
+        grad3 = grad_out.reshape(b * h, n, dv_dim)
+        grad_v = torch.bmm(probs.transpose(1, 2), grad3)
+        grad_logits = torch._softmax_backward_data(torch.bmm(grad3, v3.transpose(1, 2)), probs,
+                                                   -1, probs.dtype)
+        del probs
+        grad_bias = grad_logits.view(b, h, n, m).sum_to_size(bias.shape).to(bias.dtype)
+        # d(q k^T) = scale * d(logits); scaled on the (smaller) products, since grad_bias may
+        # be grad_logits itself
+        grad_q = torch.bmm(grad_logits, k3).mul_(scale).view(b, h, n, d)
+        grad_k = torch.bmm(grad_logits.transpose(1, 2), q3).mul_(scale).view(b, h, m, d)
+        return grad_q, grad_k, grad_v.view(b, h, m, dv_dim), grad_bias, None, None
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor] = None,
