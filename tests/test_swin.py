@@ -76,8 +76,9 @@ def test_parity_with_mmdet_same_weights(hw, batch):
 
 
 @pytest.mark.parametrize('kw', [dict(patch_norm=False), dict(qkv_bias=False),
-                                dict(mlp_ratio=2), dict(qk_scale=0.1)],
-                         ids=['no-patch-norm', 'no-qkv-bias', 'mlp2', 'qk-scale'])
+                                dict(mlp_ratio=2), dict(qk_scale=0.1), dict(qk_scale=0)],
+                         ids=['no-patch-norm', 'no-qkv-bias', 'mlp2', 'qk-scale',
+                              'qk-scale-0-is-default'])
 def test_parity_with_mmdet_other_settings(kw):
     """mmdet's arguments mean the same here (patch_norm=False also drops the merging norm)."""
     from vitdet_plugin.weights.swin import load_swin_pretrained
@@ -491,3 +492,50 @@ def test_conv_stem_inference_matches_training_path_in_eval():
 def test_conv_stem_bad_settings(stem, patch, match):
     with pytest.raises(ValueError, match=match):
         SwinBackbone(**SMALL, patch_size=patch, stem_channels=stem)
+
+
+def test_bias_only_fine_tuning_gets_mmdets_gradients():
+    """BitFit-style: only biases train. fc2's bias must get its gradient although fc2's weight
+    is frozen (the GELU-recomputing MLP computes the two separately)."""
+    ref = randomize_(_mmdet_swin(32, (2, 2, 2, 2), (2, 2, 4, 4), 7))
+    ours = SwinBackbone(**SMALL, window_size=7, drop_path_rate=0.0)
+    ours.load_state_dict(_ours_from_mmdet(ref.state_dict()))
+    ours.train(), ref.train()
+    for model in (ours, ref):
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.endswith('.bias'))
+    x = torch.randn(1, 3, 64, 96)
+    sum((o * o).sum() for o in ours(x)).backward()
+    sum((o * o).sum() for o in ref(x)).backward()
+    got = swin_to_mmdet({k: p.grad for k, p in ours.named_parameters() if p.requires_grad})
+    want = {k: p.grad for k, p in ref.named_parameters() if p.requires_grad}
+    assert got.keys() - {k for k in got if k.endswith('relative_position_index')} == want.keys()
+    for k, g in want.items():
+        assert got[k] is not None and max_rel_err(got[k], g) <= 1e-4, k
+
+
+def test_built_on_meta_then_materialised_with_to_empty_and_loaded():
+    """The FSDP / accelerate empty-init pattern: nothing derived may be left uninitialised."""
+    src = randomize_(SwinBackbone(**SMALL, drop_path_rate=0.0)).eval()
+    with torch.device('meta'):
+        model = SwinBackbone(**SMALL, drop_path_rate=0.0)
+    model = model.to_empty(device='cpu').eval()
+    model.load_state_dict(src.state_dict())
+    x = torch.randn(1, 3, 64, 96)
+    with torch.no_grad():
+        assert_close_rel(model(x), src(x), tol=0)
+
+
+@pytest.mark.parametrize('mode', ['no_grad', 'inference_mode'])
+def test_meta_forward_gives_shapes_without_grad(mode):
+    with torch.device('meta'):
+        model = SwinBackbone(**SMALL).eval()
+        with getattr(torch, mode)():
+            outs = model(torch.empty(2, 3, 97, 131))
+    assert [tuple(o.shape) for o in outs] == _expected_shapes(model, 97, 131, batch=2)
+
+
+@pytest.mark.parametrize('bad', [(1.7, ), ('2', ), (True, ), 2.0])
+def test_out_indices_must_be_ints(bad):
+    with pytest.raises(ValueError, match='out_indices'):
+        SwinBackbone(**SMALL, out_indices=bad)

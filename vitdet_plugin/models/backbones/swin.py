@@ -26,9 +26,9 @@ from ...weights.swin import load_swin_pretrained
 from .base import FreezeMixin, pretrained_init_cfg
 from ..layers import (ConvStem, DropPath, Mlp, PatchEmbed, PatchMerging, WindowAttention,
                       WindowIndex, WindowPlan, builds_cache, chunk_slices, inference_fast_path,
-                      linear_drop_path_rates, map_height_chunks, padded_size, residual_add,
-                      rows_per_chunk, shifted_window_mask, to_2tuple, window_gather_index,
-                      window_plan)
+                      int_tuple, linear_drop_path_rates, map_height_chunks, padded_size,
+                      residual_add, rows_per_chunk, shifted_window_mask, to_2tuple,
+                      window_gather_index, window_plan)
 
 #: ``arch`` presets: embed dims, depths and heads of the published Swin models.
 SWIN_ARCHS: Dict[str, dict] = {
@@ -365,9 +365,7 @@ class SwinBackbone(FreezeMixin, BaseModule):
         if strides is not None and tuple(strides) != expected_strides:
             raise ValueError(f'strides={tuple(strides)} is not supported: Swin uses the patch '
                              f'size then 2x patch merging, i.e. {expected_strides}')
-        if isinstance(out_indices, int):
-            out_indices = (out_indices, )
-        out_indices = tuple(int(i) for i in out_indices)
+        out_indices = int_tuple(out_indices, 'out_indices')
         if not out_indices or any(not 0 <= i < num_stages for i in out_indices):
             raise ValueError(f'out_indices={out_indices} must be a non-empty subset of stage '
                              f'indices 0..{num_stages - 1}')

@@ -27,7 +27,7 @@ from ...weights.vit import load_vit_pretrained
 from ..layers import (Attention, DropPath, Mlp, PatchEmbed, ResBottleneckBlock, TensorWatch,
                       WindowIndex, attend, builds_cache, decomposed_rel_pos_bias,
                       decomposed_rel_pos_terms, linear_drop_path_rates, rel_pos_attention,
-                      residual_add, to_2tuple, window_gather_index)
+                      int_tuple, residual_add, to_2tuple, window_gather_index)
 from ..necks.simple_fpn import ViTSimpleFPN
 from .base import FreezeMixin, pretrained_init_cfg
 
@@ -164,7 +164,7 @@ class ViTBlock(nn.Module):
 def _index_list(name: str, values: Sequence[int], depth: int,
                 negative: bool = False) -> Tuple[int, ...]:
     """Sorted unique block indices; with ``negative``, ``-1`` is the last block."""
-    values = tuple(int(v) for v in values)
+    values = int_tuple(values, name)
     low = -depth if negative else 0
     bad = [v for v in values if not low <= v < depth]
     if bad:
@@ -303,9 +303,8 @@ class ViTBackbone(FreezeMixin, BaseModule):
             raise ValueError(f'in_channels must be positive, got {in_channels}')
         if not 0.0 <= float(spec['drop_path_rate']) < 1.0:
             raise ValueError(f"drop_path_rate must be in [0, 1), got {spec['drop_path_rate']}")
-        if isinstance(out_indices, int):
-            out_indices = (out_indices, )
-        if not len(out_indices):
+        out_indices = int_tuple(out_indices, 'out_indices')
+        if not out_indices:
             raise ValueError('out_indices is empty; give at least one block index (-1: the '
                              'last block)')
         self.out_indices = _index_list('out_indices', out_indices, self.depth, negative=True)

@@ -21,6 +21,8 @@ def inference_fast_path(x: Tensor) -> bool:
     being recorded and no autocast is active on ``x``'s device. Those paths write results
     into buffers of the input's dtype; under autocast the plain path runs, so every op gets
     autocast's dtype exactly as in eager PyTorch."""
+    if x.device.type == 'meta':  # shapes only: the plain path gives them
+        return False
     return not torch.is_grad_enabled() and not torch.is_autocast_enabled(x.device.type)
 
 

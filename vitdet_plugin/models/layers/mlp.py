@@ -26,11 +26,11 @@ class _GeluLinear(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         h, weight = ctx.saved_tensors
         grad_h = grad_w = grad_b = None
+        g2 = grad_out.reshape(-1, grad_out.shape[-1])
         if ctx.needs_input_grad[1]:
-            g2 = grad_out.reshape(-1, grad_out.shape[-1])
             grad_w = g2.t() @ F.gelu(h).reshape(-1, h.shape[-1])
-            if ctx.has_bias and ctx.needs_input_grad[2]:
-                grad_b = g2.sum(0)
+        if ctx.has_bias and ctx.needs_input_grad[2]:  # also with a frozen weight (BitFit)
+            grad_b = g2.sum(0)
         if ctx.needs_input_grad[0]:
             grad_h = torch.ops.aten.gelu_backward(grad_out @ weight, h)
         return grad_h, grad_w, grad_b

@@ -31,19 +31,23 @@ class WindowAttention(Attention):
         num_heads: attention heads.
         window_size: ``(wh, ww)``.
         qkv_bias, attn_drop, proj_drop, fused: see :class:`Attention`.
-        qk_scale: override of the ``head_dim ** -0.5`` logit scale (mmdet's ``qk_scale``).
+        qk_scale: override of the ``head_dim ** -0.5`` logit scale (mmdet's ``qk_scale``;
+            as there and in the official code, ``None`` or ``0`` mean the default).
     """
 
     def __init__(self, dim: int, num_heads: int, window_size: Tuple[int, int],
                  qkv_bias: bool = True, qk_scale: Optional[float] = None,
                  attn_drop: float = 0.0, proj_drop: float = 0.0, fused: bool = True) -> None:
-        super().__init__(dim, num_heads, qkv_bias, attn_drop, proj_drop, fused, qk_scale)
+        super().__init__(dim, num_heads, qkv_bias, attn_drop, proj_drop, fused,
+                         qk_scale or None)  # `qk_scale or head_dim ** -0.5` upstream
         self.window_size = tuple(window_size)
         wh, ww = self.window_size
         self.relative_position_bias_table = nn.Parameter(
             torch.zeros((2 * wh - 1) * (2 * ww - 1), num_heads))
-        self.register_buffer('relative_position_index',
-                             relative_position_index(self.window_size), persistent=False)
+        # the index is derived from window_size, per device, rather than kept as a buffer: a
+        # non-persistent buffer is neither loaded nor re-initialised, so a model built on the
+        # meta device and materialised with to_empty() would index with garbage
+        self._index_by_device: Dict[torch.device, Tensor] = {}
         self._cache: Dict[tuple, Tuple[Optional[Tensor], Tensor]] = {}
         self._table_watch = TensorWatch()
 
@@ -56,10 +60,19 @@ class WindowAttention(Attention):
         4-D on purpose: with a 3-D mask ``F.scaled_dot_product_attention`` falls back from
         the fused CPU kernel to the math path.
         """
-        n = self.relative_position_index.shape[0]
+        n = self.window_size[0] * self.window_size[1]
         table = self.relative_position_bias_table
-        bias = table[self.relative_position_index.view(-1)].view(n, n, -1)
+        bias = table[self._flat_index(table.device)].view(n, n, -1)
         return bias.permute(2, 0, 1).unsqueeze(0)
+
+    @builds_cache  # indexes a table that may be recorded for backward
+    def _flat_index(self, device: torch.device) -> Tensor:
+        """:func:`relative_position_index` of the window, flattened, on ``device``."""
+        index = self._index_by_device.get(device)
+        if index is None:
+            index = relative_position_index(self.window_size).view(-1).to(device)
+            self._index_by_device[device] = index
+        return index
 
     @builds_cache  # a cached bias may join a later autograd graph (frozen table)
     def window_bias(self, shift_mask: Optional[Tensor], batch: Optional[int] = None) -> Tensor:
