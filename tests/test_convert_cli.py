@@ -49,3 +49,27 @@ def test_convert_reports_bad_input(tmp_path):
     res = _cli(str(tmp_path / 'missing.pth'), str(tmp_path / 'out.pth'))
     assert res.returncode == 1
     assert 'does not exist' in res.stderr
+
+
+def test_convert_with_a_prefix(tmp_path):
+    """SimMIM-style checkpoints keep the backbone under 'encoder.'; --prefix selects it."""
+    src = randomize_(SwinBackbone(arch=ARCH, out_indices=(0, 1)))
+    torch.save({'model': {'encoder.' + k: v for k, v in src.state_dict().items()}},
+               tmp_path / 'simmim.pth')
+    res = _cli(str(tmp_path / 'simmim.pth'), str(tmp_path / 'out.pth'))
+    assert res.returncode == 1
+    assert 'neither a Swin nor a ViT checkpoint (as swin: ' in res.stderr
+    assert '; as vit: ' in res.stderr and 'pass --prefix' in res.stderr
+    res = _cli(str(tmp_path / 'simmim.pth'), str(tmp_path / 'out.pth'), '--prefix', 'encoder.')
+    assert res.returncode == 0, res.stderr
+    sd = torch.load(tmp_path / 'out.pth', weights_only=True)['state_dict']
+    assert torch.equal(sd['layers.1.blocks.0.mlp.fc2.weight'],
+                       src.state_dict()['layers.1.blocks.0.mlp.fc2.weight'])
+
+
+def test_convert_refuses_bad_window_arguments(tmp_path):
+    src = randomize_(SwinBackbone(arch=ARCH, out_indices=(0, 1)))
+    torch.save(src.state_dict(), tmp_path / 'ours.pth')
+    res = _cli(str(tmp_path / 'ours.pth'), str(tmp_path / 'out.pth'), '--window-size', '7', '7',
+               '7')
+    assert res.returncode == 2 and '--window-size takes 1 or 2 values' in res.stderr

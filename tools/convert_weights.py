@@ -19,20 +19,23 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from vitdet_plugin.weights import (CheckpointError, load_checkpoint_file,  # noqa: E402
-                                   unwrap_state_dict)
+from vitdet_plugin.weights import (CheckpointError, checkpoint_state_dict,  # noqa: E402
+                                   load_checkpoint_file)
 from vitdet_plugin.weights.swin import convert_swin, detect_swin_format  # noqa: E402
+from vitdet_plugin.weights.vit import convert_vit, detect_vit_format  # noqa: E402
 
 
-def _convert_vit(sd, args):
-    from vitdet_plugin.weights import vit as vit_weights
-    fmt = vit_weights.detect_vit_format(sd)
-    kwargs = {}
-    if args.pos_grid:
-        kwargs['pos_grid'] = tuple(args.pos_grid)
-    out = vit_weights.convert_vit(sd, **kwargs)
-    converted = out[0] if isinstance(out, tuple) else out
-    return fmt, converted, (out[1] if isinstance(out, tuple) and len(out) > 1 else [])
+def _detect_model(sd) -> str:
+    """'swin' or 'vit', by which detector recognises ``sd``; both messages if neither does."""
+    errors = []
+    for model, detect in (('swin', detect_swin_format), ('vit', detect_vit_format)):
+        try:
+            detect(sd)
+            return model
+        except CheckpointError as e:
+            errors.append(f'as {model}: {e}')
+    raise CheckpointError('neither a Swin nor a ViT checkpoint (' + '; '.join(errors) + '). If '
+                          'the weights sit under a prefix (e.g. encoder.), pass --prefix')
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -41,34 +44,36 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument('src', help='input checkpoint')
     p.add_argument('dst', help='output checkpoint (.pth)')
     p.add_argument('--model', choices=['auto', 'swin', 'vit'], default='auto')
-    p.add_argument('--window-size', type=int, nargs='+', default=None,
+    p.add_argument('--prefix', default=None,
+                   help="keep only the keys under this prefix, removed (e.g. 'encoder.')")
+    p.add_argument('--window-size', type=int, nargs='+', default=None, metavar='N',
                    help='Swin: target window size (h [w]); bias tables are resized')
-    p.add_argument('--src-window-size', type=int, nargs=2, default=None,
+    p.add_argument('--src-window-size', type=int, nargs=2, default=None, metavar=('H', 'W'),
                    help='Swin: the window (h w) the checkpoint was trained with, needed only '
-                        'for rectangular windows')
-    p.add_argument('--pos-grid', type=int, nargs=2, default=None,
+                        'for rectangular windows of checkpoints without relative_position_index')
+    p.add_argument('--pos-grid', type=int, nargs=2, default=None, metavar=('H', 'W'),
                    help='target absolute position grid (h w)')
     args = p.parse_args(argv)
+    window = None
+    if args.window_size:
+        if len(args.window_size) > 2:
+            p.error(f'--window-size takes 1 or 2 values (h [w]), got {args.window_size}')
+        window = tuple(args.window_size * (3 - len(args.window_size)))
+    pos_grid = tuple(args.pos_grid) if args.pos_grid else None
 
     try:
-        sd = unwrap_state_dict(load_checkpoint_file(args.src))
-        model = args.model
-        if model == 'auto':
-            try:
-                detect_swin_format(sd)
-                model = 'swin'
-            except CheckpointError:
-                model = 'vit'
+        sd = checkpoint_state_dict(load_checkpoint_file(args.src), args.prefix)
+        model = _detect_model(sd) if args.model == 'auto' else args.model
         if model == 'swin':
             fmt = detect_swin_format(sd)
-            window = None
-            if args.window_size:
-                window = tuple(args.window_size * (2 if len(args.window_size) == 1 else 1))
             converted, dropped = convert_swin(
-                sd, window_size=window, pos_grid=tuple(args.pos_grid) if args.pos_grid else None,
+                sd, window_size=window, pos_grid=pos_grid,
                 src_window_size=tuple(args.src_window_size) if args.src_window_size else None)
         else:
-            fmt, converted, dropped = _convert_vit(sd, args)
+            if window or args.src_window_size:
+                p.error('--window-size / --src-window-size apply to Swin checkpoints only')
+            fmt = detect_vit_format(sd)
+            converted, dropped = convert_vit(sd, pos_grid=pos_grid)
     except (CheckpointError, FileNotFoundError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 1
