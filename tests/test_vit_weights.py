@@ -317,9 +317,8 @@ def test_detectron2_model_zoo_pkl(tmp_path):
         load_vit_pretrained(dst, str(evil))
 
 
-def test_mmpretrain_mae_layout(tmp_path):
-    """mmpretrain ViT / MAE: backbone.-prefixed, ln1/ln2/ffn.layers names, neck dropped."""
-    ref = _timm_vit()
+def _mmpretrain_layout(ref) -> dict:
+    """A timm ViT's weights as mmpretrain saves them (backbone.-prefixed, ln1/ln2/ffn names)."""
     renames = ((r'^patch_embed\.proj\.', 'patch_embed.projection.'),
                (r'^blocks\.(\d+)\.norm1\.', r'layers.\1.ln1.'),
                (r'^blocks\.(\d+)\.norm2\.', r'layers.\1.ln2.'),
@@ -335,6 +334,13 @@ def test_mmpretrain_mae_layout(tmp_path):
             if n:
                 break
         sd['backbone.' + k] = v
+    return sd
+
+
+def test_mmpretrain_mae_layout(tmp_path):
+    """mmpretrain ViT / MAE: backbone.-prefixed, ln1/ln2/ffn.layers names, neck dropped."""
+    ref = _timm_vit()
+    sd = _mmpretrain_layout(ref)
     sd['neck.mask_token'] = torch.zeros(1, 1, 8)
     sd['neck.decoder_blocks.0.ln1.weight'] = torch.zeros(8)
     assert detect_vit_format(sd) == 'mmpretrain'
@@ -419,3 +425,63 @@ def test_own_pyramid_keys_dropped_and_reported_for_a_backbone_without_pyramid():
     assert dropped and all(k.startswith('pyramid.') for k in dropped)
     assert {k for k in src.state_dict() if k.startswith('pyramid.')} == set(dropped)
     assert torch.equal(dst.blocks[1].attn.qkv.weight, src.blocks[1].attn.qkv.weight)
+
+
+def test_checkpoint_for_other_global_blocks_is_refused():
+    """Window tables stretched into global blocks (and global ones squeezed into windows)
+    would load silently as a 'resize'; it is a checkpoint for other global_attn_indexes."""
+    sd = ours(global_attn_indexes=(1, 3)).state_dict()
+    with pytest.raises(CheckpointError, match=r'global attention in blocks \[1, 3\] .* the model '
+                                              r'in blocks \[0, 2\]; build the model with '
+                                              r'global_attn_indexes=\(1, 3\)'):
+        load_vit_pretrained(ours(global_attn_indexes=(0, 2)), sd)
+    # the same roles at another size are resized as before
+    load_vit_pretrained(ours(img_size=160, pretrain_img_size=160), sd)
+
+
+def test_pos_embed_unused_by_a_model_without_abs_pos_is_a_warning(caplog):
+    import logging
+    sd = ours().state_dict()
+    with caplog.at_level(logging.WARNING, logger='vitdet_plugin'):
+        dropped = load_vit_pretrained(ours(use_abs_pos=False), sd)
+    assert 'pos_embed' in dropped
+    assert 'its trained pos_embed (1, 65, 64) is not used' in caplog.text
+    assert 'use_abs_pos=True' in caplog.text
+
+
+def test_mmpretrain_pre_norm_is_not_dropped():
+    """A CLIP-style pre-norm is part of the features: a model without one refuses it."""
+    sd = _mmpretrain_layout(_timm_vit())
+    sd['backbone.pre_norm.weight'] = torch.ones(64)
+    sd['backbone.pre_norm.bias'] = torch.zeros(64)
+    assert detect_vit_format(sd) == 'mmpretrain'
+    with pytest.raises(CheckpointError, match=r'unexpected in the ViT checkpoint: '
+                                              r'pre_norm\.weight, pre_norm\.bias'):
+        load_vit_pretrained(ViTBackbone(**ARCH), sd)
+
+
+def test_square_timm_grid_into_a_non_square_grid_of_as_many_cells_is_resized():
+    """timm trains on square images: 1 + 16x16 positions are a 16x16 grid even for a model
+    whose 8x32 grid has as many cells (reading them as 8x32 would scramble them)."""
+    ref = _timm_vit(img_size=256)
+    model = ViTBackbone(**ARCH, pretrain_img_size=(128, 512))
+    conv, _ = convert_vit(ref.state_dict(), vit_target_shapes(model),
+                          pos_grid=model.pretrain_grid)
+    grid = ref.pos_embed[:, 1:].reshape(1, 16, 16, 64).permute(0, 3, 1, 2)
+    expected = F.interpolate(grid, size=(8, 32), mode='bicubic', align_corners=False)
+    assert_close_rel([conv['pos_embed'][:, 1:]], [expected.permute(0, 2, 3, 1).reshape(1, 256, 64)],
+                     tol=1e-6)
+
+
+@pytest.mark.parametrize('kw', [dict(arch=dict(embed_dims=64.5, depth=4, num_heads=4)),
+                                dict(arch=dict(embed_dims=64, depth='4', num_heads=4)),
+                                dict(arch=dict(embed_dims=64, depth=4, num_heads=True)),
+                                dict(frozen_stages=2.0), dict(in_channels=True),
+                                dict(drop_path_rate='0.1')],
+                         ids=['embed-float', 'depth-str', 'heads-bool', 'frozen-float',
+                              'in-channels-bool', 'drop-path-str'])
+def test_architecture_numbers_are_not_coerced(kw):
+    cfg = dict(ARCH, img_size=128, pretrain_img_size=128)
+    cfg.update(kw)
+    with pytest.raises(ValueError, match=r'must be (an int|a number)'):
+        ViTBackbone(**cfg)

@@ -101,12 +101,16 @@ def _from_mmpretrain(key: str) -> str:
 
 
 def split_pos_embed(pos: Tensor, num_prefix_tokens: int = 0,
-                    grid: Optional[Tuple[int, int]] = None) -> Tuple[Optional[Tensor], Tensor]:
+                    grid: Optional[Tuple[int, int]] = None,
+                    square_source: bool = False) -> Tuple[Optional[Tensor], Tensor]:
     """Split a position embedding into its prefix slots ``(1, p, C)`` (or None) and its grid
     ``(1, C, gh, gw)``.
 
     Accepts ``(1, H, W, C)`` (SAM) or ``(1, p + gh * gw, C)``; ``p`` is ``num_prefix_tokens``
     when that leaves a square grid (or ``grid`` if given), else 0 or 1 whichever does.
+    ``square_source``: the layout is usually trained on square images (timm, MAE, DeiT,
+    detectron2), so a count that is a square grid is read as one even when a non-square
+    ``grid`` has as many cells (reading it on that grid would scramble it).
     """
     if pos.dim() == 4:
         return None, pos.permute(0, 3, 1, 2)
@@ -114,6 +118,9 @@ def split_pos_embed(pos: Tensor, num_prefix_tokens: int = 0,
         raise CheckpointError(f'pos_embed must be (1, N, C) or (1, H, W, C), got '
                               f'{tuple(pos.shape)}')
     n = pos.shape[1]
+    if (grid is not None and square_source and grid[0] != grid[1]
+            and _is_square(n - num_prefix_tokens)):
+        grid = None
     if grid is not None and n - grid[0] * grid[1] in (0, 1, num_prefix_tokens):
         p = n - grid[0] * grid[1]
     else:
@@ -189,6 +196,26 @@ def _target_pos_layout(shape: Sequence[int],
     return p, (side, side)
 
 
+def _global_blocks(lengths: Mapping[str, int]) -> Optional[List[int]]:
+    """Blocks whose rel-pos tables are the longest (global attention spans the whole grid, a
+    window only its window), or None when all tables are alike (no role to tell apart)."""
+    if len(set(lengths.values())) < 2:
+        return None
+    longest = max(lengths.values())
+    return sorted({int(k.split('.')[1]) for k, n in lengths.items() if n == longest})
+
+
+def _check_global_blocks(src: Mapping[str, int], dst: Mapping[str, int]) -> None:
+    """Refuse to stretch window tables into global blocks and squeeze global ones into
+    windows: that is a checkpoint for other ``global_attn_indexes``, not a size change."""
+    src_global, dst_global = _global_blocks(src), _global_blocks(dst)
+    if src_global is not None and dst_global is not None and src_global != dst_global:
+        raise CheckpointError(
+            f'the ViT checkpoint has global attention in blocks {src_global} (their rel_pos '
+            f'tables are the longest), the model in blocks {dst_global}; build the model with '
+            f'global_attn_indexes={tuple(src_global)}')
+
+
 def convert_vit(sd: Mapping[str, Tensor],
                 target_shapes: Optional[Mapping[str, Sequence[int]]] = None,
                 pos_grid: Optional[Tuple[int, int]] = None,
@@ -234,7 +261,9 @@ def convert_vit(sd: Mapping[str, Tensor],
     if fmt == 'sam':
         sd = {re.sub(r'\.mlp\.lin([12])\.', r'.mlp.fc\1.', k): v for k, v in sd.items()}
     if fmt == 'mmpretrain':
-        sd, dropped_now = drop_keys(sd, (r'^ln[12]\.', r'^pre_norm\.'))  # final / pre norms
+        # the final norms only: a pre-norm (CLIP-style) is part of the features, and a model
+        # without one must refuse it (reported as unexpected by the strict load)
+        sd, dropped_now = drop_keys(sd, (r'^ln[12]\.', ))
         dropped += dropped_now
         sd = {_from_mmpretrain(k): v for k, v in sd.items()}
     num_prefix = sum(1 for k in ('cls_token', 'dist_token') if k in sd)
@@ -253,6 +282,10 @@ def convert_vit(sd: Mapping[str, Tensor],
 
     if 'pos_embed' in sd:
         if target_shapes is not None and 'pos_embed' not in target_shapes:
+            logger.warning('ViT checkpoint: its trained pos_embed %s is not used, because the '
+                           'model has no absolute position embedding (use_abs_pos=False); '
+                           'build it with use_abs_pos=True to keep it',
+                           tuple(sd['pos_embed'].shape))
             dropped.append('pos_embed')
             del sd['pos_embed']
         else:
@@ -262,7 +295,8 @@ def convert_vit(sd: Mapping[str, Tensor],
             # a source laid out like the target (e.g. a non-square grid) is read with the
             # target's grid; otherwise its grid must be square to be inferred
             slots, grid = split_pos_embed(src, num_prefix,
-                                          grid=t_layout[1] if t_layout is not None else None)
+                                          grid=t_layout[1] if t_layout is not None else None,
+                                          square_source=fmt != 'ours')
             if t_layout is not None:
                 t_prefix, t_grid = t_layout
             else:
@@ -280,7 +314,10 @@ def convert_vit(sd: Mapping[str, Tensor],
                 grid = torch.cat([cls, grid], dim=1)
             sd['pos_embed'] = grid.contiguous()
     if target_shapes is not None:
-        for k in [k for k in sd if _REL_POS.match(k) and k in target_shapes]:
+        tables = [k for k in sd if _REL_POS.match(k) and k in target_shapes]
+        _check_global_blocks({k: sd[k].shape[0] for k in tables},
+                             {k: int(target_shapes[k][0]) for k in tables})
+        for k in tables:
             length = int(target_shapes[k][0])
             if sd[k].shape[0] != length:
                 sd[k] = resize_rel_pos(sd[k], length)

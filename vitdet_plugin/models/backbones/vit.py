@@ -11,6 +11,7 @@ Parameter names follow timm / SAM / detectron2 (``patch_embed.proj``, ``pos_embe
 ``blocks.{i}.{norm1, attn.qkv, attn.proj, attn.rel_pos_h, attn.rel_pos_w, norm2, mlp.fc1,
 mlp.fc2, residual.*}``); :mod:`vitdet_plugin.weights.vit` converts the checkpoint layouts.
 """
+import numbers
 from functools import partial
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -27,7 +28,7 @@ from ...weights.vit import load_vit_pretrained
 from ..layers import (Attention, DropPath, Mlp, PatchEmbed, ResBottleneckBlock, TensorWatch,
                       WindowIndex, attend, builds_cache, decomposed_rel_pos_bias,
                       decomposed_rel_pos_terms, linear_drop_path_rates, rel_pos_attention,
-                      int_tuple, residual_add, to_2tuple, window_gather_index)
+                      int_arg, int_tuple, residual_add, to_2tuple, window_gather_index)
 from ..necks.simple_fpn import ViTSimpleFPN
 from .base import FreezeMixin, pretrained_init_cfg
 
@@ -197,7 +198,7 @@ def _resolve_arch(arch: Union[str, dict, None], **overrides) -> dict:
     if missing:
         raise ValueError(f'ViT architecture is missing {missing}; give a preset arch '
                          f'({sorted(VIT_ARCHS)}) or embed_dims, depth and num_heads')
-    depth = int(spec['depth'])
+    depth = int_arg(spec['depth'], 'depth')
     if depth <= 0:
         raise ValueError(f'depth must be positive, got {depth}')
     if 'global_attn_indexes' not in spec:  # the presets' rule: the last block of each quarter
@@ -284,8 +285,9 @@ class ViTBackbone(FreezeMixin, BaseModule):
         spec = _resolve_arch(arch, embed_dims=embed_dims, depth=depth, num_heads=num_heads,
                              global_attn_indexes=global_attn_indexes,
                              drop_path_rate=drop_path_rate)
-        self.embed_dims, self.depth = int(spec['embed_dims']), int(spec['depth'])
-        self.num_heads = int(spec['num_heads'])
+        self.embed_dims = int_arg(spec['embed_dims'], 'embed_dims')
+        self.depth = int_arg(spec['depth'], 'depth')
+        self.num_heads = int_arg(spec['num_heads'], 'num_heads')
         if self.num_heads <= 0 or self.embed_dims % self.num_heads:
             raise ValueError(f'embed_dims={self.embed_dims} is not divisible by num_heads='
                              f'{self.num_heads}; choose a head count that divides it')
@@ -299,16 +301,18 @@ class ViTBackbone(FreezeMixin, BaseModule):
                              'attention in every block list all blocks in global_attn_indexes')
         if not isinstance(patch_size, int) or patch_size <= 0:
             raise ValueError(f'patch_size must be a positive int, got {patch_size!r}')
-        if in_channels <= 0:
+        if int_arg(in_channels, 'in_channels') <= 0:
             raise ValueError(f'in_channels must be positive, got {in_channels}')
-        if not 0.0 <= float(spec['drop_path_rate']) < 1.0:
-            raise ValueError(f"drop_path_rate must be in [0, 1), got {spec['drop_path_rate']}")
+        rate = spec['drop_path_rate']
+        if not (isinstance(rate, numbers.Real) and not isinstance(rate, bool)
+                and 0.0 <= rate < 1.0):
+            raise ValueError(f'drop_path_rate must be a number in [0, 1), got {rate!r}')
         out_indices = int_tuple(out_indices, 'out_indices')
         if not out_indices:
             raise ValueError('out_indices is empty; give at least one block index (-1: the '
                              'last block)')
         self.out_indices = _index_list('out_indices', out_indices, self.depth, negative=True)
-        if not -1 <= frozen_stages <= self.depth:
+        if not -1 <= int_arg(frozen_stages, 'frozen_stages') <= self.depth:
             raise ValueError(f'frozen_stages={frozen_stages} must be in -1..{self.depth} '
                              '(-1: train all, 0: patch/position embeddings, k: also the first '
                              'k blocks)')

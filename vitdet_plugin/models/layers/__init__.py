@@ -16,7 +16,7 @@ from .rel_pos import (decomposed_rel_pos_bias, decomposed_rel_pos_embeddings,
 from .res_bottleneck import ResBottleneckBlock
 from .residual import residual_add
 from .tensor_watch import TensorWatch, builds_cache
-from .window import (WindowChunk, WindowIndex, WindowPlan, int_tuple, pad_hw, padded_size,
+from .window import (WindowChunk, WindowIndex, WindowPlan, int_arg, int_tuple, pad_hw, padded_size,
                      to_2tuple, window_gather_index, window_partition, window_plan, window_reverse)
 from .window_attention import WindowAttention, shifted_window_mask
 
@@ -30,7 +30,7 @@ __all__ = [
     'decomposed_rel_pos_bias', 'decomposed_rel_pos_embeddings', 'decomposed_rel_pos_terms',
     'relative_position_index', 'resize_rel_pos', 'ResBottleneckBlock', 'residual_add',
     'TensorWatch', 'builds_cache',
-    'WindowChunk', 'WindowIndex', 'WindowPlan', 'int_tuple', 'pad_hw', 'padded_size', 'to_2tuple',
+    'WindowChunk', 'WindowIndex', 'WindowPlan', 'int_arg', 'int_tuple', 'pad_hw', 'padded_size', 'to_2tuple',
     'window_gather_index', 'window_partition', 'window_plan', 'window_reverse', 'WindowAttention',
     'shifted_window_mask',
 ]

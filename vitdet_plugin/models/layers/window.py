@@ -24,6 +24,14 @@ def to_2tuple(value, name: str = 'value') -> Tuple[int, int]:
                      f'({type(value).__name__})')
 
 
+def int_arg(value, name: str = 'value') -> int:
+    """``value`` as an int; floats, strings or bools (which ``int()`` would silently truncate
+    or parse) raise a ``ValueError`` naming what was given."""
+    if not _is_int(value):
+        raise ValueError(f'{name} must be an int, got {value!r} ({type(value).__name__})')
+    return int(value)
+
+
 def int_tuple(values, name: str = 'value') -> Tuple[int, ...]:
     """An int or a sequence of ints as a tuple; floats, strings or bools (which ``int()``
     would silently truncate or parse) raise a ``ValueError`` naming what was given."""

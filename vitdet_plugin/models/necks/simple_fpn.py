@@ -20,7 +20,7 @@ from mmdet.registry import MODELS
 from mmengine.model import BaseModule
 from torch import Tensor, nn
 
-from ..layers import LayerNorm2d
+from ..layers import LayerNorm2d, int_arg
 
 #: Scale factors with a defined resampling (output stride = ``in_stride / scale``).
 SUPPORTED_SCALES = (4.0, 2.0, 1.0, 0.5)
@@ -133,7 +133,7 @@ class ViTSimpleFPN(BaseModule):
         if in_stride <= 0 or any((in_stride / s) % 1 for s in scales):
             raise ValueError(f'in_stride={in_stride} divided by the scale factors {scales} '
                              'must give integer output strides')
-        num_outs = len(scales) + 1 if num_outs is None else int(num_outs)
+        num_outs = len(scales) + 1 if num_outs is None else int_arg(num_outs, 'num_outs')
         if num_outs < len(scales):
             raise ValueError(f'num_outs={num_outs} must be >= len(scale_factors)='
                              f'{len(scales)}; extra outputs are max-pooled from the last level')
