@@ -26,7 +26,9 @@ model = dict(
         drop_path_rate=0.2,
         out_indices=(1, 2, 3),  # strides 8 / 16 / 32, channels 192 / 384 / 768
         with_cp=False,
-        init_cfg=None),  # dict(type='Pretrained', checkpoint='swin_tiny_patch4_window7_224.pth')
+        # init_cfg: left out so a child config or --cfg-options can add
+        # init_cfg=dict(type='Pretrained', checkpoint=...) (see the header)
+    ),
     neck=None,
     bbox_head=dict(
         type='SdpaDETRHead',

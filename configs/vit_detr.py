@@ -15,7 +15,9 @@ model = dict(
         img_size=1024,
         out_indices=(-1,),
         with_cp=False,
-        init_cfg=None),
+        # init_cfg: left out so a child config or --cfg-options can add
+        # init_cfg=dict(type='Pretrained', checkpoint=...) (see the header)
+    ),
     neck=dict(
         _delete_=True,
         type='ViTSimpleFPN',

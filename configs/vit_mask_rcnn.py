@@ -26,7 +26,9 @@ model = dict(
         img_size=1024,
         use_rel_pos=True,
         out_indices=(-1,),
-        init_cfg=None),
+        # init_cfg: left out so a child config or --cfg-options can add
+        # init_cfg=dict(type='Pretrained', checkpoint=...) (see the header)
+    ),
     neck=dict(
         _delete_=True,
         type='ViTSimpleFPN',

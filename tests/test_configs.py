@@ -294,3 +294,23 @@ def test_missing_data_message_gives_working_override(path, tmp_path, monkeypatch
     for key in ('train_dataloader', 'val_dataloader', 'test_dataloader', 'val_evaluator',
                 'test_evaluator'):
         assert plain[key].to_dict() == propagated[key].to_dict(), key
+
+
+@pytest.mark.parametrize('path', CONFIGS, ids=CONFIG_IDS)
+def test_pretrained_weights_can_be_added_as_each_header_says(path, tmp_path):
+    """A child config, or --cfg-options, adds init_cfg=dict(type='Pretrained', ...) to the
+    backbone (mmengine refuses to merge a dict into a base's ``init_cfg=None``)."""
+    from mmengine.config import Config, DictAction
+    ckpt = str(tmp_path / 'weights.pth')
+    child = tmp_path / 'child.py'
+    child.write_text(f'_base_ = [{path!r}]\nmodel = dict(backbone=dict(init_cfg=dict('
+                     f'type="Pretrained", checkpoint={ckpt!r})))\n')
+    assert Config.fromfile(str(child)).model.backbone.init_cfg == dict(type='Pretrained',
+                                                                       checkpoint=ckpt)
+    cfg = Config.fromfile(path)
+    parser = __import__('argparse').ArgumentParser()
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    args = parser.parse_args(['--cfg-options', 'model.backbone.init_cfg.type=Pretrained',
+                              f'model.backbone.init_cfg.checkpoint={ckpt}'])
+    cfg.merge_from_dict(args.cfg_options)
+    assert cfg.model.backbone.init_cfg == dict(type='Pretrained', checkpoint=ckpt)

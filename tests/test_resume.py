@@ -205,6 +205,38 @@ def test_resume_refuses_malicious_checkpoint(data_root, tmp_path):
     assert not marker.exists()
 
 
+def test_load_from_url_refuses_malicious_checkpoint(tmp_path, monkeypatch):
+    """``load_from='https://...'`` (stock mmdet fine-tuning configs) and the URL schemes that
+    resolve to one: mmengine reads them through torch hub, which unpickles anything; ours
+    downloads into the hub cache and reads with weights_only."""
+    import shutil
+
+    import mmengine.runner.checkpoint as mmengine_checkpoint
+    from mmengine.runner.checkpoint import load_checkpoint
+    from vitdet_plugin.engine.checkpoint import safe_load_from_http
+
+    served = tmp_path / 'served'
+    served.mkdir()
+    marker = tmp_path / 'pwned'
+    torch.save(dict(state_dict={}, evil=_Payload(str(marker))), served / 'evil.pth')
+    good = torch.nn.Linear(2, 3)
+    torch.save(dict(state_dict=good.state_dict()), served / 'good.pth')
+    monkeypatch.setattr(torch.hub, 'download_url_to_file',
+                        lambda url, dst, **kw: shutil.copy(served / url.rsplit('/', 1)[1], dst))
+    monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch'))
+
+    with pytest.raises(CheckpointError, match=r"refused to load checkpoint .*evil\.pth.*"
+                                              r'posix\.system'):
+        load_checkpoint(torch.nn.Linear(2, 3), 'https://example.com/ckpts/evil.pth')
+    assert not marker.exists()
+    model = torch.nn.Linear(2, 3)
+    load_checkpoint(model, 'https://example.com/ckpts/good.pth')
+    assert torch.equal(model.weight, good.weight)
+    assert (tmp_path / 'torch' / 'hub' / 'checkpoints' / 'good.pth').is_file()
+    # modelzoo:// / torchvision:// / open-mmlab:// call the module-level loader directly
+    assert mmengine_checkpoint.load_from_http is safe_load_from_http
+
+
 def test_resume_checkpoint_loads_in_a_fresh_process(data_root, tmp_path, monkeypatch):
     """``tools/test.py CKPT`` / ``--resume`` in a new process: no ``HistoryBuffer`` has been
     created yet, so its class-level ``_statistics_methods`` registry is still empty; the

@@ -1,6 +1,7 @@
 """tools/: train/test/resume round trip, analysis tools, missing-data errors, TimeBudgetHook."""
 import importlib.util
 import json
+import re
 import os
 import os.path as osp
 import subprocess
@@ -226,3 +227,37 @@ def test_train_test_resume_round_trip(tiny_shapes, tmp_path):
     assert osp.isfile(osp.join(work, 'iter_4.pth'))
     state = torch.load(osp.join(work, 'iter_4.pth'), map_location='cpu')  # weights_only=True
     assert state['meta']['iter'] == 4
+
+
+def test_test_tool_prepares_cpu_distributed(monkeypatch, tmp_path):
+    """``torchrun tools/test.py CFG CKPT --launcher pytorch`` on CPU: like train.py, test.py
+    sets up gloo + the CPU DDP wrapper before building the Runner (mmengine's own init_dist
+    calls torch.cuda.set_device and fails with 'Found no NVIDIA driver')."""
+    tool = _tool('test')
+    seen = []
+
+    def stop(cfg):
+        seen.append(cfg.launcher)
+        raise SystemExit('stopped before the Runner')
+
+    monkeypatch.setattr(tool, 'check_data', lambda *a, **k: None)
+    monkeypatch.setattr(tool, 'prepare_cpu_distributed', stop)
+    (tmp_path / 'ckpt.pth').write_bytes(b'')  # only its existence is checked first
+    with pytest.raises(SystemExit, match='stopped before the Runner'):
+        tool.main([DEMO, str(tmp_path / 'ckpt.pth'), '--launcher', 'pytorch',
+                   '--work-dir', str(tmp_path / 'w')])
+    assert seen == ['pytorch']
+
+
+def test_benchmark_runs_at_a_size_below_one_window_per_stage(tmp_path):
+    """Small inputs (stages smaller than a 7x7 window) used to break the timm model's weight
+    load; the tool prints its ratio row. Bad --repeats is an argument error."""
+    tool = [sys.executable, osp.join(ROOT, 'tools', 'benchmark.py')]
+    res = subprocess.run(tool + ['--sizes', '64x96', '--repeats', '1', '--processes', '1',
+                                 '--skip-backward', '--train-size', '64x96', '--same-process'],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert re.search(r'64x96 +\| fwd: ours [\d.]+ \(mmdet [\d.]+, timm [\d.]+\) ratio /mmdet '
+                     r'[\d.]+x, /timm [\d.]+x', res.stdout), res.stdout
+    res = subprocess.run(tool + ['--repeats', '0'], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and '--repeats must be at least 1, got 0' in res.stderr

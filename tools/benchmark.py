@@ -42,7 +42,7 @@ def parse_size(s: str) -> Tuple[int, int]:
 
 def sync(device: str) -> None:
     if device.startswith('cuda'):
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
 
 
 def saved_activation_bytes(fn: Callable[[], object], params: Sequence[torch.Tensor]) -> int:
@@ -62,15 +62,17 @@ def saved_activation_bytes(fn: Callable[[], object], params: Sequence[torch.Tens
     return sum(storages.values())
 
 
-def peak_cuda_bytes(fn: Callable[[], object]) -> int:
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
+def peak_cuda_bytes(fn: Callable[[], object], device: str) -> int:
+    """Peak bytes allocated on ``device`` above the start while ``fn`` runs forward (one
+    tensor or a sequence of them) and backward."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
     out = fn()
-    loss = sum(o.float().mean() for o in out)
-    loss.backward()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - base
+    sum(o.float().mean() for o in (out if isinstance(out, (tuple, list)) else [out])).backward()
+    del out
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - base
 
 
 CLOCK = time.perf_counter
@@ -147,9 +149,11 @@ def build_swin_models(arch: str, img_size: Tuple[int, int], with_cp: bool) -> Di
     mm.load_state_dict(swin_to_mmdet(ours.state_dict()))
     models: Dict[str, nn.Module] = {'ours': ours, 'mmdet': mm}
     if not with_cp:
+        # always_partition: keep the 7x7 windows (and their shift) in stages smaller than a
+        # window, as mmdet and ours do; timm would shrink them (and the bias tables with them)
         tm = TimmSwin(img_size=img_size, embed_dim=spec['embed_dims'], depths=spec['depths'],
                       num_heads=spec['num_heads'], drop_path_rate=0.0, num_classes=0,
-                      strict_img_size=False)
+                      strict_img_size=False, always_partition=True)
         sd = {k: v for k, v in ours.state_dict().items() if not k[:4] == 'norm'}
         sd = {(f'layers.{int(k.split(".")[1]) + 1}.' + k.split('.', 2)[2]
                if '.downsample.' in k else k): v for k, v in sd.items()}
@@ -178,7 +182,7 @@ def bench_swin_row(args, size: Tuple[int, int], with_cp: bool) -> dict:
     mem = {}
     for name, m in models.items():
         if args.device.startswith('cuda'):
-            mem[name] = peak_cuda_bytes(lambda: m(xt)) / 2**20
+            mem[name] = peak_cuda_bytes(lambda: m(xt), args.device) / 2**20
         else:
             mem[name] = saved_activation_bytes(lambda: m(xt), list(m.parameters())) / 2**20
     row['act MB'] = mem
@@ -290,6 +294,8 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.processes < 1:
         p.error(f'--processes must be at least 1, got {args.processes}')
+    if args.repeats < 1:
+        p.error(f'--repeats must be at least 1, got {args.repeats}')
     if args.sizes is None:
         args.sizes = [(1024, 1024)] if args.model == 'vit' else [(224, 224), (800, 1216),
                                                                   (1024, 1024)]

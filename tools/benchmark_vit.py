@@ -28,7 +28,8 @@ from torch import Tensor, nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/: shared helpers
 
-from benchmark import saved_activation_bytes  # noqa: E402  (tools/benchmark.py)
+# tools/benchmark.py
+from benchmark import peak_cuda_bytes, saved_activation_bytes, sync  # noqa: E402
 
 Size = Tuple[int, int]
 
@@ -71,28 +72,12 @@ def _features(model: nn.Module, ours: nn.Module) -> Callable[[Tensor], Tensor]:
     return lambda x: model.forward_intermediates(x, indices=[last], intermediates_only=True)[0]
 
 
-def _sync(device: str) -> None:
-    if device.startswith('cuda'):
-        torch.cuda.synchronize()
-
-
 def _time(fn: Callable[[], object], device: str) -> float:
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     fn()
-    _sync(device)
+    sync(device)
     return time.perf_counter() - t0
-
-
-def peak_cuda_bytes(fn: Callable[[], Tensor], device: str) -> int:
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device)
-    out = fn()
-    out.float().sum().backward()
-    torch.cuda.synchronize()
-    del out
-    return torch.cuda.max_memory_allocated(device) - base
 
 
 def run(device: str = 'cpu', sizes: Sequence[Union[str, int, Size]] = (1024,),

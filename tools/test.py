@@ -26,6 +26,7 @@ if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not 
 
 import vitdet_plugin  # noqa: E402,F401  (registers our modules, torch/mmengine resume fix)
 from vitdet_plugin.datasets import DatasetNotFoundError, check_data, load_config  # noqa: E402
+from vitdet_plugin.engine.dist import prepare_cpu_distributed  # noqa: E402
 
 GRID_TILE = 384  # px, longest side of one tile in --grid
 
@@ -157,6 +158,7 @@ def main(argv=None) -> Dict[str, float]:
         check_data(cfg, ('test',), config_path=args.config, tool='tools/test.py')
     except DatasetNotFoundError as e:
         sys.exit(f'error: {e}')
+    prepare_cpu_distributed(cfg)  # gloo + CPU DDP wrapper when torchrun runs without GPUs
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     if args.out is not None:
         from mmdet.evaluation import DumpDetResults

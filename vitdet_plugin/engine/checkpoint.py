@@ -12,22 +12,26 @@ the same way, and only then removes checkpoints beyond ``max_keep_ckpts``. At ev
 previous checkpoint and the ``last_checkpoint`` pointing at it stay complete and loadable.
 Remote backends (``backend_args`` / ``out_dir`` URIs) fall back to the stock behaviour.
 
-:func:`install_safe_checkpoint_loader` (applied on import) makes mmengine's loader for local
-files, used by ``Runner.resume`` (``tools/train.py --resume``), ``load_from`` and
-``load_checkpoint``, read with an explicit ``torch.load(weights_only=True)`` and refuse a
-checkpoint carrying arbitrary Python objects with a :class:`CheckpointError` that names the
-file and the refused object (nothing is executed).
+:func:`install_safe_checkpoint_loader` (applied on import) makes mmengine's loaders for local
+files and for URLs (``http(s)://``, and through it ``modelzoo://``, ``torchvision://``,
+``open-mmlab://``, ``mmcls://``), used by ``Runner.resume`` (``tools/train.py --resume``),
+``load_from`` and ``load_checkpoint``, read with an explicit ``torch.load(weights_only=True)``
+and refuse a checkpoint carrying arbitrary Python objects with a :class:`CheckpointError` that
+names the file and the refused object (nothing is executed). mmengine's own URL loader goes
+through torch hub's ``load_state_dict_from_url``, which unpickles anything.
 """
 import os
 import os.path as osp
 from typing import Any, Optional
 
-from mmengine.dist import is_main_process
+import mmengine.runner.checkpoint as mmengine_checkpoint
+import torch.distributed
+from mmengine.dist import get_dist_info, is_main_process
 from mmengine.hooks import CheckpointHook
 from mmengine.registry import HOOKS
 from mmengine.runner.checkpoint import CheckpointLoader
 
-from ..weights.common import torch_load_weights_only
+from ..weights.common import resolve_checkpoint_path, torch_load_weights_only
 
 #: suffix of the partial file a save writes before the atomic rename
 TMP_SUFFIX = '.tmp'
@@ -142,10 +146,31 @@ def safe_load_from_local(filename: str, map_location: Any = None) -> Any:
     return torch_load_weights_only(filename, map_location)
 
 
+def safe_load_from_http(filename: str, map_location: Any = None,
+                        model_dir: Optional[str] = None, progress: bool = False) -> Any:
+    """mmengine's URL checkpoint loader (same signature) with ``weights_only=True``.
+
+    As mmengine does, rank 0 downloads first (into ``model_dir``, default torch hub's
+    checkpoint cache) while the other ranks wait, then read the cached file."""
+    del progress  # downloads are quiet, as in weights.common
+    rank, world_size = get_dist_info()
+    path = resolve_checkpoint_path(filename, model_dir) if rank == 0 else None
+    if world_size > 1:
+        torch.distributed.barrier()
+        if rank > 0:
+            path = resolve_checkpoint_path(filename, model_dir)
+    return torch_load_weights_only(path, map_location)
+
+
 def install_safe_checkpoint_loader() -> None:
-    """Route mmengine's loading of local checkpoint files through
-    :func:`safe_load_from_local` (idempotent)."""
+    """Route mmengine's loading of local checkpoint files and URLs through
+    :func:`safe_load_from_local` / :func:`safe_load_from_http` (idempotent)."""
     CheckpointLoader.register_scheme(prefixes='', force=True)(safe_load_from_local)
+    CheckpointLoader.register_scheme(prefixes=('http://', 'https://'),
+                                     force=True)(safe_load_from_http)
+    # modelzoo://, torchvision://, open-mmlab:// and mmcls:// resolve to a URL and call the
+    # module-level load_from_http directly, not through the registry
+    mmengine_checkpoint.load_from_http = safe_load_from_http
 
 
 install_safe_checkpoint_loader()

@@ -42,12 +42,14 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f'global {module}.{name} is not allowed')
 
 
-def resolve_checkpoint_path(path: Union[str, os.PathLike]) -> str:
+def resolve_checkpoint_path(path: Union[str, os.PathLike],
+                            cache_dir: Optional[str] = None) -> str:
     """A local file for ``path``: ``~`` expanded; an ``http(s)://`` URL downloaded once into
-    torch hub's checkpoint cache (``$TORCH_HOME/hub/checkpoints``, as mmengine does)."""
+    ``cache_dir`` (default: torch hub's checkpoint cache ``$TORCH_HOME/hub/checkpoints``, as
+    mmengine does)."""
     path = os.fspath(path)
     if _URL.match(path):
-        cache = os.path.join(torch.hub.get_dir(), 'checkpoints')
+        cache = cache_dir or os.path.join(torch.hub.get_dir(), 'checkpoints')
         local = os.path.join(cache, os.path.basename(urllib.parse.urlparse(path).path))
         if not os.path.isfile(local):
             os.makedirs(cache, exist_ok=True)

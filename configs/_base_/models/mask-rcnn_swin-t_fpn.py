@@ -23,7 +23,9 @@ model = dict(
         out_indices=(0, 1, 2, 3),
         with_cp=False,
         convert_weights=True,
-        init_cfg=None),  # dict(type='Pretrained', checkpoint='swin_tiny_patch4_window7_224.pth')
+        # init_cfg: left out so a child config or --cfg-options can add
+        # init_cfg=dict(type='Pretrained', checkpoint=...) (see the header)
+    ),
     neck=dict(
         type='FPN',
         in_channels=[96, 192, 384, 768],  # Swin-T channels at out_indices (0, 1, 2, 3)
