@@ -21,7 +21,7 @@ setup(
     # mmcv>=2.0.0rc4,<2.2.0 *with compiled ops* is required too; it has no wheel for current
     # torch and is built by `make env` (tools/setup_env.sh), so it is not listed here.
     install_requires=[
-        'torch>=2.1',
+        'torch>=2.4',  # torch.serialization.add_safe_globals (weights_only resume)
         'torchvision',
         'mmengine==0.10.7',
         'mmdet==3.3.0',

@@ -261,3 +261,43 @@ def test_benchmark_runs_at_a_size_below_one_window_per_stage(tmp_path):
                      r'[\d.]+x, /timm [\d.]+x', res.stdout), res.stdout
     res = subprocess.run(tool + ['--repeats', '0'], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and '--repeats must be at least 1, got 0' in res.stderr
+
+
+def test_time_budget_resume_continues_the_budget_and_the_planned_end(monkeypatch):
+    """An interrupted budgeted run resumed from its checkpoint: the time already used and the
+    planned end (the restored schedulers end there) carry over, the cap stays the config's."""
+    clock = [0.0]
+    monkeypatch.setattr(time_budget.time, 'perf_counter', lambda: clock[0])
+    first = _FakeRunner(max_iters=100000)
+    hook = TimeBudgetHook(minutes=1.0, measure_after=5, replan_interval=10)
+    hook.before_train(first)
+    while first.iter < 60:                          # 30 s at 0.5 s/it, then "killed"
+        clock[0] += 0.5
+        hook.after_train_iter(first, first.iter)
+        for s in first.param_schedulers:
+            s.step()
+        first.train_loop._iter += 1
+    assert first.train_loop.max_iters == 120
+    ckpt = {'meta': {'iter': 60}}
+    hook.before_save_checkpoint(first, ckpt)
+    sched_state = [s.state_dict() for s in first.param_schedulers]
+
+    second = _FakeRunner(max_iters=100000)
+    for s, state in zip(second.param_schedulers, sched_state):
+        s.load_state_dict(state)
+    second.train_loop._iter = 60
+    hook2 = TimeBudgetHook(minutes=1.0, measure_after=5, replan_interval=10)
+    hook2.after_load_checkpoint(second, ckpt)
+    elapsed, lrs = _simulate(monkeypatch, second, hook2, lambda i: 0.5)  # a new clock
+    assert second.train_loop.max_iters == 120
+    assert elapsed == pytest.approx(30.0)  # the 30 s left, not a new minute
+    assert second.param_schedulers[1].end == 120 and lrs[-1] < 1e-3
+
+
+def test_time_budget_state_is_ignored_by_load_from(monkeypatch):
+    """load_from (fine-tuning) also calls after_load_checkpoint but starts at iteration 0."""
+    runner = _FakeRunner(max_iters=50)
+    hook = TimeBudgetHook(minutes=1.0)
+    hook.after_load_checkpoint(runner, {'time_budget': dict(seconds_used=59.0, planned_end=20)})
+    elapsed, _ = _simulate(monkeypatch, runner, hook, lambda i: 0.1)
+    assert runner.train_loop.max_iters == 50 and elapsed == pytest.approx(5.0)

@@ -7,7 +7,8 @@
 # Environment variables:
 #   VITDET_VENV         venv directory                     (default: .venv)
 #   VITDET_PYTHON       interpreter used to create it      (default: python3.11)
-#   VITDET_WHEEL_CACHE  where the built mmcv wheel is kept (default: ~/.cache/vitdet_plugin/wheels)
+#   VITDET_WHEEL_CACHE  where the built mmcv wheel is kept (default: ~/.cache/vitdet_plugin/wheels;
+#                       CUDA builds in its cudaXX.Y/ subdirectory; one wheel per Python version)
 #   MAX_JOBS            parallel compile jobs for mmcv     (default: number of cores)
 set -euo pipefail
 
@@ -54,16 +55,43 @@ else
     "${PIP[@]}" install -q "setuptools>=77,<81"
 fi
 
+# A GPU build needs nvcc and a visible GPU; its wheel is cached apart from the CPU-only one
+# (same file name), and an installed CPU-only mmcv does not count as "with ops" there.
+WANT_CUDA=0
+if command -v nvcc >/dev/null 2>&1 && \
+        "$PY" -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    WANT_CUDA=1
+    WHEELS="$WHEELS/cuda$("$PY" -c 'import torch; print(torch.version.cuda)')"
+fi
+PYTAG="$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')"
+
 mmcv_has_ops() {
-    "$PY" -c "import mmcv, mmcv.ops; assert mmcv.__version__ == '$MMCV_VERSION'" >/dev/null 2>&1
+    "$PY" - "$MMCV_VERSION" "$WANT_CUDA" >/dev/null 2>&1 <<'PYEOF'
+import sys
+import mmcv, mmcv.ops
+from mmcv.ops import get_compiling_cuda_version
+assert mmcv.__version__ == sys.argv[1]
+assert sys.argv[2] == '0' or get_compiling_cuda_version() != 'not available'
+PYEOF
+}
+
+need_build_tools() {  # fail early, with the fix, instead of deep inside the C++ build
+    local cxx="${CXX:-c++}"
+    command -v "$cxx" >/dev/null 2>&1 || {
+        echo "building mmcv needs a C++20 compiler ($cxx not found): install g++ >= 10" \
+             "(e.g. apt-get install g++) or set CXX" >&2; exit 1; }
+    "$PY" -c "import os, sysconfig, sys; sys.exit(0 if os.path.isfile(os.path.join(sysconfig.get_paths()['include'], 'Python.h')) else 1)" || {
+        echo "building mmcv needs the Python headers (Python.h) of $PY: install" \
+             "python3.x-dev (e.g. apt-get install python3.11-dev)" >&2; exit 1; }
 }
 
 if mmcv_has_ops; then
     say "mmcv $MMCV_VERSION with ops already installed"
 else
     mkdir -p "$WHEELS"
-    WHEEL="$(ls "$WHEELS"/mmcv-"$MMCV_VERSION"-*.whl 2>/dev/null | head -n1 || true)"
+    WHEEL="$(ls "$WHEELS"/mmcv-"$MMCV_VERSION"-"$PYTAG"-*.whl 2>/dev/null | head -n1 || true)"
     if [ -z "$WHEEL" ]; then
+        need_build_tools
         say "no cached mmcv wheel in $WHEELS: building mmcv $MMCV_VERSION with ops from the sdist"
         say "(this compiles ~77 C++ files; about 12-30 minutes on 2 cores, MAX_JOBS=$MAX_JOBS)"
         BUILD="$(mktemp -d)"
@@ -77,19 +105,23 @@ else
         # torch >= 2.10 headers need C++20; mmcv 2.1.0 hard-codes -std=c++17.
         sed -i 's/-std=c++17/-std=c++20/g' "$SRC/setup.py"
         grep -q 'c++20' "$SRC/setup.py" || { echo "patching mmcv setup.py failed" >&2; exit 1; }
-        if command -v nvcc >/dev/null 2>&1 && "$PY" -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+        if [ "$WANT_CUDA" = 1 ]; then
             say "nvcc and a GPU found: CUDA ops will be built too"
             export FORCE_CUDA=1
         fi
         (cd "$SRC" && MMCV_WITH_OPS=1 "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$WHEELS" .)
         rm -rf "$BUILD"
         unset PYTHONPATH
-        WHEEL="$(ls "$WHEELS"/mmcv-"$MMCV_VERSION"-*.whl | head -n1)"
+        WHEEL="$(ls "$WHEELS"/mmcv-"$MMCV_VERSION"-"$PYTAG"-*.whl | head -n1)"
         say "cached $WHEEL"
     else
         say "reusing cached wheel $WHEEL"
     fi
-    "${PIP[@]}" install "$WHEEL"
+    if "$PY" -c "import mmcv" >/dev/null 2>&1; then  # e.g. a CPU-only build on a GPU machine
+        "${PIP[@]}" install --force-reinstall --no-deps "$WHEEL"
+    else
+        "${PIP[@]}" install "$WHEEL"
+    fi
 fi
 
 # The plugin (editable) with mmengine, mmdet and the test extras; skipped when setup.py is

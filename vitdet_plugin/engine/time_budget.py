@@ -10,6 +10,10 @@ schedule; mmengine's cosine scheduler is chainable, so a re-plan continues from 
 value without a jump (schedulers configured to end after ``max_iters`` are first moved to it).
 If the budget is exhausted anyway, the current iteration becomes the last
 one: the final checkpoint and validation still run as for a normal end of training.
+
+Checkpoints record the time used and the planned end (key ``'time_budget'``): a resumed run
+continues with the budget that is left and the planned end its restored schedulers follow,
+rather than a fresh budget and the configured cap.
 """
 import time
 from collections import Counter, deque
@@ -20,6 +24,8 @@ from mmengine.registry import HOOKS
 from mmengine.runner import IterBasedTrainLoop
 
 SECONDS_PER_MINUTE = 60.0
+#: checkpoint key of the hook's state
+CHECKPOINT_KEY = 'time_budget'
 
 
 @HOOKS.register_module()
@@ -57,6 +63,7 @@ class TimeBudgetHook(Hook):
         self._marks: Deque[Tuple[int, float]] = deque(maxlen=int(speed_window) + 1)
         self._cap = 0
         self._last_logged = 0
+        self._resumed = None  # (seconds used, planned end) read from a resumed checkpoint
 
     # ------------------------------------------------------------------ hook API
     def before_train(self, runner) -> None:
@@ -70,6 +77,18 @@ class TimeBudgetHook(Hook):
         self._start_iter = runner.iter
         self._marks.clear()
         self._cap = loop.max_iters
+        # continue an interrupted run's budget and plan; mmengine also calls
+        # after_load_checkpoint for load_from (fine-tuning), which starts at iteration 0
+        resumed, self._resumed = self._resumed, None
+        if resumed is not None and runner.iter > 0:
+            used, planned = resumed
+            self._t0 -= used
+            if runner.iter <= planned < loop.max_iters:
+                loop._max_iters = planned  # its schedulers were saved re-targeted to it
+                runner.message_hub.update_info('max_iters', planned)
+            runner.logger.info(f'TimeBudgetHook: resumed with {used / SECONDS_PER_MINUTE:.1f} '
+                               f'of {self.budget_s / SECONDS_PER_MINUTE:g} min used, training '
+                               f'ends at iteration {loop.max_iters} (cap {self._cap})')
         self._last_logged = loop.max_iters
         # schedulers configured past the end of training (max_iters lowered by an override)
         # end with it
@@ -106,6 +125,15 @@ class TimeBudgetHook(Hook):
                     f'{(self.budget_s - elapsed) / SECONDS_PER_MINUTE:.1f} min left of '
                     f'{self.budget_s / SECONDS_PER_MINUTE:g}: training ends at iteration '
                     f'{planned} (cap {self._cap})')
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        checkpoint[CHECKPOINT_KEY] = dict(seconds_used=time.perf_counter() - self._t0,
+                                          planned_end=int(runner.train_loop.max_iters))
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        state = checkpoint.get(CHECKPOINT_KEY)
+        if state is not None:
+            self._resumed = (float(state['seconds_used']), int(state['planned_end']))
 
     # ------------------------------------------------------------------ helpers
     def _set_max_iters(self, runner, new_end: int) -> None:
