@@ -465,3 +465,9 @@ def test_rel_pos_attention_recomputing_backward(monkeypatch, chunk):
         n2 = (qh * qw) ** 2
         assert any(math.prod(s[-2:]) == n2 for s in saved) != lean
     assert_close_rel(results[0], results[1], tol=1e-5)
+
+
+def test_pyramid_dict_naming_what_the_backbone_gives_is_an_error():
+    with pytest.raises(ValueError, match=r"sets \['in_channels'\], which the backbone gives it "
+                                         r'\(embed_dims=64, patch_size=16\)'):
+        tiny_vit(pyramid=dict(out_channels=32, in_channels=64))

@@ -358,6 +358,11 @@ class ViTBackbone(FreezeMixin, BaseModule):
                                  f'{self.out_indices}')
             cfg = dict(pyramid) if isinstance(pyramid, dict) else {}
             cfg.pop('type', None)
+            derived = sorted({'in_channels', 'in_stride'} & set(cfg))
+            if derived:
+                raise ValueError(f'pyramid={pyramid!r} sets {derived}, which the backbone '
+                                 f'gives it (embed_dims={self.embed_dims}, patch_size='
+                                 f'{patch_size}); leave them out of the pyramid dict')
             cfg.setdefault('num_outs', len(cfg.get('scale_factors', (4.0, 2.0, 1.0, 0.5))))
             self.pyramid = ViTSimpleFPN(in_channels=self.embed_dims, in_stride=patch_size,
                                         **cfg)
