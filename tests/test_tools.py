@@ -298,6 +298,30 @@ def test_time_budget_state_is_ignored_by_load_from(monkeypatch):
     """load_from (fine-tuning) also calls after_load_checkpoint but starts at iteration 0."""
     runner = _FakeRunner(max_iters=50)
     hook = TimeBudgetHook(minutes=1.0)
-    hook.after_load_checkpoint(runner, {'time_budget': dict(seconds_used=59.0, planned_end=20)})
+    hook.after_load_checkpoint(runner, {'time_budget': dict(seconds_used=59.0, planned_end=20,
+                                                            cap=50)})
     elapsed, _ = _simulate(monkeypatch, runner, hook, lambda i: 0.1)
     assert runner.train_loop.max_iters == 50 and elapsed == pytest.approx(5.0)
+
+
+def test_time_budget_resume_with_a_larger_max_iters_moves_the_schedules(monkeypatch):
+    """Trained to its cap of 40, resumed with max_iters=80: the schedulers that ended at 40
+    run to 80 (the learning rate would otherwise stay frozen), with the budget left."""
+    runner = _FakeRunner(max_iters=100000)
+    runner.train_loop._max_iters = 40
+    hook = TimeBudgetHook(minutes=10.0)
+    _simulate(monkeypatch, runner, hook, lambda i: 0.1)
+    ckpt = {}
+    hook.before_save_checkpoint(runner, ckpt)
+    assert ckpt['time_budget']['planned_end'] == 40 and ckpt['time_budget']['cap'] == 40
+    states = [s.state_dict() for s in runner.param_schedulers]
+
+    resumed = _FakeRunner(max_iters=100000)
+    resumed.train_loop._max_iters, resumed.train_loop._iter = 80, 40
+    for s, state in zip(resumed.param_schedulers, states):
+        s.load_state_dict(state)
+    hook2 = TimeBudgetHook(minutes=10.0)
+    hook2.after_load_checkpoint(resumed, ckpt)
+    _, lrs = _simulate(monkeypatch, resumed, hook2, lambda i: 0.1)
+    assert resumed.train_loop.max_iters == 80 and len(lrs) == 40
+    assert resumed.param_schedulers[1].end == 80 and lrs[0] > lrs[-1]

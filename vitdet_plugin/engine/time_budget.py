@@ -11,9 +11,10 @@ value without a jump (schedulers configured to end after ``max_iters`` are first
 If the budget is exhausted anyway, the current iteration becomes the last
 one: the final checkpoint and validation still run as for a normal end of training.
 
-Checkpoints record the time used and the planned end (key ``'time_budget'``): a resumed run
-continues with the budget that is left and the planned end its restored schedulers follow,
-rather than a fresh budget and the configured cap.
+Checkpoints record the time used, the planned end and the cap (key ``'time_budget'``): a
+resumed run continues with the budget that is left and the planned end its restored schedulers
+follow, rather than a fresh budget and the configured cap; resumed with another ``max_iters``,
+the schedulers that ran to the saved end are moved to the new one.
 """
 import time
 from collections import Counter, deque
@@ -63,7 +64,7 @@ class TimeBudgetHook(Hook):
         self._marks: Deque[Tuple[int, float]] = deque(maxlen=int(speed_window) + 1)
         self._cap = 0
         self._last_logged = 0
-        self._resumed = None  # (seconds used, planned end) read from a resumed checkpoint
+        self._resumed = None  # (seconds used, planned end, cap) of a resumed checkpoint
 
     # ------------------------------------------------------------------ hook API
     def before_train(self, runner) -> None:
@@ -81,11 +82,16 @@ class TimeBudgetHook(Hook):
         # after_load_checkpoint for load_from (fine-tuning), which starts at iteration 0
         resumed, self._resumed = self._resumed, None
         if resumed is not None and runner.iter > 0:
-            used, planned = resumed
+            used, planned, cap = resumed
             self._t0 -= used
-            if runner.iter <= planned < loop.max_iters:
+            if cap == loop.max_iters and runner.iter <= planned < cap:
                 loop._max_iters = planned  # its schedulers were saved re-targeted to it
                 runner.message_hub.update_info('max_iters', planned)
+            elif planned != loop.max_iters:
+                # resumed with another max_iters: the schedulers that ran to the saved end run
+                # to the new one (the budget re-plans from there)
+                for scheduler in _iter_schedulers(runner.param_schedulers):
+                    retarget_scheduler(scheduler, planned, loop.max_iters)
             runner.logger.info(f'TimeBudgetHook: resumed with {used / SECONDS_PER_MINUTE:.1f} '
                                f'of {self.budget_s / SECONDS_PER_MINUTE:g} min used, training '
                                f'ends at iteration {loop.max_iters} (cap {self._cap})')
@@ -128,12 +134,14 @@ class TimeBudgetHook(Hook):
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         checkpoint[CHECKPOINT_KEY] = dict(seconds_used=time.perf_counter() - self._t0,
-                                          planned_end=int(runner.train_loop.max_iters))
+                                          planned_end=int(runner.train_loop.max_iters),
+                                          cap=int(self._cap))
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         state = checkpoint.get(CHECKPOINT_KEY)
         if state is not None:
-            self._resumed = (float(state['seconds_used']), int(state['planned_end']))
+            self._resumed = (float(state['seconds_used']), int(state['planned_end']),
+                             int(state['cap']))
 
     # ------------------------------------------------------------------ helpers
     def _set_max_iters(self, runner, new_end: int) -> None:
