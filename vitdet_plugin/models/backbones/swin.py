@@ -27,8 +27,8 @@ from .base import FreezeMixin, pretrained_init_cfg
 from ..layers import (ConvStem, DropPath, Mlp, PatchEmbed, PatchMerging, WindowAttention,
                       WindowIndex, WindowPlan, builds_cache, chunk_slices, inference_fast_path,
                       int_tuple, linear_drop_path_rates, map_height_chunks, padded_size,
-                      residual_add, rows_per_chunk, shifted_window_mask, to_2tuple,
-                      window_gather_index, window_plan)
+                      positive_int, residual_add, rows_per_chunk, shifted_window_mask,
+                      to_2tuple, window_gather_index, window_plan)
 
 #: ``arch`` presets: embed dims, depths and heads of the published Swin models.
 SWIN_ARCHS: Dict[str, dict] = {
@@ -355,9 +355,7 @@ class SwinBackbone(FreezeMixin, BaseModule):
                                  f'embed_dims * 2**stage')
         if in_channels <= 0:
             raise ValueError(f'in_channels must be positive, got {in_channels}')
-        if not isinstance(patch_size, int) or isinstance(patch_size, bool) or patch_size <= 0:
-            raise ValueError(f'patch_size must be a positive int (the first output stride), '
-                             f'got {patch_size!r}')
+        positive_int(patch_size, 'patch_size', ' (the first output stride)')
         self.window_size = to_2tuple(window_size, 'window_size')
         if min(self.window_size) <= 0:
             raise ValueError(f'window_size must be positive, got {window_size!r}')

@@ -27,8 +27,9 @@ from ...weights.common import resize_pos_grid
 from ...weights.vit import load_vit_pretrained
 from ..layers import (Attention, DropPath, Mlp, PatchEmbed, ResBottleneckBlock, TensorWatch,
                       WindowIndex, attend, builds_cache, decomposed_rel_pos_bias,
-                      decomposed_rel_pos_terms, linear_drop_path_rates, rel_pos_attention,
-                      int_arg, int_tuple, residual_add, to_2tuple, window_gather_index)
+                      decomposed_rel_pos_terms, int_arg, int_tuple, linear_drop_path_rates,
+                      positive_int, rel_pos_attention, residual_add, to_2tuple,
+                      window_gather_index)
 from ..necks.simple_fpn import ViTSimpleFPN
 from .base import FreezeMixin, pretrained_init_cfg
 
@@ -299,8 +300,7 @@ class ViTBackbone(FreezeMixin, BaseModule):
         if min(self.window_size) <= 0:
             raise ValueError(f'window_size must be positive, got {window_size!r}; for global '
                              'attention in every block list all blocks in global_attn_indexes')
-        if not isinstance(patch_size, int) or patch_size <= 0:
-            raise ValueError(f'patch_size must be a positive int, got {patch_size!r}')
+        positive_int(patch_size, 'patch_size')
         if int_arg(in_channels, 'in_channels') <= 0:
             raise ValueError(f'in_channels must be positive, got {in_channels}')
         rate = spec['drop_path_rate']

@@ -1,4 +1,5 @@
 """Building blocks shared by the backbones and heads: one copy of each."""
+from .arguments import int_arg, int_tuple, positive_int, to_2tuple
 from .attention import (MASKED_LOGIT, Attention, attend, eager_attention,
                         register_fusable_attention, set_fused_attention)
 from .chunking import (chunk_rows, chunk_slices, inference_fast_path, map_height_chunks,
@@ -16,8 +17,8 @@ from .rel_pos import (decomposed_rel_pos_bias, decomposed_rel_pos_embeddings,
 from .res_bottleneck import ResBottleneckBlock
 from .residual import residual_add
 from .tensor_watch import TensorWatch, builds_cache
-from .window import (WindowChunk, WindowIndex, WindowPlan, int_arg, int_tuple, pad_hw, padded_size,
-                     to_2tuple, window_gather_index, window_partition, window_plan, window_reverse)
+from .window import (WindowChunk, WindowIndex, WindowPlan, pad_hw, padded_size,
+                     window_gather_index, window_partition, window_plan, window_reverse)
 from .window_attention import WindowAttention, shifted_window_mask
 
 __all__ = [
@@ -30,7 +31,8 @@ __all__ = [
     'decomposed_rel_pos_bias', 'decomposed_rel_pos_embeddings', 'decomposed_rel_pos_terms',
     'relative_position_index', 'resize_rel_pos', 'ResBottleneckBlock', 'residual_add',
     'TensorWatch', 'builds_cache',
-    'WindowChunk', 'WindowIndex', 'WindowPlan', 'int_arg', 'int_tuple', 'pad_hw', 'padded_size', 'to_2tuple',
+    'int_arg', 'int_tuple', 'positive_int', 'to_2tuple',
+    'WindowChunk', 'WindowIndex', 'WindowPlan', 'pad_hw', 'padded_size',
     'window_gather_index', 'window_partition', 'window_plan', 'window_reverse', 'WindowAttention',
     'shifted_window_mask',
 ]

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .window import to_2tuple
+from .arguments import to_2tuple
 
 
 class PatchEmbed(nn.Module):

@@ -1,5 +1,4 @@
 """Window partition / reverse and padding helpers shared by the Swin and ViT backbones."""
-import numbers
 from typing import List, NamedTuple, Optional, Tuple
 
 import torch
@@ -7,43 +6,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .chunking import chunk_slices
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def to_2tuple(value, name: str = 'value') -> Tuple[int, int]:
-    """``7 -> (7, 7)``; ``(7, 9) -> (7, 9)``; anything else (floats, strings, other lengths)
-    raises a ``ValueError`` naming what was given."""
-    if _is_int(value):
-        return (int(value), int(value))
-    if isinstance(value, (tuple, list)) and len(value) == 2 and all(map(_is_int, value)):
-        return (int(value[0]), int(value[1]))
-    raise ValueError(f'{name} must be an int or a pair of ints (h, w), got {value!r} '
-                     f'({type(value).__name__})')
-
-
-def int_arg(value, name: str = 'value') -> int:
-    """``value`` as an int; floats, strings or bools (which ``int()`` would silently truncate
-    or parse) raise a ``ValueError`` naming what was given."""
-    if not _is_int(value):
-        raise ValueError(f'{name} must be an int, got {value!r} ({type(value).__name__})')
-    return int(value)
-
-
-def int_tuple(values, name: str = 'value') -> Tuple[int, ...]:
-    """An int or a sequence of ints as a tuple; floats, strings or bools (which ``int()``
-    would silently truncate or parse) raise a ``ValueError`` naming what was given."""
-    if _is_int(values):
-        return (int(values), )
-    if isinstance(values, (str, bytes)) or not hasattr(values, '__iter__'):
-        raise ValueError(f'{name} must be an int or a sequence of ints, got {values!r}')
-    values = tuple(values)
-    bad = [v for v in values if not _is_int(v)]
-    if bad:
-        raise ValueError(f'{name}={values!r} must hold ints only, not {bad!r}')
-    return tuple(int(v) for v in values)
 
 
 def padded_size(hw: Tuple[int, int], multiple: Tuple[int, int]) -> Tuple[int, int]:
