@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..models.layers.rel_pos import relative_position_index
+from ..models.layers.rel_pos import bias_table_size, relative_position_index
 from .common import (CheckpointError, StateDict, checkpoint_state_dict, drop_keys,
                      interpolation_dtype, load_state_dict_checked, resize_pos_grid,
                      select_prefix)
@@ -160,23 +160,21 @@ def window_from_index(index: Tensor) -> Optional[Tuple[int, int]]:
     return None
 
 
+def _square_window(rows: int) -> Optional[int]:
+    """The side ``s`` of the square window whose bias table has ``rows`` rows (``(2s - 1)**2``),
+    or None when no square window has that many."""
+    side = (math.isqrt(rows) + 1) // 2
+    return side if math.prod(bias_table_size((side, side))) == rows else None
+
+
 def resize_rel_pos_bias_table(table: Tensor, window_size: Tuple[int, int],
                               src_window_size: Optional[Tuple[int, int]] = None) -> Tensor:
     """Bicubically resize a ``((2wh-1)(2ww-1), heads)`` bias table to another window size."""
-    dst = (2 * window_size[0] - 1, 2 * window_size[1] - 1)
+    dst = bias_table_size(window_size)
     rows = table.shape[0]
-    if src_window_size is not None and rows != (2 * src_window_size[0] - 1) * (
-            2 * src_window_size[1] - 1):
-        raise CheckpointError(
-            f'src_window_size={tuple(src_window_size)} does not fit a bias table of {rows} '
-            f'rows (a {src_window_size[0]}x{src_window_size[1]} window has '
-            f'{(2 * src_window_size[0] - 1) * (2 * src_window_size[1] - 1)}); give the window '
-            f'the checkpoint was trained with' + (
-                f', e.g. {(math.isqrt(rows) + 1) // 2} (square)'
-                if math.isqrt(rows) ** 2 == rows else ''))
-    if rows == dst[0] * dst[1] and src_window_size in (None, tuple(window_size)):
-        return table
     if src_window_size is None:
+        if rows == math.prod(dst):
+            return table
         side = math.isqrt(rows)
         if side * side != rows:
             raise CheckpointError(
@@ -186,7 +184,16 @@ def resize_rel_pos_bias_table(table: Tensor, window_size: Tuple[int, int],
                 f'tools/convert_weights.py --src-window-size H W')
         src = (side, side)
     else:
-        src = (2 * src_window_size[0] - 1, 2 * src_window_size[1] - 1)
+        src = bias_table_size(src_window_size)
+        if rows != math.prod(src):
+            square = _square_window(rows)
+            raise CheckpointError(
+                f'src_window_size={tuple(src_window_size)} does not fit a bias table of {rows} '
+                f'rows (a {src_window_size[0]}x{src_window_size[1]} window has '
+                f'{math.prod(src)}); give the window the checkpoint was trained with'
+                + (f', e.g. {square} (square)' if square is not None else ''))
+        if src == dst:
+            return table
     heads = table.shape[1]
     grid = table.t().reshape(1, heads, *src)
     grid = F.interpolate(interpolation_dtype(grid), size=dst, mode='bicubic', align_corners=False)
@@ -239,7 +246,7 @@ def convert_swin(sd: Mapping[str, Tensor], window_size: Optional[Tuple[int, int]
         tables = [k for k in sd if k.endswith('relative_position_bias_table')]
         wh, ww = window_size
         if (src_window_size is None and wh != ww and tables
-                and sd[tables[0]].shape[0] == (2 * wh - 1) * (2 * ww - 1)):
+                and sd[tables[0]].shape[0] == math.prod(bias_table_size(window_size))):
             logger.warning(
                 'Swin checkpoint: its bias tables fit the model\'s %dx%d window and also a '
                 '%dx%d one, and it records no window; loaded as %dx%d. If it was trained with '
@@ -283,8 +290,8 @@ def swin_to_mmdet(sd: Mapping[str, Tensor]) -> StateDict:
                          'it with SwinBackbone(stem_channels=...)')
     for k in [k for k in sd if k.endswith('relative_position_bias_table')]:
         rows = sd[k].shape[0]
-        side = (math.isqrt(rows) + 1) // 2
-        if (2 * side - 1) ** 2 != rows:
+        side = _square_window(rows)
+        if side is None:
             raise ValueError(f'{k} has {rows} rows, the table of a rectangular window; mmdet\'s '
                              'SwinTransformer only has square windows. Keep this state dict in '
                              'our layout and load it with SwinBackbone(window_size=(h, w))')

@@ -12,7 +12,7 @@ from .mlp import Mlp
 from .norm import LayerNorm2d, masked_group_norm
 from .patch_embed import PatchEmbed
 from .patch_merging import PatchMerging
-from .rel_pos import (decomposed_rel_pos_bias, decomposed_rel_pos_embeddings,
+from .rel_pos import (bias_table_size, decomposed_rel_pos_bias, decomposed_rel_pos_embeddings,
                       decomposed_rel_pos_terms, relative_position_index, resize_rel_pos)
 from .res_bottleneck import ResBottleneckBlock
 from .residual import residual_add
@@ -28,7 +28,7 @@ __all__ = [
     'ConvStem', 'MultiheadCrossAttention',
     'DropPath', 'drop_path', 'linear_drop_path_rates', 'rel_pos_attention', 'Mlp',
     'LayerNorm2d', 'masked_group_norm', 'PatchEmbed', 'PatchMerging',
-    'decomposed_rel_pos_bias', 'decomposed_rel_pos_embeddings', 'decomposed_rel_pos_terms',
+    'bias_table_size', 'decomposed_rel_pos_bias', 'decomposed_rel_pos_embeddings', 'decomposed_rel_pos_terms',
     'relative_position_index', 'resize_rel_pos', 'ResBottleneckBlock', 'residual_add',
     'TensorWatch', 'builds_cache',
     'int_arg', 'int_tuple', 'positive_int', 'to_2tuple',

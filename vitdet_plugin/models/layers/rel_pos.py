@@ -18,6 +18,12 @@ def interpolation_dtype(t: Tensor) -> Tensor:
     return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
+def bias_table_size(window_size: Tuple[int, int]) -> Tuple[int, int]:
+    """The ``(2wh - 1, 2ww - 1)`` grid of relative offsets a Swin bias table covers (its rows,
+    one per offset, are that grid flattened)."""
+    return 2 * window_size[0] - 1, 2 * window_size[1] - 1
+
+
 def relative_position_index(window_size: Tuple[int, int]) -> Tensor:
     """Index ``(N, N)`` into a ``((2wh-1)(2ww-1), heads)`` Swin bias table (official layout)."""
     wh, ww = window_size

@@ -6,6 +6,7 @@ recorded through the table) and rebuilt whenever the table changes (see
 :class:`~.tensor_watch.TensorWatch`), so inference never rebuilds them and training always
 sees the current parameters.
 """
+import math
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -13,7 +14,7 @@ from torch import Tensor, nn
 
 from .attention import MASKED_LOGIT, Attention, attend, combine_bias
 from .chunking import map_row_chunks, rows_per_chunk
-from .rel_pos import relative_position_index
+from .rel_pos import bias_table_size, relative_position_index
 from .tensor_watch import TensorWatch, builds_cache
 from .window import window_partition
 
@@ -41,9 +42,8 @@ class WindowAttention(Attention):
         super().__init__(dim, num_heads, qkv_bias, attn_drop, proj_drop, fused,
                          qk_scale or None)  # `qk_scale or head_dim ** -0.5` upstream
         self.window_size = tuple(window_size)
-        wh, ww = self.window_size
         self.relative_position_bias_table = nn.Parameter(
-            torch.zeros((2 * wh - 1) * (2 * ww - 1), num_heads))
+            torch.zeros(math.prod(bias_table_size(self.window_size)), num_heads))
         # the index is derived from window_size, per device, rather than kept as a buffer: a
         # non-persistent buffer is neither loaded nor re-initialised, so a model built on the
         # meta device and materialised with to_empty() would index with garbage
@@ -60,7 +60,7 @@ class WindowAttention(Attention):
         4-D on purpose: with a 3-D mask ``F.scaled_dot_product_attention`` falls back from
         the fused CPU kernel to the math path.
         """
-        n = self.window_size[0] * self.window_size[1]
+        n = self.window_tokens
         table = self.relative_position_bias_table
         bias = table[self._flat_index(table.device)].view(n, n, -1)
         return bias.permute(2, 0, 1).unsqueeze(0)
