@@ -13,7 +13,7 @@ with ``init_cfg=dict(type='Pretrained', checkpoint=OUT)``.
 import argparse
 import os
 import sys
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -25,13 +25,15 @@ from vitdet_plugin.weights.swin import convert_swin, detect_swin_format  # noqa:
 from vitdet_plugin.weights.vit import convert_vit, detect_vit_format  # noqa: E402
 
 
-def _detect_model(sd) -> str:
-    """'swin' or 'vit', by which detector recognises ``sd``; both messages if neither does."""
+DETECTORS = {'swin': detect_swin_format, 'vit': detect_vit_format}
+
+
+def _detect(sd) -> Tuple[str, str]:
+    """``(model, format)`` by the detector that recognises ``sd``; both reasons if neither."""
     errors = []
-    for model, detect in (('swin', detect_swin_format), ('vit', detect_vit_format)):
+    for model, detect in DETECTORS.items():
         try:
-            detect(sd)
-            return model
+            return model, detect(sd)
         except CheckpointError as e:
             errors.append(f'as {model}: {e}')
     raise CheckpointError('neither a Swin nor a ViT checkpoint (' + '; '.join(errors) + '). If '
@@ -63,17 +65,16 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         sd = checkpoint_state_dict(load_checkpoint_file(args.src), args.prefix)
-        model = _detect_model(sd) if args.model == 'auto' else args.model
+        model, fmt = (_detect(sd) if args.model == 'auto'
+                      else (args.model, DETECTORS[args.model](sd)))
         if model == 'swin':
-            fmt = detect_swin_format(sd)
             converted, dropped = convert_swin(
-                sd, window_size=window, pos_grid=pos_grid,
+                sd, window_size=window, pos_grid=pos_grid, src_format=fmt,
                 src_window_size=tuple(args.src_window_size) if args.src_window_size else None)
         else:
             if window or args.src_window_size:
                 p.error('--window-size / --src-window-size apply to Swin checkpoints only')
-            fmt = detect_vit_format(sd)
-            converted, dropped = convert_vit(sd, pos_grid=pos_grid)
+            converted, dropped = convert_vit(sd, pos_grid=pos_grid, src_format=fmt)
     except (CheckpointError, FileNotFoundError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 1
