@@ -69,11 +69,13 @@ class _FusedAttentionRecompute(torch.autograd.Function):
         scale = ctx.scale
         b, h, n, d = q.shape
         m, dv_dim = k.shape[-2], v.shape[-1]
-        # the attention of this layer, recomputed: logits = bias + mask + scale * q k^T
-        full = combine_bias(bias, mask, b).to(q.dtype).expand(b, h, n, m)
+        # the attention of this layer, recomputed: logits = bias + mask + scale * q k^T, the
+        # bias written once into the logits buffer (in q's dtype) and the GEMM added in place
         q3, k3, v3 = q.reshape(b * h, n, d), k.reshape(b * h, m, d), v.reshape(b * h, m, dv_dim)
-        probs = torch.softmax(torch.baddbmm(full.reshape(b * h, n, m), q3, k3.transpose(1, 2),
-                                            alpha=scale), dim=-1)
+        logits = q.new_empty(b * h, n, m)
+        logits.view(b, h, n, m).copy_(combine_bias(bias, mask, b))
+        probs = torch.softmax(logits.baddbmm_(q3, k3.transpose(1, 2), alpha=scale), dim=-1)
+        del logits
         grad3 = grad_out.reshape(b * h, n, dv_dim)
         grad_v = torch.bmm(probs.transpose(1, 2), grad3)
         grad_logits = torch._softmax_backward_data(torch.bmm(grad3, v3.transpose(1, 2)), probs,
