@@ -139,11 +139,8 @@ class AtomicCheckpointHook(CheckpointHook):
 # ----------------------------------------------------------------------------- safe loading
 def safe_load_from_local(filename: str, map_location: Any = None) -> Any:
     """mmengine's local-file checkpoint loader with ``weights_only=True`` and clear errors."""
-    filename = osp.expanduser(filename)
-    if not osp.isfile(filename):
-        raise FileNotFoundError(f'checkpoint file {filename!r} does not exist; check '
-                                '--resume / load_from / the checkpoint path')
-    return torch_load_weights_only(filename, map_location)
+    path = resolve_checkpoint_path(filename, source='--resume / load_from / the checkpoint path')
+    return torch_load_weights_only(path, map_location)
 
 
 def safe_load_from_http(filename: str, map_location: Any = None,

@@ -42,11 +42,16 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f'global {module}.{name} is not allowed')
 
 
-def resolve_checkpoint_path(path: Union[str, os.PathLike],
-                            cache_dir: Optional[str] = None) -> str:
+#: Where a missing checkpoint path usually came from (the hint of the not-found error).
+_PATH_SOURCES = "the path given as init_cfg=dict(type='Pretrained', checkpoint=...) or on the " \
+                'command line'
+
+
+def resolve_checkpoint_path(path: Union[str, os.PathLike], cache_dir: Optional[str] = None,
+                            source: str = _PATH_SOURCES) -> str:
     """A local file for ``path``: ``~`` expanded; an ``http(s)://`` URL downloaded once into
     ``cache_dir`` (default: torch hub's checkpoint cache ``$TORCH_HOME/hub/checkpoints``, as
-    mmengine does)."""
+    mmengine does). A missing file raises ``FileNotFoundError`` telling to check ``source``."""
     path = os.fspath(path)
     if _URL.match(path):
         cache = cache_dir or os.path.join(torch.hub.get_dir(), 'checkpoints')
@@ -62,9 +67,7 @@ def resolve_checkpoint_path(path: Union[str, os.PathLike],
         return local
     path = os.path.expanduser(path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(
-            f'checkpoint file {path!r} does not exist; check the path given as '
-            f"init_cfg=dict(type='Pretrained', checkpoint=...) or on the command line")
+        raise FileNotFoundError(f'checkpoint file {path!r} does not exist; check {source}')
     return path
 
 
