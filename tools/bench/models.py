@@ -1,0 +1,147 @@
+"""The compared models, holding the same weights, built through public APIs only.
+
+A reference (timm) model is created with random weights, perturbed so that norms and
+relative-position tables do real work, and loaded into ours through the plugin's checkpoint
+loaders (``load_swin_pretrained`` / ``load_vit_pretrained``); mmdet's Swin gets ours converted
+by ``swin_to_mmdet``, its architecture read off the converted weights.
+"""
+import math
+import re
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Mapping, Union
+
+import torch
+from torch import Tensor, nn
+
+from .plan import Size
+
+#: Standard deviation of the noise added to every reference weight (non-trivial norms,
+#: relative-position tables and biases, so both models do all of the work).
+PERTURB_STD = 0.02
+#: Input size ViTDet / SAM models are built for (their position grid: 1024 / 16 = 64).
+VIT_IMG_SIZE = 1024
+
+Features = Callable[[Tensor], List[Tensor]]
+
+
+@dataclass
+class Compared:
+    """Models to compare, ``'ours'`` first, and how to get each one's feature maps."""
+
+    models: Dict[str, nn.Module]
+    features: Dict[str, Features]
+    parity_ref: str  # the reference whose last feature map ours must reproduce
+
+
+def feature_list(out: Union[Tensor, List[Tensor], tuple]) -> List[Tensor]:
+    return [out] if isinstance(out, Tensor) else list(out)
+
+
+def _perturb_(model: nn.Module) -> None:
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * PERTURB_STD)
+
+
+def _import_plugin() -> None:
+    try:
+        import vitdet_plugin  # noqa: F401  (registers our modules, checks the stack)
+    except ModuleNotFoundError as e:
+        raise SystemExit(f'the benchmark needs the plugin installed ({e}): run `make env` '
+                         '(or `pip install -e .`) first') from e
+
+
+class TimmSwinFeatures(nn.Module):
+    """timm's swin returning per-stage NCHW features (like a detection backbone)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor) -> List[Tensor]:
+        x = self.model.patch_embed(x)
+        outs = []
+        for layer in self.model.layers:
+            x = layer(x)
+            outs.append(x.permute(0, 3, 1, 2))
+        return outs
+
+
+def mmdet_swin_spec(sd: Mapping[str, Tensor]) -> dict:
+    """``SwinTransformer`` arguments (embed dims, depths, heads, window) of an mmdet-layout
+    Swin state dict, read off its weights."""
+    block = re.compile(r'^stages\.(\d+)\.blocks\.(\d+)\.')
+    depths: Dict[int, int] = {}
+    for key in sd:
+        m = block.match(key)
+        if m:
+            stage, index = int(m.group(1)), int(m.group(2))
+            depths[stage] = max(depths.get(stage, 0), index + 1)
+    stages = sorted(depths)
+    tables = [sd[f'stages.{i}.blocks.0.attn.w_msa.relative_position_bias_table'] for i in stages]
+    side = math.isqrt(tables[0].shape[0])  # (2w - 1)^2 offsets of a square window
+    return dict(embed_dims=sd['patch_embed.projection.weight'].shape[0],
+                depths=tuple(depths[i] for i in stages),
+                num_heads=tuple(t.shape[1] for t in tables), window_size=(side + 1) // 2)
+
+
+def build_swin(arch: str, size: Size, with_cp: bool) -> Compared:
+    """Ours, mmdet's ``SwinTransformer`` and timm's swin (``swin_{arch}_patch4_window7_224``)
+    with the same weights; timm with gradient checkpointing when ``with_cp``."""
+    import timm
+    from mmdet.models.backbones import SwinTransformer
+    _import_plugin()
+    from vitdet_plugin.models.backbones import SwinBackbone
+    from vitdet_plugin.weights.swin import load_swin_pretrained, swin_to_mmdet
+
+    # always_partition: keep the 7x7 windows (and their shift) in stages smaller than a
+    # window, as mmdet and ours do; timm would shrink them (and the bias tables with them)
+    tm = timm.create_model(f'swin_{arch}_patch4_window7_224', pretrained=False, num_classes=0,
+                           img_size=size, strict_img_size=False, always_partition=True,
+                           drop_path_rate=0.0)
+    _perturb_(tm)
+    tm.set_grad_checkpointing(with_cp)
+    ours = SwinBackbone(arch=arch, drop_path_rate=0.0, with_cp=with_cp)
+    ours.init_weights()  # output norms, which timm's classifier does not have
+    load_swin_pretrained(ours, tm.state_dict())
+    mm_sd = swin_to_mmdet(ours.state_dict())
+    mm = SwinTransformer(**mmdet_swin_spec(mm_sd), drop_path_rate=0.0, with_cp=with_cp)
+    mm.load_state_dict(mm_sd)
+    timm_feats = TimmSwinFeatures(tm)
+    models: Dict[str, nn.Module] = {'ours': ours, 'mmdet': mm, 'timm': timm_feats}
+    features = {name: (lambda x, m=m: feature_list(m(x))) for name, m in models.items()}
+    return Compared(models=models, features=features, parity_ref='mmdet')
+
+
+def build_vit(arch: str, with_cp: bool) -> Compared:
+    """Our ViT and timm's ``samvit_{arch}_patch16`` (SAM's image encoder, 1024 input) with the
+    same weights. timm's features are taken before its neck, so both run the same blocks."""
+    import timm
+    _import_plugin()
+    from vitdet_plugin.models.backbones import ViTBackbone
+    from vitdet_plugin.weights.vit import load_vit_pretrained
+
+    ref = timm.create_model(f'samvit_{arch}_patch16', pretrained=False, num_classes=0,
+                            drop_path_rate=0.0)
+    _perturb_(ref)
+    ref.set_grad_checkpointing(with_cp)
+    ours = ViTBackbone(arch=arch, img_size=VIT_IMG_SIZE, pretrain_img_size=VIT_IMG_SIZE,
+                       pretrain_use_cls_token=False, drop_path_rate=0.0, with_cp=with_cp)
+    load_vit_pretrained(ours, ref.state_dict())
+    last = len(ref.blocks) - 1
+
+    def timm_features(x: Tensor) -> List[Tensor]:
+        return feature_list(ref.forward_intermediates(x, indices=[last],
+                                                      intermediates_only=True))
+
+    features: Dict[str, Features] = {'ours': lambda x: feature_list(ours(x)),
+                                     'timm': timm_features}
+    return Compared(models={'ours': ours, 'timm': ref}, features=features, parity_ref='timm')
+
+
+def build(model: str, arch: str, size: Size, with_cp: bool) -> Compared:
+    if model == 'swin':
+        return build_swin(arch, size, with_cp)
+    if model == 'vit':
+        return build_vit(arch, with_cp)
+    raise ValueError(f'unknown model {model!r}; swin or vit')
