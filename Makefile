@@ -1,7 +1,7 @@
 # vitdet_plugin developer commands. See README.md.
 PY := .venv/bin/python
 
-.PHONY: env test test-all demo benchmark clean-env
+.PHONY: env test test-all demo benchmark clean-env gpu-wheels
 
 env:            ## build .venv: torch 2.14.1, mmcv 2.1.0 with ops (cached wheel), mmdet 3.3.0, plugin
 	bash tools/setup_env.sh
@@ -17,6 +17,9 @@ demo: env       ## generate the shapes dataset, train + evaluate the demo Swin R
 
 benchmark: env  ## ours vs mmdet vs timm, printed as ratios
 	$(PY) tools/benchmark.py
+
+gpu-wheels:     ## .whl/: wheels (CPython 3.12) + mmcv sdist for tools/gpu_check.sh on a lent GPU
+	bash tools/gpu_wheels.sh
 
 clean-env:
 	rm -rf .venv
