@@ -78,8 +78,8 @@ def test_dry_run_prints_every_step_in_order():
     steps = re.findall(r'^\[gpu_check\] step (\d+)/(\d+): (\S+)$', res.stdout, re.M)
     assert steps == [(str(i + 1), str(len(STEPS)), s) for i, s in enumerate(STEPS)]
     out = res.stdout
-    expected = ['pip install -q --no-index --no-deps', '--target /tmp/gpu_check/site',
-                'TORCH_CUDA_ARCH_LIST=<major.minor of torch.cuda.get_device_capability()>',
+    expected = ['TORCH_CUDA_ARCH_LIST=<major.minor of torch.cuda.get_device_capability()>',
+                'pip install -q --no-index --no-deps', '--target /tmp/gpu_check/site',
                 'mmcv_patch_cxx20 /tmp/gpu_check/mmcv-2.1.0',
                 'tools/gpu_check.py prune-mmcv /tmp/gpu_check/mmcv-2.1.0',
                 'env MMCV_WITH_OPS=1 FORCE_CUDA=1', 'tools/gpu_check.py checks --json',

@@ -108,9 +108,12 @@ def prune_bindings(text: str, kernel_sources: Sequence[str]) -> Tuple[str, List[
         if not drop:
             break
         missing |= {it.name for it in drop if it.has_body}
-        kept = [it for it in kept if not it.uses & missing]
+        dropped = {id(it) for it in drop}
+        kept = [it for it in kept if id(it) not in dropped]
     kept_impls = [n for it in kept for n in _REGISTERED.findall(it.text)]
-    dropped_impls = [n for it in items if it not in kept for n in _REGISTERED.findall(it.text)]
+    kept_ids = {id(it) for it in kept}
+    dropped_impls = [n for it in items if id(it) not in kept_ids
+                     for n in _REGISTERED.findall(it.text)]
     return preamble + ''.join(it.text for it in kept) + '\n', kept_impls, dropped_impls
 
 
