@@ -17,7 +17,9 @@ VENV="${VITDET_VENV:-$ROOT/.venv}"
 PY_BOOT="${VITDET_PYTHON:-python3.11}"
 WHEELS="${VITDET_WHEEL_CACHE:-$HOME/.cache/vitdet_plugin/wheels}"
 TORCH_SPEC="torch==2.14.1 torchvision==0.29.1"
-MMCV_VERSION="2.1.0"
+# MMCV_VERSION and the mmcv build steps shared with tools/gpu_check.sh
+# shellcheck source=tools/mmcv_sdist.sh
+source "$ROOT/tools/mmcv_sdist.sh"
 export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
 
 say() { printf '\033[1m[make env]\033[0m %s\n' "$*"; }
@@ -96,15 +98,13 @@ else
         say "(this compiles ~77 C++ files; about 12-30 minutes on 2 cores, MAX_JOBS=$MAX_JOBS)"
         BUILD="$(mktemp -d)"
         # mmcv 2.1.0's setup.py needs setuptools<70; keep that out of the venv (build only).
-        "${PIP[@]}" install -q --target "$BUILD/buildtools" "setuptools<70" wheel ninja
+        mmcv_build_tools "$PY" "$BUILD/buildtools"
         export PYTHONPATH="$BUILD/buildtools${PYTHONPATH:+:$PYTHONPATH}"
         export PATH="$BUILD/buildtools/bin:$PATH"
-        "${PIP[@]}" download --no-deps --no-binary :all: "mmcv==$MMCV_VERSION" -d "$BUILD"
+        mmcv_download_sdist "$PY" "$BUILD"
         tar -xzf "$BUILD"/mmcv-"$MMCV_VERSION".tar.gz -C "$BUILD"
         SRC="$BUILD/mmcv-$MMCV_VERSION"
-        # torch >= 2.10 headers need C++20; mmcv 2.1.0 hard-codes -std=c++17.
-        sed -i 's/-std=c++17/-std=c++20/g' "$SRC/setup.py"
-        grep -q 'c++20' "$SRC/setup.py" || { echo "patching mmcv setup.py failed" >&2; exit 1; }
+        mmcv_patch_cxx20 "$SRC" || exit 1
         if [ "$WANT_CUDA" = 1 ]; then
             say "nvcc and a GPU found: CUDA ops will be built too"
             export FORCE_CUDA=1

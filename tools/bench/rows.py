@@ -76,12 +76,14 @@ def time_calls(calls: Dict[str, Callable[[], object]], repeats: int, warmup: int
 def check_parity(compared: Compared, x: Tensor, dtype: str,
                  context: Callable[[], object]) -> float:
     """Relative difference of ours and the parity reference on ``x`` (eval, no grad);
-    raises when they do not compute the same function."""
+    raises when they do not compute the same function at a size where they must."""
     with torch.no_grad(), context():
         ours = compared.features['ours'](x)[-1].float()
         ref = compared.features[compared.parity_ref](x)[-1].float()
     err = ((ours - ref).abs().max() / ref.abs().max()).item()
-    if not err <= PARITY_TOLERANCE[dtype]:
+    size = tuple(x.shape[-2:])
+    strict = compared.parity_sizes is None or size in compared.parity_sizes
+    if strict and not err <= PARITY_TOLERANCE[dtype]:
         raise RuntimeError(f'ours and {compared.parity_ref} disagree at {tuple(x.shape)} '
                            f'{dtype}: rel. error {err:.2e} > {PARITY_TOLERANCE[dtype]:.0e}; '
                            'the weights were not transferred, or a model changed')
