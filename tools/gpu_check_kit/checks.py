@@ -17,7 +17,7 @@ PARITY_TOL = 1e-4
 #: bf16 autocast vs fp32 on CUDA: outputs by max-abs relative error, input gradients by
 #: relative L2 error (bf16 keeps 8 mantissa bits; errors add up over the blocks).
 BF16_OUT_TOL = 2e-2
-BF16_GRAD_TOL = 5e-2
+BF16_GRAD_TOL = 1e-1  # Swin-T on CPU bf16: 4.8e-2
 #: Small inputs of the parity and bf16 checks (odd sizes: padding paths run too).
 SWIN_SMALL: Tuple[int, int, int, int] = (2, 3, 200, 328)
 VIT_SMALL: Tuple[int, int, int, int] = (2, 3, 256, 384)
