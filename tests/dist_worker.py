@@ -2,7 +2,8 @@
 
 Used in-process by tests/test_resume.py and tests/test_errors.py, and as the per-rank entry
 point of tests/test_distributed.py (``torchrun tests/dist_worker.py DATA_ROOT WORK_DIR``):
-each rank trains a few iterations under DDP and writes ``rank{R}.pt`` with its final weights.
+each rank trains under DDP with a wall-clock budget (TimeBudgetHook; rank 1's clock runs
+slower) and crash-safe checkpoints, and writes ``rank{R}.pt`` with its final weights.
 """
 import os
 import os.path as osp
@@ -97,8 +98,58 @@ def tiny_cfg(data_root: str, work_dir: str, max_iters: int = 6, ckpt_interval: i
     return cfg
 
 
+#: simulated seconds per iteration of each rank's clock: rank 1 is 2.5x slower (and also
+#: sleeps for real), so ranks timing themselves would plan different ends
+SECONDS_PER_ITER = (1.0, 2.5)
+RANK1_SLEEP_S = 0.05
+#: TimeBudgetHook settings of the DDP run: rank 0 measures 1 s/it after 4 iterations and plans
+#: BUDGET_S / 1 s = 12 iterations (under the cap of 100); rank 1 alone would plan 4
+BUDGET_S = 12.0
+DDP_CAP = 100
+DDP_CKPT_INTERVAL = 5
+
+
+def _register_test_hooks() -> None:
+    """Register the hooks of the DDP run (a Config holds hook dicts, not hook objects)."""
+    import time
+
+    from mmengine.hooks import Hook
+    from mmengine.registry import HOOKS
+
+    from vitdet_plugin.engine import time_budget
+
+    @HOOKS.register_module(force=True)
+    class DdpRankClock(Hook):
+        """Advances this rank's simulated clock (read by TimeBudgetHook) per iteration."""
+        priority = 'VERY_HIGH'
+
+        def __init__(self) -> None:
+            self.rank = int(os.environ['RANK'])
+            self.clock = 0.0
+
+        def before_train(self, runner) -> None:
+            time_budget.now = lambda: self.clock
+
+        def before_train_iter(self, runner, batch_idx, data_batch=None) -> None:
+            self.clock += SECONDS_PER_ITER[self.rank]
+            if self.rank == 1:
+                time.sleep(RANK1_SLEEP_S)
+
+    @HOOKS.register_module(force=True)
+    class DdpLrRecorder(Hook):
+        """The learning rate each iteration trains with."""
+        priority = 'LOWEST'
+
+        def __init__(self) -> None:
+            self.lrs: List[float] = []
+
+        def before_train_iter(self, runner, batch_idx, data_batch=None) -> None:
+            self.lrs.append(runner.optim_wrapper.get_lr()['lr'][0])
+
+
 def main(data_root: str, work_dir: str) -> None:
-    """One DDP rank (launched by torchrun): train, then dump this rank's weights."""
+    """One DDP rank (launched by torchrun): train under TimeBudgetHook (rank 1 slower) with
+    AtomicCheckpointHook, then dump this rank's weights, learning rates and iteration count."""
     import torch
     from mmengine.config import Config
     from mmengine.runner import Runner
@@ -106,13 +157,21 @@ def main(data_root: str, work_dir: str) -> None:
     import vitdet_plugin  # noqa: F401
     from vitdet_plugin.engine.dist import prepare_cpu_distributed
     torch.set_num_threads(1)
-    cfg = tiny_cfg(data_root, work_dir, max_iters=3, ckpt_interval=100, name='ddp',
+    rank = int(os.environ['RANK'])
+    _register_test_hooks()
+    cfg = tiny_cfg(data_root, work_dir, max_iters=DDP_CAP, ckpt_interval=DDP_CKPT_INTERVAL,
+                   name='ddp',
                    backbone=dict(arch=dict(embed_dims=16, depths=(1, 2), num_heads=(1, 1)),
                                  frozen_stages=1, with_cp=True, drop_path_rate=0.0),
+                   custom_hooks=[dict(type='TimeBudgetHook', minutes=BUDGET_S / 60,
+                                      measure_after=2, replan_interval=2, speed_window=1),
+                                 dict(type='DdpRankClock'), dict(type='DdpLrRecorder')],
                    launcher='pytorch',
                    model_wrapper_cfg=dict(type='MMDistributedDataParallel',
                                           find_unused_parameters=False))
-    cfg = Config(cfg)
+    cfg['param_scheduler'] = [
+        dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=2),
+        dict(type='CosineAnnealingLR', by_epoch=False, begin=2, end=DDP_CAP, eta_min=0.0)]
     import torch.utils.checkpoint as cp
     real_checkpoint, cp_calls = cp.checkpoint, []
 
@@ -121,13 +180,14 @@ def main(data_root: str, work_dir: str) -> None:
         return real_checkpoint(*args, **kwargs)
     cp.checkpoint = counting_checkpoint
     assert prepare_cpu_distributed(cfg) == (not torch.cuda.is_available())
+    cfg = Config(cfg)
     runner = Runner.from_cfg(cfg)
     runner.train()
     model = runner.model.module
-    rank = int(os.environ['RANK'])
+    lrs = next(h.lrs for h in runner.hooks if type(h).__name__ == 'DdpLrRecorder')
     torch.save(dict(state=model.state_dict(), world_size=int(os.environ['WORLD_SIZE']),
-                    iter=runner.iter, checkpoint_calls=cp_calls,
-                    wrapper=type(runner.model).__name__,
+                    iter=runner.iter, max_iters=runner.train_loop.max_iters, lrs=lrs,
+                    checkpoint_calls=cp_calls, wrapper=type(runner.model).__name__,
                     frozen_requires_grad=[p.requires_grad for p in
                                           model.backbone.layers[0].parameters()]),
                osp.join(work_dir, f'rank{rank}.pt'))

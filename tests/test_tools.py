@@ -1,4 +1,4 @@
-"""tools/: train/test/resume round trip, analysis tools, missing-data errors, TimeBudgetHook."""
+"""tools/: train/test/resume round trip, analysis tools, missing-data errors."""
 import importlib.util
 import json
 import re
@@ -6,14 +6,11 @@ import os
 import os.path as osp
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 import vitdet_plugin  # noqa: F401
-from vitdet_plugin.engine import time_budget
-from vitdet_plugin.engine.time_budget import TimeBudgetHook, retarget_scheduler
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = osp.join(ROOT, 'configs/demo/swin_retinanet_shapes.py')
@@ -25,105 +22,6 @@ def _tool(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-# ----------------------------------------------------------------------------- TimeBudgetHook
-class _FakeRunner:
-    """What TimeBudgetHook touches: a real IterBasedTrainLoop state and real schedulers."""
-
-    def __init__(self, max_iters: int, warmup: int = 10, lr: float = 1.0):
-        from mmengine.logging import MessageHub, MMLogger
-        from mmengine.optim import CosineAnnealingLR, LinearLR
-        from mmengine.runner import IterBasedTrainLoop
-
-        self.param = torch.nn.Parameter(torch.zeros(1))
-        self.optimizer = torch.optim.SGD([self.param], lr=lr)
-        self.param_schedulers = [
-            LinearLR(self.optimizer, start_factor=0.1, by_epoch=False, begin=0, end=warmup),
-            CosineAnnealingLR(self.optimizer, by_epoch=False, begin=warmup, end=max_iters,
-                              T_max=max_iters - warmup, eta_min=0.0)]
-        loop = IterBasedTrainLoop.__new__(IterBasedTrainLoop)
-        loop._max_iters, loop._iter = max_iters, 0
-        self.train_loop = loop
-        self.logger = MMLogger.get_instance('test_time_budget')
-        self.message_hub = MessageHub.get_instance('test_time_budget')
-
-    @property
-    def iter(self):
-        return self.train_loop._iter
-
-    @property
-    def lr(self):
-        return self.optimizer.param_groups[0]['lr']
-
-
-def _simulate(monkeypatch, runner, hook, seconds_per_iter):
-    clock = [0.0]
-    monkeypatch.setattr(time_budget.time, 'perf_counter', lambda: clock[0])
-    hook.before_train(runner)
-    lrs = []
-    while runner.train_loop._iter < runner.train_loop.max_iters:
-        clock[0] += seconds_per_iter(runner.iter)
-        hook.after_train_iter(runner, runner.iter)
-        for s in runner.param_schedulers:  # ParamSchedulerHook runs after (priority LOW)
-            s.step()
-        lrs.append(runner.lr)
-        runner.train_loop._iter += 1
-    return clock[0], lrs
-
-
-def test_time_budget_fits_schedule_to_budget(monkeypatch):
-    runner = _FakeRunner(max_iters=100000)
-    hook = TimeBudgetHook(minutes=1.0, measure_after=5, replan_interval=10)
-    elapsed, lrs = _simulate(monkeypatch, runner, hook, lambda i: 0.5)
-    assert runner.train_loop.max_iters == 120  # 60 s / 0.5 s per iteration
-    assert elapsed == pytest.approx(60.0)
-    cosine = runner.param_schedulers[1]
-    assert cosine.end == 120 and cosine.T_max == 110
-    assert max(lrs) == pytest.approx(1.0, rel=0.02)  # the warm-up reached the peak
-    assert lrs[-1] < 1e-3  # and the cosine decayed to its end within the budget
-
-
-def test_time_budget_follows_slowdown_and_stops(monkeypatch):
-    runner = _FakeRunner(max_iters=100000)
-    hook = TimeBudgetHook(minutes=1.0, measure_after=5, replan_interval=10)
-    elapsed, lrs = _simulate(monkeypatch, runner, hook, lambda i: 0.25 if i < 60 else 1.0)
-    assert elapsed <= 60.0 + 1.0
-    assert 60 < runner.train_loop.max_iters < 240
-    assert lrs[-1] < 0.05
-
-
-def test_time_budget_keeps_cap(monkeypatch):
-    runner = _FakeRunner(max_iters=50)
-    elapsed, _ = _simulate(monkeypatch, runner, TimeBudgetHook(minutes=1.0), lambda i: 0.1)
-    assert runner.train_loop.max_iters == 50 and elapsed == pytest.approx(5.0)
-
-
-def test_time_budget_moves_schedules_past_a_lowered_cap(monkeypatch):
-    runner = _FakeRunner(max_iters=100000)
-    runner.train_loop._max_iters = 40  # e.g. --cfg-options train_cfg.max_iters=40
-    elapsed, lrs = _simulate(monkeypatch, runner, TimeBudgetHook(minutes=10.0), lambda i: 0.1)
-    assert runner.param_schedulers[1].end == 40 and len(lrs) == 40
-    assert lrs[-1] < 0.01
-
-
-def test_time_budget_bad_arguments():
-    with pytest.raises(ValueError, match=r'minutes=0.*> 0'):
-        TimeBudgetHook(minutes=0)
-    runner = SimpleNamespace(train_loop=object())
-    with pytest.raises(TypeError, match='IterBasedTrainLoop'):
-        TimeBudgetHook(minutes=1).before_train(runner)
-
-
-def test_retarget_leaves_warmup_and_epoch_schedulers():
-    from mmengine.optim import LinearLR, MultiStepLR
-
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    warm = LinearLR(opt, by_epoch=False, begin=0, end=10)
-    steps = MultiStepLR(opt, by_epoch=False, begin=0, end=1000, milestones=[500, 800])
-    assert not retarget_scheduler(warm, 1000, 200)
-    assert retarget_scheduler(steps, 1000, 200)
-    assert sorted(steps.milestones) == [100, 160] and steps.end == 200
 
 
 # ----------------------------------------------------------------------------- analysis tools
@@ -261,67 +159,3 @@ def test_benchmark_runs_at_a_size_below_one_window_per_stage(tmp_path):
                      r'[\d.]+x, /timm [\d.]+x', res.stdout), res.stdout
     res = subprocess.run(tool + ['--repeats', '0'], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and '--repeats must be at least 1, got 0' in res.stderr
-
-
-def test_time_budget_resume_continues_the_budget_and_the_planned_end(monkeypatch):
-    """An interrupted budgeted run resumed from its checkpoint: the time already used and the
-    planned end (the restored schedulers end there) carry over, the cap stays the config's."""
-    clock = [0.0]
-    monkeypatch.setattr(time_budget.time, 'perf_counter', lambda: clock[0])
-    first = _FakeRunner(max_iters=100000)
-    hook = TimeBudgetHook(minutes=1.0, measure_after=5, replan_interval=10)
-    hook.before_train(first)
-    while first.iter < 60:                          # 30 s at 0.5 s/it, then "killed"
-        clock[0] += 0.5
-        hook.after_train_iter(first, first.iter)
-        for s in first.param_schedulers:
-            s.step()
-        first.train_loop._iter += 1
-    assert first.train_loop.max_iters == 120
-    ckpt = {'meta': {'iter': 60}}
-    hook.before_save_checkpoint(first, ckpt)
-    sched_state = [s.state_dict() for s in first.param_schedulers]
-
-    second = _FakeRunner(max_iters=100000)
-    for s, state in zip(second.param_schedulers, sched_state):
-        s.load_state_dict(state)
-    second.train_loop._iter = 60
-    hook2 = TimeBudgetHook(minutes=1.0, measure_after=5, replan_interval=10)
-    hook2.after_load_checkpoint(second, ckpt)
-    elapsed, lrs = _simulate(monkeypatch, second, hook2, lambda i: 0.5)  # a new clock
-    assert second.train_loop.max_iters == 120
-    assert elapsed == pytest.approx(30.0)  # the 30 s left, not a new minute
-    assert second.param_schedulers[1].end == 120 and lrs[-1] < 1e-3
-
-
-def test_time_budget_state_is_ignored_by_load_from(monkeypatch):
-    """load_from (fine-tuning) also calls after_load_checkpoint but starts at iteration 0."""
-    runner = _FakeRunner(max_iters=50)
-    hook = TimeBudgetHook(minutes=1.0)
-    hook.after_load_checkpoint(runner, {'time_budget': dict(seconds_used=59.0, planned_end=20,
-                                                            cap=50)})
-    elapsed, _ = _simulate(monkeypatch, runner, hook, lambda i: 0.1)
-    assert runner.train_loop.max_iters == 50 and elapsed == pytest.approx(5.0)
-
-
-def test_time_budget_resume_with_a_larger_max_iters_moves_the_schedules(monkeypatch):
-    """Trained to its cap of 40, resumed with max_iters=80: the schedulers that ended at 40
-    run to 80 (the learning rate would otherwise stay frozen), with the budget left."""
-    runner = _FakeRunner(max_iters=100000)
-    runner.train_loop._max_iters = 40
-    hook = TimeBudgetHook(minutes=10.0)
-    _simulate(monkeypatch, runner, hook, lambda i: 0.1)
-    ckpt = {}
-    hook.before_save_checkpoint(runner, ckpt)
-    assert ckpt['time_budget']['planned_end'] == 40 and ckpt['time_budget']['cap'] == 40
-    states = [s.state_dict() for s in runner.param_schedulers]
-
-    resumed = _FakeRunner(max_iters=100000)
-    resumed.train_loop._max_iters, resumed.train_loop._iter = 80, 40
-    for s, state in zip(resumed.param_schedulers, states):
-        s.load_state_dict(state)
-    hook2 = TimeBudgetHook(minutes=10.0)
-    hook2.after_load_checkpoint(resumed, ckpt)
-    _, lrs = _simulate(monkeypatch, resumed, hook2, lambda i: 0.1)
-    assert resumed.train_loop.max_iters == 80 and len(lrs) == 40
-    assert resumed.param_schedulers[1].end == 80 and lrs[0] > lrs[-1]

@@ -4,29 +4,26 @@
   checkpoint and restores them on resume, so a resumed run draws the same augmentations,
   dropout and drop-path masks as an uninterrupted one. The states are stored as tensors,
   lists and ints only, so checkpoints stay loadable with ``torch.load(weights_only=True)``.
-* :class:`NonFiniteCheckHook` watches the backbone (and neck) outputs and the losses during
-  training and stops at the first NaN/Inf with a message naming the module, the output and the
-  iteration, instead of letting it propagate silently into the weights.
+* :class:`NonFiniteCheckHook` (defined in :mod:`.nonfinite`, re-exported here) guards the
+  optimizer step against NaN/Inf losses, gradients and backbone / neck outputs.
 
 Use them through ``custom_hooks = [dict(type='RNGStateHook'), dict(type='NonFiniteCheckHook')]``.
 """
 import logging
-import math
 import random
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional
 
 import numpy as np
 import torch
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
-from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
-from torch import Tensor, nn
+
+from .nonfinite import NONFINITE_ACTIONS, NonFiniteCheckHook, NonFiniteError  # noqa: F401
 
 #: checkpoint key holding the RNG states
 RNG_STATE_KEY = 'rng_state'
 RNG_STATE_VERSION = 1
-NONFINITE_ACTIONS = ('raise', 'log')
 
 
 # ----------------------------------------------------------------------------- RNG states
@@ -140,120 +137,3 @@ class RNGStateHook(Hook):
             loop.dataloader_iterator = _RestoreAfterSkip(loop.dataloader_iterator, skip, state)
         else:
             set_rng_state(state)
-
-
-# ----------------------------------------------------------------------------- NaN / Inf
-def _tensors(obj: Any, prefix: str = '') -> List[tuple]:
-    """``(name, tensor)`` for every floating tensor in nested tuples/lists/dicts."""
-    if isinstance(obj, Tensor):
-        return [(prefix or 'output', obj)] if obj.is_floating_point() else []
-    if isinstance(obj, dict):
-        return [t for k, v in obj.items() for t in _tensors(v, f'{prefix}[{k!r}]')]
-    if isinstance(obj, (list, tuple)):
-        return [t for i, v in enumerate(obj) for t in _tensors(v, f'{prefix}[{i}]')]
-    return []
-
-
-def describe_nonfinite(t: Tensor) -> str:
-    nan = int(torch.isnan(t).sum())
-    inf = int(torch.isinf(t).sum())
-    return f'{nan} NaN and {inf} Inf of {t.numel()} values, shape {tuple(t.shape)}'
-
-
-class NonFiniteError(FloatingPointError):
-    """A NaN or Inf appeared in a watched module output or loss during training."""
-
-
-@HOOKS.register_module()
-class NonFiniteCheckHook(Hook):
-    """Detect NaN/Inf in the backbone / neck outputs and the losses during training.
-
-    Args:
-        modules: attribute paths of the (unwrapped) model to watch; paths the model lacks are
-            skipped (e.g. ``neck`` of a neck-less detector).
-        check_loss: also check every loss value after each iteration.
-        interval: check every ``interval`` iterations (1: every one; each check synchronises
-            with the device).
-        action: ``'raise'`` stops training with :class:`NonFiniteError` naming the module,
-            output and iteration; ``'log'`` only logs that error and continues.
-    """
-
-    priority = 'NORMAL'
-
-    def __init__(self, modules: Sequence[str] = ('backbone', 'neck'), check_loss: bool = True,
-                 interval: int = 1, action: str = 'raise') -> None:
-        if action not in NONFINITE_ACTIONS:
-            raise ValueError(f'NonFiniteCheckHook: action={action!r} is not supported; '
-                             f'choose one of {NONFINITE_ACTIONS}')
-        if not isinstance(interval, int) or interval < 1:
-            raise ValueError(f'NonFiniteCheckHook: interval={interval!r} must be an int >= 1')
-        if isinstance(modules, str):
-            modules = (modules,)
-        self.modules = tuple(modules)
-        self.check_loss = check_loss
-        self.interval = interval
-        self.action = action
-        self._handles: list = []
-        self._active = False
-        self._iter = 0
-        self._reported = False
-
-    # hooks on the model -------------------------------------------------------------
-    def before_train(self, runner) -> None:
-        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
-        for path in self.modules:
-            module = model
-            for part in path.split('.'):
-                module = getattr(module, part, None)
-                if module is None:
-                    break
-            if isinstance(module, nn.Module):
-                self._handles.append(module.register_forward_hook(self._make_check(path)))
-
-    def after_train(self, runner) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
-
-    def before_train_iter(self, runner, batch_idx: int, data_batch: Any = None) -> None:
-        self._iter = runner.iter
-        self._active = runner.iter % self.interval == 0
-        self._reported = False
-
-    def after_train_iter(self, runner, batch_idx: int, data_batch: Any = None,
-                         outputs: Optional[dict] = None) -> None:
-        active, self._active = self._active, False
-        if not (active and self.check_loss and outputs):
-            return
-        bad = []
-        for name, value in outputs.items():
-            v = value.detach().float() if isinstance(value, Tensor) else value
-            finite = (bool(torch.isfinite(v).all()) if isinstance(v, Tensor)
-                      else not isinstance(v, float) or math.isfinite(v))
-            if not finite:
-                bad.append(f'{name}={v.tolist() if isinstance(v, Tensor) else v}')
-        if bad:  # the terms first, the total ('loss') last
-            bad.sort(key=lambda item: item.startswith('loss='))
-            self._report(f'non-finite losses {", ".join(bad)}')
-
-    def _make_check(self, path: str):
-        def check(module: nn.Module, args: Any, output: Any) -> None:
-            if not self._active or self._reported:
-                return
-            for name, t in _tensors(output):
-                if not bool(torch.isfinite(t.detach()).all()):
-                    self._report(f'model.{path} ({type(module).__name__}) output {name} has '
-                                 f'{describe_nonfinite(t)}')
-                    return
-        return check
-
-    def _report(self, what: str) -> None:
-        self._reported = True
-        msg = (f'non-finite values during training at iteration {self._iter + 1}: {what}. '
-               'Common causes: a learning rate too high for the batch size (lower optim_wrapper'
-               '.optimizer.lr or add optim_wrapper.clip_grad=dict(max_norm=...)), fp16 '
-               'overflow (use bf16 or AmpOptimWrapper with a dynamic loss_scale), or '
-               'corrupt input data.')
-        if self.action == 'raise':
-            raise NonFiniteError(msg)
-        print_log(msg, logger='current', level=logging.ERROR)
