@@ -53,7 +53,7 @@ def test_swin_bad_input_tensor(shape, match):
     (dict(out_indices=(1, 1)), ValueError, r'out_indices=\(1, 1\) has duplicates'),
     (dict(arch='huge'), ValueError,
      r"unknown Swin arch 'huge'; choose one of \['base', 'large', 'small', 'tiny'\]"),
-    (dict(arch=3), TypeError, r'arch must be a preset name or a dict, got int'),
+    (dict(arch=3), TypeError, r'arch must be a preset name, a dict or None, got int'),
     (dict(arch=dict(embed_dims=16, depths=(1,))), ValueError,
      r"Swin arch is missing \['num_heads'\]"),
     (dict(arch=dict(embed_dims=16, depths=(1, 1), num_heads=(3, 3)), out_indices=(0,)),
@@ -67,7 +67,7 @@ def test_swin_bad_input_tensor(shape, match):
     (dict(window_size=(4, -1)), ValueError, r'window_size must be positive, got \(4, -1\)'),
     (dict(frozen_stages=3), ValueError, r'frozen_stages=3 must be in -1\.\.2'),
     (dict(frozen_stages=-2), ValueError, r'frozen_stages=-2 must be in -1\.\.2'),
-    (dict(in_channels=0), ValueError, r'in_channels must be positive, got 0'),
+    (dict(in_channels=0), ValueError, r'in_channels must be a positive int, got 0'),
     (dict(patch_size=0), ValueError, r'patch_size must be a positive int'),
     (dict(patch_size=(4, 4)), ValueError, r'patch_size must be a positive int .*got \(4, 4\)'),
     (dict(window_size=7.0), ValueError, r'window_size must be an int or a pair .*got 7\.0'),
@@ -94,7 +94,7 @@ VIT = dict(arch=dict(embed_dims=32, depth=2, num_heads=2), img_size=32, patch_si
 @pytest.mark.parametrize('kw, match', [
     (dict(global_attn_indexes=(1, 5)), r'global_attn_indexes=\(1, 5\) contains \[5\], out of '
                                        r'range for depth=2: block indices must be in 0\.\.1'),
-    (dict(arch='gigantic'), r"arch='gigantic' is not a ViT preset; choose one of"),
+    (dict(arch='gigantic'), r"unknown ViT arch 'gigantic'; choose one of"),
     (dict(arch=dict(embed_dims=30, depth=2, num_heads=4)),
      r'embed_dims=30 is not divisible by num_heads=4'),
     (dict(window_size=0), r'window_size must be positive, got 0'),

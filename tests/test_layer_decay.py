@@ -143,6 +143,7 @@ def test_bad_configs():
             type='LayerDecayOptimWrapperConstructor',
             optim_wrapper_cfg=dict(optimizer=dict(type='AdamW', lr=LR)),
             paramwise_cfg=dict(layer_decay_rate=1.5)))
-    with pytest.raises(TypeError, match='supports ViTBackbone and SwinBackbone backbones, got '
-                                        'Linear'):
+    with pytest.raises(TypeError, match=r'Linear does not declare the backbone contract \(out_'
+                                        r'channels, out_strides, num_layers, layer_id, '
+                                        r'no_weight_decay\); derive it from'):
         build(Detector(nn.Linear(2, 2), nn.Identity()))

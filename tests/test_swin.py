@@ -9,7 +9,7 @@ from helpers import assert_close_rel, max_rel_err, randomize_
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.models.backbones.swin import SWIN_ARCHS, SwinBackbone
-from vitdet_plugin.models.layers import WindowAttention, eager_attention
+from vitdet_plugin.models.layers import eager_attention
 from vitdet_plugin.weights.swin import swin_to_mmdet
 
 SMALL = dict(arch=dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4)))
@@ -184,127 +184,11 @@ def test_fused_and_eager_attention_agree_with_shift_padding_and_batch():
     assert_close_rel(fused, eager, tol=1e-5)
 
 
-def test_inplace_inference_path_matches_the_autograd_path(monkeypatch):
-    """eval + no_grad runs each stage on one token buffer updated in place (chunked gather,
-    scatter-add residual); it must equal the autograd path, across chunk boundaries, padded
-    and shifted windows and a batch, and leave the caller's input untouched."""
-    from vitdet_plugin.models.layers import chunking
-    monkeypatch.setattr(chunking, 'CHUNK_BYTES', 1 << 14)   # many chunks per block
-    model = randomize_(SwinBackbone(**SMALL, window_size=(5, 7))).eval()
-    x = torch.randn(2, 3, 93, 141)
-    x0 = x.clone()
-    with torch.no_grad():
-        fast = model(x)
-    reference = model(x)    # grad enabled: the regular per-block path
-    assert_close_rel(fast, reference, tol=1e-5)
-    assert torch.equal(x, x0)
-
-
-def test_inplace_inference_path_across_sizes_and_threads(monkeypatch):
-    """The in-place path caches windowing per size: alternating input sizes and forwards
-    running concurrently in two threads must still give the autograd path's values."""
-    import threading
-    from vitdet_plugin.models.layers import chunking
-    monkeypatch.setattr(chunking, 'CHUNK_BYTES', 1 << 15)
-    model = randomize_(SwinBackbone(**SMALL, window_size=7)).eval()
-    inputs = [torch.randn(1, 3, 97, 131), torch.randn(2, 3, 64, 64), torch.randn(1, 3, 97, 131)]
-    references = [model(x) for x in inputs]
-    with torch.no_grad():
-        for x, ref in zip(inputs, references):
-            assert_close_rel(model(x), ref, tol=1e-5)
-    results = {}
-
-    def run(i):
-        with torch.no_grad():
-            results[i] = [model(inputs[i]) for _ in range(3)]
-
-    threads = [threading.Thread(target=run, args=(i, )) for i in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for i in (0, 1):
-        for out in results[i]:
-            assert_close_rel(out, references[i], tol=1e-5)
-
-
-@pytest.mark.parametrize('hw,window,shift', [((10, 17), (7, 7), (3, 3)), ((14, 14), (7, 7), (0, 0)),
-                                             ((9, 12), (5, 7), (2, 3))])
-def test_window_plan_covers_every_token_once_and_no_padding(hw, window, shift):
-    """The in-place path's window plan: every image token of every image is in exactly one
-    chunk (so the scatter-add residual hits each token once), padding is never gathered,
-    windows needing a mask come last, and the ``real`` positions place each token where
-    the reference partition puts it."""
-    from vitdet_plugin.models.layers import (padded_size, shifted_window_mask,
-                                             window_gather_index, window_partition, window_plan)
-    from vitdet_plugin.models.layers.window import pad_hw
-    batch, n = 2, window[0] * window[1]
-    index = window_gather_index(hw, window, shift)
-    masked = None
-    if any(shift):
-        mask = shifted_window_mask(padded_size(hw, window), window, shift)
-        masked = mask.flatten(1).ne(0).any(1)
-    plan = window_plan(index, batch, n, windows_per_chunk=3, masked=masked)
-    tokens = batch * hw[0] * hw[1]
-    rows = torch.cat([c.rows for c in plan.chunks])
-    assert torch.equal(rows.sort().values, torch.arange(tokens))
-    num_windows = index.fwd.numel() // n
-    assert sorted(plan.order.tolist()) == sorted(list(range(num_windows)) * batch)
-    # reference: token ids (+1, 0 = padding) laid out by pad -> roll -> partition
-    grid = torch.arange(1, tokens + 1).view(batch, *hw, 1)
-    grid, _ = pad_hw(grid, window)
-    grid = torch.roll(grid, (-shift[0], -shift[1]), (1, 2))
-    ref = window_partition(grid, window).view(batch, num_windows, n)
-    seen = 0
-    for chunk in plan.chunks:
-        assert chunk.windows.start == seen and chunk.windows.stop - chunk.windows.start <= 3
-        seen = chunk.windows.stop
-        wins = plan.order[chunk.windows]
-        expected = torch.stack([ref[:, w] for w in wins.tolist()])      # (W, B, N)
-        image = torch.div(chunk.rows, hw[0] * hw[1], rounding_mode='floor')
-        laid = torch.zeros(wins.numel() * n, dtype=torch.long)
-        real = torch.arange(wins.numel() * n) if chunk.real is None else chunk.real
-        laid[real] = chunk.rows + 1
-        for i in range(wins.numel()):
-            img = int(image[(real >= i * n) & (real < (i + 1) * n)][0])
-            assert torch.equal(laid[i * n:(i + 1) * n], expected[i, img])
-        if masked is not None:
-            assert bool(masked[wins].all()) == (chunk.windows.start >= plan.first_masked)
-            assert bool(masked[wins].any()) == (chunk.windows.start >= plan.first_masked)
-    assert seen == plan.order.numel()
-
-
-def test_inplace_path_alternating_transposed_sizes():
-    """Sizes whose shift masks have the same shape but different contents (H x W and W x H)
-    alternate: the cached biases must follow the mask, not its shape."""
-    model = randomize_(SwinBackbone(**SMALL, window_size=7)).eval()
-    a, b = torch.randn(1, 3, 56, 112), torch.randn(1, 3, 112, 56)
-    refs = [model(a), model(b)]
-    with torch.no_grad():
-        for x, ref in [(a, refs[0]), (b, refs[1])] * 2:
-            assert_close_rel(model(x), ref, tol=1e-5)
-
-
-def test_bias_cache_follows_parameter_updates():
-    model = SwinBackbone(**SMALL).eval()
-    x = torch.randn(1, 3, 64, 64)
-    with torch.no_grad():
-        before = model(x)
-        table = model.layers[0].blocks[1].attn.relative_position_bias_table
-        table.add_(torch.randn_like(table))  # (a constant shift would cancel in softmax)
-        after = model(x)
-        model.train()  # training forward must not reuse stale caches either
-        model.eval()
-        again = model(x)
-    assert max_rel_err(after[0], before[0]) > 1e-3
-    assert_close_rel(again, after, tol=0)
-
-
 @pytest.mark.parametrize('change', ['data', 'assign', 'new_parameter', 'functional_call'])
-def test_bias_cache_follows_changes_autograd_does_not_count(change):
+def test_inference_follows_weight_changes_autograd_does_not_count(change):
     """Writes through ``.data`` (mmengine's EMA update and EMAHook's swap), a state dict loaded
     with ``assign=True``, a replaced Parameter and ``functional_call`` leave the table's
-    version counter alone: the cached bias must follow them all the same."""
+    version counter alone: inference (the chunked CPU path) must follow them all the same."""
     model = randomize_(SwinBackbone(**SMALL)).eval()
     fresh = copy.deepcopy(model)
     x = torch.randn(1, 3, 64, 64)
@@ -352,16 +236,17 @@ def test_autograd_forward_after_inference_mode_at_the_same_size(train, frozen):
 
 
 @pytest.mark.parametrize('mode', ['no_grad', 'inference_mode'])
-def test_inference_caches_hold_no_autograd_history(mode):
-    """Cached biases must not require grad: SDPA picks its backend from requires_grad, and a
-    bias that requires grad would send every inference forward to the slow math path."""
-    model = randomize_(SwinBackbone(**SMALL)).eval()
+def test_size_caches_hold_no_autograd_history(mode):
+    """Cached shift masks must not require grad or be inference tensors: a later autograd
+    forward at the same size reuses them."""
+    from vitdet_plugin.functional import window
+    window._SHIFT_MASKS.clear()
+    model = randomize_(SwinBackbone(**SMALL, accel='off')).eval()
     ctx = torch.no_grad() if mode == 'no_grad' else torch.inference_mode()
     with ctx:
         model(torch.randn(1, 3, 64, 96))
-    biases = [b for m in model.modules() if isinstance(m, WindowAttention)
-              for _, b in m._cache.values()]
-    assert biases and not any(b.requires_grad or b.is_inference() for b in biases)
+    masks = list(window._SHIFT_MASKS._entries.values())
+    assert masks and not any(m.requires_grad or m.is_inference() for m in masks)
 
 
 def test_with_cp_same_outputs_and_grads():

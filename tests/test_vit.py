@@ -10,18 +10,18 @@ from torch import nn
 
 from helpers import assert_close_rel, randomize_
 
-timm_sam = pytest.importorskip('timm.models.vision_transformer_sam')
-timm_vit = pytest.importorskip('timm.models.vision_transformer')
+import timm.models.vision_transformer as timm_vit
+import timm.models.vision_transformer_sam as timm_sam
+from mmdet.registry import MODELS
 
-from mmdet.registry import MODELS  # noqa: E402
-
-import vitdet_plugin  # noqa: E402,F401
-from vitdet_plugin.models.backbones import ViTBackbone  # noqa: E402
-from vitdet_plugin.models.backbones.vit import VIT_ARCHS  # noqa: E402
-from vitdet_plugin.models.layers import eager_attention  # noqa: E402
-from vitdet_plugin.models.necks import ViTSimpleFPN  # noqa: E402
-from vitdet_plugin.weights.common import load_state_dict_checked  # noqa: E402
-from vitdet_plugin.weights.vit import convert_vit, vit_target_shapes  # noqa: E402
+import vitdet_plugin  # noqa: F401
+from vitdet_plugin.functional import attend, decomposed_rel_pos_bias, decomposed_rel_pos_channels
+from vitdet_plugin.models.backbones import ViTBackbone
+from vitdet_plugin.models.backbones.vit import VIT_ARCHS
+from vitdet_plugin.models.layers import eager_attention
+from vitdet_plugin.models.necks import ViTSimpleFPN
+from vitdet_plugin.weights.common import load_state_dict_checked
+from vitdet_plugin.weights.vit import convert_vit, vit_target_shapes
 
 LN6 = partial(nn.LayerNorm, eps=1e-6)
 TINY = dict(arch=dict(embed_dims=64, depth=4, num_heads=4), global_attn_indexes=(1, 3))
@@ -178,17 +178,18 @@ def test_parity_timm_samvit(img_size, use_abs_pos, sizes):
 
 
 @pytest.mark.parametrize('size', [(128, 128), (96, 160)], ids=['stored-grid', 'resized'])
-def test_pos_embed_cache_follows_data_writes(size):
-    """A write through ``.data`` (mmengine's EMA) does not bump the version counter; the cached
-    (resized) position embedding must follow it anyway."""
+def test_pos_embed_follows_data_writes(size):
+    """A write through ``.data`` (mmengine's EMA) shows in the next forward: nothing derived
+    from weights is cached."""
     model = randomize_(tiny_vit()).eval()
+    fresh = tiny_vit().eval()
     x = torch.randn(1, 3, *size)
     with torch.no_grad():
         before = model(x)
         model.pos_embed.data.mul_(3.0)
         after = model(x)
-        model._pos_cache = None
-        expected = model(x)
+        fresh.load_state_dict(model.state_dict())
+        expected = fresh(x)
     assert (after[0] - before[0]).abs().max() > 1e-3
     assert_close_rel(after, expected, tol=0)
 
@@ -312,7 +313,7 @@ def test_out_indices_and_registry_build():
 
 # ---------------------------------------------------------------------------- bad inputs
 @pytest.mark.parametrize('kwargs,match', [
-    (dict(arch='giant'), r"arch='giant' is not a ViT preset; choose one of \['base', 'huge', "
+    (dict(arch='giant'), r"unknown ViT arch 'giant'; choose one of \['base', 'huge', "
                          r"'large'\]"),
     (dict(arch='base', global_attn_indexes=(2, 12)),
      r'global_attn_indexes=\(2, 12\) contains \[12\], out of range for depth=12'),
@@ -436,34 +437,32 @@ def test_parity_timm_samvit_gradients():
         assert_close_rel([p.grad], [ours_sd_names[name]], tol=1e-5)
 
 
-@pytest.mark.parametrize('chunk', [1024, 9, 4])
-def test_rel_pos_attention_recomputing_backward(monkeypatch, chunk):
-    """The lean attention (fused forward, chunked recomputing backward) has the gradients of
-    the eager path and keeps no (heads, N, N) tensor for backward."""
-    import vitdet_plugin.models.layers.lean_attention as rpa
-    from vitdet_plugin.models.layers import attend, decomposed_rel_pos_terms
-    monkeypatch.setattr(rpa, 'BACKWARD_QUERY_CHUNK', chunk)
-    b, heads, qh, qw, d = 2, 3, 7, 9, 8
+@pytest.mark.parametrize('qh,qw', [(7, 9), (14, 14), (5, 2)])
+def test_rel_pos_channels_equal_the_dense_bias_and_keep_no_square_tensor(qh, qw):
+    """The decomposed bias as extra query/key channels: same values and gradients as the dense
+    ``(N, N)`` bias, and nothing of size ``N * N`` is kept for backward."""
+    b, heads, d = 2, 3, 8
     q, k, v = [torch.randn(b, heads, qh * qw, d, requires_grad=True) for _ in range(3)]
     tables = [torch.randn(2 * n - 1, d, requires_grad=True) for n in (qh, qw)]
     weight = torch.randn(b, heads, qh * qw, d)
     results = []
-    for lean in (True, False):
+    for channels in (True, False):
         for t in (q, k, v, *tables):
             t.grad = None
         saved = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t,
                                                       lambda t: t):
-            rel_h, rel_w = decomposed_rel_pos_terms(q, *tables, (qh, qw), (qh, qw))
-            if lean:
-                out = rpa.rel_pos_attention(q, k, v, rel_h, rel_w)
+            if channels:
+                q2, k2, v2 = decomposed_rel_pos_channels(q, k, v, *tables, (qh, qw), d ** -0.5)
+                assert q2.shape[-1] % 8 == 0 and q2.shape == k2.shape == v2.shape
+                out = attend(q2, k2, v2, scale=1.0)[..., :d]
             else:
-                bias = (rel_h[..., :, None] + rel_w[..., None, :]).flatten(-2).flatten(2, 3)
+                bias = decomposed_rel_pos_bias(q, *tables, (qh, qw), (qh, qw))
                 out = attend(q, k, v, bias, fused=False)
         (out * weight).sum().backward()
         results.append([out.detach()] + [t.grad.clone() for t in (q, k, v, *tables)])
         n2 = (qh * qw) ** 2
-        assert any(math.prod(s[-2:]) == n2 for s in saved) != lean
+        assert any(math.prod(s[-2:]) == n2 for s in saved) != channels
     assert_close_rel(results[0], results[1], tol=1e-5)
 
 

@@ -1,6 +1,9 @@
-"""Layer-wise learning-rate decay for ViT and Swin backbones (BEiT / MAE / ViTDet recipe).
+"""Layer-wise learning-rate decay for our backbones (BEiT / MAE / ViTDet recipe).
 
-A parameter at layer ``l`` of ``L + 1`` gets ``lr = base_lr * rate ** (L + 1 - l)``:
+The constructor reads the backbone's declared contract
+(:class:`~vitdet_plugin.models.backbones.BackboneContract`): ``num_layers`` (``L``),
+``layer_id(name)`` and ``no_weight_decay()``. A parameter at layer ``l`` of ``L + 1`` gets
+``lr = base_lr * rate ** (L + 1 - l)``. The backbones' rules:
 
 * ViT (:class:`ViTBackbone`, detectron2 ``get_vit_lr_decay_rate``): patch / position
   embeddings are layer 0, block ``i`` is layer ``i + 1``; ``L`` = number of blocks. Residual
@@ -12,8 +15,10 @@ A parameter at layer ``l`` of ``L + 1`` gets ``lr = base_lr * rate ** (L + 1 - l
 * Everything else (output norms ``norm{i}``, the in-backbone pyramid, neck, heads) is layer
   ``L + 1`` (full rate).
 
-Weight decay is 0 for norm layers, biases, position embeddings, relative-position tables and
-tokens; ``base_wd`` elsewhere. Parameters are grouped by (layer, decay) and each group carries
+Weight decay is 0 for the backbone's ``no_weight_decay()`` parameters (its norms, biases,
+position embeddings and relative-position tables); outside the backbone, for norm layers and
+biases (``norm_decay_mult`` / ``bias_decay_mult``) and the :data:`DEFAULT_NO_DECAY_NAMES`;
+``base_wd`` elsewhere. Parameters are grouped by (layer, decay) and each group carries
 ``lr_scale``, ``layer_id`` and ``param_names`` for inspection.
 
 Config::
@@ -24,8 +29,7 @@ Config::
         paramwise_cfg=dict(layer_decay_rate=0.7))
 """
 import logging
-import re
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from mmengine.logging import print_log
 from mmengine.optim import DefaultOptimWrapperConstructor
@@ -34,7 +38,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
-from ..models.backbones.vit import ViTBackbone
+from ..models.backbones.base import BackboneContract, check_contract
 
 #: Parameter names (last component) that never get weight decay.
 DEFAULT_NO_DECAY_NAMES = ('pos_embed', 'absolute_pos_embed', 'relative_position_bias_table',
@@ -44,43 +48,11 @@ _OPTIONS = ('layer_decay_rate', 'num_layers', 'no_decay_names', 'norm_decay_mult
             'bias_decay_mult')
 
 
-def vit_layer_id(name: str, num_layers: int) -> int:
-    """Layer of a ViT backbone parameter (name relative to the backbone)."""
-    if name.startswith(('patch_embed.', 'pos_embed', 'cls_token')):
-        return 0
-    m = re.match(r'^blocks\.(\d+)\.', name)
-    if m and '.residual.' not in name:
-        return int(m.group(1)) + 1
-    return num_layers + 1
-
-
-def swin_layer_id(name: str, depths: Sequence[int]) -> int:
-    """Layer of a Swin backbone parameter (name relative to the backbone)."""
-    if name.startswith(('patch_embed.', 'absolute_pos_embed')):
-        return 0
-    m = re.match(r'^layers\.(\d+)\.(blocks\.(\d+)|downsample)\.', name)
-    if m:
-        stage = int(m.group(1))
-        if m.group(3) is None:  # downsample: with the last block of its stage
-            return sum(depths[:stage + 1])
-        return sum(depths[:stage]) + int(m.group(3)) + 1
-    return sum(depths) + 1
-
-
-def _backbone_rule(model: nn.Module) -> Tuple[str, int, Callable[[str], int]]:
-    """(prefix of backbone parameter names, its layer count, name -> layer id)."""
-    backbone, prefix = model, ''
-    if hasattr(model, 'backbone') and isinstance(model.backbone, nn.Module):
-        backbone, prefix = model.backbone, 'backbone.'
-    if isinstance(backbone, ViTBackbone):
-        n = len(backbone.blocks)
-        return prefix, n, lambda name: vit_layer_id(name, n)
-    layers = getattr(backbone, 'layers', None)
-    if isinstance(layers, nn.ModuleList) and all(hasattr(s, 'blocks') for s in layers):
-        depths = [len(s.blocks) for s in layers]
-        return prefix, sum(depths), lambda name: swin_layer_id(name, depths)
-    raise TypeError(f'{LayerDecayOptimWrapperConstructor.__name__} supports ViTBackbone and '
-                    f'SwinBackbone backbones, got {type(backbone).__name__}')
+def _backbone_of(model: nn.Module) -> Tuple[str, BackboneContract]:
+    """(prefix of the backbone's parameter names, the backbone) of a detector or backbone."""
+    if isinstance(getattr(model, 'backbone', None), nn.Module):
+        return 'backbone.', check_contract(model.backbone)
+    return '', check_contract(model)
 
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()
@@ -133,12 +105,14 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
 
     def add_params(self, params: List[dict], module: nn.Module, **kwargs) -> None:
         """Append one group per (layer, weight decay) to ``params``."""
-        prefix, backbone_layers, layer_of = _backbone_rule(module)
+        prefix, backbone = _backbone_of(module)
+        backbone_layers = backbone.num_layers
         num_layers = self.num_layers or backbone_layers
         if num_layers < backbone_layers:
             raise ValueError(f'num_layers={num_layers} is smaller than the backbone\'s '
                              f'{backbone_layers} layers; omit it to use the backbone depth')
         base_wd = self.base_wd or 0.0
+        no_decay = {prefix + name for name in backbone.no_weight_decay()}
         owner = {f'{mod_name}.{p_name}' if mod_name else p_name: mod
                  for mod_name, mod in module.named_modules()
                  for p_name, _ in mod.named_parameters(recurse=False)}
@@ -151,10 +125,10 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
             if prefix and not name.startswith(prefix):
                 layer = num_layers + 1
             else:
-                layer = min(layer_of(name[len(prefix):]), num_layers + 1)
+                layer = min(backbone.layer_id(name[len(prefix):]), num_layers + 1)
                 if layer == backbone_layers + 1:
                     layer = num_layers + 1
-            wd = base_wd * self._decay_mult(name, owner[name])
+            wd = base_wd * (0.0 if name in no_decay else self._decay_mult(name, owner[name]))
             group = groups.get((layer, wd))
             if group is None:
                 scale = self.layer_decay_rate ** (num_layers + 1 - layer)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..models.layers.rel_pos import interpolation_dtype
+from ..functional import resize_pos_grid  # noqa: F401  (re-exported: its former home)
 
 StateDict = Dict[str, Tensor]
 logger = logging.getLogger('vitdet_plugin')
@@ -288,14 +288,3 @@ def load_state_dict_checked(model: nn.Module, sd: Mapping[str, Tensor],
         logger.warning('%s: %d keys not in the %s keep their initial values: %s',
                        type(model).__name__, len(allowed), source, _summarise(allowed))
     return LoadReport(loaded=list(sd), missing_allowed=allowed)
-
-
-def resize_pos_grid(pos: Tensor, size: Tuple[int, int], mode: str = 'bicubic') -> Tensor:
-    """Resize a ``(1, C, H, W)`` position grid to ``size`` (dtype preserved; fp16 / bf16 are
-    interpolated in fp32, fp32 / fp64 in their own precision)."""
-    if tuple(pos.shape[-2:]) == tuple(size):
-        return pos
-    out = torch.nn.functional.interpolate(interpolation_dtype(pos), size=size, mode=mode,
-                                          align_corners=False)
-    return out.to(pos.dtype)
-

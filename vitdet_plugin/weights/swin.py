@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..models.layers.rel_pos import bias_table_size, relative_position_index
+from ..functional import (bias_table_size, interpolation_dtype, relative_position_index,
+                          resize_pos_grid)
 from .common import (CheckpointError, StateDict, checkpoint_state_dict, drop_keys,
-                     interpolation_dtype, load_state_dict_checked, resize_pos_grid,
-                     select_prefix)
+                     load_state_dict_checked, select_prefix)
 
 logger = logging.getLogger('vitdet_plugin')
 

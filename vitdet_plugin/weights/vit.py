@@ -31,9 +31,9 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from ..models.layers.rel_pos import resize_rel_pos
+from ..functional import resize_pos_grid, resize_rel_pos
 from .common import (CheckpointError, StateDict, checkpoint_state_dict, drop_keys,
-                     load_state_dict_checked, resize_pos_grid, select_prefix, unwrap_state_dict)
+                     load_state_dict_checked, select_prefix, unwrap_state_dict)
 from .common import load_numpy_pickle  # noqa: F401  (its home before common.py; still importable)
 
 logger = logging.getLogger('vitdet_plugin')

@@ -1,5 +1,7 @@
-"""Backbones (each exposes ``out_channels`` / ``out_strides``)."""
-from .swin import SwinBackbone
-from .vit import ViTBackbone
+"""Backbones; each declares the :class:`BackboneContract` (outputs, layer ids, no-decay names)."""
+from .base import ArchSpec, BackboneContract, check_contract
+from .swin import SwinArch, SwinBackbone
+from .vit import ViTArch, ViTBackbone
 
-__all__ = ['SwinBackbone', 'ViTBackbone']
+__all__ = ['ArchSpec', 'BackboneContract', 'check_contract', 'SwinArch', 'SwinBackbone',
+           'ViTArch', 'ViTBackbone']

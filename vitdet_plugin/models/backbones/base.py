@@ -1,13 +1,26 @@
-"""What every backbone of ours shares: the output contract and freezing semantics."""
-from typing import List, Optional, Tuple
+"""What every backbone of ours shares: the declared contract, arch specs and freezing.
+
+The contract (:class:`BackboneContract`) is what configs, necks, optimizers and tests read:
+
+* ``out_channels`` / ``out_strides``: one entry per returned map (and ``feature_info``, the
+  same in timm's form);
+* ``num_layers`` and ``layer_id(name)``: the depth index of every parameter for layer-wise lr
+  decay (0: embeddings, ``1..num_layers``: blocks, ``num_layers + 1``: everything after);
+* ``no_weight_decay()``: the parameter names that get no weight decay (norms, biases, position
+  embeddings and tables).
+"""
+import dataclasses
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Set, Tuple, Type, TypeVar
 
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 _NORMS = (nn.LayerNorm, nn.GroupNorm, _BatchNorm)
 
+SpecT = TypeVar('SpecT', bound='ArchSpec')
 
-def pretrained_init_cfg(init_cfg) -> Optional[dict]:
+
+def pretrained_init_cfg(init_cfg: Any) -> Optional[dict]:
     """The ``dict(type='Pretrained', checkpoint=...)`` entry of an mmengine ``init_cfg`` (a
     dict or a list of dicts), or None."""
     cfgs = init_cfg if isinstance(init_cfg, (list, tuple)) else [init_cfg]
@@ -15,6 +28,56 @@ def pretrained_init_cfg(init_cfg) -> Optional[dict]:
     if len(found) > 1:
         raise ValueError(f'init_cfg lists {len(found)} Pretrained checkpoints; give one')
     return found[0] if found else None
+
+
+def init_cfg_from_pretrained(pretrained: Optional[str], init_cfg: Any) -> Any:
+    """mmdet's deprecated ``pretrained=PATH`` as an ``init_cfg``."""
+    if pretrained is None:
+        return init_cfg
+    if init_cfg is not None:
+        raise ValueError('give either pretrained or init_cfg, not both')
+    return dict(type='Pretrained', checkpoint=pretrained)
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchSpec:
+    """An architecture preset: a frozen dataclass that validates itself.
+
+    :meth:`resolve` merges a preset name (or a dict of fields) with the fields given directly
+    as constructor arguments, rejects unknown keys and missing fields, and builds the spec.
+    """
+
+    PRESETS: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    NAME: ClassVar[str] = 'arch'
+
+    @classmethod
+    def resolve(cls: Type[SpecT], arch: Any, **overrides: Any) -> SpecT:
+        fields = [f.name for f in dataclasses.fields(cls)]
+        if isinstance(arch, str):
+            if arch not in cls.PRESETS:
+                raise ValueError(f'unknown {cls.NAME} arch {arch!r}; choose one of '
+                                 f'{sorted(cls.PRESETS)} or pass a dict with {fields}')
+            spec: Dict[str, Any] = dict(cls.PRESETS[arch])
+        elif isinstance(arch, Mapping):
+            unknown = sorted(set(arch) - set(fields))
+            if unknown:
+                raise ValueError(f'{cls.NAME} arch dict has unknown keys {unknown}; accepted: '
+                                 f'{fields}')
+            spec = dict(arch)
+        elif arch is None:
+            spec = {}
+        else:
+            raise TypeError(f'arch must be a preset name, a dict or None, got '
+                            f'{type(arch).__name__}')
+        spec.update({k: v for k, v in overrides.items() if v is not None})
+        required = [f.name for f in dataclasses.fields(cls)
+                    if f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING]
+        missing = [k for k in required if k not in spec]
+        if missing:
+            raise ValueError(f'{cls.NAME} arch is missing {missing}: give a preset name '
+                             f'({sorted(cls.PRESETS)}) or all of {required}')
+        return cls(**spec)
 
 
 class FreezeMixin:
@@ -25,13 +88,8 @@ class FreezeMixin:
     ``requires_grad=False`` at construction (so DDP never waits for their gradients) and frozen
     modules stay in eval mode through every ``train()``; with ``norm_eval`` all norm layers do.
     ``train()`` / ``eval()`` return the module, so calls chain.
-
-    Attributes expected on the subclass: ``norm_eval`` (bool).
-    Contract attributes: ``out_channels`` and ``out_strides`` (tuples, one per output).
     """
 
-    out_channels: Tuple[int, ...]
-    out_strides: Tuple[int, ...]
     norm_eval: bool = False
 
     def frozen_modules(self) -> List[nn.Module]:
@@ -48,7 +106,7 @@ class FreezeMixin:
             for p in m.parameters():
                 p.requires_grad_(False)
 
-    def train(self, mode: bool = True):
+    def train(self, mode: bool = True) -> Any:
         """Set the mode, keeping frozen parts (and norms if ``norm_eval``) in eval mode."""
         super().train(mode)  # type: ignore[misc]
         if mode:
@@ -59,3 +117,51 @@ class FreezeMixin:
                     if isinstance(m, _NORMS):
                         m.eval()
         return self
+
+
+class BackboneContract(FreezeMixin):
+    """The declared outputs and parameter roles of a backbone (see the module docstring).
+
+    Subclasses set ``out_channels``, ``out_strides`` and ``num_layers`` in their constructor,
+    implement :meth:`layer_id` and list their table-like parameters (position embeddings,
+    relative-position tables) in :attr:`NO_DECAY_PARAMS`.
+    """
+
+    #: Last name components of parameters that get no weight decay besides norms and biases.
+    NO_DECAY_PARAMS: ClassVar[Tuple[str, ...]] = ()
+
+    out_channels: Tuple[int, ...]
+    out_strides: Tuple[int, ...]
+    num_layers: int
+
+    @property
+    def feature_info(self) -> List[Dict[str, int]]:
+        """timm's form of the output contract: ``num_chs`` and ``reduction`` per output."""
+        return [dict(num_chs=c, reduction=s) for c, s in zip(self.out_channels, self.out_strides)]
+
+    def layer_id(self, name: str) -> int:
+        """Layer-decay depth of the parameter ``name`` (relative to the backbone)."""
+        raise NotImplementedError
+
+    def no_weight_decay(self) -> Set[str]:
+        """Names (relative to the backbone) of the parameters without weight decay: every
+        parameter of a norm layer, every bias and the :attr:`NO_DECAY_PARAMS`."""
+        names: Set[str] = set()
+        for mod_name, module in self.named_modules():  # type: ignore[attr-defined]
+            for p_name, _ in module.named_parameters(recurse=False):
+                full = f'{mod_name}.{p_name}' if mod_name else p_name
+                if (isinstance(module, _NORMS) or p_name == 'bias'
+                        or p_name in self.NO_DECAY_PARAMS):
+                    names.add(full)
+        return names
+
+
+def check_contract(backbone: nn.Module) -> BackboneContract:
+    """``backbone`` if it declares the :class:`BackboneContract`, else a ``TypeError`` naming
+    the fix."""
+    if not isinstance(backbone, BackboneContract):
+        raise TypeError(f'{type(backbone).__name__} does not declare the backbone contract '
+                        '(out_channels, out_strides, num_layers, layer_id, no_weight_decay); '
+                        'derive it from vitdet_plugin.models.backbones.BackboneContract or use '
+                        'SwinBackbone / ViTBackbone')
+    return backbone

@@ -50,3 +50,19 @@ def int_tuple(values, name: str = 'value') -> Tuple[int, ...]:
     if bad:
         raise ValueError(f'{name}={values!r} must hold ints only, not {bad!r}')
     return tuple(int(v) for v in values)
+
+
+def check_flag(value, name: str) -> bool:
+    """``value`` if it is a bool; anything else (``'yes'``, ``1``) raises a ``TypeError``."""
+    if not isinstance(value, bool):
+        raise TypeError(f'{name} must be True or False, got {value!r} ({type(value).__name__})')
+    return value
+
+
+def check_rate(value, name: str) -> float:
+    """``value`` as a float in ``[0, 1)`` (a dropout or drop-path rate); anything else raises a
+    ``ValueError`` naming the argument."""
+    if not (isinstance(value, numbers.Real) and not isinstance(value, bool)
+            and 0.0 <= value < 1.0):
+        raise ValueError(f'{name} must be a number in [0, 1), got {value!r}')
+    return float(value)

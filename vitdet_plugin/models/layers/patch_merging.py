@@ -4,8 +4,6 @@ from typing import Optional
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .chunking import chunk_slices, inference_fast_path, rows_per_chunk
-
 
 class PatchMerging(nn.Module):
     """Downsample ``(B, H, W, C)`` to ``(B, ceil(H/2), ceil(W/2), out_dim)``.
@@ -16,8 +14,8 @@ class PatchMerging(nn.Module):
 
     Args:
         dim: input channels ``C``.
-        out_dim: output channels (``2C`` when None).
         norm_layer: norm over the ``4C`` concatenation.
+        out_dim: output channels (``2C`` when None).
     """
 
     def __init__(self, dim: int, norm_layer: nn.Module, out_dim: Optional[int] = None) -> None:
@@ -30,20 +28,8 @@ class PatchMerging(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         b, h, w, c = x.shape
         if h % 2 or w % 2:
-            x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
+            x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))                 # (B, H', W', C), even
             h, w = h + h % 2, w + w % 2
-        # (B, H/2, 2[h], W/2, 2[w], C) -> (B, H/2, W/2, 2[w], 2[h], C): the official order
-        if not inference_fast_path(x):
-            return self._merge(x)
-        # inference: output rows in chunks (no full-size 4C temporaries)
-        out = x.new_empty(b, h // 2, w // 2, self.out_dim)
-        step = rows_per_chunk(b * (w // 2) * 4 * c, x.element_size())
-        for part in chunk_slices(h // 2, step):
-            out[:, part] = self._merge(x[:, 2 * part.start:2 * part.stop])
-        return out
-
-    def _merge(self, x: Tensor) -> Tensor:
-        b, h, w, c = x.shape
-        x = x.view(b, h // 2, 2, w // 2, 2, c).permute(0, 1, 3, 4, 2, 5).reshape(
-            b, h // 2, w // 2, 4 * c)
-        return self.reduction(self.norm(x))
+        x = x.view(b, h // 2, 2, w // 2, 2, c)                       # (B, H/2, 2[h], W/2, 2[w], C)
+        x = x.permute(0, 1, 3, 4, 2, 5).reshape(b, h // 2, w // 2, 4 * c)  # official order
+        return self.reduction(self.norm(x))                          # (B, H/2, W/2, out)

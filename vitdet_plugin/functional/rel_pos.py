@@ -3,13 +3,22 @@
 * Swin: a learned bias table of ``(2*wh - 1) * (2*ww - 1)`` entries per head, gathered with a
   fixed index into a ``(heads, N, N)`` bias for an ``N = wh * ww`` window.
 * ViTDet / SAM: decomposed per-axis tables (``rel_pos_h``, ``rel_pos_w``) whose embeddings are
-  dotted with the queries, giving a ``(B, heads, N, N)`` bias that depends on the input.
+  dotted with the queries, giving a ``(B, heads, N, N)`` bias that depends on the input; or,
+  without ever forming that bias, extra query/key channels (:func:`decomposed_rel_pos_channels`).
 """
 from typing import Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .size_cache import SizeCache
+
+#: Head dims handed to the fused attention kernels are padded to a multiple of this (the
+#: alignment CUDA's memory-efficient and flash kernels want; zeros change no dot product).
+HEAD_DIM_ALIGN = 8
+
+_ONE_HOT_KEYS: SizeCache[Tensor] = SizeCache()
 
 
 def interpolation_dtype(t: Tensor) -> Tensor:
@@ -88,3 +97,62 @@ def decomposed_rel_pos_bias(q: Tensor, rel_pos_h: Tensor, rel_pos_w: Tensor,
     bias = rel_h[..., :, None] + rel_w[..., None, :]             # (B, heads, qh, qw, kh, kw)
     b, heads = q.shape[:2]
     return bias.reshape(b, heads, q_size[0] * q_size[1], k_size[0] * k_size[1])
+
+
+def _one_hot_key_channels(k_size: Tuple[int, int], width: int, device: torch.device,
+                          dtype: torch.dtype) -> Tensor:
+    """``(kh * kw, width)``: for key ``(i, j)`` a one at column ``i`` and at ``kh + j``, zeros
+    elsewhere (cached per size, device and dtype)."""
+    def build() -> Tensor:
+        kh, kw = k_size
+        rows = torch.arange(kh * kw, device=device)
+        keys = torch.zeros(kh * kw, width, device=device, dtype=dtype)
+        keys[rows, rows // kw] = 1
+        keys[rows, kh + rows % kw] = 1
+        return keys
+    return _ONE_HOT_KEYS.get((tuple(k_size), width, device, dtype), build)
+
+
+def decomposed_rel_pos_channels(q: Tensor, k: Tensor, v: Tensor, rel_pos_h: Tensor,
+                                rel_pos_w: Tensor, size: Tuple[int, int],
+                                scale: float) -> Tuple[Tensor, Tensor, Tensor]:
+    """Inputs for ``F.scaled_dot_product_attention(q', k', v', scale=1)`` that give attention
+    with the decomposed relative-position bias, without forming the ``(N, N)`` bias.
+
+    The bias ``rel_h[q, k_h] + rel_w[q, k_w]`` is a dot product of the query's terms with the
+    one-hot key coordinates, so it rides along as extra channels::
+
+        q' = [q * scale, rel_h(q), rel_w(q)]      (B, heads, N, d + kh + kw) -> padded
+        k' = [k,         onehot(k_h), onehot(k_w)]
+        v' = [v, 0]                               (same width: the fused kernels want it)
+
+    The fused kernel then needs no ``attn_mask`` (so it keeps only its output and log-sum-exp
+    for backward, on every device), and the gradient reaches ``rel_pos_h`` / ``rel_pos_w``
+    through ``q'``. The attention output is ``out[..., :d]``.
+
+    Args:
+        q, k, v: ``(B, heads, N, d)`` with ``N = h * w`` tokens of a ``size = (h, w)`` grid.
+        rel_pos_h, rel_pos_w: per-axis tables ``(L, d)``.
+        scale: the logit scale of ``q k^T``.
+    """
+    h, w = size
+    rel_h, rel_w = decomposed_rel_pos_terms(q, rel_pos_h, rel_pos_w, size, size)
+    b, heads, n, d = q.shape
+    width = d + h + w
+    width += (-width) % HEAD_DIM_ALIGN
+    pad = width - (d + h + w)
+    q = torch.cat([q * scale, rel_h.reshape(b, heads, n, h), rel_w.reshape(b, heads, n, w),
+                   q.new_zeros(b, heads, n, pad)], dim=-1)          # (B, heads, N, width)
+    keys = _one_hot_key_channels(size, width - d, k.device, k.dtype)  # (N, width - d)
+    k = torch.cat([k, keys.expand(b, heads, n, width - d)], dim=-1)   # (B, heads, N, width)
+    v = F.pad(v, (0, width - d))                                     # (B, heads, N, width)
+    return q, k, v
+
+
+def resize_pos_grid(pos: Tensor, size: Tuple[int, int], mode: str = 'bicubic') -> Tensor:
+    """Resize a ``(1, C, H, W)`` position grid to ``size`` (dtype preserved; fp16 / bf16 are
+    interpolated in fp32, fp32 / fp64 in their own precision)."""
+    if tuple(pos.shape[-2:]) == tuple(size):
+        return pos
+    out = F.interpolate(interpolation_dtype(pos), size=size, mode=mode, align_corners=False)
+    return out.to(pos.dtype)

@@ -1,0 +1,24 @@
+"""Pure tensor functions: windowing, shift masks, relative-position math, grid resizing.
+
+A leaf of the package: it imports nothing of ours, so the weight converters (``weights/``) and
+the models (``models/``) can both use it without importing each other (``tests/
+test_import_graph.py`` keeps it that way). Caches here hold only what depends on sizes alone
+(see :mod:`.size_cache`).
+"""
+from .attention import attend
+from .rel_pos import (bias_table_size, decomposed_rel_pos_bias, decomposed_rel_pos_channels,
+                      decomposed_rel_pos_embeddings, decomposed_rel_pos_terms,
+                      interpolation_dtype, relative_position_index, resize_pos_grid,
+                      resize_rel_pos)
+from .size_cache import SizeCache, builds_cache
+from .window import (MASKED_LOGIT, pad_to_multiple, padded_size, shifted_window_mask,
+                     window_bias, window_partition, window_reverse, window_shift_mask)
+
+__all__ = [
+    'attend',
+    'bias_table_size', 'decomposed_rel_pos_bias', 'decomposed_rel_pos_channels',
+    'decomposed_rel_pos_embeddings', 'decomposed_rel_pos_terms', 'interpolation_dtype',
+    'relative_position_index', 'resize_pos_grid', 'resize_rel_pos', 'SizeCache', 'builds_cache',
+    'MASKED_LOGIT', 'pad_to_multiple', 'padded_size', 'shifted_window_mask', 'window_partition',
+    'window_bias', 'window_reverse', 'window_shift_mask',
+]

@@ -1,0 +1,99 @@
+"""Window partition / reverse, padding and the shifted-window attention mask."""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .size_cache import SizeCache
+
+#: Logit added to attention pairs that must not attend (tokens of different regions of a
+#: shifted window). The reference Swin implementations' value: finite, so no row is all
+#: ``-inf``, and representable in fp16 and bf16.
+MASKED_LOGIT = -100.0
+
+_SHIFT_MASKS: SizeCache[Tensor] = SizeCache()
+
+
+def padded_size(hw: Tuple[int, int], multiple: Tuple[int, int]) -> Tuple[int, int]:
+    """``(H, W)`` rounded up to multiples of ``multiple``."""
+    return (-(-hw[0] // multiple[0]) * multiple[0], -(-hw[1] // multiple[1]) * multiple[1])
+
+
+def pad_to_multiple(x: Tensor, multiple: Tuple[int, int]) -> Tensor:
+    """Zero-pad a ``(B, H, W, C)`` tensor at the bottom/right to multiples of ``multiple``."""
+    h, w = x.shape[1:3]
+    pad_h, pad_w = (-h) % multiple[0], (-w) % multiple[1]
+    if pad_h or pad_w:
+        x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
+    return x
+
+
+def window_partition(x: Tensor, window_size: Tuple[int, int]) -> Tensor:
+    """Split ``(B, H, W, C)`` into windows ``(B * nW, wh * ww, C)``.
+
+    ``H`` and ``W`` must be multiples of the window size (see :func:`pad_to_multiple`).
+    Windows are ordered row-major per image, images one after another.
+    """
+    b, h, w, c = x.shape
+    wh, ww = window_size
+    x = x.view(b, h // wh, wh, w // ww, ww, c)            # (B, H/wh, wh, W/ww, ww, C)
+    return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, wh * ww, c)
+
+
+def window_reverse(windows: Tensor, window_size: Tuple[int, int], hw: Tuple[int, int]) -> Tensor:
+    """Inverse of :func:`window_partition`: ``(B * nW, wh * ww, C)`` -> ``(B, H, W, C)``."""
+    wh, ww = window_size
+    h, w = hw
+    c = windows.shape[-1]
+    x = windows.view(-1, h // wh, w // ww, wh, ww, c)     # (B, H/wh, W/ww, wh, ww, C)
+    return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, h, w, c)
+
+
+def _shift_slices(window: int, shift: int) -> Tuple[slice, slice, slice]:
+    return slice(0, -window), slice(-window, -shift), slice(-shift, None)
+
+
+def shifted_window_mask(hw: Tuple[int, int], window_size: Tuple[int, int],
+                        shift_size: Tuple[int, int], device: Optional[torch.device] = None,
+                        dtype: torch.dtype = torch.float32) -> Tensor:
+    """Additive mask ``(nW, N, N)`` for shifted-window attention on a padded ``(Hp, Wp)`` map.
+
+    After the cyclic shift by ``-shift_size``, windows on the bottom/right border mix tokens
+    from up to four image regions; tokens may only attend within their own region (others get
+    :data:`MASKED_LOGIT`). Region layout as in the Swin detection code: slices ``[0, -w)``,
+    ``[-w, -s)``, ``[-s, end)`` per axis.
+    """
+    hp, wp = hw
+    region = torch.zeros(1, hp, wp, 1, device=device)
+    label = 0
+    for hs in _shift_slices(window_size[0], shift_size[0]):
+        for ws in _shift_slices(window_size[1], shift_size[1]):
+            region[:, hs, ws, :] = label
+            label += 1
+    windows = window_partition(region, window_size).squeeze(-1)     # (nW, N)
+    different = windows.unsqueeze(1) != windows.unsqueeze(2)        # (nW, N, N)
+    return torch.zeros(different.shape, device=device, dtype=dtype).masked_fill_(
+        different, MASKED_LOGIT)
+
+
+def window_shift_mask(hw: Tuple[int, int], window_size: Tuple[int, int],
+                      shift_size: Tuple[int, int], device: torch.device,
+                      dtype: torch.dtype) -> Tensor:
+    """:func:`shifted_window_mask`, cached per (size, window, shift, device, dtype)."""
+    key = (tuple(hw), tuple(window_size), tuple(shift_size), device, dtype)
+    return _SHIFT_MASKS.get(key, lambda: shifted_window_mask(hw, window_size, shift_size,
+                                                             device, dtype))
+
+
+def window_bias(bias: Tensor, mask: Optional[Tensor]) -> Tensor:
+    """The ``attn_mask`` of (shifted) window attention.
+
+    ``bias``: ``(1, heads, N, N)``; ``mask``: ``(nW, N, N)`` shift mask or None. With a mask,
+    the windows are folded into the head dim (queries ``(B, nW * heads, N, d)``) and the result
+    is ``(1, nW * heads, N, N)``: one image's worth, broadcast over the batch.
+    """
+    if mask is None:
+        return bias
+    nw, n = mask.shape[0], mask.shape[-1]
+    return (bias + mask.unsqueeze(1)).reshape(1, nw * bias.shape[1], n, n)

@@ -1,0 +1,68 @@
+"""The one switch for our CPU kernels, and where they run.
+
+Backbones take ``accel='auto' | 'off'``. With ``'auto'`` the kernels of this package run only
+where they were measured to help: on the CPU (``tools/benchmark.py``; README "Speed and
+memory"). Everywhere else (CUDA and other accelerators, the meta device, ``'off'``) the model's
+plain path runs: ``F.scaled_dot_product_attention`` with the bias as ``attn_mask``, no
+chunking, no host syncs. The parity tests (``tests/test_accel.py``) are the contract between
+the two.
+"""
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+#: Accepted values of the ``accel`` switch.
+ACCEL_MODES = ('auto', 'off')
+#: Device types whose accelerated kernels were measured to win (README "Speed and memory").
+ACCELERATED_DEVICE_TYPES = ('cpu',)
+
+
+def check_accel(mode: object) -> str:
+    """``mode`` if it is one of :data:`ACCEL_MODES`, else a ``ValueError`` naming the choices."""
+    if not isinstance(mode, str) or mode not in ACCEL_MODES:
+        raise ValueError(f'accel={mode!r} is not supported; choose one of {list(ACCEL_MODES)} '
+                         "('auto': our CPU kernels on CPU, the plain path elsewhere; 'off': "
+                         'the plain path everywhere)')
+    return mode
+
+
+class AccelPlan(NamedTuple):
+    """Which accelerated kernels a forward uses.
+
+    ``chunked_inference``: Swin inference on a flat token buffer updated in place, in chunks
+    of windows (no full-size temporaries); ``recompute_attention``: attention whose backward
+    recomputes the probabilities instead of keeping them (a bias that needs a gradient);
+    ``recompute_gelu``: an MLP whose backward recomputes its GELU instead of keeping it.
+    """
+    chunked_inference: bool
+    recompute_attention: bool
+    recompute_gelu: bool
+
+
+PLAIN = AccelPlan(False, False, False)
+
+
+def plan_for(device_type: str, mode: str, grad_enabled: bool, autocast: bool) -> AccelPlan:
+    """The kernels used on ``device_type`` (``'cpu'``, ``'cuda'``, ``'meta'``, ...) under
+    ``mode``, with autograd recording (``grad_enabled``) or not and autocast on or off.
+
+    Inference kernels write into buffers of the input's dtype, so they stay off under autocast
+    (the plain path then gives every op autocast's dtype exactly as eager PyTorch does).
+    """
+    if check_accel(mode) == 'off' or device_type not in ACCELERATED_DEVICE_TYPES:
+        return PLAIN
+    if not grad_enabled:
+        return AccelPlan(chunked_inference=not autocast, recompute_attention=False,
+                         recompute_gelu=False)
+    return AccelPlan(chunked_inference=False, recompute_attention=not autocast,
+                     recompute_gelu=not autocast)
+
+
+def plan_for_tensor(x: Tensor, mode: str) -> AccelPlan:
+    """:func:`plan_for` the device of ``x`` in the current grad / autocast state."""
+    device_type = x.device.type
+    autocast = device_type != 'meta' and torch.is_autocast_enabled(device_type)
+    return plan_for(device_type, mode, torch.is_grad_enabled(), autocast)
+
+
