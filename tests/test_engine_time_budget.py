@@ -282,3 +282,14 @@ def test_cosine_with_several_cycles_is_refused():
                                         r'with T_max=25 != end - begin = 100 \(several cosine '
                                         r'cycles\); leave T_max unset'):
         retarget_scheduler(sched, 100, 60)
+
+
+def test_scheduler_beginning_after_the_new_end_is_left_alone():
+    """A cap below the warm-up (e.g. max_iters=2 for a smoke run) leaves the cosine that would
+    begin later untouched, so the checkpoint resumes with a larger max_iters."""
+    from mmengine.optim import CosineAnnealingLR
+
+    sched = CosineAnnealingLR(_optimizer(), by_epoch=False, begin=50, end=1000, eta_min=0.0)
+    assert not retarget_scheduler(sched, 1000, 2)
+    assert (sched.begin, sched.end, sched.T_max) == (50, 1000, 950)
+    assert retarget_scheduler(sched, 1000, 400) and (sched.end, sched.T_max) == (400, 350)

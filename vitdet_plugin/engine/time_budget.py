@@ -256,14 +256,15 @@ def check_retargetable(scheduler) -> None:
 def retarget_scheduler(scheduler, old_end: int, new_end: int) -> bool:
     """Move the end of an iteration-based scheduler that runs to ``old_end`` to ``new_end``.
 
-    Schedulers that end earlier (warm-up) or count epochs are left alone (returns False);
+    Schedulers that end earlier (warm-up), count epochs or begin at or after ``new_end`` (they
+    would not run) are left alone (returns False);
     schedulers not in :data:`SUPPORTED_SCHEDULERS` raise ``TypeError`` naming them. Returns
     whether the scheduler was changed. A re-target mid-run continues from the current value and
     still reaches the schedule's final value at ``new_end`` (mmengine's schedulers are
     chainable: each step scales the current value).
     """
-    if not runs_to_end(scheduler, old_end):
-        return False
+    if not runs_to_end(scheduler, old_end) or new_end <= scheduler.begin:
+        return False  # ends earlier, counts epochs, or would not start before the new end
     check_retargetable(scheduler)
     span_old = scheduler.end - scheduler.begin
     span_new = new_end - scheduler.begin
