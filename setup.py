@@ -28,6 +28,7 @@ setup(
         'numpy',
         'pycocotools',
         'tqdm',
+        'matplotlib',  # tools/analysis/visualize.py (PNG pictures)
         # mmengine resolves `mmdet::` base configs through pkg_resources (gone in setuptools 81)
         'setuptools<81',
     ],
