@@ -50,8 +50,9 @@ _OPTIONS = ('layer_decay_rate', 'num_layers', 'no_decay_names', 'norm_decay_mult
 
 def _backbone_of(model: nn.Module) -> Tuple[str, BackboneContract]:
     """(prefix of the backbone's parameter names, the backbone) of a detector or backbone."""
-    if isinstance(getattr(model, 'backbone', None), nn.Module):
-        return 'backbone.', check_contract(model.backbone)
+    backbone = getattr(model, 'backbone', None)
+    if isinstance(backbone, nn.Module):
+        return 'backbone.', check_contract(backbone)
     return '', check_contract(model)
 
 

@@ -26,7 +26,7 @@ class RecomputeAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor,  # type: ignore[override]
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor,
                 bias: Tensor, mask: Optional[Tensor], scale: float) -> Tensor:
         ctx.scale = scale
         ctx.save_for_backward(q, k, v, bias, mask)
@@ -34,7 +34,7 @@ class RecomputeAttention(torch.autograd.Function):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=full, scale=scale)
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor) -> Tuple[Optional[Tensor], ...]:  # type: ignore[override]
+    def backward(ctx, grad_out: Tensor) -> Tuple[Optional[Tensor], ...]:
         q, k, v, bias, mask = ctx.saved_tensors
         scale = ctx.scale
         b, h, n, d = q.shape
@@ -68,14 +68,14 @@ class GeluLinear(torch.autograd.Function):
     """``linear(gelu(h))`` that keeps ``h`` but not ``gelu(h)`` for backward (exact GELU)."""
 
     @staticmethod
-    def forward(ctx, h: Tensor, weight: Tensor,  # type: ignore[override]
+    def forward(ctx, h: Tensor, weight: Tensor,
                 bias: Optional[Tensor]) -> Tensor:
         ctx.save_for_backward(h, weight)
         ctx.has_bias = bias is not None
         return F.linear(F.gelu(h), weight, bias)
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor) -> Tuple[Optional[Tensor], ...]:  # type: ignore[override]
+    def backward(ctx, grad_out: Tensor) -> Tuple[Optional[Tensor], ...]:
         h, weight = ctx.saved_tensors
         grad_h = grad_w = grad_b = None
         g2 = grad_out.reshape(-1, grad_out.shape[-1])

@@ -8,8 +8,12 @@ multi-megabyte blocks, evicted caches), so here each stage runs on one flat buff
 back (the residual), padding tokens never enter the ``qkv`` / ``proj`` GEMMs, and the MLP runs
 over row chunks with ``fc2`` accumulated straight into the buffer. Same values as the plain
 path (``tests/test_accel.py``); used only where :mod:`.dispatch` says so.
+
+The functions take the modules of ``backbones/swin.py`` (``SwinBackbone``, its stages, blocks,
+``WindowAttention``, ``Mlp``, ``PatchMerging``), typed ``Any``: accel sits below the model
+layers in the import graph and reads only their public attributes.
 """
-from typing import NamedTuple, Optional, Sequence, Tuple
+from typing import Any, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -51,7 +55,7 @@ def stage_plans(hw: Tuple[int, int], batch: int, window: Tuple[int, int],
                       build)
 
 
-def _attend_tokens(attn: nn.Module, x: Tensor, real: Optional[Tensor], windows: int,
+def _attend_tokens(attn: Any, x: Tensor, real: Optional[Tensor], windows: int,
                    bias: Tensor) -> Tensor:
     """Window attention of the image tokens ``x`` ``(R, C)`` (normalised, window order) of
     ``windows`` windows; ``real``: their positions among the ``windows * N`` window tokens
@@ -87,12 +91,13 @@ def _act_(act: nn.Module, h: Tensor) -> Tensor:
     return act(h)
 
 
-def _block_(block: nn.Module, tokens: Tensor, plan: WindowPlan,
+def _block_(block: Any, tokens: Tensor, plan: WindowPlan,
             shift_masks: Optional[Tensor]) -> None:
     """Apply a Swin block to the flat token buffer ``tokens`` ``(B * H * W, C)`` in place."""
     attn = block.attn
     shared = attn.relative_position_bias()                          # (1, heads, N, N)
-    masked = None if shift_masks is None else shared + shift_masks.unsqueeze(1)  # (M, heads..)
+    # (M, heads, N, N): the masked windows' biases, in plan order
+    masked = shared if shift_masks is None else shared + shift_masks.unsqueeze(1)
     first = plan.first_masked
     for chunk in plan.chunks:
         start, stop = chunk.windows.start, chunk.windows.stop
@@ -109,7 +114,7 @@ def _block_(block: nn.Module, tokens: Tensor, plan: WindowPlan,
             rows.add_(mlp.fc2.bias)
 
 
-def _stage_(stage: nn.Module, x: Tensor) -> Tensor:
+def _stage_(stage: Any, x: Tensor) -> Tensor:
     """A stage's blocks on ``x`` ``(B, H, W, C)``, overwritten in place and returned."""
     b, h, w, c = x.shape
     attn = stage.blocks[0].attn
@@ -118,14 +123,14 @@ def _stage_(stage: nn.Module, x: Tensor) -> Tensor:
                         attn.relative_position_bias_table.dtype)
     tokens = x.view(-1, c)                                           # (B * H * W, C)
     for block in stage.blocks:
-        if block.shifted:
+        if block.shifted and plans.shifted is not None:
             _block_(block, tokens, plans.shifted, plans.shift_masks)
         else:
             _block_(block, tokens, plans.plain, None)
     return x
 
 
-def _norm_to_nchw(norm: nn.Module, x: Tensor) -> Tensor:
+def _norm_to_nchw(norm: Any, x: Tensor) -> Tensor:
     """``norm`` over channels of ``(B, H, W, C)``, written in row chunks straight into a
     contiguous ``(B, C, H, W)`` result."""
     b, h, w, c = x.shape
@@ -134,7 +139,7 @@ def _norm_to_nchw(norm: nn.Module, x: Tensor) -> Tensor:
     return out
 
 
-def _merge(merge: nn.Module, x: Tensor) -> Tensor:
+def _merge(merge: Any, x: Tensor) -> Tensor:
     """Patch merging of ``(B, H, W, C)`` over bands of output rows written into one result (no
     full-size ``4C`` temporaries); same values as ``merge(x)``."""
     b, h, w, c = x.shape
@@ -146,7 +151,7 @@ def _merge(merge: nn.Module, x: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def swin_chunked_inference(backbone: nn.Module, x: Tensor) -> Tuple[Tensor, ...]:
+def swin_chunked_inference(backbone: Any, x: Tensor) -> Tuple[Tensor, ...]:
     """The outputs of ``backbone`` (a ``SwinBackbone`` in eval mode) for images ``x``."""
     x = backbone.embed(x).contiguous()                               # (B, H, W, C), ours
     out_indices: Sequence[int] = backbone.out_indices

@@ -194,6 +194,16 @@ class SwinBackbone(BackboneContract, BaseModule):
 
     NO_DECAY_PARAMS = ('absolute_pos_embed', 'relative_position_bias_table')
 
+    depths: Tuple[int, ...]
+    out_indices: Tuple[int, ...]
+    frozen_stages: int
+    accel: str
+    use_abs_pos_embed: bool
+    absolute_pos_embed: nn.Parameter
+    patch_embed: PatchEmbed
+    drop_after_pos: nn.Module
+    layers: nn.ModuleList
+
     def __init__(self,
                  arch: Union[str, dict, None] = 'tiny',
                  embed_dims: Optional[int] = None,

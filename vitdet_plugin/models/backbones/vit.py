@@ -254,7 +254,7 @@ class ViTBackbone(BackboneContract, BaseModule):
                                global_attn_indexes=global_attn_indexes,
                                drop_path_rate=drop_path_rate)
         self.embed_dims, self.depth, self.num_heads = spec.embed_dims, spec.depth, spec.num_heads
-        self.global_attn_indexes = spec.global_attn_indexes
+        self.global_attn_indexes: Tuple[int, ...] = spec.global_attn_indexes or ()
         self.residual_block_indexes = _index_list('residual_block_indexes',
                                                   residual_block_indexes, self.depth)
         self.window_size = to_2tuple(window_size, 'window_size')
@@ -301,7 +301,8 @@ class ViTBackbone(BackboneContract, BaseModule):
         else:
             self.register_parameter('pos_embed', None)
 
-        full_grid = tuple(s // patch_size for s in to_2tuple(img_size))
+        img_h, img_w = to_2tuple(img_size, 'img_size')
+        full_grid = (img_h // patch_size, img_w // patch_size)
         rates = linear_drop_path_rates(spec.drop_path_rate, self.depth)
         self.blocks = nn.ModuleList()
         for i in range(self.depth):
@@ -390,6 +391,7 @@ class ViTBackbone(BackboneContract, BaseModule):
     def abs_pos_embed(self, hw: Tuple[int, int]) -> Tensor:
         """The position embedding for an ``hw`` token grid, ``(1, h, w, C)`` (bicubic resize
         of the stored grid)."""
+        assert self.pos_embed is not None, 'built with use_abs_pos=False'
         gh, gw = self.pretrain_grid
         grid = self.pos_embed[:, self.num_pos_prefix:].reshape(1, gh, gw, -1)  # (1, gh, gw, C)
         return resize_pos_grid(grid.permute(0, 3, 1, 2), hw).permute(0, 2, 3, 1)
@@ -399,7 +401,7 @@ class ViTBackbone(BackboneContract, BaseModule):
         the pyramid levels ``(B, C_out, ...)`` at :attr:`out_strides`."""
         x = self.patch_embed(x)                                      # (B, h, w, C)
         if self.pos_embed is not None:
-            x = x + self.abs_pos_embed(tuple(x.shape[1:3]))
+            x = x + self.abs_pos_embed((x.shape[1], x.shape[2]))
         outs = []
         use_cp = self.with_cp and self.training and torch.is_grad_enabled()
         for i, block in enumerate(self.blocks):

@@ -62,7 +62,7 @@ def check_flag(value, name: str) -> bool:
 def check_rate(value, name: str) -> float:
     """``value`` as a float in ``[0, 1)`` (a dropout or drop-path rate); anything else raises a
     ``ValueError`` naming the argument."""
-    if not (isinstance(value, numbers.Real) and not isinstance(value, bool)
-            and 0.0 <= value < 1.0):
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) \
+            or not 0.0 <= float(value) < 1.0:
         raise ValueError(f'{name} must be a number in [0, 1), got {value!r}')
     return float(value)

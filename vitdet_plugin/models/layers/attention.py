@@ -93,7 +93,7 @@ def set_fused_attention(model: nn.Module, fused: bool) -> nn.Module:
     fused (SDPA) or eager path."""
     for m in model.modules():
         if _is_fusable(m):
-            m.fused = fused
+            setattr(m, 'fused', fused)
     return model
 
 

@@ -32,5 +32,5 @@ class ConvStem(nn.Sequential):
             layers.append(ConvModule(c_in, c_out, 3, stride=2, padding=1, norm_cfg=norm_cfg,
                                      act_cfg=act_cfg))
         super().__init__(*layers)
-        self.out_channels = channels[-1]
-        self.stride = 2**len(channels)
+        self.out_channels: int = channels[-1]
+        self.stride: int = 2**len(channels)

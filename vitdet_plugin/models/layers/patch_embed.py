@@ -5,7 +5,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...functional import known_zero
 from .arguments import to_2tuple
+from .conv_stem import ConvStem
 
 
 class PatchEmbed(nn.Module):
@@ -31,7 +33,7 @@ class PatchEmbed(nn.Module):
                  embed_dim: int,
                  norm_layer: Optional[nn.Module] = None,
                  pad: bool = True,
-                 stem: Optional[nn.Module] = None) -> None:
+                 stem: Optional[ConvStem] = None) -> None:
         super().__init__()
         self.patch_size = to_2tuple(patch_size)
         self.in_chans = in_chans
@@ -40,11 +42,12 @@ class PatchEmbed(nn.Module):
         self.stem = stem
         kernel, proj_in = self.patch_size, in_chans
         if stem is not None:
-            if any(p % stem.stride for p in self.patch_size):
-                raise ValueError(f'the stem has stride {stem.stride}, which does not divide the '
+            stride = stem.stride
+            if any(p % stride for p in self.patch_size):
+                raise ValueError(f'the stem has stride {stride}, which does not divide the '
                                  f'patch size {self.patch_size}; use a patch size that is a '
-                                 f'multiple of {stem.stride} or fewer stem layers')
-            kernel = (self.patch_size[0] // stem.stride, self.patch_size[1] // stem.stride)
+                                 f'multiple of {stride} or fewer stem layers')
+            kernel = (self.patch_size[0] // stride, self.patch_size[1] // stride)
             proj_in = stem.out_channels
         self.proj = nn.Conv2d(proj_in, embed_dim, kernel_size=kernel, stride=kernel)
         self.norm = norm_layer if norm_layer is not None else nn.Identity()
@@ -72,8 +75,8 @@ class PatchEmbed(nn.Module):
                             f'model.to({x.dtype})) or run under torch.autocast')
         ph, pw = self.patch_size
         pad_h, pad_w = (ph - h % ph) % ph, (pw - w % pw) % pw
-        if pad_h or pad_w:
-            if not self.pad:
+        if not known_zero(pad_h, pad_w):  # symbolic sizes always pad (maybe by 0): no guard
+            if not self.pad and (pad_h or pad_w):
                 raise ValueError(f'input size {h}x{w} is not a multiple of the patch size '
                                  f'{ph}x{pw}')
             x = F.pad(x, (0, pad_w, 0, pad_h))

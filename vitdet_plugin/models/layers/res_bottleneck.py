@@ -1,5 +1,5 @@
 """Residual bottleneck conv block on NCHW maps (detectron2 ViTDet's ``ResBottleneckBlock``)."""
-from typing import Callable, Optional
+from typing import Callable, Optional, cast
 
 from torch import Tensor, nn
 
@@ -48,11 +48,9 @@ class ResBottleneckBlock(nn.Module):
         """MSRA (fan-out) conv init, unit norms, and a zero last norm (identity block)."""
         for conv in (self.conv1, self.conv2, self.conv3):
             nn.init.kaiming_normal_(conv.weight, mode='fan_out', nonlinearity='relu')
-        for norm in (self.norm1, self.norm2):
-            nn.init.ones_(norm.weight)
-            nn.init.zeros_(norm.bias)
-        nn.init.zeros_(self.norm3.weight)
-        nn.init.zeros_(self.norm3.bias)
+        for norm, scale in ((self.norm1, 1.0), (self.norm2, 1.0), (self.norm3, 0.0)):
+            nn.init.constant_(cast(Tensor, norm.weight), scale)
+            nn.init.zeros_(cast(Tensor, norm.bias))
 
     def forward(self, x: Tensor) -> Tensor:
         out = self.act1(self.norm1(self.conv1(x)))

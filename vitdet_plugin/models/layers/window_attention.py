@@ -34,10 +34,10 @@ class WindowAttention(Attention):
                  accel: str = 'off') -> None:
         super().__init__(dim, num_heads, qkv_bias, attn_drop, proj_drop, fused,
                          qk_scale or None)  # `qk_scale or head_dim ** -0.5` upstream
-        self.window_size = tuple(window_size)
+        self.window_size: Tuple[int, int] = (int(window_size[0]), int(window_size[1]))
         self.accel = check_accel(accel)
         self.relative_position_bias_table = nn.Parameter(
-            torch.zeros(math.prod(bias_table_size(self.window_size)), num_heads))
+            torch.zeros(int(math.prod(bias_table_size(self.window_size))), num_heads))
 
     @property
     def window_tokens(self) -> int:
@@ -52,7 +52,7 @@ class WindowAttention(Attention):
             self.window_size).view(-1).to(table.device))
         return table[index].view(n, n, -1).permute(2, 0, 1).unsqueeze(0)
 
-    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:  # type: ignore[override]
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         """``x``: windows ``(B * nW, N, C)``; ``mask``: ``(nW, N, N)`` shift mask or None."""
         bw, n, c = x.shape
         heads, d = self.num_heads, self.head_dim
