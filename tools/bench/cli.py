@@ -5,6 +5,7 @@ Same config, same weights, the models interleaved on every repeat; results as ra
 
     python tools/benchmark.py                       # Swin-T vs mmdet and timm, CPU
     python tools/benchmark.py --model vit           # ViT-B vs timm samvit_base_patch16
+    python tools/benchmark.py --model swinv2        # Swin V2-T vs timm swinv2_tiny_window8_256
     python tools/benchmark.py --device cuda         # GPU: 800x1216 batch 2, fp32 and bf16
     python tools/benchmark.py --model vit --device cuda --json vit.json
 
@@ -117,6 +118,11 @@ def row_specs(args: argparse.Namespace) -> List[RowSpec]:
             for cp in cps]
 
 
+#: What ours is compared with, per ``--model`` (the header line).
+REFERENCES = {'swin': 'mmdet SwinTransformer, timm swin', 'swinv2': 'timm swinv2',
+              'vit': 'timm samvit'}
+
+
 def settings_of(args: argparse.Namespace) -> RowSettings:
     return RowSettings(model=args.model, arch=args.arch, plan=args.plan, timer=args.timer,
                        train_size=args.train_size, batch=args.batch, repeats=args.repeats,
@@ -128,7 +134,7 @@ def header(args: argparse.Namespace) -> str:
     device = args.device
     if plan.synchronize:
         device += f' ({torch.cuda.get_device_name(args.device)})'
-    refs = 'mmdet SwinTransformer, timm swin' if args.model == 'swin' else 'timm samvit'
+    refs = REFERENCES[args.model]
     return (f'{args.model}-{args.arch} vs {refs} | device={device} batch={args.batch} '
             f'train={args.train_size[0]}x{args.train_size[1]} repeats={args.repeats} '
             f'warmup={args.warmup} clock={args.clock} threads={torch.get_num_threads()} '

@@ -144,9 +144,52 @@ def build_vit(arch: str, with_cp: bool) -> Compared:
                     parity_sizes=((VIT_IMG_SIZE, VIT_IMG_SIZE), ))
 
 
+#: Window of the compared Swin V2 models (timm ``swinv2_{arch}_window8_256``).
+SWINV2_WINDOW = 8
+#: Total stride of the last of the four Swin V2 stages.
+SWINV2_LAST_STRIDE = 32
+
+
+def build_swinv2(arch: str, size: Size, with_cp: bool) -> Compared:
+    """Our ``SwinV2Backbone`` and timm's ``swinv2_{arch}_window8_256`` with the same weights
+    (loaded through ``load_swin_v2_pretrained``; our last output norm takes timm's final norm,
+    so the last maps match). Both pad to whole windows, but timm rolls before padding and ours
+    after (detection semantics): they compute the same function only where every stage's map
+    is a multiple of the window (e.g. 256, 512, 1024; not 224 or 800x1216), so parity is
+    enforced there and recorded elsewhere."""
+    import timm
+    _import_plugin()
+    from vitdet_plugin.models.backbones import SwinV2Backbone
+    from vitdet_plugin.weights.swin_v2 import load_swin_v2_pretrained
+
+    tm = timm.create_model(f'swinv2_{arch}_window{SWINV2_WINDOW}_256', pretrained=False,
+                           num_classes=0, img_size=size, strict_img_size=False,
+                           always_partition=True, drop_path_rate=0.0)
+    _perturb_(tm)
+    tm.set_grad_checkpointing(with_cp)
+    ours = SwinV2Backbone(arch=arch, window_size=SWINV2_WINDOW, drop_path_rate=0.0,
+                          with_cp=with_cp)
+    ours.init_weights()  # output norms of stages 0-2, which timm's classifier does not have
+    load_swin_v2_pretrained(ours, tm.state_dict())
+    last = ours.out_indices[-1]
+    getattr(ours, f'norm{last}').load_state_dict(tm.norm.state_dict())
+    timm_stages = TimmSwinFeatures(tm)
+
+    def timm_features(x: Tensor) -> List[Tensor]:
+        outs = timm_stages(x)
+        return outs[:-1] + [tm.norm(outs[-1].permute(0, 2, 3, 1)).permute(0, 3, 1, 2)]
+
+    aligned = all(s % (SWINV2_WINDOW * SWINV2_LAST_STRIDE) == 0 for s in size)
+    return Compared(models={'ours': ours, 'timm': timm_stages},
+                    features={'ours': lambda x: feature_list(ours(x)), 'timm': timm_features},
+                    parity_ref='timm', parity_sizes=(tuple(size), ) if aligned else ())
+
+
 def build(model: str, arch: str, size: Size, with_cp: bool) -> Compared:
     if model == 'swin':
         return build_swin(arch, size, with_cp)
+    if model == 'swinv2':
+        return build_swinv2(arch, size, with_cp)
     if model == 'vit':
         return build_vit(arch, with_cp)
-    raise ValueError(f'unknown model {model!r}; swin or vit')
+    raise ValueError(f'unknown model {model!r}; swin, swinv2 or vit')

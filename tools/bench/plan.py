@@ -13,9 +13,9 @@ import torch
 Size = Tuple[int, int]
 
 #: Models the benchmark compares (ours against each reference).
-MODELS = ('swin', 'vit')
+MODELS = ('swin', 'swinv2', 'vit')
 #: Default ``--arch`` per model.
-DEFAULT_ARCH: Dict[str, str] = {'swin': 'tiny', 'vit': 'base'}
+DEFAULT_ARCH: Dict[str, str] = {'swin': 'tiny', 'swinv2': 'tiny', 'vit': 'base'}
 #: Compute precisions: fp32, or the forward (and backward) under bf16 autocast.
 DTYPES = ('fp32', 'bf16')
 #: Timing clocks: wall time, or process CPU time (all threads; CPU only).
@@ -100,18 +100,18 @@ class DevicePlan:
 
 
 def plan_for(device: str, model: str) -> DevicePlan:
-    """The plan of ``model`` (``'swin'`` / ``'vit'``) on ``device`` (``'cpu'``, ``'cuda'``,
+    """The plan of ``model`` (one of :data:`MODELS`) on ``device`` (``'cpu'``, ``'cuda'``,
     ``'cuda:1'``); no device is touched."""
     if model not in MODELS:
         raise ValueError(f'unknown model {model!r}; one of {MODELS}')
     if is_cuda(device):
-        size = DETECTION_SIZE if model == 'swin' else VIT_SIZES[0]
+        size = VIT_SIZES[0] if model == 'vit' else DETECTION_SIZE
         return DevicePlan(device=device, synchronize=True, memory=PEAK_CUDA, sizes=(size, ),
                           train_size=size, batch=CUDA_BATCH, dtypes=DTYPES,
                           repeats=MIN_CUDA_REPEATS, min_repeats=MIN_CUDA_REPEATS,
                           warmup=CUDA_WARMUP, processes=1, clocks=('wall', ))
     return DevicePlan(device=device, synchronize=False, memory=SAVED_ACTIVATIONS,
-                      sizes=SWIN_CPU_SIZES if model == 'swin' else VIT_SIZES,
+                      sizes=VIT_SIZES if model == 'vit' else SWIN_CPU_SIZES,
                       train_size=CPU_TRAIN_SIZE, batch=CPU_BATCH, dtypes=('fp32', ),
                       repeats=CPU_REPEATS, min_repeats=1, warmup=CPU_WARMUP,
                       processes=CPU_PROCESSES, clocks=CLOCKS)
