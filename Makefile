@@ -1,10 +1,14 @@
 # vitdet_plugin developer commands. See README.md.
 PY := .venv/bin/python
 
-.PHONY: env test test-all demo benchmark clean-env gpu-wheels
+.PHONY: env lint test test-all demo benchmark clean-env gpu-wheels
 
 env:            ## build .venv: torch 2.14.1, mmcv 2.1.0 with ops (cached wheel), mmdet 3.3.0, plugin
 	bash tools/setup_env.sh
+
+lint: env       ## ruff (package, tools, tests, configs) + mypy (package, tools); ruff.toml, mypy.ini
+	$(PY) -m ruff check vitdet_plugin tools tests configs
+	$(PY) -m mypy vitdet_plugin tools
 
 test: env       ## the default (fast) test suite
 	$(PY) -m pytest -q
