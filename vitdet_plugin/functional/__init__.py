@@ -11,6 +11,7 @@ from .rel_pos import (bias_table_size, decomposed_rel_pos_bias, decomposed_rel_p
                       interpolation_dtype, relative_position_index, resize_pos_grid,
                       resize_rel_pos)
 from .size_cache import SizeCache, builds_cache
+from .symbolic import known_equal, known_zero
 from .window import (MASKED_LOGIT, pad_to_multiple, padded_size, shifted_window_mask,
                      window_bias, window_partition, window_reverse, window_shift_mask)
 
@@ -19,6 +20,7 @@ __all__ = [
     'bias_table_size', 'decomposed_rel_pos_bias', 'decomposed_rel_pos_channels',
     'decomposed_rel_pos_embeddings', 'decomposed_rel_pos_terms', 'interpolation_dtype',
     'relative_position_index', 'resize_pos_grid', 'resize_rel_pos', 'SizeCache', 'builds_cache',
+    'known_equal', 'known_zero',
     'MASKED_LOGIT', 'pad_to_multiple', 'padded_size', 'shifted_window_mask', 'window_partition',
     'window_bias', 'window_reverse', 'window_shift_mask',
 ]

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .size_cache import SizeCache
+from .symbolic import known_equal
 
 #: Head dims handed to the fused attention kernels are padded to a multiple of this (the
 #: alignment CUDA's memory-efficient and flash kernels want; zeros change no dot product).
@@ -44,7 +45,7 @@ def relative_position_index(window_size: Tuple[int, int]) -> Tensor:
 
 def resize_rel_pos(rel_pos: Tensor, length: int) -> Tensor:
     """Linearly resize a ``(L, C)`` decomposed relative-position table to ``(length, C)``."""
-    if rel_pos.shape[0] == length:
+    if known_equal(rel_pos.shape[0], length):  # a symbolic length resizes (maybe to itself)
         return rel_pos
     resized = F.interpolate(interpolation_dtype(rel_pos).t()[None], size=length, mode='linear')
     return resized[0].t().to(rel_pos.dtype)
@@ -152,7 +153,7 @@ def decomposed_rel_pos_channels(q: Tensor, k: Tensor, v: Tensor, rel_pos_h: Tens
 def resize_pos_grid(pos: Tensor, size: Tuple[int, int], mode: str = 'bicubic') -> Tensor:
     """Resize a ``(1, C, H, W)`` position grid to ``size`` (dtype preserved; fp16 / bf16 are
     interpolated in fp32, fp32 / fp64 in their own precision)."""
-    if tuple(pos.shape[-2:]) == tuple(size):
-        return pos
+    if known_equal(pos.shape[-2], size[0]) and known_equal(pos.shape[-1], size[1]):
+        return pos  # symbolic sizes resize (maybe to the same size, which is exact)
     out = F.interpolate(interpolation_dtype(pos), size=size, mode=mode, align_corners=False)
     return out.to(pos.dtype)

@@ -6,11 +6,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .size_cache import SizeCache
+from .symbolic import SizeLike, known_zero
 
 #: Logit added to attention pairs that must not attend (tokens of different regions of a
 #: shifted window). The reference Swin implementations' value: finite, so no row is all
 #: ``-inf``, and representable in fp16 and bf16.
 MASKED_LOGIT = -100.0
+
+#: Regions per axis of a shifted window map (see :func:`shifted_window_mask`).
+NUM_REGIONS = 3
 
 _SHIFT_MASKS: SizeCache[Tensor] = SizeCache()
 
@@ -24,7 +28,7 @@ def pad_to_multiple(x: Tensor, multiple: Tuple[int, int]) -> Tensor:
     """Zero-pad a ``(B, H, W, C)`` tensor at the bottom/right to multiples of ``multiple``."""
     h, w = x.shape[1:3]
     pad_h, pad_w = (-h) % multiple[0], (-w) % multiple[1]
-    if pad_h or pad_w:
+    if not known_zero(pad_h, pad_w):  # symbolic sizes always pad (maybe by 0): no guard
         x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
     return x
 
@@ -50,30 +54,35 @@ def window_reverse(windows: Tensor, window_size: Tuple[int, int], hw: Tuple[int,
     return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, h, w, c)
 
 
-def _shift_slices(window: int, shift: int) -> Tuple[slice, slice, slice]:
-    return slice(0, -window), slice(-window, -shift), slice(-shift, None)
+def _region_labels(length: SizeLike, window: int, shift: int,
+                   device: Optional[torch.device]) -> Tensor:
+    """Region of each position along one padded axis after the cyclic shift: 0 in
+    ``[0, L - window)``, 1 in ``[L - window, L - shift)``, 2 in ``[L - shift, L)`` (the Swin
+    detection code's slices). Without a shift on this axis, one region: nothing wraps."""
+    pos = torch.arange(length, device=device)
+    if shift == 0:
+        return torch.zeros_like(pos)
+    return (pos >= length - window).long() + (pos >= length - shift).long()
 
 
-def shifted_window_mask(hw: Tuple[int, int], window_size: Tuple[int, int],
+def shifted_window_mask(hw: Tuple[SizeLike, SizeLike], window_size: Tuple[int, int],
                         shift_size: Tuple[int, int], device: Optional[torch.device] = None,
                         dtype: torch.dtype = torch.float32) -> Tensor:
     """Additive mask ``(nW, N, N)`` for shifted-window attention on a padded ``(Hp, Wp)`` map.
 
     After the cyclic shift by ``-shift_size``, windows on the bottom/right border mix tokens
     from up to four image regions; tokens may only attend within their own region (others get
-    :data:`MASKED_LOGIT`). Region layout as in the Swin detection code: slices ``[0, -w)``,
-    ``[-w, -s)``, ``[-s, end)`` per axis.
+    :data:`MASKED_LOGIT`). Region layout as in the Swin detection code: ``[0, -w)``,
+    ``[-w, -s)``, ``[-s, end)`` per axis. Built from the sizes with tensor ops only (no
+    in-place slice writes, no branch on the sizes), so symbolic sizes trace into one graph.
     """
     hp, wp = hw
-    region = torch.zeros(1, hp, wp, 1, device=device)
-    label = 0
-    for hs in _shift_slices(window_size[0], shift_size[0]):
-        for ws in _shift_slices(window_size[1], shift_size[1]):
-            region[:, hs, ws, :] = label
-            label += 1
+    rows = _region_labels(hp, window_size[0], shift_size[0], device)      # (Hp,)
+    cols = _region_labels(wp, window_size[1], shift_size[1], device)      # (Wp,)
+    region = (rows[:, None] * NUM_REGIONS + cols[None, :])[None, :, :, None]  # (1, Hp, Wp, 1)
     windows = window_partition(region, window_size).squeeze(-1)     # (nW, N)
     different = windows.unsqueeze(1) != windows.unsqueeze(2)        # (nW, N, N)
-    return torch.zeros(different.shape, device=device, dtype=dtype).masked_fill_(
+    return torch.zeros(different.shape, device=device, dtype=dtype).masked_fill(
         different, MASKED_LOGIT)
 
 

@@ -2,7 +2,8 @@
 
 Backbones take ``accel='auto' | 'off'``. With ``'auto'`` the kernels of this package run only
 where they were measured to help: on the CPU (``tools/benchmark.py``; README "Speed and
-memory"). Everywhere else (CUDA and other accelerators, the meta device, ``'off'``) the model's
+memory"). Everywhere else (CUDA and other accelerators, the meta device, ``'off'``, and
+while ``torch.compile`` / ``torch.export`` / an ONNX exporter captures a graph) the model's
 plain path runs: ``F.scaled_dot_product_attention`` with the bias as ``attn_mask``, no
 chunking, no host syncs. The parity tests (``tests/test_accel.py``) are the contract between
 the two.
@@ -59,8 +60,22 @@ def plan_for(device_type: str, mode: str, grad_enabled: bool, autocast: bool) ->
                      recompute_gelu=not autocast)
 
 
+def capturing_graph() -> bool:
+    """True while ``torch.compile`` / ``torch.export`` (hence the dynamo ONNX exporter) or
+    TorchScript tracing / the TorchScript ONNX exporter records the forward."""
+    return (torch.compiler.is_compiling() or torch.jit.is_tracing()
+            or torch.onnx.is_in_onnx_export())
+
+
 def plan_for_tensor(x: Tensor, mode: str) -> AccelPlan:
-    """:func:`plan_for` the device of ``x`` in the current grad / autocast state."""
+    """:func:`plan_for` the device of ``x`` in the current grad / autocast state.
+
+    While a graph is captured (:func:`capturing_graph`) the plain path runs on every device:
+    the compiler fuses it itself, and the kernels here (in-place chunk loops, autograd
+    Functions with hand-written backwards) are eager-mode optimisations.
+    """
+    if capturing_graph():
+        return PLAIN
     device_type = x.device.type
     autocast = device_type != 'meta' and torch.is_autocast_enabled(device_type)
     return plan_for(device_type, mode, torch.is_grad_enabled(), autocast)

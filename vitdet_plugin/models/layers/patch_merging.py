@@ -1,8 +1,11 @@
-"""Swin patch merging: 2x2 neighbourhood concat -> norm -> linear ``4C -> out``."""
+"""Swin patch merging: 2x2 neighbourhood concat -> norm -> linear ``4C -> out`` (V1), or
+concat -> linear -> norm (V2, ``post_norm=True``)."""
 from typing import Optional
 
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from ...functional import known_zero
 
 
 class PatchMerging(nn.Module):
@@ -14,12 +17,16 @@ class PatchMerging(nn.Module):
 
     Args:
         dim: input channels ``C``.
-        norm_layer: norm over the ``4C`` concatenation.
+        norm_layer: norm over the ``4C`` concatenation (over the ``out_dim`` output with
+            ``post_norm``).
         out_dim: output channels (``2C`` when None).
+        post_norm: reduce first, then norm (Swin V2).
     """
 
-    def __init__(self, dim: int, norm_layer: nn.Module, out_dim: Optional[int] = None) -> None:
+    def __init__(self, dim: int, norm_layer: nn.Module, out_dim: Optional[int] = None,
+                 post_norm: bool = False) -> None:
         super().__init__()
+        self.post_norm = post_norm
         self.dim = dim
         self.out_dim = out_dim or 2 * dim
         self.norm = norm_layer
@@ -27,9 +34,11 @@ class PatchMerging(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         b, h, w, c = x.shape
-        if h % 2 or w % 2:
+        if not known_zero(h % 2, w % 2):  # symbolic sizes always pad (maybe by 0): no guard
             x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))                 # (B, H', W', C), even
             h, w = h + h % 2, w + w % 2
         x = x.view(b, h // 2, 2, w // 2, 2, c)                       # (B, H/2, 2[h], W/2, 2[w], C)
         x = x.permute(0, 1, 3, 4, 2, 5).reshape(b, h // 2, w // 2, 4 * c)  # official order
+        if self.post_norm:
+            return self.norm(self.reduction(x))                      # (B, H/2, W/2, out)
         return self.reduction(self.norm(x))                          # (B, H/2, W/2, out)
