@@ -23,6 +23,9 @@ CUDA: 800x1216 (ViT: 1024x1024), batch 2, fp32 and bf16 autocast, forward and tr
 ``torch.cuda.synchronize`` around every timed call, one process per row. Memory column: the
 peak CUDA allocation of a training forward + backward above the model's own footprint.
 
+``--compile``: the training step only (CPU: 512x512, batch 2), ours compiled vs the reference
+eager and compiled the same way (and ours eager): ``tools/bench/compiled.py``.
+
 Columns: ``fwd`` forward seconds (eval, no grad); ``fwd+bwd`` training forward + backward
 seconds; ``mem MB`` as above. Before timing, ours is checked against mmdet (Swin) or timm
 (ViT) on the same input.
@@ -32,12 +35,14 @@ import json
 import os
 import sys
 import warnings
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 
 from .plan import (CLOCKS, DEFAULT_ARCH, DTYPES, MODELS, DevicePlan, check_repeats,
                    make_timer, parse_size, plan_for)
+from .compiled import (compile_row_specs, format_compiled_row, measure_compiled_row,
+                       resolve_compile)
 from .rows import (Row, RowSettings, RowSpec, format_row, measure_row, pool_rows,
                    run_row_in_child, with_cp_line)
 
@@ -74,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help='also measure with activation checkpointing (ours and mmdet with_cp, '
                         'timm set_grad_checkpointing)')
     p.add_argument('--skip-backward', action='store_true', help='no training-step timing')
+    p.add_argument('--compile', action='store_true',
+                   help='the training step under torch.compile (inductor): ours compiled vs '
+                        'the reference eager and compiled the same way, at --train-size '
+                        '(default batch 2); see tools/bench/compiled.py')
     p.add_argument('--clock', choices=CLOCKS, default='wall',
                    help="'cpu': process CPU time (all threads), robust on a shared machine; "
                         'CPU only')
@@ -105,6 +114,8 @@ def resolve(p: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespa
         value = getattr(args, name)
         if value is not None and value < least:
             p.error(f'--{name} must be at least {least}, got {value}')
+    if args.compile:
+        resolve_compile(p, args)
     args.batch = args.batch or plan.batch
     args.warmup = plan.warmup if args.warmup is None else args.warmup
     args.processes = args.processes or plan.processes
@@ -113,6 +124,8 @@ def resolve(p: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespa
 
 def row_specs(args: argparse.Namespace) -> List[RowSpec]:
     """The rows of a run, in order: per size, per dtype, without then with checkpointing."""
+    if args.compile:
+        return compile_row_specs(args)
     cps = [False, True] if args.with_cp else [False]
     return [RowSpec(size, cp, dtype) for size in args.sizes for dtype in args.dtypes
             for cp in cps]
@@ -134,11 +147,16 @@ def header(args: argparse.Namespace) -> str:
     device = args.device
     if plan.synchronize:
         device += f' ({torch.cuda.get_device_name(args.device)})'
-    refs = REFERENCES[args.model]
+    refs = REFERENCES[args.model] + (' (--compile: training step)' if args.compile else '')
     return (f'{args.model}-{args.arch} vs {refs} | device={device} batch={args.batch} '
             f'train={args.train_size[0]}x{args.train_size[1]} repeats={args.repeats} '
             f'warmup={args.warmup} clock={args.clock} threads={torch.get_num_threads()} '
             f'torch={torch.__version__} load={os.getloadavg()[0]:.1f}')
+
+
+def measure_of(args: argparse.Namespace) -> Callable[[RowSettings, RowSpec], Row]:
+    """How one row is measured: the eager comparison, or ``--compile``'s."""
+    return measure_compiled_row if args.compile else measure_row
 
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> List[Row]:
@@ -146,12 +164,12 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> List[Row]:
     settings = settings_of(args)
     for spec in row_specs(args):
         if args.same_process:
-            row = measure_row(settings, spec)
+            row = measure_of(args)(settings, spec)
         else:
             row = pool_rows([run_row_in_child(argv, spec) for _ in range(args.processes)])
         plain = rows[-1] if rows else None
         rows.append(row)
-        for line in format_row(row):
+        for line in (format_compiled_row if args.compile else format_row)(row):
             print(line, flush=True)
         extra = with_cp_line(row, plain)
         if extra:
@@ -168,7 +186,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Row]:
     warnings.filterwarnings('ignore', message='torch.utils.checkpoint: the use_reentrant')
     torch.manual_seed(0)
     if args.row is not None:  # child process: one row, as JSON on the last stdout line
-        print(json.dumps(measure_row(settings_of(args), RowSpec.parse(args.row))), flush=True)
+        print(json.dumps(measure_of(args)(settings_of(args), RowSpec.parse(args.row))),
+              flush=True)
         return []
     print(header(args), flush=True)
     rows = run(args, argv)
