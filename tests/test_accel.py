@@ -14,9 +14,9 @@ from helpers import assert_close_rel, randomize_
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.functional import (MASKED_LOGIT, attend, pad_to_multiple, padded_size,
                                       shifted_window_mask, window_bias, window_partition)
-from vitdet_plugin.models.accel import (PLAIN, AccelPlan, check_accel, gelu_linear, plan_for,
-                                        recompute_attention)
-from vitdet_plugin.models.accel import chunking, swin_inference, torch_private
+from vitdet_plugin.models.accel import (PLAIN, AccelPlan, check_accel, chunking, gelu_linear,
+                                        plan_for, recompute_attention, swin_inference,
+                                        torch_private)
 from vitdet_plugin.models.accel.window_plan import window_plan, window_sources
 from vitdet_plugin.models.backbones import SwinBackbone, ViTBackbone
 

@@ -10,12 +10,12 @@ import os.path as osp
 
 import pytest
 import torch
+from dist_worker import make_data, tiny_cfg
 from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
 import vitdet_plugin  # noqa: F401
-from dist_worker import make_data, tiny_cfg
 from vitdet_plugin.datasets import DatasetNotFoundError, check_data
 from vitdet_plugin.engine.hooks import NonFiniteCheckHook, NonFiniteError
 from vitdet_plugin.models.backbones.swin import SwinBackbone
@@ -74,8 +74,10 @@ def test_swin_bad_input_tensor(shape, match):
     (dict(window_size='7'), ValueError, r"window_size must be an int or a pair .*got '7'"),
     (dict(frozen_stages=None), TypeError, r'frozen_stages must be an int in -1\.\.2, got None'),
     (dict(mlp_ratio=0), ValueError, r'mlp_ratio must be positive, got 0'),
-    (dict(attn_drop_rate=-0.1), ValueError, r'attn_drop_rate must be in \[0, 1\), got -0\.1'),
-    (dict(drop_path_rate=1.0), ValueError, r'drop_path_rate must be in \[0, 1\), got 1\.0'),
+    (dict(attn_drop_rate=-0.1), ValueError,
+     r'attn_drop_rate must be a number in \[0, 1\), got -0\.1'),
+    (dict(drop_path_rate=1.0), ValueError, r'drop_path_rate must be a number in \[0, 1\), got '
+                                            r'1\.0'),
     (dict(strides=(4, 4)), ValueError, r'strides=\(4, 4\) is not supported: Swin uses the '
                                        r'patch size then 2x patch merging, i\.e\. \(4, 2\)'),
     (dict(pretrained='a.pth', init_cfg=dict(type='Pretrained', checkpoint='b.pth')),

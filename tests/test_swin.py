@@ -4,8 +4,8 @@ import math
 
 import pytest
 import torch
-from torch import nn
 from helpers import assert_close_rel, max_rel_err, randomize_
+from torch import nn
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.models.backbones.swin import SWIN_ARCHS, SwinBackbone

@@ -5,14 +5,12 @@ import math
 from functools import partial
 
 import pytest
-import torch
-from torch import nn
-
-from helpers import assert_close_rel, randomize_
-
 import timm.models.vision_transformer as timm_vit
 import timm.models.vision_transformer_sam as timm_sam
+import torch
+from helpers import assert_close_rel, randomize_
 from mmdet.registry import MODELS
+from torch import nn
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.functional import attend, decomposed_rel_pos_bias, decomposed_rel_pos_channels
@@ -73,7 +71,7 @@ def test_preset_blocks_match_timm_samvit(arch):
     assert tuple(ours.pos_embed.shape) == (1, 1 + 14 * 14, spec['embed_dims'])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def meta_preset(arch, pyramid):
     with torch.device('meta'):
         return ViTBackbone(arch=arch, pyramid=dict(out_channels=256) if pyramid else None).eval()
@@ -350,8 +348,8 @@ def test_bad_inputs_raise_clear_errors():
 
 # ---------------------------------------------------------------------------- detector
 def _mask_rcnn_cfg(variant):
-    from mmengine.config import Config
     from mmdet.utils import register_all_modules
+    from mmengine.config import Config
     register_all_modules()
     import os.path as osp
 
@@ -450,8 +448,8 @@ def test_rel_pos_channels_equal_the_dense_bias_and_keep_no_square_tensor(qh, qw)
         for t in (q, k, v, *tables):
             t.grad = None
         saved = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t,
-                                                      lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(
+                lambda t, saved=saved: saved.append(t.shape) or t, lambda t: t):
             if channels:
                 q2, k2, v2 = decomposed_rel_pos_channels(q, k, v, *tables, (qh, qw), d ** -0.5)
                 assert q2.shape[-1] % 8 == 0 and q2.shape == k2.shape == v2.shape

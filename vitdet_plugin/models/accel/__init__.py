@@ -8,5 +8,7 @@ from .dispatch import (ACCEL_MODES, PLAIN, AccelPlan, capturing_graph, check_acc
 from .recompute import gelu_linear, recompute_attention
 from .swin_inference import swin_chunked_inference
 
-__all__ = ['ACCEL_MODES', 'PLAIN', 'AccelPlan', 'capturing_graph', 'check_accel', 'plan_for',
-           'plan_for_tensor', 'gelu_linear', 'recompute_attention', 'swin_chunked_inference']
+__all__ = [
+    'ACCEL_MODES', 'PLAIN', 'AccelPlan', 'capturing_graph', 'check_accel', 'gelu_linear',
+    'plan_for', 'plan_for_tensor', 'recompute_attention', 'swin_chunked_inference',
+]

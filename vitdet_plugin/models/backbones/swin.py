@@ -32,8 +32,8 @@ from ...functional import pad_to_multiple, window_partition, window_reverse, win
 from ...weights.swin import load_swin_pretrained
 from ..accel import check_accel, plan_for_tensor, swin_chunked_inference
 from ..layers import (ConvStem, DropPath, Mlp, PatchEmbed, PatchMerging, WindowAttention,
-                      check_flag, check_rate, int_arg, int_tuple, linear_drop_path_rates,
-                      positive_int, to_2tuple)
+                      check_flags, check_rates, int_tuple, linear_drop_path_rates, positive_int,
+                      positive_number, to_2tuple)
 from .base import ArchSpec, BackboneContract, init_cfg_from_pretrained, pretrained_init_cfg
 
 
@@ -262,21 +262,15 @@ class SwinBackbone(BackboneContract, BaseModule):
         if not -1 <= frozen_stages <= num_stages:
             raise ValueError(f'frozen_stages={frozen_stages} must be in -1..{num_stages} '
                              '(-1: train all, 0: patch embedding, k: also the first k stages)')
-        if not isinstance(mlp_ratio, numbers.Real) or isinstance(mlp_ratio, bool) \
-                or mlp_ratio <= 0:
-            raise ValueError(f'mlp_ratio must be positive, got {mlp_ratio!r}')
+        positive_number(mlp_ratio, 'mlp_ratio')
         if qk_scale is not None and (not isinstance(qk_scale, numbers.Real) or qk_scale < 0):
             raise ValueError(f'qk_scale must be None or a non-negative number (0: the default '
                              f'head_dim ** -0.5), got {qk_scale!r}')
-        for name, rate in (('drop_rate', drop_rate), ('attn_drop_rate', attn_drop_rate),
-                           ('drop_path_rate', drop_path_rate)):
-            if not isinstance(rate, numbers.Real) or not 0 <= rate < 1:
-                raise ValueError(f'{name} must be in [0, 1), got {rate}')
-        for name, flag in (('qkv_bias', qkv_bias), ('use_abs_pos_embed', use_abs_pos_embed),
-                           ('patch_norm', patch_norm), ('norm_eval', norm_eval),
-                           ('with_cp', with_cp), ('fused_attn', fused_attn),
-                           ('convert_weights', convert_weights)):
-            check_flag(flag, name)
+        check_rates(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
+                    drop_path_rate=drop_path_rate)
+        check_flags(qkv_bias=qkv_bias, use_abs_pos_embed=use_abs_pos_embed,
+                    patch_norm=patch_norm, norm_eval=norm_eval, with_cp=with_cp,
+                    fused_attn=fused_attn, convert_weights=convert_weights)
         self.accel = check_accel(accel)
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval

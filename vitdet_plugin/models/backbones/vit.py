@@ -29,9 +29,9 @@ from ...functional import (attend, decomposed_rel_pos_bias, decomposed_rel_pos_c
                            pad_to_multiple, resize_pos_grid, window_partition, window_reverse)
 from ...weights.vit import load_vit_pretrained
 from ..accel import check_accel
-from ..layers import (Attention, DropPath, Mlp, PatchEmbed, ResBottleneckBlock, check_flag,
-                      check_rate, int_arg, int_tuple, linear_drop_path_rates, positive_int,
-                      to_2tuple)
+from ..layers import (Attention, DropPath, Mlp, PatchEmbed, ResBottleneckBlock, check_flags,
+                      check_rate, check_rates, int_arg, int_tuple, linear_drop_path_rates,
+                      positive_int, positive_number, to_2tuple)
 from ..necks.simple_fpn import ViTSimpleFPN
 from .base import ArchSpec, BackboneContract, init_cfg_from_pretrained, pretrained_init_cfg
 
@@ -246,7 +246,7 @@ class ViTBackbone(BackboneContract, BaseModule):
                  accel: str = 'auto',
                  norm_cfg: Optional[dict] = None,
                  act_cfg: Optional[dict] = None,
-                 pyramid: Union[None, bool, dict] = None,
+                 pyramid: Union[bool, dict, None] = None,
                  pretrained: Optional[str] = None,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg_from_pretrained(pretrained, init_cfg))
@@ -272,16 +272,11 @@ class ViTBackbone(BackboneContract, BaseModule):
             raise ValueError(f'frozen_stages={frozen_stages} must be in -1..{self.depth} '
                              '(-1: train all, 0: patch/position embeddings, k: also the first '
                              'k blocks)')
-        if not isinstance(mlp_ratio, (int, float)) or isinstance(mlp_ratio, bool) \
-                or mlp_ratio <= 0:
-            raise ValueError(f'mlp_ratio must be positive, got {mlp_ratio!r}')
-        check_rate(drop_rate, 'drop_rate')
-        check_rate(attn_drop_rate, 'attn_drop_rate')
-        for name, flag in (('pretrain_use_cls_token', pretrain_use_cls_token),
-                           ('use_abs_pos', use_abs_pos), ('use_rel_pos', use_rel_pos),
-                           ('qkv_bias', qkv_bias), ('with_cp', with_cp),
-                           ('fused_attn', fused_attn)):
-            check_flag(flag, name)
+        positive_number(mlp_ratio, 'mlp_ratio')
+        check_rates(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate)
+        check_flags(pretrain_use_cls_token=pretrain_use_cls_token, use_abs_pos=use_abs_pos,
+                    use_rel_pos=use_rel_pos, qkv_bias=qkv_bias, with_cp=with_cp,
+                    fused_attn=fused_attn)
         self.accel = check_accel(accel)
         self.frozen_stages = frozen_stages
         self.with_cp = with_cp
@@ -324,7 +319,7 @@ class ViTBackbone(BackboneContract, BaseModule):
         self._init_vit_weights()
         self._freeze_stages()
 
-    def _build_pyramid(self, pyramid: Union[None, bool, dict]) -> Optional[ViTSimpleFPN]:
+    def _build_pyramid(self, pyramid: Union[bool, dict, None]) -> Optional[ViTSimpleFPN]:
         if not pyramid:
             return None
         if len(self.out_indices) != 1:

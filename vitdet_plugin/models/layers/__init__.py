@@ -4,7 +4,8 @@ from ...functional import (MASKED_LOGIT, attend, bias_table_size, decomposed_rel
                            pad_to_multiple, padded_size, relative_position_index,
                            resize_rel_pos, shifted_window_mask, window_partition,
                            window_reverse)
-from .arguments import check_flag, check_rate, int_arg, int_tuple, positive_int, to_2tuple
+from .arguments import (check_flag, check_flags, check_rate, check_rates, int_arg, int_tuple,
+                        positive_int, positive_number, to_2tuple)
 from .attention import Attention, eager_attention, register_fusable_attention, set_fused_attention
 from .conv_stem import ConvStem
 from .cross_attention import MultiheadCrossAttention
@@ -21,7 +22,8 @@ __all__ = [
     'set_fused_attention', 'ConvStem', 'MultiheadCrossAttention', 'DropPath', 'drop_path',
     'linear_drop_path_rates', 'Mlp', 'LayerNorm2d', 'masked_group_norm', 'PatchEmbed',
     'PatchMerging', 'ResBottleneckBlock', 'WindowAttention',
-    'check_flag', 'check_rate', 'int_arg', 'int_tuple', 'positive_int', 'to_2tuple',
+    'check_flag', 'check_flags', 'check_rate', 'check_rates', 'int_arg', 'int_tuple',
+    'positive_int', 'positive_number', 'to_2tuple',
     # pure functions, re-exported from vitdet_plugin.functional
     'bias_table_size', 'decomposed_rel_pos_bias', 'decomposed_rel_pos_embeddings',
     'decomposed_rel_pos_terms', 'pad_to_multiple', 'padded_size', 'relative_position_index',

@@ -59,6 +59,25 @@ def check_flag(value, name: str) -> bool:
     return value
 
 
+def positive_number(value, name: str) -> float:
+    """``value`` as a float > 0 (bools and strings refused), else a ``ValueError``."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not float(value) > 0:
+        raise ValueError(f'{name} must be positive, got {value!r}')
+    return float(value)
+
+
+def check_flags(**flags: object) -> None:
+    """:func:`check_flag` on every keyword argument (named by its keyword)."""
+    for name, value in flags.items():
+        check_flag(value, name)
+
+
+def check_rates(**rates: object) -> None:
+    """:func:`check_rate` on every keyword argument (named by its keyword)."""
+    for name, value in rates.items():
+        check_rate(value, name)
+
+
 def check_rate(value, name: str) -> float:
     """``value`` as a float in ``[0, 1)`` (a dropout or drop-path rate); anything else raises a
     ``ValueError`` naming the argument."""
