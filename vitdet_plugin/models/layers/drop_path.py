@@ -1,10 +1,13 @@
 """Stochastic depth (drop path) per sample."""
+from typing import List
+
 import torch
 from torch import Tensor, nn
 
 
 def drop_path(x: Tensor, drop_prob: float = 0.0, training: bool = False) -> Tensor:
-    """Zero whole residual branches per sample with probability ``drop_prob``, rescaling the rest."""
+    """Zero whole residual branches per sample with probability ``drop_prob``, rescaling the
+    rest."""
     if drop_prob == 0.0 or not training:
         return x
     keep = 1.0 - drop_prob
@@ -29,8 +32,9 @@ class DropPath(nn.Module):
         return f'drop_prob={self.drop_prob:g}'
 
 
-def linear_drop_path_rates(drop_path_rate: float, depth: int) -> list:
-    """The linear stochastic-depth schedule: block ``i`` of ``depth`` gets ``rate * i / (depth - 1)``."""
+def linear_drop_path_rates(drop_path_rate: float, depth: int) -> List[float]:
+    """The linear stochastic-depth schedule: block ``i`` of ``depth`` gets
+    ``rate * i / (depth - 1)``."""
     if depth <= 0:
         return []
     # an explicit CPU device: models can then be built under a meta default device
