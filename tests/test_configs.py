@@ -4,6 +4,7 @@ import copy
 import glob
 import os.path as osp
 import shlex
+from unittest import mock
 
 import pytest
 import torch
@@ -127,13 +128,27 @@ def _train_and_predict(model_cfg, optim_cfg):
     with_mask = 'mask_head' in model_cfg.get('roi_head', {})
     data = _batch(model, with_mask, _num_classes(model_cfg))
     optim_cfg = copy.deepcopy(optim_cfg)
-    if optim_cfg.get('type') == 'AmpOptimWrapper' and not torch.cuda.is_available():
-        optim_cfg.type = 'OptimWrapper'  # AMP needs a GPU; the rest of the recipe is tested
-        optim_cfg.pop('loss_scale', None)
-    optim_wrapper = build_optim_wrapper(model, optim_cfg)
+    amp_on_cpu = optim_cfg.get('type') == 'AmpOptimWrapper' and not torch.cuda.is_available()
+    if amp_on_cpu:
+        # mmengine's AmpOptimWrapper refuses to be built without an accelerator, but its
+        # autocast runs on CPU in bf16 (the loss scaler disables itself without CUDA): build it
+        # as on a GPU and train in bf16, so the AMP recipe itself runs
+        import mmengine.optim.optimizer.amp_optimizer_wrapper as amp_module
+        optim_cfg.dtype = 'bfloat16'
+        with mock.patch.object(amp_module, 'is_cuda_available', lambda: True):
+            optim_wrapper = build_optim_wrapper(model, optim_cfg)
+        assert type(optim_wrapper).__name__ == 'AmpOptimWrapper'
+    else:
+        optim_wrapper = build_optim_wrapper(model, optim_cfg)
+    dtypes = []
+    hook = model.backbone.register_forward_hook(
+        lambda m, a, out: dtypes.append({o.dtype for o in out}))
     model.train()
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
     losses = model.train_step(data, optim_wrapper)
+    hook.remove()
+    if amp_on_cpu:  # the backbone really ran under bf16 autocast
+        assert dtypes == [{torch.bfloat16}], dtypes
     assert losses and all(torch.isfinite(v).all() for v in losses.values()), losses
     changed = [k for k, v in model.named_parameters() if not torch.equal(v, before[k])]
     assert any(k.startswith('backbone.') for k in changed)

@@ -70,6 +70,94 @@ def test_official_checkpoint_loads_and_matches_mmdet_loading_the_same_file(tmp_p
         assert_close_rel(ours.eval()(x), ref(x), tol=1e-5)
 
 
+# Checkpoints built independently of our converters: from mmdet's own SwinTransformer weights,
+# mapped by hand to the layouts the reference repositories document (REFERENCE.md), so a bug
+# shared by a converter and its inverse cannot pass.
+MM_ARCH = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4))
+#: mmdet's Unfold-based PatchMerging orders the four merged pixels (0,0),(0,1),(1,0),(1,1)
+#: where the official code concatenates (0,0),(1,0),(0,1),(1,1): pixel 1 and 2 swap, and
+#: the unfolded channels are pixel-minor (c * 4 + pixel) instead of pixel-major
+UNFOLD_TO_OFFICIAL_PIXELS = [0, 2, 1, 3]
+#: mmdet -> official key pieces (microsoft/Swin-Transformer, models/swin_transformer.py)
+MMDET_TO_OFFICIAL = (('patch_embed.projection.', 'patch_embed.proj.'), ('stages.', 'layers.'),
+                     ('.attn.w_msa.', '.attn.'), ('.ffn.layers.0.0.', '.mlp.fc1.'),
+                     ('.ffn.layers.1.', '.mlp.fc2.'))
+#: the official shifted-window mask buffer is sized for the 224 pretraining input
+OFFICIAL_TOKENS_224 = 56
+
+
+def _mmdet_swin(**kw):
+    from mmdet.models.backbones import SwinTransformer
+    ref = randomize_(SwinTransformer(**MM_ARCH, drop_path_rate=0.0, **kw), seed=3)
+    ref.eval()  # mmdet's SwinTransformer.train() returns None
+    return ref
+
+
+def _unfold_to_official(w: torch.Tensor) -> torch.Tensor:
+    """A PatchMerging weight's last dim (4 * C), mmdet's unfold order -> official order."""
+    lead, c4 = w.shape[:-1], w.shape[-1]
+    w = w.reshape(*lead, c4 // 4, 4).transpose(-1, -2)       # pixel-major
+    return w[..., UNFOLD_TO_OFFICIAL_PIXELS, :].reshape(*lead, c4)
+
+
+def _official_from_mmdet(ref) -> dict:
+    """microsoft/Swin-Transformer's ``{'model': sd}`` for the weights of mmdet's ``ref``: no
+    output norms, a final norm and a classification head, ``attn_mask`` buffers."""
+    sd = {}
+    for k, v in ref.state_dict().items():
+        if re.match(r'norm\d\.', k):
+            continue  # mmdet's per-output norms do not exist in classification checkpoints
+        for a, b in MMDET_TO_OFFICIAL:
+            k = k.replace(a, b)
+        if '.downsample.' in k:
+            v = _unfold_to_official(v)
+        sd[k] = v.clone()
+    for i, depth in enumerate(MM_ARCH['depths']):
+        windows = (OFFICIAL_TOKENS_224 >> i) // 7
+        for j in range(1, depth, 2):  # shifted blocks keep their 224-input mask
+            sd[f'layers.{i}.blocks.{j}.attn_mask'] = torch.zeros(windows ** 2, 49, 49)
+    c = MM_ARCH['embed_dims'] * 8
+    sd.update({'norm.weight': torch.randn(c), 'norm.bias': torch.randn(c),
+               'head.weight': torch.randn(1000, c), 'head.bias': torch.randn(1000)})
+    return {'model': sd}
+
+
+def _identity_output_norms(ref) -> None:
+    with torch.no_grad():
+        for i in range(len(MM_ARCH['depths'])):
+            getattr(ref, f'norm{i}').weight.fill_(1.0)
+            getattr(ref, f'norm{i}').bias.zero_()
+
+
+def test_official_layout_built_from_mmdet_weights_loads_and_matches_mmdet(tmp_path):
+    ref = _mmdet_swin()
+    _identity_output_norms(ref)  # not in the file: both models keep LayerNorm's init
+    path = str(tmp_path / 'official.pth')
+    torch.save(_official_from_mmdet(ref), path)
+    x = torch.randn(1, 3, 96, 128)
+    with torch.no_grad():
+        expected = ref(x)
+        # the hand-written layout is what mmdet's own converter reads
+        from mmdet.models.backbones import SwinTransformer
+        check = SwinTransformer(**MM_ARCH, drop_path_rate=0.0, convert_weights=True,
+                                init_cfg=ConfigDict(type='Pretrained', checkpoint=path))
+        check.init_weights()
+        check.eval()
+        assert_close_rel(check(x), expected, tol=1e-6)
+        ours = _ours(init_cfg=dict(type='Pretrained', checkpoint=path))
+        ours.init_weights()
+        assert_close_rel(ours.eval()(x), expected, tol=1e-5)
+
+
+def test_mmdet_checkpoint_of_mmdet_model_matches_mmdet():
+    ref = _mmdet_swin()
+    ours = _ours()
+    load_swin_pretrained(ours, {'state_dict': ref.state_dict()})
+    x = torch.randn(1, 3, 96, 128)
+    with torch.no_grad():
+        assert_close_rel(ours(x), ref(x), tol=1e-5)
+
+
 def test_detect_formats():
     src = randomize_(_ours())
     sd = src.state_dict()

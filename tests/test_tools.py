@@ -38,16 +38,60 @@ def test_feature_shapes(capsys):
     assert 'padded to (256, 256)' in out and 'backbone.out_strides = (8, 16, 32)' in out
 
 
+#: fvcore's (and mmengine's FlopAnalyzer's) count of a normalisation: 5 FLOPs per element with
+#: an affine transform (mean, variance, normalise, scale, shift), 4 without
+NORM_FLOPS_PER_ELEMENT = {True: 5, False: 4}
+NORMS = (torch.nn.GroupNorm, torch.nn.BatchNorm2d, torch.nn.LayerNorm)
+
+
+def _module_flops(module: torch.nn.Module, run) -> int:
+    """FLOPs of every Conv2d / Linear / norm inside ``module`` during ``run()``, from their
+    recorded output shapes: ``out.numel() * in_channels / groups * kh * kw``,
+    ``out.numel() * in_features`` (one multiply-add = 1 FLOP) and NORM_FLOPS_PER_ELEMENT."""
+    total = [0]
+
+    def count(m, args, out):
+        if isinstance(m, torch.nn.Conv2d):
+            total[0] += out.numel() * m.in_channels // m.groups * m.kernel_size[0] \
+                * m.kernel_size[1]
+        elif isinstance(m, torch.nn.Linear):
+            total[0] += out.numel() * m.in_features
+        else:
+            affine = getattr(m, 'affine', getattr(m, 'elementwise_affine', False))
+            total[0] += out.numel() * NORM_FLOPS_PER_ELEMENT[bool(affine)]
+    handles = [m.register_forward_hook(count) for m in module.modules()
+               if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear) + NORMS)]
+    with torch.no_grad():
+        run()
+    for h in handles:
+        h.remove()
+    return total[0]
+
+
 def test_get_flops(capsys):
-    flops, params = _tool('analysis/get_flops').main([DEMO, '--shape', '256', '256'])
+    """The tool's neck and head FLOPs equal what their convolutions and norms cost, counted
+    here from the shapes they produce, plus FPN's nearest upsampling (1 FLOP per output element
+    in fvcore's count: the upsampled maps have the shapes of the finer pyramid levels)."""
+    tool = _tool('analysis/get_flops')
+    flops, params = tool.main([DEMO, '--shape', '256', '256'])
     from mmdet.registry import MODELS
     from vitdet_plugin.datasets import load_config
-    model = MODELS.build(load_config(DEMO).model)
+    model = MODELS.build(load_config(DEMO).model).eval()
     assert params == sum(p.numel() for p in model.parameters())
     out = capsys.readouterr().out
     assert 'backbone' in out and 'bbox_head' in out and 'total' in out
-    # more than the backbone's patch embedding alone: 64 x 3 x 8 x 8 MACs per 32 x 32 tokens
-    assert flops > 64 * 3 * 64 * 32 * 32
+    inputs, samples = tool.dummy_batch((256, 256), 32)
+    total, _, rows = tool.complexity(model, inputs, samples, depth=1)
+    assert total == flops
+    by_name = {name: f for name, f, _ in rows}
+    with torch.no_grad():
+        feats = model.backbone(inputs)
+        pyramid = model.neck(feats)
+    upsampled = sum(p.numel() for p in pyramid[:-1])
+    assert by_name['neck'] == _module_flops(model.neck, lambda: model.neck(feats)) + upsampled
+    assert by_name['bbox_head'] == _module_flops(model.bbox_head,
+                                                 lambda: model.bbox_head(pyramid))
+    assert total >= by_name['backbone'] + by_name['neck'] + by_name['bbox_head']
 
 
 # ----------------------------------------------------------------------------- train / test
@@ -98,6 +142,37 @@ def _train_opts(data_root, max_iters):
             'model.test_cfg.score_thr=0.0']  # an untrained model scores below the default
 
 
+def _coco_bbox_stats(ann_file: str, preds_pkl: str) -> dict:
+    """COCO box AP of the predictions ``tools/test.py --out`` dumped, computed here with
+    pycocotools from the raw boxes (xyxy -> xywh, class index -> category id by name)."""
+    import pickle
+
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    from vitdet_plugin.datasets import CLASSES
+    gt = COCO(ann_file)
+    cat_by_name = {c['name']: c['id'] for c in gt.loadCats(gt.getCatIds())}
+    cat_ids = [cat_by_name[name] for name in CLASSES]
+    with open(preds_pkl, 'rb') as f:
+        preds = pickle.load(f)
+    dets = []
+    for p in preds:
+        inst = p['pred_instances']
+        for (x1, y1, x2, y2), score, label in zip(inst['bboxes'].tolist(),
+                                                  inst['scores'].tolist(),
+                                                  inst['labels'].tolist()):
+            dets.append(dict(image_id=p['img_id'], category_id=cat_ids[label], score=score,
+                             bbox=[x1, y1, x2 - x1, y2 - y1]))
+    assert len(preds) == len(gt.getImgIds()) and dets
+    ev = COCOeval(gt, gt.loadRes(dets), 'bbox')
+    ev.evaluate()
+    ev.accumulate()
+    ev.summarize()
+    return {'coco/bbox_mAP': ev.stats[0], 'coco/bbox_mAP_50': ev.stats[1],
+            'coco/bbox_mAP_75': ev.stats[2]}
+
+
 def test_train_test_resume_round_trip(tiny_shapes, tmp_path):
     work = str(tmp_path / 'work')
     out = _run([osp.join(ROOT, 'tools/train.py'), DEMO, '--work-dir', work]
@@ -110,11 +185,15 @@ def test_train_test_resume_round_trip(tiny_shapes, tmp_path):
     metrics_file = str(tmp_path / 'metrics.json')
     out = _run([osp.join(ROOT, 'tools/test.py'), DEMO, ckpt, '--work-dir', str(tmp_path / 't'),
                 '--show-dir', vis, '--grid', '4', '--metrics-out', metrics_file,
+                '--out', str(tmp_path / 'preds.pkl'),
                 '--cfg-options', f'data_root={tiny_shapes}', 'model.test_cfg.score_thr=0.0',
                 'test_dataloader.num_workers=0',
                 'test_dataloader.persistent_workers=False'], cwd=tmp_path)
     metrics = json.load(open(metrics_file))
-    assert 0.0 <= metrics['coco/bbox_mAP'] <= 1.0 and 'coco/bbox_mAP_50' in metrics
+    expected = _coco_bbox_stats(osp.join(tiny_shapes, 'annotations', 'instances_val.json'),
+                                str(tmp_path / 'preds.pkl'))
+    for key, value in expected.items():  # mmdet reports 3 decimals
+        assert metrics[key] == pytest.approx(value, abs=5e-4), (key, metrics[key], value)
     assert sorted(os.listdir(vis)) == ['000000.png', '000001.png', '000002.png', '000003.png',
                                        'grid.png']
 

@@ -9,9 +9,16 @@
   those with
   :func:`torch.serialization.add_safe_globals`; ``weights_only`` stays on, so a checkpoint
   carrying any other object is still refused.
+* mmcv 2.1's compiled ``nms`` and ``roi_align`` have no bfloat16 kernels (CPU: float only;
+  CUDA: float and half), so bf16 autocast (``AmpOptimWrapper(dtype='bfloat16')``, and CPU
+  autocast, which is bf16) fails in two-stage detectors' RPN NMS and RoI feature extraction.
+  :func:`patch_mmcv_bf16_ops` runs those two ops in float32 for bf16 inputs and casts the
+  result back; other dtypes go to mmcv's kernels unchanged.
 """
+import functools
+import importlib
 import pickle
-from typing import List, Tuple
+from typing import Any, Callable, List, Tuple, Union
 
 import torch
 
@@ -38,13 +45,14 @@ def check_stack() -> None:
         import mmengine
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise UnsupportedEnvironmentError(f'vitdet_plugin needs mmcv, mmengine and mmdet: {e}; '
-                                f'{FIX_HINT}') from e
+                                          f'{FIX_HINT}') from e
     for name, module, (lo, hi) in (('mmcv', mmcv, MMCV_RANGE),
                                    ('mmengine', mmengine, MMENGINE_RANGE),
                                    ('mmdet', mmdet, MMDET_RANGE)):
         if not _version_in(module.__version__, lo, hi):
-            raise UnsupportedEnvironmentError(f'{name} {module.__version__} is not supported: vitdet_plugin '
-                                    f'needs {lo} <= {name} < {hi}; {FIX_HINT}')
+            raise UnsupportedEnvironmentError(
+                f'{name} {module.__version__} is not supported: vitdet_plugin needs '
+                f'{lo} <= {name} < {hi}; {FIX_HINT}')
     try:
         from mmcv.ops import nms  # noqa: F401  (loads the compiled extension)
     except (ImportError, ModuleNotFoundError, OSError) as e:
@@ -66,22 +74,27 @@ def _history_buffer_getattr(obj: object, name: str) -> object:
     """
     from mmengine.logging import HistoryBuffer
 
-    # the class-level registry fills lazily, so the built-ins are listed explicitly
-    if obj is HistoryBuffer and (name in _HISTORY_BUFFER_STATISTICS
-                                 or name in HistoryBuffer._statistics_methods):
+    # the class-level registry fills lazily, so the built-ins are listed explicitly (read
+    # before ``obj is HistoryBuffer``, which narrows the untyped class to ``object`` for mypy)
+    registered = HistoryBuffer._statistics_methods
+    if obj is HistoryBuffer and (name in _HISTORY_BUFFER_STATISTICS or name in registered):
         return getattr(obj, name)
     raise pickle.UnpicklingError(
         f'refused builtins.getattr({obj!r}, {name!r}) while loading a checkpoint: only '
         f'HistoryBuffer statistics methods may be looked up')
 
 
-def mmengine_safe_globals() -> List[object]:
+#: What ``torch.serialization.add_safe_globals`` takes: a class or ``(callable, its name)``.
+SafeGlobal = Union[type, Tuple[Callable[..., Any], str]]
+
+
+def mmengine_safe_globals() -> List[SafeGlobal]:
     """The classes mmengine checkpoints carry besides tensors and builtins."""
     import numpy as np
     from mmengine.logging import HistoryBuffer
 
-    safe: List[object] = [HistoryBuffer, np.ndarray, np.dtype,
-                          (_history_buffer_getattr, 'builtins.getattr')]
+    safe: List[SafeGlobal] = [HistoryBuffer, np.ndarray, np.dtype,
+                              (_history_buffer_getattr, 'builtins.getattr')]
     # numpy pickles arrays through ``_reconstruct`` and scalars through ``scalar``; the module
     # moved from numpy.core to numpy._core in numpy 2, and a checkpoint names the module of the
     # numpy that wrote it: allow both names, whichever numpy is installed
@@ -114,7 +127,51 @@ def register_safe_globals() -> Tuple[str, ...]:
                  for s in safe)
 
 
+_BF16_PATCHED = '_vitdet_bf16_via_fp32'
+
+
+def _nms_bf16_via_fp32(nms: Callable) -> Callable:
+    @functools.wraps(nms)
+    def wrapped(boxes, scores, iou_threshold, offset=0, score_threshold=0, max_num=-1):
+        if isinstance(boxes, torch.Tensor) and torch.bfloat16 in (boxes.dtype, scores.dtype):
+            dets, inds = nms(boxes.float(), scores.float(), iou_threshold, offset,
+                             score_threshold, max_num)
+            return dets.to(boxes.dtype), inds
+        return nms(boxes, scores, iou_threshold, offset, score_threshold, max_num)
+    setattr(wrapped, _BF16_PATCHED, True)
+    return wrapped
+
+
+def _roi_align_bf16_via_fp32(roi_align: Callable) -> Callable:
+    @functools.wraps(roi_align)
+    def wrapped(input, rois, *args):
+        if torch.bfloat16 in (input.dtype, rois.dtype):
+            return roi_align(input.float(), rois.float(), *args).to(input.dtype)
+        return roi_align(input, rois, *args)
+    setattr(wrapped, _BF16_PATCHED, True)
+    return wrapped
+
+
+def patch_mmcv_bf16_ops() -> None:
+    """Run mmcv's ``nms`` (and through it ``batched_nms``) and ``roi_align`` (``RoIAlign``) in
+    float32 for bfloat16 inputs (idempotent). ``batched_nms`` and ``RoIAlign`` look the op up
+    as a module global at call time, which is replaced, as is the ``mmcv.ops`` attribute (a
+    module that bound ``from mmcv.ops import nms`` before importing vitdet_plugin keeps mmcv's
+    own)."""
+    ops = importlib.import_module('mmcv.ops')
+    for module_name, name, wrap in (('mmcv.ops.nms', 'nms', _nms_bf16_via_fp32),
+                                    ('mmcv.ops.roi_align', 'roi_align',
+                                     _roi_align_bf16_via_fp32)):
+        module = importlib.import_module(module_name)
+        op = getattr(module, name)
+        if not getattr(op, _BF16_PATCHED, False):
+            op = wrap(op)
+            setattr(module, name, op)
+        setattr(ops, name, op)  # `from mmcv.ops import nms` after this import gets it too
+
+
 def apply() -> None:
     """Check the stack and install the fixes (idempotent)."""
     check_stack()
     register_safe_globals()
+    patch_mmcv_bf16_ops()
