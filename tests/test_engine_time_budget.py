@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from mmengine.optim.scheduler import CosineRestartLR, OneCycleLR
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.engine import time_budget
@@ -241,11 +242,11 @@ def test_scheduler_without_an_end_keeps_its_absolute_milestones(monkeypatch):
 
 
 @pytest.mark.parametrize('name, build', [
-    ('OneCycleLR', lambda o: __import__('mmengine.optim', fromlist=['x']).OneCycleLR(
-        o, eta_max=1.0, total_steps=100, by_epoch=False, begin=0, end=100)),
-    ('CosineRestartLR', lambda o: __import__('mmengine.optim.scheduler', fromlist=['x']).CosineRestartLR(
-        o, periods=[50, 50], restart_weights=[1.0, 0.5], eta_min=0.0, by_epoch=False, begin=0,
-        end=100)),
+    ('OneCycleLR', lambda o: OneCycleLR(o, eta_max=1.0, total_steps=100, by_epoch=False,
+                                        begin=0, end=100)),
+    ('CosineRestartLR', lambda o: CosineRestartLR(o, periods=[50, 50],
+                                                  restart_weights=[1.0, 0.5], eta_min=0.0,
+                                                  by_epoch=False, begin=0, end=100)),
 ])
 def test_unsupported_scheduler_running_to_the_end_is_refused_by_name(name, build):
     runner = _FakeRunner(max_iters=100)

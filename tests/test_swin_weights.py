@@ -236,7 +236,7 @@ def test_abs_pos_embed_resized_from_token_layout():
 # --------------------------------------------------------------------------- errors
 def test_missing_checkpoint_file():
     model = _ours(init_cfg=dict(type='Pretrained', checkpoint='/nonexistent/swin.pth'))
-    with pytest.raises(FileNotFoundError, match="'/nonexistent/swin.pth' does not exist"):
+    with pytest.raises(FileNotFoundError, match=r"'/nonexistent/swin\.pth' does not exist"):
         model.init_weights()
 
 
@@ -346,7 +346,7 @@ def test_conv_stem_model_roundtrips_its_own_checkpoint_and_refuses_mmdet_export(
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
         assert_close_rel(dst.eval()(x), src(x), tol=0)
-    with pytest.raises(ValueError, match='convolutional stem .*patch_embed.stem.0'):
+    with pytest.raises(ValueError, match=r'convolutional stem .*patch_embed\.stem\.0'):
         swin_to_mmdet(src.state_dict())
 
 

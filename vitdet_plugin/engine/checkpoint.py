@@ -31,7 +31,7 @@ import os.path as osp
 import pickle
 import re
 from collections import deque
-from typing import Any, List, Optional
+from typing import Any, Deque, List, Optional
 
 import mmengine.runner.checkpoint as mmengine_checkpoint
 import torch.distributed
@@ -115,16 +115,16 @@ class AtomicCheckpointHook(CheckpointHook):
         hub = runner.message_hub
         saved_info = {k: hub.runtime_info[k] for k in ('keep_ckpt_ids', 'last_ckpt')
                       if k in hub.runtime_info}
-        keep = getattr(self, 'keep_ckpt_ids', None)  # set by before_train if max_keep_ckpts > 0
+        # set by CheckpointHook.before_train when max_keep_ckpts > 0
+        keep: Optional[Deque[int]] = getattr(self, 'keep_ckpt_ids', None)
         saved_keep = None if keep is None else deque(keep, keep.maxlen)
-        saved_last = self.last_ckpt
+        saved_last: Optional[str] = getattr(self, 'last_ckpt', None)
         stale: Optional[int] = None
-        if self.max_keep_ckpts > 0 and not (self.keep_ckpt_ids
-                                            and self.keep_ckpt_ids[-1] == step):
-            if len(self.keep_ckpt_ids) == self.max_keep_ckpts:  # a bounded deque
-                stale = self.keep_ckpt_ids.popleft()
-            self.keep_ckpt_ids.append(step)
-            hub.update_info('keep_ckpt_ids', list(self.keep_ckpt_ids))
+        if keep is not None and self.max_keep_ckpts > 0 and not (keep and keep[-1] == step):
+            if len(keep) == self.max_keep_ckpts:  # a bounded deque
+                stale = keep.popleft()
+            keep.append(step)
+            hub.update_info('keep_ckpt_ids', list(keep))
         self.last_ckpt = final_path
         hub.update_info('last_ckpt', self.last_ckpt)
         try:
@@ -228,11 +228,12 @@ def load_trusted_or_weights_only(path: str, map_location: Any = None,
             raise _not_a_checkpoint(path, e, _unpickler_detail(e)) from e
         raise CheckpointError(
             f'refused to load checkpoint {path!r}: it contains Python objects that are not on '
-            f'the weights_only allow-list (refused: {refused}); unpickling it could run arbitrary code, '
-            f'so nothing was loaded or executed. If you trust this file, list it in the '
-            f'environment variable {TRUST_ENV} (e.g. {TRUST_ENV}={given or path}; several '
-            f'files separated by {os.pathsep!r}) and it is read with full unpickling; or '
-            f're-save it as tensors and plain containers.') from e
+            f'the weights_only allow-list (refused: {refused}); unpickling it could run '
+            f'arbitrary code, so nothing was loaded or executed. If you trust this file, '
+            f'list it in the environment variable {TRUST_ENV} (e.g. '
+            f'{TRUST_ENV}={given or path}; several files separated by {os.pathsep!r}) and '
+            f'it is read with full unpickling; or re-save it as tensors and plain '
+            f'containers.') from e
     except _FORMAT_ERRORS as e:
         raise _not_a_checkpoint(path, e) from e
     except RuntimeError as e:
@@ -268,6 +269,7 @@ def safe_load_from_http(filename: str, map_location: Any = None,
         torch.distributed.barrier()
         if rank > 0:
             path = resolve_checkpoint_path(filename, model_dir)
+    assert path is not None  # every rank resolved it
     return load_trusted_or_weights_only(path, map_location, filename)
 
 

@@ -60,7 +60,9 @@ def nonfinite_counts(t: Tensor) -> Tensor:
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
-    return model.module if is_model_wrapper(model) else model
+    inner = model.module if is_model_wrapper(model) else model
+    assert isinstance(inner, nn.Module)
+    return inner
 
 
 def _optimizers(optim_wrapper: Any) -> List[torch.optim.Optimizer]:

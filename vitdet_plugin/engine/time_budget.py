@@ -27,7 +27,7 @@ the schedulers that ran to the saved end are moved to the new one.
 """
 import time
 from collections import Counter, deque
-from typing import Deque, List, Tuple
+from typing import Deque, List, Optional, Tuple
 
 import mmengine.dist as mmengine_dist
 import torch
@@ -87,7 +87,8 @@ class TimeBudgetHook(Hook):
         self._marks: Deque[Tuple[int, float]] = deque(maxlen=int(speed_window) + 1)
         self._cap = 0
         self._last_logged = 0
-        self._resumed = None  # (seconds used, planned end, cap) of a resumed checkpoint
+        # (seconds used, planned end, cap) of a resumed checkpoint
+        self._resumed: Optional[Tuple[float, int, int]] = None
 
     # ------------------------------------------------------------------ hook API
     def before_train(self, runner) -> None:
