@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make demo`: generate the shapes dataset (if absent), train the demo Swin RetinaNet on CPU for
 # a fixed wall-clock budget from random init, evaluate COCO bbox mAP on the val split, save a
-# grid of val images with drawn predictions, and print the metrics and where the files are.
+# grid of val images with drawn predictions and the feature maps of one val image
+# (tools/analysis/visualize.py features), and print the metrics and where the files are.
 #
 # Environment variables (all optional):
 #   DEMO_CONFIG    config to train       (default: configs/demo/swin_retinanet_shapes.py)
@@ -23,26 +24,32 @@ case "$DATA" in */) ;; *) DATA="$DATA/" ;; esac
 
 say() { printf '\033[1m[demo]\033[0m %s\n' "$*"; }
 
-say "1/3 dataset: $DATA (seed $SEED)"
+say "1/4 dataset: $DATA (seed $SEED)"
 "$PY" tools/make_shapes.py --out "$DATA" --seed "$SEED"
 
 OPTS=(data_root="$DATA")
 if [ -n "${DEMO_MINUTES:-}" ]; then
     OPTS+=(custom_hooks.0.minutes="$DEMO_MINUTES")
 fi
-say "2/3 training $CONFIG on CPU -> $WORK"
+say "2/4 training $CONFIG on CPU -> $WORK"
 t0=$(date +%s)
 "$PY" tools/train.py "$CONFIG" --work-dir "$WORK" --cfg-options "${OPTS[@]}"
 t1=$(date +%s)
 CKPT="$(cat "$WORK/last_checkpoint")"
 
-say "3/3 evaluating $CKPT on the val split"
+say "3/4 evaluating $CKPT on the val split"
 "$PY" tools/test.py "$CONFIG" "$CKPT" --work-dir "$WORK/test" --cfg-options "${OPTS[@]}" \
     --show-dir "$WORK/predictions" --grid 16 --metrics-out "$WORK/metrics.json"
 
-"$PY" - "$WORK/metrics.json" "$t0" "$t1" "$CKPT" "$WORK" <<'PYEOF'
+FEATURES="$WORK/visualize/features_val_000000.png"
+say "4/4 feature maps of ${DATA}val/000000.png with $CKPT"
+"$PY" tools/analysis/visualize.py features "$CONFIG" "$CKPT" --image "${DATA}val/000000.png" \
+    --neck --out "$FEATURES" --cfg-options "${OPTS[@]}"
+
+"$PY" - "$WORK/metrics.json" "$t0" "$t1" "$CKPT" "$WORK" "$FEATURES" <<'PYEOF'
 import json, sys
 metrics, t0, t1, ckpt, work = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+features = sys.argv[6]
 m = json.load(open(metrics))
 print()
 print('=' * 64)
@@ -53,6 +60,7 @@ print(f'train time (incl. start-up and the final validation): {(t1 - t0) / 60:.1
 print(f'checkpoint:  {ckpt}')
 print(f'metrics:     {metrics}')
 print(f'predictions: {work}/predictions/  (grid: {work}/predictions/grid.png)')
+print(f'features:    {features}  (tools/analysis/visualize.py, README "Look inside")')
 print(f'train log:   {work}/<timestamp>/<timestamp>.log')
 print('=' * 64)
 PYEOF
