@@ -24,6 +24,15 @@ TINY: Dict[str, Dict[str, dict]] = {
         'swin-abs-pos': dict(arch=dict(embed_dims=16, depths=(1, 2), num_heads=(2, 2)),
                              use_abs_pos_embed=True, pretrain_img_size=32, out_indices=(1,)),
     },
+    'SwinV2Backbone': {
+        'swinv2': dict(arch=dict(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4)),
+                       window_size=(3, 5), pretrained_window_sizes=(4, 0, 3, 0),
+                       drop_path_rate=0.1, out_indices=(0, 1, 3)),
+        'swinv2-per-stage': dict(arch=dict(embed_dims=16, depths=(2, 3), num_heads=(2, 2),
+                                           extra_norm_every_n_blocks=2),
+                                 window_size=((4, 3), 2), pretrained_window_sizes=(6, 0),
+                                 out_indices=(1,)),
+    },
     'ViTBackbone': {
         'vit': dict(arch=dict(embed_dims=32, depth=4, num_heads=2), patch_size=8, img_size=64,
                     window_size=3, pretrain_img_size=48, residual_block_indexes=(1,),

@@ -4,9 +4,11 @@
     python tools/convert_weights.py swin_tiny_patch4_window7_224.pth swin_t_ours.pth
     python tools/convert_weights.py mae_pretrain_vit_base.pth vit_b_ours.pth --model vit
     python tools/convert_weights.py ckpt.pth out.pth --window-size 12   # resize bias tables
+    python tools/convert_weights.py swinv2_tiny_patch4_window8_256.pth swinv2_t_ours.pth
 
 The source format is detected (official Microsoft Swin, Swin detection repo, timm, mmdet /
-mmpretrain for Swin; timm / DeiT / MAE, SAM, detectron2 ViTDet for ViT). Files are read with
+mmpretrain for Swin; official, timm, mmpretrain for Swin V2; timm / DeiT / MAE, SAM, detectron2
+ViTDet for ViT). Files are read with
 ``torch.load(weights_only=True)``; the output is ``{'state_dict': sd, 'meta': {...}}``, loadable
 with ``init_cfg=dict(type='Pretrained', checkpoint=OUT)``.
 """
@@ -22,10 +24,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from vitdet_plugin.weights import (CheckpointError, checkpoint_state_dict,  # noqa: E402
                                    load_checkpoint_file)
 from vitdet_plugin.weights.swin import convert_swin, detect_swin_format  # noqa: E402
+from vitdet_plugin.weights.swin_v2 import convert_swin_v2, detect_swin_v2_format
 from vitdet_plugin.weights.vit import convert_vit, detect_vit_format  # noqa: E402
 
 
-DETECTORS = {'swin': detect_swin_format, 'vit': detect_vit_format}
+DETECTORS = {'swin': detect_swin_format, 'swinv2': detect_swin_v2_format,
+             'vit': detect_vit_format}
 
 
 def _detect(sd) -> Tuple[str, str]:
@@ -45,11 +49,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('src', help='input checkpoint')
     p.add_argument('dst', help='output checkpoint (.pth)')
-    p.add_argument('--model', choices=['auto', 'swin', 'vit'], default='auto')
+    p.add_argument('--model', choices=['auto', *DETECTORS], default='auto')
     p.add_argument('--prefix', default=None,
                    help="keep only the keys under this prefix, removed (e.g. 'encoder.')")
     p.add_argument('--window-size', type=int, nargs='+', default=None, metavar='N',
-                   help='Swin: target window size (h [w]); bias tables are resized')
+                   help='Swin V1: target window size (h [w]); bias tables are resized (Swin '
+                        'V2 has none: give the model pretrained_window_sizes instead)')
     p.add_argument('--src-window-size', type=int, nargs=2, default=None, metavar=('H', 'W'),
                    help='Swin: the window (h w) the checkpoint was trained with, needed only '
                         'for rectangular windows of checkpoints without relative_position_index')
@@ -71,9 +76,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             converted, dropped = convert_swin(
                 sd, window_size=window, pos_grid=pos_grid, src_format=fmt,
                 src_window_size=tuple(args.src_window_size) if args.src_window_size else None)
+        elif window or args.src_window_size:
+            p.error('--window-size / --src-window-size apply to Swin V1 checkpoints only')
+        elif model == 'swinv2':
+            if pos_grid:
+                p.error('--pos-grid does not apply to Swin V2 checkpoints')
+            converted, dropped = convert_swin_v2(sd, src_format=fmt)
         else:
-            if window or args.src_window_size:
-                p.error('--window-size / --src-window-size apply to Swin checkpoints only')
             converted, dropped = convert_vit(sd, pos_grid=pos_grid, src_format=fmt)
     except (CheckpointError, FileNotFoundError) as e:
         print(f'error: {e}', file=sys.stderr)

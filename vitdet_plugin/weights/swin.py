@@ -46,6 +46,10 @@ def detect_swin_format(sd: Mapping[str, Tensor]) -> str:
     keys = list(sd)
     backbone = [k[len('backbone.'):] for k in keys if k.startswith('backbone.')]
     inner = backbone or keys
+    if any(re.search(r'(^|\.)(logit_scale|cpb_mlp\.\d+\.weight)$', k) for k in inner):
+        raise CheckpointError(
+            'this is a Swin V2 checkpoint (logit_scale / cpb_mlp keys): load it with '
+            "type='SwinV2Backbone' (tools/convert_weights.py --model swinv2), not SwinBackbone")
     if any(k.startswith('stages.') and '.w_msa.' in k for k in inner) or any(
             k.startswith('patch_embed.projection.') for k in inner):
         return 'mmdet'

@@ -1,7 +1,8 @@
 """Backbones; each declares the :class:`BackboneContract` (outputs, layer ids, no-decay names)."""
 from .base import ArchSpec, BackboneContract, check_contract
 from .swin import SwinArch, SwinBackbone
+from .swin_v2 import SwinV2Arch, SwinV2Backbone
 from .vit import ViTArch, ViTBackbone
 
 __all__ = ['ArchSpec', 'BackboneContract', 'check_contract', 'SwinArch', 'SwinBackbone',
-           'ViTArch', 'ViTBackbone']
+           'SwinV2Arch', 'SwinV2Backbone', 'ViTArch', 'ViTBackbone']

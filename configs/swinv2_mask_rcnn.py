@@ -1,0 +1,37 @@
+# Mask R-CNN, Swin V2-T (vitdet_plugin SwinV2Backbone) + FPN, COCO 2017 instance segmentation,
+# 1x AdamW: configs/swin_mask_rcnn.py with the Swin V2 backbone.
+#
+# Windows of 16 in every stage, fine-tuned from the official ImageNet-1k window-8 checkpoint
+# (swinv2_tiny_patch4_window8_256.pth, or timm's swinv2_tiny_window8_256): set
+#   model.backbone.init_cfg=dict(type='Pretrained', checkpoint='swinv2_tiny_patch4_window8_256.pth')
+# pretrained_window_sizes tells the position-bias MLP how that checkpoint normalised its
+# relative coordinates (by its 8x8 windows), so it keeps its meaning in the 16x16 windows.
+# For the window-16 checkpoint (swinv2_tiny_patch4_window16_256; its last stage ran 8x8
+# windows at 256 px) use pretrained_window_sizes=(16, 16, 16, 8); for the published 12-to-16
+# fine-tunes (12, 12, 12, 6). Official, timm and mmpretrain layouts are recognised.
+_base_ = [
+    './_base_/models/mask-rcnn_swin-t_fpn.py',
+    './_base_/datasets/coco_instance.py',
+    './_base_/schedules/adamw_1x.py',
+    './_base_/default_runtime.py',
+]
+model = dict(
+    backbone=dict(
+        _delete_=True,
+        type='SwinV2Backbone',
+        arch='tiny',
+        window_size=16,
+        pretrained_window_sizes=(8, 8, 8, 8),
+        drop_path_rate=0.2,
+        out_indices=(0, 1, 2, 3),  # FPN in_channels [96, 192, 384, 768] from the base
+        with_cp=False))
+# as the official Swin V2 recipe: no weight decay on the logit scales and the position-bias
+# MLP either (added to the base's absolute_pos_embed / relative_position_bias_table / norm)
+optim_wrapper = dict(
+    paramwise_cfg=dict(
+        custom_keys={
+            'logit_scale': dict(decay_mult=0.),
+            'cpb_mlp': dict(decay_mult=0.),
+            'q_bias': dict(decay_mult=0.),
+            'v_bias': dict(decay_mult=0.),
+        }))

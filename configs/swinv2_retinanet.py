@@ -1,0 +1,29 @@
+# RetinaNet, Swin V2-T (vitdet_plugin SwinV2Backbone) + FPN, COCO 2017, 1x AdamW:
+# configs/swin_retinanet.py with the Swin V2 backbone (window 8, as its ImageNet checkpoint).
+# ImageNet weights: set
+#   model.backbone.init_cfg=dict(type='Pretrained', checkpoint='swinv2_tiny_patch4_window8_256.pth')
+# (official, timm and mmpretrain Swin V2 checkpoints are recognised; the window equals the
+# pretraining one, so pretrained_window_sizes stays 0).
+_base_ = [
+    './_base_/models/retinanet_swin-t_fpn.py',
+    './_base_/datasets/coco_detection.py',
+    './_base_/schedules/adamw_1x.py',
+    './_base_/default_runtime.py',
+]
+model = dict(
+    backbone=dict(
+        _delete_=True,
+        type='SwinV2Backbone',
+        arch='tiny',
+        window_size=8,
+        drop_path_rate=0.2,
+        out_indices=(1, 2, 3),  # only the levels the FPN uses (unused ones break DDP)
+        with_cp=False))
+optim_wrapper = dict(
+    paramwise_cfg=dict(
+        custom_keys={
+            'logit_scale': dict(decay_mult=0.),
+            'cpb_mlp': dict(decay_mult=0.),
+            'q_bias': dict(decay_mult=0.),
+            'v_bias': dict(decay_mult=0.),
+        }))

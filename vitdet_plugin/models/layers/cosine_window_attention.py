@@ -1,0 +1,119 @@
+"""Swin V2 window attention: scaled cosine attention with a continuous position bias.
+
+``softmax(normalize(q) normalize(k)^T * exp(min(logit_scale, log 100)) + 16 sigmoid(cpb) + mask) v``
+as in the official Swin V2 code, timm and mmpretrain. The logit scale is folded into the
+normalised queries, so ``F.scaled_dot_product_attention`` runs with ``scale=1`` and the position
+bias (plus the shift mask, windows folded into the heads as in :class:`WindowAttention`) as its
+``attn_mask``.
+"""
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ...functional import SizeCache, attend, relative_position_index, window_bias
+from ...functional.cpb import log_spaced_relative_coords
+from ..accel import check_accel, plan_for_tensor, recompute_attention
+from .attention import Attention
+
+#: ``logit_scale`` starts at ``log(10)``: cosine similarities are multiplied by 10 at first.
+LOGIT_SCALE_INIT = math.log(10.0)
+#: The exponentiated logit scale is clamped at 100 (``logit_scale <= log(100)``).
+LOGIT_SCALE_MAX = math.log(100.0)
+#: Hidden width of the position-bias MLP (``cpb_mlp``).
+CPB_HIDDEN = 512
+#: The position bias is ``CPB_BIAS_SCALE * sigmoid(mlp(coords))``, in ``(0, 16)``.
+CPB_BIAS_SCALE = 16.0
+
+#: (log-spaced coordinates, flattened index) per (window, pretrained window, device).
+_POSITIONS: SizeCache[Tuple[Tensor, Tensor]] = SizeCache()
+
+
+class CosineWindowAttention(Attention):
+    """Swin V2 multi-head attention inside ``wh x ww`` windows.
+
+    Parameters as in the official layout: ``qkv`` (no bias), ``q_bias`` and ``v_bias`` (the
+    key has none), ``logit_scale`` ``(heads, 1, 1)``, ``cpb_mlp`` (``Linear(2, 512)``, ReLU,
+    ``Linear(512, heads, bias=False)``), ``proj``. The coordinates and index fed to
+    ``cpb_mlp`` are derived from the window per device, not stored (checkpoint buffers
+    ``relative_coords_table`` / ``relative_position_index`` are dropped by the converters).
+
+    Args:
+        dim, num_heads: token channels and heads.
+        window_size: ``(wh, ww)``.
+        pretrained_window_size: ``(ph, pw)`` the model was pretrained with; relative offsets are
+            normalised by it (``(0, 0)``: by the window itself).
+        qkv_bias: learn ``q_bias`` and ``v_bias``.
+        attn_drop, proj_drop, fused: see :class:`Attention`.
+        accel: ``'auto'`` recomputes the attention in backward on the CPU; ``'off'``: the
+            plain path everywhere (see :mod:`~vitdet_plugin.models.accel`).
+    """
+
+    def __init__(self, dim: int, num_heads: int, window_size: Tuple[int, int],
+                 pretrained_window_size: Tuple[int, int] = (0, 0), qkv_bias: bool = True,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0, fused: bool = True,
+                 accel: str = 'off') -> None:
+        super().__init__(dim, num_heads, qkv_bias=False, attn_drop=attn_drop,
+                         proj_drop=proj_drop, fused=fused, scale=1.0)  # scale is in q
+        self.window_size = tuple(window_size)
+        self.pretrained_window_size = tuple(pretrained_window_size)
+        self.accel = check_accel(accel)
+        self.logit_scale = nn.Parameter(torch.full((num_heads, 1, 1), LOGIT_SCALE_INIT))
+        self.cpb_mlp = nn.Sequential(nn.Linear(2, CPB_HIDDEN), nn.ReLU(inplace=True),
+                                     nn.Linear(CPB_HIDDEN, num_heads, bias=False))
+        if qkv_bias:
+            self.q_bias = nn.Parameter(torch.zeros(dim))
+            self.v_bias = nn.Parameter(torch.zeros(dim))
+        else:
+            self.register_parameter('q_bias', None)
+            self.register_parameter('v_bias', None)
+
+    def qkv_heads(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """``(B, N, C)`` -> q, k, v ``(B, heads, N, d)``; the key bias is zero."""
+        bias = None
+        if self.q_bias is not None:
+            bias = torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])
+        b, n, _ = x.shape
+        qkv = F.linear(x, self.qkv.weight, bias).view(b, n, 3, self.num_heads, self.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        return q, k, v
+
+    def position_bias(self) -> Tensor:
+        """The ``(1, heads, N, N)`` continuous position bias of one window."""
+        weight = self.cpb_mlp[0].weight
+        key = (self.window_size, self.pretrained_window_size, weight.device)
+        coords, index = _POSITIONS.get(key, lambda: (
+            log_spaced_relative_coords(self.window_size, self.pretrained_window_size,
+                                       weight.device),
+            relative_position_index(self.window_size).view(-1).to(weight.device)))
+        table = self.cpb_mlp(coords.to(weight.dtype)).view(-1, self.num_heads)  # (T, heads)
+        n = self.window_size[0] * self.window_size[1]
+        bias = table[index].view(n, n, self.num_heads).permute(2, 0, 1)          # (heads, N, N)
+        return (CPB_BIAS_SCALE * torch.sigmoid(bias)).unsqueeze(0)
+
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:  # type: ignore[override]
+        """``x``: windows ``(B * nW, N, C)``; ``mask``: ``(nW, N, N)`` shift mask or None."""
+        bw, n, c = x.shape
+        heads, d = self.num_heads, self.head_dim
+        q, k, v = self.qkv_heads(x)                                  # (B * nW, heads, N, d)
+        scale = self.logit_scale.clamp(max=LOGIT_SCALE_MAX).exp()    # (heads, 1, 1)
+        q = F.normalize(q, dim=-1) * scale.to(q.dtype)               # cosine logits * scale
+        k = F.normalize(k, dim=-1)
+        bias = self.position_bias()                                  # (1, heads, N, N)
+        if mask is not None:
+            # windows folded into the heads: the bias + mask of one image broadcasts over B
+            nw = mask.shape[0]
+            q, k, v = (t.reshape(bw // nw, nw * heads, n, d) for t in (q, k, v))
+        if (bias.requires_grad and self.fused and self.dropout_p == 0
+                and plan_for_tensor(q, self.accel).recompute_attention):
+            out = recompute_attention(q, k, v, bias, mask, 1.0)
+        else:
+            out = attend(q, k, v, window_bias(bias, mask), self.dropout_p, self.fused, 1.0)
+        out = out.reshape(bw, heads, n, d).transpose(1, 2).reshape(bw, n, c)
+        return self.proj_drop(self.proj(out))
+
+    def extra_repr(self) -> str:
+        return (f'window_size={self.window_size}, pretrained_window_size='
+                f'{self.pretrained_window_size}, ' + super().extra_repr())

@@ -1,0 +1,180 @@
+"""Swin V2 checkpoint converters: pure ``state_dict -> state_dict`` functions.
+
+Our layout is the official Microsoft one (``layers.{i}.blocks.{j}.attn.{qkv, q_bias, v_bias,
+logit_scale, cpb_mlp.{0,2}, proj}``, downsample at the end of stage ``i``) plus detection output
+norms ``norm{i}``. Accepted sources:
+
+* ``official``: microsoft/Swin-Transformer V2 (``{'model': sd}``, ``head.*``, final ``norm.*``,
+  ``relative_coords_table`` / ``relative_position_index`` / ``attn_mask`` buffers);
+* ``timm``: timm ``swinv2_*`` (downsample at the start of stage ``i + 1``, ``head.fc``, no
+  buffers);
+* ``mmpretrain``: mmpretrain ``SwinTransformerV2`` (``stages.{i}.blocks.{j}.attn.w_msa``,
+  ``ffn.layers``, ``patch_embed.projection``, Unfold-ordered downsample at the start of stages
+  ``1..``, ``norm{i}`` output norms, usually under ``backbone.``);
+* ``ours``: this package's layout (possibly ``backbone.``-prefixed in a detector checkpoint).
+
+Position-bias tables need no resizing in V2: ``cpb_mlp`` takes coordinates, and the model's
+``pretrained_window_sizes`` tell it how the checkpoint normalised them.
+"""
+import logging
+import re
+from typing import Iterable, List, Mapping, Optional, Tuple, Union
+
+from torch import Tensor, nn
+
+from ..functional.cpb import CPB_COORD_RANGE
+from .common import (CheckpointError, StateDict, checkpoint_state_dict, drop_keys,
+                     load_state_dict_checked, select_prefix)
+from .swin import _MMDET_RENAMES, _from_timm, _unfold_to_official
+
+logger = logging.getLogger('vitdet_plugin')
+
+SWIN_V2_FORMATS = ('official', 'timm', 'mmpretrain', 'ours')
+
+#: Keys of classification heads, final norms and derived buffers (rebuilt from the window).
+_NON_BACKBONE = (r'^head\.', r'^norm\.', r'relative_coords_table$', r'relative_position_index$',
+                 r'attn_mask$', r'k_bias$', r'^fc_norm\.', r'^avgpool\.')
+_V2_KEY = re.compile(r'(^|\.)(logit_scale|cpb_mlp\.\d+\.weight)$')
+_OUTPUT_NORM = re.compile(r'^norm(\d+)\.')
+#: Windows read back from a coordinate table are rounded within this (fp32 log / exp).
+WINDOW_TOLERANCE = 1e-2
+
+
+def is_swin_v2(keys: Iterable[str]) -> bool:
+    """Whether state-dict keys hold Swin V2 attention (``logit_scale`` / ``cpb_mlp``)."""
+    return any(_V2_KEY.search(k) for k in keys)
+
+
+def detect_swin_v2_format(sd: Mapping[str, Tensor]) -> str:
+    """Name the layout of a Swin V2 state dict (one of :data:`SWIN_V2_FORMATS`); a Swin V1
+    or unrelated checkpoint raises :class:`CheckpointError` saying what it is."""
+    keys = list(sd)
+    inner = [k[len('backbone.'):] for k in keys if k.startswith('backbone.')] or keys
+    if not is_swin_v2(inner):
+        if any(k.endswith('relative_position_bias_table') for k in inner):
+            raise CheckpointError(
+                'this is a Swin V1 checkpoint (relative_position_bias_table, no logit_scale / '
+                "cpb_mlp keys): load it with type='SwinBackbone', or give SwinV2Backbone a "
+                'Swin V2 checkpoint')
+        raise CheckpointError(
+            'unrecognised checkpoint format: no Swin V2 attention weights found (expected '
+            "keys like 'layers.0.blocks.0.attn.logit_scale' (official/timm/ours) or "
+            "'stages.0.blocks.0.attn.w_msa.logit_scale' (mmpretrain)); first keys: "
+            f'{keys[:5]}')
+    if any(k.startswith('stages.') for k in inner):
+        return 'mmpretrain'
+    downs = {int(m.group(1)) for k in inner
+             for m in [re.match(r'layers\.(\d+)\.downsample\.', k)] if m}
+    if downs and min(downs) > 0:
+        return 'timm'
+    if any(_OUTPUT_NORM.match(k) for k in inner) and not any(
+            re.search(r'relative_coords_table$|^head\.', k) for k in inner):
+        return 'ours'
+    return 'official'
+
+
+def _from_mmpretrain(sd: StateDict) -> StateDict:
+    """mmpretrain names -> official ones; downsample reduction columns from Unfold order (its
+    post-norm acts on the 2C output, in the same order); downsample moved as timm's."""
+    out = {}
+    for k, v in sd.items():
+        for pattern, repl in _MMDET_RENAMES:
+            new = re.sub(pattern, repl, k)
+            if new != k:
+                k = new
+                break
+        if re.match(r'layers\.\d+\.downsample\.reduction\.', k):
+            v = _unfold_to_official(v)
+        out[k] = v
+    return _from_timm(out)
+
+
+def convert_swin_v2(sd: Mapping[str, Tensor], src_format: Optional[str] = None
+                    ) -> Tuple[StateDict, List[str]]:
+    """Convert a Swin V2 state dict of any supported layout to ours.
+
+    Returns the converted state dict and the names of the dropped keys (classification head,
+    final norm, derived buffers, neck/head keys of detection checkpoints).
+    """
+    fmt = src_format or detect_swin_v2_format(sd)
+    if fmt not in SWIN_V2_FORMATS:
+        raise ValueError(f'unknown Swin V2 format {fmt!r}; one of {SWIN_V2_FORMATS}')
+    sd = dict(sd)
+    dropped: List[str] = []
+    if any(k.startswith('backbone.') for k in sd):
+        dropped += [k for k in sd if not k.startswith('backbone.')]
+        sd = select_prefix(sd, 'backbone.')
+    sd, dropped_now = drop_keys(sd, _NON_BACKBONE)
+    dropped += dropped_now
+    if fmt == 'mmpretrain':
+        sd = _from_mmpretrain(sd)
+    elif fmt == 'timm':
+        sd = _from_timm(sd)
+    return sd, dropped
+
+
+_COORDS_TABLE = re.compile(
+    r'^(?:backbone\.)?(?:layers|stages)\.(\d+)\.blocks\.0\.attn\.(?:w_msa\.)?relative_coords_table$')
+
+
+def coords_table_window(table: Tensor) -> Tuple[Optional[float], Optional[float]]:
+    """The window ``(h, w)`` whose size minus one normalised the offsets of a checkpoint's
+    ``relative_coords_table`` ``(1, 2wh - 1, 2ww - 1, 2)`` (its pretrained window, or its own),
+    read back from the largest offset; None for a one-token axis."""
+    corner = table.reshape(table.shape[-3], table.shape[-2], 2)[-1, -1].double()
+    offsets = ((table.shape[-3] - 1) // 2, (table.shape[-2] - 1) // 2)
+    # value = log2(8 * offset / norm + 1) / log2(8)  ->  norm = 8 * offset / (8 ** value - 1)
+    return tuple(  # type: ignore[return-value]
+        CPB_COORD_RANGE * off / (CPB_COORD_RANGE ** v.item() - 1) + 1 if off else None
+        for off, v in zip(offsets, corner))
+
+
+def check_pretrained_windows(sd: Mapping[str, Tensor], model: nn.Module) -> List[str]:
+    """Warnings for stages whose checkpoint normalised relative offsets by another window
+    than the model does (``pretrained_window_sizes`` not matching the checkpoint); only
+    official and mmpretrain checkpoints keep the ``relative_coords_table`` this reads."""
+    warnings = []
+    for key, table in sd.items():
+        m = _COORDS_TABLE.match(key)
+        if m is None or int(m.group(1)) >= len(model.layers):
+            continue
+        stage = int(m.group(1))
+        attn = model.layers[stage].blocks[0].attn
+        used = [p if p > 0 else w for p, w in zip(attn.pretrained_window_size, attn.window_size)]
+        found = coords_table_window(table)
+        if any(f is not None and abs(f - u) > WINDOW_TOLERANCE and max(u, f) > 1
+               for f, u in zip(found, used)):
+            text = 'x'.join(f'{f:g}' if f is not None else '1' for f in found)
+            warnings.append(f'stage {stage}: the checkpoint normalised relative offsets by '
+                            f'{text} windows, the model by {used[0]}x{used[1]}; set '
+                            f'pretrained_window_sizes[{stage}] to the checkpoint\'s window')
+    for w in warnings:
+        logger.warning('Swin V2 checkpoint: %s', w)
+    return warnings
+
+
+def load_swin_v2_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Tensor]],
+                            prefix: Optional[str] = None) -> List[str]:
+    """Load a Swin V2 checkpoint of any supported format into a ``SwinV2Backbone``.
+
+    Strict: a shape mismatch, a missing backbone weight or a leftover key raises
+    :class:`CheckpointError` naming the keys. Only the detection output norms ``norm{i}`` may be
+    absent (classification checkpoints have none); output norms of stages outside the model's
+    ``out_indices`` are skipped. A checkpoint whose ``relative_coords_table`` shows other
+    offset normalisers than the model's ``pretrained_window_sizes`` gets a warning per stage
+    (:func:`check_pretrained_windows`). Returns the names of the keys not loaded.
+    """
+    sd = checkpoint_state_dict(checkpoint, prefix)
+    converted, dropped = convert_swin_v2(sd)
+    check_pretrained_windows(sd, model)
+    spare = [k for k in converted
+             if (m := _OUTPUT_NORM.match(k)) and int(m.group(1)) not in model.out_indices]
+    for k in spare:
+        del converted[k]
+    dropped += spare
+    if dropped:
+        logger.info('Swin V2 checkpoint: ignored %d keys (e.g. %s)', len(dropped),
+                    ', '.join(dropped[:5]))
+    load_state_dict_checked(model, converted, allow_missing=[r'^norm\d+\.'],
+                            source='Swin V2 checkpoint')
+    return dropped
