@@ -9,7 +9,7 @@ from .version import __version__
 
 compat.apply()
 
-from . import models  # noqa: E402,F401  (registers modules)
+from . import models  # noqa: E402  (registers modules)
 from . import engine  # noqa: E402,F401  (registers the optimizer constructor)
 
 __all__ = ['__version__', 'compat', 'models']

@@ -179,7 +179,8 @@ def _texture(rng: np.random.Generator, size: int, colour: np.ndarray) -> np.ndar
 
 
 def _pick_colour(rng: np.random.Generator, background: np.ndarray) -> np.ndarray:
-    best, best_d = None, -1.0
+    best: Optional[np.ndarray] = None
+    best_d = -1.0
     for _ in range(10):
         colour = rng.uniform(0, 255, 3).astype(np.float32)
         d = float(np.linalg.norm(colour - background))
@@ -187,6 +188,8 @@ def _pick_colour(rng: np.random.Generator, background: np.ndarray) -> np.ndarray
             return colour
         if d > best_d:
             best, best_d = colour, d
+    if best is None:  # unreachable: the first draw's distance (>= 0) beats -1
+        raise RuntimeError('_pick_colour drew no colour')
     return best
 
 

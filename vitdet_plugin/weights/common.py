@@ -10,7 +10,7 @@ import os
 import pickle
 import re
 import urllib.parse
-from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple, Union
+from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -239,6 +239,14 @@ def drop_keys(sd: Mapping[str, Tensor], patterns: Iterable[str]) -> Tuple[StateD
         else:
             kept[k] = v
     return kept, dropped
+
+
+def hw_pair(size: Sequence[int], name: str) -> Tuple[int, int]:
+    """``size`` (a tuple, a config's list, a ``torch.Size``) as an ``(h, w)`` tuple; any other
+    length raises a ``ValueError`` naming ``name``."""
+    if len(size) != 2:
+        raise ValueError(f'{name} must be a pair (h, w), got {tuple(size)!r}')
+    return size[0], size[1]
 
 
 class LoadReport(NamedTuple):

@@ -15,7 +15,7 @@ official PatchMerging channel order) plus detection output norms ``norm{i}``. Ac
 import logging
 import math
 import re
-from typing import List, Mapping, Optional, Tuple, Union
+from typing import List, Mapping, Optional, Tuple, Union, cast
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ..functional import (bias_table_size, interpolation_dtype, relative_position_index,
                           resize_pos_grid)
-from .common import (CheckpointError, StateDict, checkpoint_state_dict, drop_keys,
+from .common import (CheckpointError, StateDict, checkpoint_state_dict, drop_keys, hw_pair,
                      load_state_dict_checked, select_prefix)
 
 logger = logging.getLogger('vitdet_plugin')
@@ -241,10 +241,10 @@ def convert_swin(sd: Mapping[str, Tensor], window_size: Optional[Tuple[int, int]
     if 'absolute_pos_embed' in sd:
         pos = sd['absolute_pos_embed']
         if pos.dim() == 3:
-            pos = _tokens_to_grid(pos, tuple(pos_grid) if pos_grid is not None else None,
-                                  square_source=fmt == 'official')
+            pos = _tokens_to_grid(pos, hw_pair(pos_grid, 'pos_grid') if pos_grid is not None
+                                  else None, square_source=fmt == 'official')
         if pos_grid is not None:
-            pos = resize_pos_grid(pos, tuple(pos_grid))
+            pos = resize_pos_grid(pos, hw_pair(pos_grid, 'pos_grid'))
         sd['absolute_pos_embed'] = pos
     if window_size is not None:
         tables = [k for k in sd if k.endswith('relative_position_bias_table')]
@@ -259,8 +259,9 @@ def convert_swin(sd: Mapping[str, Tensor], window_size: Optional[Tuple[int, int]
                 ww, wh)
         for k in tables:
             sd[k] = resize_rel_pos_bias_table(
-                sd[k], tuple(window_size),
-                tuple(src_window_size) if src_window_size is not None else None)
+                sd[k], hw_pair(window_size, 'window_size'),
+                hw_pair(src_window_size, 'src_window_size') if src_window_size is not None
+                else None)
     return sd, dropped
 
 
@@ -271,7 +272,7 @@ def _source_window(sd: Mapping[str, Tensor],
     index = next((v for k, v in sd.items() if k.endswith('relative_position_index')), None)
     found = window_from_index(index) if index is not None else None
     if found is None:
-        return tuple(given) if given is not None else None
+        return hw_pair(given, 'src_window_size') if given is not None else None
     if given is not None and tuple(given) != found:
         raise CheckpointError(
             f'src_window_size={tuple(given)} contradicts the checkpoint, whose '
@@ -303,9 +304,12 @@ def swin_to_mmdet(sd: Mapping[str, Tensor]) -> StateDict:
     out = {}
     for k, v in sd.items():
         k2 = k.replace('patch_embed.proj.', 'patch_embed.projection.')
-        k2 = re.sub(r'^layers\.(\d+)\.blocks\.(\d+)\.attn\.', r'stages.\1.blocks.\2.attn.w_msa.', k2)
-        k2 = re.sub(r'^layers\.(\d+)\.blocks\.(\d+)\.mlp\.fc1\.', r'stages.\1.blocks.\2.ffn.layers.0.0.', k2)
-        k2 = re.sub(r'^layers\.(\d+)\.blocks\.(\d+)\.mlp\.fc2\.', r'stages.\1.blocks.\2.ffn.layers.1.', k2)
+        k2 = re.sub(r'^layers\.(\d+)\.blocks\.(\d+)\.attn\.',
+                    r'stages.\1.blocks.\2.attn.w_msa.', k2)
+        k2 = re.sub(r'^layers\.(\d+)\.blocks\.(\d+)\.mlp\.fc1\.',
+                    r'stages.\1.blocks.\2.ffn.layers.0.0.', k2)
+        k2 = re.sub(r'^layers\.(\d+)\.blocks\.(\d+)\.mlp\.fc2\.',
+                    r'stages.\1.blocks.\2.ffn.layers.1.', k2)
         k2 = re.sub(r'^layers\.', 'stages.', k2)
         if re.match(r'stages\.\d+\.downsample\.(reduction|norm)\.', k2):
             v = _official_to_unfold(v)
@@ -330,19 +334,22 @@ def load_swin_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, T
     Returns the names of the dropped checkpoint keys (head, buffers, detector neck/head).
     """
     sd = checkpoint_state_dict(checkpoint, prefix)
-    grid = (tuple(model.absolute_pos_embed.shape[-2:])
+    # a SwinBackbone's attributes (weights/ cannot import the models to type ``model``)
+    window_size = cast(Tuple[int, int], model.window_size)
+    grid = (hw_pair(cast(Tensor, model.absolute_pos_embed).shape[-2:], 'absolute_pos_embed')
             if getattr(model, 'use_abs_pos_embed', False) else None)
-    converted, dropped = convert_swin(sd, window_size=model.window_size, pos_grid=grid,
+    converted, dropped = convert_swin(sd, window_size=window_size, pos_grid=grid,
                                       src_window_size=src_window_size)
     # output norms of stages this model does not return (trained with other out_indices)
+    out_indices = cast(Tuple[int, ...], model.out_indices)
     norm_stages = {k: _OUTPUT_NORM.match(k) for k in converted}
     spare = [k for k, m in norm_stages.items()
-             if m is not None and int(m.group(1)) not in model.out_indices]
+             if m is not None and int(m.group(1)) not in out_indices]
     for k in spare:
         del converted[k]
     if spare:
         logger.info('Swin checkpoint: output norms of stages outside out_indices=%s not used: '
-                    '%s', model.out_indices, ', '.join(spare))
+                    '%s', out_indices, ', '.join(spare))
         dropped = dropped + spare
     if dropped:
         logger.info('Swin checkpoint: ignored %d non-backbone keys (e.g. %s)', len(dropped),

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import resize_pos_grid, resize_rel_pos
-from .common import (CheckpointError, StateDict, checkpoint_state_dict, drop_keys,
+from .common import (CheckpointError, StateDict, checkpoint_state_dict, drop_keys, hw_pair,
                      load_state_dict_checked, select_prefix, unwrap_state_dict)
 from .common import load_numpy_pickle  # noqa: F401  (its home before common.py; still importable)
 
@@ -71,7 +71,7 @@ def detect_vit_format(sd: Mapping[str, Tensor]) -> str:
     if len(inner) != len(keys):  # a detector checkpoint with our backbone
         return 'ours'
     pos = sd.get('pos_embed')
-    if pos is not None and pos.dim() == 4 or any(k.startswith('neck.') for k in keys):
+    if (pos is not None and pos.dim() == 4) or any(k.startswith('neck.') for k in keys):
         return 'timm_samvit'
     if any(k.startswith('decoder_') or k == 'mask_token' for k in keys):
         return 'mae'
@@ -118,6 +118,7 @@ def split_pos_embed(pos: Tensor, num_prefix_tokens: int = 0,
         raise CheckpointError(f'pos_embed must be (1, N, C) or (1, H, W, C), got '
                               f'{tuple(pos.shape)}')
     n = pos.shape[1]
+    p: Optional[int]
     if (grid is not None and square_source and grid[0] != grid[1]
             and _is_square(n - num_prefix_tokens)):
         grid = None
@@ -173,7 +174,7 @@ def simple_fpn_to_detectron2(sd: Mapping[str, Tensor], scale_factors: Sequence[f
             raise CheckpointError(f'{k!r} is not a ViTSimpleFPN key')
         kind, i, rest = m.group(1), int(m.group(2)), m.group(3)
         scale = float(scale_factors[i])
-        s, n = int(round(math.log2(in_stride / scale))), _RESAMPLE_LAYERS[scale]
+        s, n = round(math.log2(in_stride / scale)), _RESAMPLE_LAYERS[scale]
         if kind == 'scales':
             out[f'simfp_{s}.{rest}'] = v
         else:
@@ -245,7 +246,8 @@ def convert_vit(sd: Mapping[str, Tensor],
     dropped: List[str] = []
     pyramid: StateDict = {}
     pyramid_src: List[str] = []
-    prefix = {'sam': 'image_encoder.', 'detectron2': 'backbone.'}.get(fmt)
+    prefixes = {'sam': 'image_encoder.', 'detectron2': 'backbone.'}
+    prefix = prefixes.get(fmt)
     if prefix is None and fmt in ('ours', 'mmpretrain') and any(
             k.startswith('backbone.') for k in sd):
         prefix = 'backbone.'
@@ -253,7 +255,7 @@ def convert_vit(sd: Mapping[str, Tensor],
         dropped += [k for k in sd if not k.startswith(prefix)]
         sd = select_prefix(sd, prefix)
     if fmt == 'detectron2':
-        pyramid_src = [prefix + k for k in sd if k.startswith('simfp_')]
+        pyramid_src = [prefixes['detectron2'] + k for k in sd if k.startswith('simfp_')]
         pyramid = convert_simple_fpn({k: v for k, v in sd.items() if k.startswith('simfp_')},
                                      in_stride)
         dropped += [k for k in sd if not k.startswith(('net.', 'simfp_'))]
@@ -301,7 +303,8 @@ def convert_vit(sd: Mapping[str, Tensor],
                 t_prefix, t_grid = t_layout
             else:
                 t_prefix = 1 if slots is not None else 0
-                t_grid = tuple(pos_grid) if pos_grid is not None else tuple(grid.shape[-2:])
+                t_grid = hw_pair(pos_grid if pos_grid is not None else grid.shape[-2:],
+                                 'pos_grid')
             if t_grid[0] < grid.shape[-2] or t_grid[1] < grid.shape[-1]:
                 logger.warning('ViT checkpoint: pos_embed grid %s is downsampled to the model\'s '
                                '%s; set pretrain_img_size to the checkpoint\'s image size (and '
