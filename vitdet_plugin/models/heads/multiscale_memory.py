@@ -12,7 +12,7 @@ and the projections' GroupNorm statistics are taken over the valid area only, so
 gives the same memory whatever it is batched with.
 """
 import math
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple, cast
 
 import torch
 from mmdet.models.layers.transformer.utils import coordinate_to_encoding
@@ -52,6 +52,18 @@ class FlatMemory(NamedTuple):
         return slices
 
 
+def _leading_hw(shape: Sequence[int]) -> Tuple[int, int]:
+    """The leading ``(h, w)`` of an mmdet shape (``img_shape``, ``batch_input_shape``)."""
+    h, w = shape[:2]
+    return int(h), int(w)
+
+
+def _conv_norm(proj: nn.Module) -> Tuple[nn.Conv2d, nn.GroupNorm]:
+    """The ``(conv, GroupNorm)`` pair of one input / extra projection (an ``nn.Sequential``)."""
+    conv, norm = cast(nn.Sequential, proj)
+    return cast(nn.Conv2d, conv), cast(nn.GroupNorm, norm)
+
+
 def image_shapes(batch_img_metas: Optional[Sequence[dict]], batch_size: int,
                  frame: Tuple[int, int]) -> Tuple[Tuple[int, int], List[Tuple[int, int]]]:
     """``(batch_input_shape, [img_shape, ...])`` from mmdet image metas.
@@ -68,11 +80,11 @@ def image_shapes(batch_img_metas: Optional[Sequence[dict]], batch_size: int,
         if 'img_shape' not in meta:
             raise KeyError(f"image meta has no 'img_shape' (keys: {sorted(meta)}); the data "
                            'preprocessor (DetDataPreprocessor) must set it')
-        shapes.append(tuple(int(s) for s in meta['img_shape'][:2]))
+        shapes.append(_leading_hw(meta['img_shape']))
     batch_shape = batch_img_metas[0].get('batch_input_shape')
     if batch_shape is None:
         batch_shape = (max(s[0] for s in shapes), max(s[1] for s in shapes))
-    return tuple(int(s) for s in batch_shape[:2]), shapes
+    return _leading_hw(batch_shape), shapes
 
 
 def _valid_mask(counts: Tensor, hw: Sequence[int]) -> Tensor:
@@ -140,8 +152,10 @@ class MultiScaleMemory(nn.Module):
 
     def reset_parameters(self) -> None:
         for proj in list(self.input_proj) + list(self.extra_proj):
-            nn.init.xavier_uniform_(proj[0].weight)
-            nn.init.zeros_(proj[0].bias)
+            conv, _ = _conv_norm(proj)
+            nn.init.xavier_uniform_(conv.weight)
+            if conv.bias is not None:  # built with bias=True: always there
+                nn.init.zeros_(conv.bias)
         nn.init.normal_(self.level_embed)
 
     def select(self, feats: Sequence[Tensor]) -> List[Tensor]:
@@ -193,17 +207,19 @@ class MultiScaleMemory(nn.Module):
             # pixel mask, the way mmdet's DETRs do): index < ceil(img / stride)
             counts = torch.minimum(
                 torch.ceil(img_hw / img_hw.new_tensor(stride)).clamp_min(1), size)
-            y = proj[0](x)
-            maps.append(masked_group_norm(y, _valid_mask(counts, y.shape[-2:]), proj[1]))
+            conv, norm = _conv_norm(proj)
+            y = conv(x)
+            maps.append(masked_group_norm(y, _valid_mask(counts, y.shape[-2:]), norm))
             valid_counts.append(counts)
             strides.append(stride)
         src, counts, stride = chosen[-1], valid_counts[-1], strides[-1]
         for proj in self.extra_proj:
             # zero the padded area so the stride-2 conv sees it as its own zero padding
-            y = proj[0](src * _valid_mask(counts, src.shape[-2:])[:, None].to(src.dtype))
+            conv, norm = _conv_norm(proj)
+            y = conv(src * _valid_mask(counts, src.shape[-2:])[:, None].to(src.dtype))
             counts = torch.ceil(counts / 2)
             stride = (stride[0] * 2, stride[1] * 2)
-            src = masked_group_norm(y, _valid_mask(counts, y.shape[-2:]), proj[1])
+            src = masked_group_norm(y, _valid_mask(counts, y.shape[-2:]), norm)
             maps.append(src)
             valid_counts.append(counts)
             strides.append(stride)
@@ -226,8 +242,8 @@ class MultiScaleMemory(nn.Module):
         pos = coordinate_to_encoding(token_xy, self.embed_dims // 2, self.pos_temperature,
                                      2 * math.pi)
         pos = pos + self.level_embed[level_ids].float()
-        memory = torch.cat(memory, 1)
-        return FlatMemory(memory, pos.to(memory.dtype), torch.cat(pad, 1), token_xy, level_ids,
+        tokens = torch.cat(memory, 1)
+        return FlatMemory(tokens, pos.to(tokens.dtype), torch.cat(pad, 1), token_xy, level_ids,
                           shapes)
 
     def extra_repr(self) -> str:

@@ -14,7 +14,7 @@ Pipeline (all in this head, so any backbone/neck feeding NCHW maps can use it th
 5. :class:`SetCriterion` on every decoder layer (auxiliary losses) and the encoder proposals;
    prediction = top-k over queries x classes, no NMS.
 """
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, cast
 
 import torch
 from mmdet.models.layers.transformer.utils import inverse_sigmoid
@@ -163,10 +163,11 @@ class SdpaDETRHead(BaseModule):
     def _init_head_weights(self) -> None:
         bias = bias_init_with_prob(CLS_PRIOR_PROB)
         for cls in self.cls_branches:
-            nn.init.constant_(cls.bias, bias)
+            nn.init.constant_(cast(nn.Linear, cls).bias, bias)
         for reg in self.reg_branches:
-            nn.init.zeros_(reg[-1].weight)
-            nn.init.zeros_(reg[-1].bias)
+            last = cast(nn.Linear, cast(nn.Sequential, reg)[-1])  # see _reg_mlp
+            nn.init.zeros_(last.weight)
+            nn.init.zeros_(last.bias)
         nn.init.normal_(self.query_embedding.weight)
         if self.ref_logits is not None:
             # centres spread uniformly over the image, small boxes (DAB-DETR style)
@@ -191,6 +192,8 @@ class SdpaDETRHead(BaseModule):
         ``two_stage``, the selected proposals' logits and boxes."""
         b, n, _ = memory.shape
         if not self.two_stage:
+            if self.ref_logits is None:  # built in __init__ whenever two_stage is False
+                raise RuntimeError('two_stage=False but the head has no ref_logits')
             query = self.query_embedding.weight[None].expand(b, -1, -1)
             ref = self.ref_logits.sigmoid()[None].expand(b, -1, -1)
             return query.to(memory.dtype), ref, None, None
@@ -258,6 +261,8 @@ class SdpaDETRHead(BaseModule):
                                  batch_img_metas)
             losses.update({'enc_' + k: v for k, v in enc.items()})
         if outs.dn_cls_scores is not None:
+            if outs.dn_bbox_preds is None:
+                raise ValueError('HeadOutputs has dn_cls_scores but no dn_bbox_preds')
             for i in range(num_layers):
                 prefix = 'dn_' if i == num_layers - 1 else f'd{i}.dn_'
                 layer = self.criterion(outs.dn_cls_scores[i], outs.dn_bbox_preds[i],

@@ -55,6 +55,7 @@ class TransformerLayer(nn.Module):
         super().__init__()
         self.self_attn = MultiheadCrossAttention(embed_dims, num_heads, proj_drop=dropout)
         self.norm1 = nn.LayerNorm(embed_dims)
+        self.cross_attn: Optional[MultiheadCrossAttention]
         if cross_attention:
             self.cross_attn = MultiheadCrossAttention(embed_dims, num_heads, proj_drop=dropout)
             self.norm2 = nn.LayerNorm(embed_dims)

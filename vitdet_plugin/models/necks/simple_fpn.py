@@ -12,7 +12,8 @@ The same module serves as an mmdet neck (``dict(type='ViTSimpleFPN', ...)``) and
 around hierarchical backbones.
 """
 import math
-from typing import List, Optional, Sequence, Tuple, Union
+from types import MappingProxyType
+from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch.nn.functional as F
 from mmcv.cnn import build_activation_layer, build_norm_layer
@@ -26,9 +27,11 @@ from ..layers import LayerNorm2d, int_arg
 SUPPORTED_SCALES = (4.0, 2.0, 1.0, 0.5)
 #: detectron2's channels-first LayerNorm epsilon.
 LN2D_EPS = 1e-6
+#: :class:`ViTSimpleFPN`'s default ``norm_cfg`` (read-only: every use copies it).
+DEFAULT_NORM_CFG: Mapping[str, Any] = MappingProxyType(dict(type='LN2d', eps=LN2D_EPS))
 
 
-def build_norm2d(norm_cfg: Optional[dict], channels: int) -> nn.Module:
+def build_norm2d(norm_cfg: Optional[Mapping[str, Any]], channels: int) -> nn.Module:
     """Norm for NCHW maps: ``type='LN2d'`` is a channel LayerNorm (detectron2 ``"LN"``), any
     other type goes through mmcv's ``build_norm_layer`` (``BN``, ``SyncBN``, ``GN``, ...);
     ``None`` gives no norm."""
@@ -48,7 +51,7 @@ class ConvNorm(nn.Module):
     """``conv -> norm`` on NCHW maps; the conv has a bias only when there is no norm."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int,
-                 norm_cfg: Optional[dict]) -> None:
+                 norm_cfg: Optional[Mapping[str, Any]]) -> None:
         super().__init__()
         self.conv = nn.Conv2d(in_channels, out_channels, kernel_size,
                               padding=kernel_size // 2, bias=norm_cfg is None)
@@ -61,7 +64,7 @@ class ConvNorm(nn.Module):
         return self.norm(self.conv(x))
 
 
-def _resampler(scale: float, dim: int, norm_cfg: Optional[dict],
+def _resampler(scale: float, dim: int, norm_cfg: Optional[Mapping[str, Any]],
                act_cfg: dict) -> Tuple[nn.Module, int]:
     """The resampling layers of one level and their output channels (detectron2 layout)."""
     if scale == 4.0:
@@ -108,7 +111,7 @@ class ViTSimpleFPN(BaseModule):
                  scale_factors: Sequence[float] = (4.0, 2.0, 1.0, 0.5),
                  in_stride: int = 16,
                  num_outs: Optional[int] = None,
-                 norm_cfg: Optional[dict] = dict(type='LN2d', eps=LN2D_EPS),
+                 norm_cfg: Optional[Mapping[str, Any]] = DEFAULT_NORM_CFG,
                  act_cfg: Optional[dict] = None,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
@@ -127,7 +130,7 @@ class ViTSimpleFPN(BaseModule):
         if any(a <= b for a, b in zip(scales, scales[1:])):
             raise ValueError(f'scale_factors={tuple(scale_factors)} must be strictly '
                              'decreasing (outputs are ordered from fine to coarse)')
-        if 4.0 in scales and in_channels % 4 or 2.0 in scales and in_channels % 2:
+        if (4.0 in scales and in_channels % 4) or (2.0 in scales and in_channels % 2):
             raise ValueError(f'in_channels={in_channels} must be divisible by the upsampling '
                              f'scale factors {scales} (the deconvs halve the channels)')
         if in_stride <= 0 or any((in_stride / s) % 1 for s in scales):
