@@ -16,8 +16,7 @@ from dataclasses import replace
 if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not pip-installed
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from vitdet_plugin.datasets.shapes import (CLASSES, SHAPE_MAKERS,  # noqa: E402
-                                           ShapesSpec, generate_dataset)
+from vitdet_plugin.datasets.shapes import CLASSES, SHAPE_MAKERS, ShapesSpec, generate_dataset
 
 
 def parse_args(argv=None) -> argparse.Namespace:

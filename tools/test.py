@@ -24,9 +24,9 @@ from mmengine.config import ConfigDict, DictAction
 if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not pip-installed
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-import vitdet_plugin  # noqa: E402,F401  (registers our modules, torch/mmengine resume fix)
-from vitdet_plugin.datasets import DatasetNotFoundError, check_data, load_config  # noqa: E402
-from vitdet_plugin.engine.dist import prepare_cpu_distributed  # noqa: E402
+import vitdet_plugin  # noqa: F401  (registers our modules, torch/mmengine resume fix)
+from vitdet_plugin.datasets import DatasetNotFoundError, check_data, load_config
+from vitdet_plugin.engine.dist import prepare_cpu_distributed
 
 GRID_TILE = 384  # px, longest side of one tile in --grid
 
@@ -134,6 +134,8 @@ def make_grid(image_dir: str, n: int, out_file: str, tile: int = GRID_TILE) -> O
     imgs = []
     for f in files:
         img = cv2.imread(f)
+        if img is None:
+            raise ValueError(f'cannot read image {f} (not an image OpenCV can decode)')
         scale = tile / max(img.shape[:2])
         imgs.append(cv2.resize(img, (round(img.shape[1] * scale), round(img.shape[0] * scale))))
     h = max(i.shape[0] for i in imgs)

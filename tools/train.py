@@ -18,9 +18,9 @@ from mmengine.config import DictAction
 if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not pip-installed
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-import vitdet_plugin  # noqa: E402,F401  (registers our modules, torch/mmengine resume fix)
-from vitdet_plugin.datasets import DatasetNotFoundError, check_data, load_config  # noqa: E402
-from vitdet_plugin.engine.dist import prepare_cpu_distributed  # noqa: E402
+import vitdet_plugin  # noqa: F401  (registers our modules, torch/mmengine resume fix)
+from vitdet_plugin.datasets import DatasetNotFoundError, check_data, load_config
+from vitdet_plugin.engine.dist import prepare_cpu_distributed
 
 
 def parse_args(argv=None) -> argparse.Namespace:

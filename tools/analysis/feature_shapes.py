@@ -18,8 +18,8 @@ from mmengine.config import DictAction
 if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not pip-installed
     sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-import vitdet_plugin  # noqa: E402,F401  (registers our modules)
-from vitdet_plugin.datasets import load_config  # noqa: E402
+import vitdet_plugin  # noqa: F401  (registers our modules)
+from vitdet_plugin.datasets import load_config
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -13,7 +13,7 @@ import importlib.util
 import os.path as osp
 import sys
 from collections import defaultdict
-from typing import Dict, List, Tuple
+from typing import TYPE_CHECKING, Dict, List, Tuple
 
 import torch
 from mmengine.config import DictAction
@@ -22,9 +22,12 @@ from torch import nn
 if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not pip-installed
     sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-import vitdet_plugin  # noqa: E402,F401  (registers our modules)
-from vitdet_plugin.datasets import load_config  # noqa: E402
-from vitdet_plugin.models.layers import eager_attention  # noqa: E402
+import vitdet_plugin  # noqa: F401  (registers our modules)
+from vitdet_plugin.datasets import load_config
+from vitdet_plugin.models.layers import eager_attention
+
+if TYPE_CHECKING:
+    from mmdet.models.detectors import BaseDetector
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -45,7 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 class _TensorForward(nn.Module):
     """``inputs -> raw head outputs`` of an mmdet detector, for tracing."""
 
-    def __init__(self, detector: nn.Module, data_samples: list) -> None:
+    def __init__(self, detector: 'BaseDetector', data_samples: list) -> None:
         super().__init__()
         self.detector = detector
         self.data_samples = data_samples
@@ -72,7 +75,7 @@ def _fmt(n: float, unit: str) -> str:
     return f'{n:.0f} {unit}'
 
 
-def complexity(model: nn.Module, inputs: torch.Tensor, data_samples: list,
+def complexity(model: 'BaseDetector', inputs: torch.Tensor, data_samples: list,
                depth: int = 1) -> Tuple[float, int, List[Tuple[str, float, int]]]:
     """Total FLOPs, total params and ``(module, flops, params)`` rows down to ``depth``."""
     from mmengine.analysis import FlopAnalyzer, parameter_count

@@ -5,11 +5,16 @@ import copy
 import time
 import traceback
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Sequence, Tuple, cast
 
 import torch
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from mmengine.model import BaseModel
+    from mmengine.optim import OptimWrapper
 
 ROOT = Path(__file__).resolve().parents[2]
 #: CUDA vs CPU, fp32 (TF32 off): max |cuda - cpu| / max |cpu| of the outputs and input grads.
@@ -69,7 +74,9 @@ def _forward_backward(model: nn.Module, x: Tensor,
                         enabled=dtype != torch.float32):
         out = model(x)
     outs = [out] if isinstance(out, Tensor) else list(out)
-    sum((o.float() ** 2).mean() for o in outs).backward()
+    cast(Tensor, sum((o.float() ** 2).mean() for o in outs)).backward()  # outs: >= 1 map
+    if x.grad is None:
+        raise RuntimeError('the backward pass gave the input no gradient')
     return [o.detach().float() for o in outs], x.grad.detach().float()
 
 
@@ -105,7 +112,7 @@ def check_bf16(name: str, build: Callable[[], nn.Module], shape: Sequence[int],
             f'{err_grad:.1e} (tol {BF16_GRAD_TOL:.0e})')
 
 
-def _detector(config: str, device: str) -> Tuple[nn.Module, object, dict]:
+def _detector(config: str, device: str) -> Tuple['BaseModel', 'OptimWrapper', dict]:
     from mmdet.registry import MODELS
     from mmdet.testing import demo_mm_inputs
     from mmengine.optim import build_optim_wrapper
@@ -179,12 +186,11 @@ def run_checks(device: str = 'cuda') -> List[Result]:
     checks: List[Tuple[str, Callable[[], str]]] = [('mmcv CUDA ops', lambda: check_ops(device))]
     for name, (build, shape) in _backbones().items():
         checks.append((f'{name} CUDA vs CPU fp32',
-                       lambda n=name, b=build, s=shape: check_parity(n, b, s, device)))
-        checks.append((f'{name} bf16 fwd+bwd',
-                       lambda n=name, b=build, s=shape: check_bf16(n, b, s, device)))
+                       partial(check_parity, name, build, shape, device)))
+        checks.append((f'{name} bf16 fwd+bwd', partial(check_bf16, name, build, shape, device)))
     for config in DET_CONFIGS:
         checks.append((f'{Path(config).stem} bf16 train + infer',
-                       lambda c=config: check_train_and_infer(c, device)))
+                       partial(check_train_and_infer, config, device)))
     results = []
     for name, fn in checks:
         start = time.perf_counter()

@@ -2,7 +2,7 @@
 and the benchmark as ratios (ours / reference; < 1 is better)."""
 import json
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, TypedDict
 
 #: Benchmark columns: (row key, column title).
 BENCH_METRICS = (('fwd', 'forward'), ('fwd+bwd', 'train step'), ('mem MB', 'peak memory'))
@@ -69,14 +69,23 @@ def read_steps(path: Path) -> List[List[str]]:
     return [line.split('\t') for line in path.read_text().splitlines() if line.strip()]
 
 
-def load_json(path: Path) -> Optional[object]:
+def load_json(path: Path) -> Any:
+    """The JSON in ``path`` (any shape), or None when there is no such file."""
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def collect(work: Path) -> Dict[str, object]:
+class Collected(TypedDict):
+    """:func:`collect`'s result: :func:`render`'s arguments."""
+    steps: List[List[str]]
+    checks: Optional[List[dict]]
+    benches: List[dict]
+    header: str
+
+
+def collect(work: Path) -> Collected:
     """What the steps left in ``work``: steps.tsv, checks.json, bench_*.json, env.txt."""
     benches = [load_json(p) for p in sorted(work.glob('bench_*.json'))]
     env = work / 'env.txt'
-    return dict(steps=read_steps(work / 'steps.tsv'), checks=load_json(work / 'checks.json'),
-                benches=[b for b in benches if b], header=env.read_text().strip()
-                if env.is_file() else 'environment unknown')
+    return Collected(steps=read_steps(work / 'steps.tsv'),
+                     checks=load_json(work / 'checks.json'), benches=[b for b in benches if b],
+                     header=env.read_text().strip() if env.is_file() else 'environment unknown')
