@@ -8,7 +8,7 @@ by ``swin_to_mmdet``, its architecture read off the converted weights.
 import math
 import re
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -162,7 +162,7 @@ def build_swinv2(arch: str, size: Size, with_cp: bool) -> Compared:
     from vitdet_plugin.models.backbones import SwinV2Backbone
     from vitdet_plugin.weights.swin_v2 import load_swin_v2_pretrained
 
-    tm = timm.create_model(f'swinv2_{arch}_window{SWINV2_WINDOW}_256', pretrained=False,
+    tm: Any = timm.create_model(f'swinv2_{arch}_window{SWINV2_WINDOW}_256', pretrained=False,
                            num_classes=0, img_size=size, strict_img_size=False,
                            always_partition=True, drop_path_rate=0.0)
     _perturb_(tm)
@@ -182,7 +182,7 @@ def build_swinv2(arch: str, size: Size, with_cp: bool) -> Compared:
     aligned = all(s % (SWINV2_WINDOW * SWINV2_LAST_STRIDE) == 0 for s in size)
     return Compared(models={'ours': ours, 'timm': timm_stages},
                     features={'ours': lambda x: feature_list(ours(x)), 'timm': timm_features},
-                    parity_ref='timm', parity_sizes=(tuple(size), ) if aligned else ())
+                    parity_ref='timm', parity_sizes=(size, ) if aligned else ())
 
 
 def build(model: str, arch: str, size: Size, with_cp: bool) -> Compared:

@@ -18,7 +18,7 @@ Position-bias tables need no resizing in V2: ``cpb_mlp`` takes coordinates, and 
 """
 import logging
 import re
-from typing import Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Iterable, List, Mapping, Optional, Tuple, Union
 
 from torch import Tensor, nn
 
@@ -136,10 +136,11 @@ def check_pretrained_windows(sd: Mapping[str, Tensor], model: nn.Module) -> List
     warnings = []
     for key, table in sd.items():
         m = _COORDS_TABLE.match(key)
-        if m is None or int(m.group(1)) >= len(model.layers):
+        layers: Any = model.layers  # a SwinV2Backbone's stages
+        if m is None or int(m.group(1)) >= len(layers):
             continue
         stage = int(m.group(1))
-        attn = model.layers[stage].blocks[0].attn
+        attn = layers[stage].blocks[0].attn
         used = [p if p > 0 else w for p, w in zip(attn.pretrained_window_size, attn.window_size)]
         found = coords_table_window(table)
         if any(f is not None and abs(f - u) > WINDOW_TOLERANCE and max(u, f) > 1
@@ -167,8 +168,9 @@ def load_swin_v2_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str
     sd = checkpoint_state_dict(checkpoint, prefix)
     converted, dropped = convert_swin_v2(sd)
     check_pretrained_windows(sd, model)
+    out_indices: Tuple[int, ...] = model.out_indices  # type: ignore[assignment]
     spare = [k for k in converted
-             if (m := _OUTPUT_NORM.match(k)) and int(m.group(1)) not in model.out_indices]
+             if (m := _OUTPUT_NORM.match(k)) and int(m.group(1)) not in out_indices]
     for k in spare:
         del converted[k]
     dropped += spare

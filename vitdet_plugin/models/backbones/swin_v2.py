@@ -71,8 +71,8 @@ def _is_int(v: object) -> bool:
 
 def _pair(value: object) -> Optional[Window]:
     """``7 -> (7, 7)``, ``(7, 9) -> (7, 9)``, anything else None."""
-    if _is_int(value):
-        return (int(value), int(value))  # type: ignore[call-overload]
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return (int(value), int(value))
     if isinstance(value, (tuple, list)) and len(value) == 2 and all(map(_is_int, value)):
         return (int(value[0]), int(value[1]))
     return None
@@ -82,20 +82,20 @@ def stage_windows(value: WindowArg, num_stages: int, name: str, minimum: int,
                   pair_for_all: bool = True) -> Tuple[Window, ...]:
     """One ``(h, w)`` per stage from an int, one int / ``(h, w)`` per stage, or (with
     ``pair_for_all``) a pair of ints: one ``(h, w)`` for all stages, as in timm."""
-    is_seq = isinstance(value, (tuple, list))
-    one_pair = pair_for_all and is_seq and len(value) == 2 and all(map(_is_int, value))
-    if is_seq and not one_pair:
-        windows = [_pair(v) for v in value] if len(value) == num_stages else [None]
-    else:
-        windows = [_pair(value)] * num_stages
-    if any(w is None for w in windows):
+    windows: List[Optional[Window]] = [_pair(value)] * num_stages
+    if isinstance(value, (tuple, list)):
+        one_pair = pair_for_all and len(value) == 2 and all(map(_is_int, value))
+        if not one_pair:
+            windows = [_pair(v) for v in value] if len(value) == num_stages else [None]
+    found = [w for w in windows if w is not None]
+    if len(found) != num_stages:
         form = 'an int or a pair (h, w), or' if pair_for_all else 'an int or'
         raise ValueError(f'{name} must be {form} one int or (h, w) pair per stage (the model '
                          f'has {num_stages} stages), got {value!r}')
-    if any(min(w) < minimum for w in windows):  # type: ignore[type-var]
+    if any(min(w) < minimum for w in found):
         bound = 'positive' if minimum > 0 else f'>= {minimum} (0: the stage\'s own window)'
         raise ValueError(f'{name} must be {bound}, got {value!r}')
-    return tuple(windows)  # type: ignore[arg-type]
+    return tuple(found)
 
 
 class SwinV2Block(nn.Module):
@@ -144,7 +144,7 @@ class SwinV2Block(nn.Module):
         return self.shift_size
 
     def forward(self, x: Tensor) -> Tensor:
-        shift = self.shift_for(tuple(x.shape[1:3]))
+        shift = self.shift_for((x.shape[1], x.shape[2]))
         out = shifted_window_attention(x, self.attn, self.window_size, shift,
                                        self.attn.logit_scale.dtype)  # (B, H, W, C)
         x = x + self.drop_path(self.norm1(out))
@@ -209,6 +209,12 @@ class SwinV2Backbone(BackboneContract, BaseModule):
 
     #: No weight decay (besides norms and biases): the logit scales and the q / v biases.
     NO_DECAY_PARAMS = ('logit_scale', 'q_bias', 'v_bias')
+
+    depths: Tuple[int, ...]
+    out_indices: Tuple[int, ...]
+    patch_embed: PatchEmbed
+    drop_after_pos: nn.Module
+    layers: nn.ModuleList
 
     # the same rules and attribute names as V1 (layers.{i}.blocks.{j}, downsample at the end)
     layer_id = SwinBackbone.layer_id

@@ -57,8 +57,9 @@ class CosineWindowAttention(Attention):
                  accel: str = 'off') -> None:
         super().__init__(dim, num_heads, qkv_bias=False, attn_drop=attn_drop,
                          proj_drop=proj_drop, fused=fused, scale=1.0)  # scale is in q
-        self.window_size = tuple(window_size)
-        self.pretrained_window_size = tuple(pretrained_window_size)
+        self.window_size: Tuple[int, int] = (int(window_size[0]), int(window_size[1]))
+        self.pretrained_window_size: Tuple[int, int] = (int(pretrained_window_size[0]),
+                                                        int(pretrained_window_size[1]))
         self.accel = check_accel(accel)
         self.logit_scale = nn.Parameter(torch.full((num_heads, 1, 1), LOGIT_SCALE_INIT))
         self.cpb_mlp = nn.Sequential(nn.Linear(2, CPB_HIDDEN), nn.ReLU(inplace=True),
@@ -82,7 +83,7 @@ class CosineWindowAttention(Attention):
 
     def position_bias(self) -> Tensor:
         """The ``(1, heads, N, N)`` continuous position bias of one window."""
-        weight = self.cpb_mlp[0].weight
+        weight = self.logit_scale  # the device and dtype of the parameters
         key = (self.window_size, self.pretrained_window_size, weight.device)
         coords, index = _POSITIONS.get(key, lambda: (
             log_spaced_relative_coords(self.window_size, self.pretrained_window_size,
@@ -93,7 +94,7 @@ class CosineWindowAttention(Attention):
         bias = table[index].view(n, n, self.num_heads).permute(2, 0, 1)          # (heads, N, N)
         return (CPB_BIAS_SCALE * torch.sigmoid(bias)).unsqueeze(0)
 
-    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:  # type: ignore[override]
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         """``x``: windows ``(B * nW, N, C)``; ``mask``: ``(nW, N, N)`` shift mask or None."""
         bw, n, c = x.shape
         heads, d = self.num_heads, self.head_dim
