@@ -17,7 +17,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.image import AxesImage
 from matplotlib.patches import Rectangle
+from matplotlib.ticker import ScalarFormatter
 
 #: Side of one square panel, pixels.
 PANEL_PX = 320
@@ -34,6 +36,8 @@ PAD_STYLES: Dict[str, Dict[str, Any]] = {
 }
 #: Font size of titles and labels in the panels.
 FONT_SIZE = 8
+#: Colour bars span this fraction of their panel's height.
+COLORBAR_SHRINK = 0.7
 
 
 @dataclass
@@ -110,6 +114,15 @@ def grid_lines(ax: Axes, positions_y: Union[np.ndarray, Sequence[float]],
         ax.hlines(positions_y, 0, w, **style)
     if len(positions_x):
         ax.vlines(positions_x, 0, h, **style)
+
+
+def colorbar(fig: Figure, image: AxesImage, ax: Axes, label: str = '') -> None:
+    """A slim colour bar beside ``ax`` with plain tick labels (no offset notation)."""
+    bar = fig.colorbar(image, ax=ax, shrink=COLORBAR_SHRINK)
+    bar.formatter = ScalarFormatter(useOffset=False)
+    bar.ax.tick_params(labelsize=FONT_SIZE - 2)
+    if label:
+        bar.set_label(label, fontsize=FONT_SIZE - 1)
 
 
 def text_panel(ax: Axes, lines: Sequence[str]) -> None:

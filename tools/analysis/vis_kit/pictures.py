@@ -6,6 +6,7 @@ import numpy as np
 import torch
 from matplotlib import colormaps
 from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from torch import Tensor
 
@@ -13,8 +14,8 @@ from feature_shapes import pyramid_rows
 from vis_kit import VisualizeError
 from vis_kit.capture import (BlockRef, Call, attention_probs, block_shift, check_block,
                              check_stage, run_backbone, stage_stride)
-from vis_kit.figures import (OVERLAY_ALPHA, Picture, draw_input, grid_lines, panel_grid, save,
-                             shade_padding, text_panel, title)
+from vis_kit.figures import (FONT_SIZE, OVERLAY_ALPHA, Picture, colorbar, draw_input,
+                             grid_lines, panel_grid, save, shade_padding, text_panel, title)
 from vis_kit.geometry import (WindowLayout, check_labels_match_mask, check_query, check_windows,
                               corner_windows, shift_region_labels, window_layout)
 from vis_kit.model import Detector, ModelInput
@@ -50,6 +51,10 @@ def _draw_input_padded(ax: Axes, inp: ModelInput, canvas_hw: Sequence[int]) -> N
     shade_padding(ax, 'input padding', inp.image_hw, inp.input_hw)
 
 
+def _suptitle(fig: Figure, detector: Detector, what: str) -> None:
+    fig.suptitle(f'{detector.config_path}\n{what}', fontsize=FONT_SIZE + 1)
+
+
 # ----------------------------------------------------------------------------- windows
 def _window_colours(layout: WindowLayout) -> np.ndarray:
     """``(Hp, Wp, 3)`` colours: one per window, neighbours different, wrapped pieces alike."""
@@ -79,7 +84,7 @@ def _draw_windows(ax: Axes, inp: ModelInput, layout: WindowLayout, map_hw: Tuple
         for k in range(layout.num_windows):
             rows, cols = layout.positions(k)
             ax.text((cols[centre].item() + 0.5) * stride, (rows[centre].item() + 0.5) * stride,
-                    str(k), ha='center', va='center', fontsize=7, color='black')
+                    str(k), ha='center', va='center', fontsize=FONT_SIZE - 1, color='black')
     if ax.get_legend_handles_labels()[0]:  # some padding to explain
         ax.legend(loc='lower right', fontsize=6, framealpha=0.7)
 
@@ -106,8 +111,7 @@ def windows_picture(detector: Detector, inp: ModelInput, stage: int, out: str) -
                   f'{layout.window[1]}, shift {layout.shift}\n{map_hw[0]}x{map_hw[1]} tokens '
                   f'(stride {stride}), padded to {layout.padded_hw[0]}x{layout.padded_hw[1]}')
         arrays[kind] = layout.index.numpy()
-    fig.suptitle(f'{detector.config_path}: {type(backbone).__name__} windows, {inp.source}',
-                 fontsize=9)
+    _suptitle(fig, detector, f'{type(backbone).__name__} windows, {inp.source}')
     return save(fig, out, arrays)
 
 
@@ -155,25 +159,21 @@ def shift_mask_picture(detector: Detector, inp: ModelInput, stage: int,
                            f'stage {stage}')
     fig, axes = panel_grid(1, 1 + len(chosen))
     _draw_labels(axes[0, 0], labels, layout, chosen)
-    title(axes[0, 0], f'stage {stage} block {j}: regions of the {layout.padded_hw[0]}x'
-                      f'{layout.padded_hw[1]} padded map\nafter the cyclic shift by '
-                      f'{layout.shift} (tokens)')
+    title(axes[0, 0], f'stage {stage} block {j}: shift regions of the\n{layout.padded_hw[0]}x'
+                      f'{layout.padded_hw[1]} padded map rolled by {layout.shift}')
     arrays: Dict[str, np.ndarray] = {'labels': labels.numpy()}
     n = mask.shape[-1]
     for ax, k in zip(axes[0, 1:], chosen):
         image = ax.imshow(mask[k].float().numpy(), cmap='viridis', vmin=MASKED_LOGIT, vmax=0,
                           interpolation='nearest', extent=(0, n, n, 0))
         arrays[f'window {k}'] = np.array(image.get_array())
-        fig.colorbar(image, ax=ax, shrink=0.7, label='added logit')
+        colorbar(fig, image, ax, 'added logit')
         grid_lines(ax, np.arange(layout.window[1], n, layout.window[1]),
                    np.arange(layout.window[1], n, layout.window[1]), (n, n), colors='white',
                    linewidths=0.3)
-        ax.set_xlabel('key token', fontsize=7)
-        ax.set_ylabel('query token', fontsize=7)
-        title(ax, f'window {k}: mask ({n}x{n}) the model used\n0 = attend, '
-                  f'{MASKED_LOGIT:g} = other region')
-    fig.suptitle(f'{detector.config_path}: {type(backbone).__name__} shift mask, '
-                 f'{inp.source}', fontsize=9)
+        title(ax, f"window {k}: the model's mask ({n}x{n})\nrows: queries, columns: keys; "
+                  f'{MASKED_LOGIT:g}: masked')
+    _suptitle(fig, detector, f'{type(backbone).__name__} shift mask, {inp.source}')
     return save(fig, out, arrays)
 
 
@@ -237,13 +237,14 @@ def features_picture(detector: Detector, inp: ModelInput, with_neck: bool, out: 
         extent = _token_extent(fmap.shape[-2:], stride)
         norm = fmap.norm(dim=0).numpy()
         image = axes[0, col].imshow(norm, cmap='magma', extent=extent, interpolation='nearest')
-        fig.colorbar(image, ax=axes[0, col], shrink=0.7)
+        colorbar(fig, image, axes[0, col])
         pca = _pca_rgb(fmap)
         axes[1, col].imshow(pca, extent=extent, interpolation='nearest')
         title(axes[0, col], label)
         name = label.split(':')[0]
         arrays[f'{name} norm'], arrays[f'{name} pca'] = norm, pca
-    fig.suptitle(f'{detector.config_path}: feature maps', fontsize=9)
+    _suptitle(fig, detector, f'{type(detector.backbone).__name__} feature maps, '
+                             f'{detector.weights_label}, {inp.source}')
     return save(fig, out, arrays)
 
 
@@ -291,15 +292,16 @@ def attention_picture(detector: Detector, inp: ModelInput, block: int, query: Se
     axes[0, 0].imshow(shown, cmap='inferno', alpha=OVERLAY_ALPHA + 0.2, interpolation='nearest',
                       extent=_token_extent(layout.padded_hw, ref.stride))
     axes[0, 0].plot(*centre, **QUERY_MARKER)
-    title(axes[0, 0], f'{ref.name}: query ({y}, {x}) of {map_hw[0]}x{map_hw[1]} tokens\n'
-                      f'(pixel {centre[1]:g}, {centre[0]:g}), {which}, on the input')
+    title(axes[0, 0], f'{ref.name}, {which}\nquery ({y}, {x}) = pixel ({centre[1]:g}, '
+                      f'{centre[0]:g}), on the input')
     image = axes[0, 1].imshow(shown, cmap='inferno', interpolation='nearest',
                               extent=(0, layout.padded_hw[1], layout.padded_hw[0], 0))
     axes[0, 1].plot(x + 0.5, y + 0.5, **QUERY_MARKER)
-    fig.colorbar(image, ax=axes[0, 1], shrink=0.7, label='attention probability')
+    colorbar(fig, image, axes[0, 1], 'attention probability')
     kind = 'global' if getattr(ref.module, 'window_size', None) is None else \
         f'window {layout.window[0]}x{layout.window[1]}, shift {layout.shift}'
-    title(axes[0, 1], f'on the padded token map ({kind})\nblank: keys outside the window')
-    fig.suptitle(f'{detector.config_path}: {type(backbone).__name__} attention, '
-                 f'{detector.weights_label}, {inp.source}', fontsize=9)
+    title(axes[0, 1], f'{map_hw[0]}x{map_hw[1]} tokens ({kind})\nblank: keys it cannot '
+                      'attend to')
+    _suptitle(fig, detector, f'{type(backbone).__name__} attention, {detector.weights_label}, '
+                             f'{inp.source}')
     return save(fig, out, {'attention': shown})
