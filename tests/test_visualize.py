@@ -301,6 +301,10 @@ def test_error_messages(tmp_path, image, vit_config):
     assert _error(['shift-mask', DEMO, '--shape', *SHAPE, '--stage', '0', '--window', '20',
                    *out]) == ('error: window 20 is out of range: stage 0 has 20 windows (0..19) '
                               'on its 30 x 24 padded token map')
+    assert _error(['shift-mask', DEMO, '--shape', *SHAPE, '--stage', '2', *out,
+                   '--cfg-options', 'model.backbone.depths=[2,2,1]']) == (
+        'error: stage 2 has no shifted block (1 block(s), all W-MSA): the shift mask exists '
+        'only in SW-MSA blocks (odd indices)')
     assert _error(['windows', vit_config, '--shape', *SHAPE, *out]) == (
         'error: ViTBackbone has no shifted-window stages (backbone.layers[i].blocks[j] with '
         'window_size, shift_size and attn); windows and shift-mask need a Swin-style backbone')
