@@ -13,7 +13,7 @@ import sys
 from typing import List, Sequence, Tuple
 
 import torch
-from mmengine.config import DictAction
+from mmengine.config import Config, DictAction
 
 if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not pip-installed
     sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
@@ -33,6 +33,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     if min(args.shape) < 1:
         parser.error(f'--shape {args.shape[0]} {args.shape[1]}: H and W must be positive')
     return args
+
+
+def pad_size_divisor(cfg: Config) -> int:
+    """The ``pad_size_divisor`` of the config's data preprocessor (1 when it pads nothing)."""
+    return int(cfg.model.get('data_preprocessor', {}).get('pad_size_divisor', 1) or 1)
 
 
 def padded_shape(shape: Sequence[int], divisor: int) -> Tuple[int, int]:
@@ -73,7 +78,7 @@ def main(argv=None) -> List[Tuple[str, int, str, str]]:
     model = MODELS.build(cfg.model).eval()
     if not hasattr(model, 'backbone'):
         raise SystemExit(f'error: {type(model).__name__} has no backbone to inspect')
-    divisor = int(cfg.model.get('data_preprocessor', {}).get('pad_size_divisor', 1) or 1)
+    divisor = pad_size_divisor(cfg)
     hw = padded_shape(args.shape, divisor)
     x = torch.zeros(1, 3, *hw)
     with torch.no_grad():

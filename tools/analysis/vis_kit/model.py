@@ -16,7 +16,7 @@ import torch
 from mmengine.config import Config
 from torch import Tensor
 
-from feature_shapes import padded_shape
+from feature_shapes import pad_size_divisor, padded_shape
 from vis_kit import VisualizeError
 from vitdet_plugin.datasets import load_config
 from vitdet_plugin.weights import checkpoint_state_dict, load_state_dict_checked
@@ -95,11 +95,6 @@ def build_detector(config: str, checkpoint: Optional[str] = None,
         load_state_dict_checked(model, checkpoint_state_dict(checkpoint),
                                 source=f'checkpoint {checkpoint}')
     return Detector(cfg, model, config, checkpoint)
-
-
-def pad_size_divisor(cfg: Config) -> int:
-    """The ``pad_size_divisor`` of the config's data preprocessor (1 when it pads nothing)."""
-    return int(cfg.model.get('data_preprocessor', {}).get('pad_size_divisor', 1) or 1)
 
 
 def zero_input(detector: Detector, shape: Sequence[int]) -> ModelInput:
