@@ -1,6 +1,6 @@
 """Pieces of ``tools/analysis/visualize.py``: the model and its input (:mod:`.model`), what
-the backbone computes, read with hooks (:mod:`.capture`), and the pictures (:mod:`.figures`,
-:mod:`.pictures`)."""
+the backbone computes, read with hooks (:mod:`.capture`), where tokens, windows and shift
+regions lie (:mod:`.geometry`), and the pictures (:mod:`.figures`, :mod:`.pictures`)."""
 
 
 class VisualizeError(ValueError):

@@ -24,6 +24,8 @@ from vis_kit import VisualizeError
 from vitdet_plugin.functional import decomposed_rel_pos_bias
 from vitdet_plugin.models.backbones.vit import ViTAttention
 from vitdet_plugin.models.layers import WindowAttention
+from vitdet_plugin.models.layers.cosine_window_attention import (LOGIT_SCALE_MAX,
+                                                                 CosineWindowAttention)
 
 
 # ----------------------------------------------------------------------------- structure
@@ -194,12 +196,10 @@ def vit_attention_probs(attn: ViTAttention, grid: Tensor) -> Tensor:
     return logits.softmax(dim=-1)
 
 
-def cosine_window_attention_probs(attn: Any, windows: Tensor,
+def cosine_window_attention_probs(attn: CosineWindowAttention, windows: Tensor,
                                   mask: Optional[Tensor]) -> Tensor:
     """Attention probabilities ``(nW, heads, N, N)`` of Swin V2 cosine window attention:
     ``softmax(cos(q, k) * exp(min(logit_scale, max)) + position_bias() + mask)``."""
-    from vitdet_plugin.models.layers.cosine_window_attention import LOGIT_SCALE_MAX
-
     q, k, _ = attn.qkv_heads(windows)                            # (nW, heads, N, d)
     scale = attn.logit_scale.clamp(max=LOGIT_SCALE_MAX).exp()    # (heads, 1, 1)
     logits = (F.normalize(q, dim=-1) * scale) @ F.normalize(k, dim=-1).transpose(-2, -1)
@@ -209,10 +209,6 @@ def cosine_window_attention_probs(attn: Any, windows: Tensor,
     return logits.softmax(dim=-1)
 
 
-#: Attention modules known by class name only, so that this file imports without them.
-_BY_NAME = {'CosineWindowAttention': cosine_window_attention_probs}
-
-
 @torch.no_grad()
 def attention_probs(attn: Any, call: Call) -> Tensor:
     """Probabilities ``(B', heads, N, N)`` of the captured call of ``attn`` (all windows)."""
@@ -220,12 +216,11 @@ def attention_probs(attn: Any, call: Call) -> Tensor:
         return swin_attention_probs(attn, call.arg(0, 'x'), call.arg(1, 'mask'))
     if isinstance(attn, ViTAttention):
         return vit_attention_probs(attn, call.arg(0, 'x'))
-    name = type(attn).__name__
-    if name in _BY_NAME:
-        return _BY_NAME[name](attn, call.arg(0, 'x'), call.arg(1, 'mask'))
-    raise VisualizeError(f'attention maps of {name} are not supported (known: WindowAttention, '
-                         f'ViTAttention, {", ".join(_BY_NAME)}); add its formula to '
-                         'tools/analysis/vis_kit/capture.py')
+    if isinstance(attn, CosineWindowAttention):
+        return cosine_window_attention_probs(attn, call.arg(0, 'x'), call.arg(1, 'mask'))
+    raise VisualizeError(f'attention maps of {type(attn).__name__} are not supported (known: '
+                         'WindowAttention, CosineWindowAttention, ViTAttention); add its formula '
+                         'to tools/analysis/vis_kit/capture.py')
 
 
 @torch.no_grad()
