@@ -86,7 +86,8 @@ def _draw_windows(ax: Axes, inp: ModelInput, layout: WindowLayout, map_hw: Tuple
             ax.text((cols[centre].item() + 0.5) * stride, (rows[centre].item() + 0.5) * stride,
                     str(k), ha='center', va='center', fontsize=FONT_SIZE - 1, color='black')
     if ax.get_legend_handles_labels()[0]:  # some padding to explain
-        ax.legend(loc='lower right', fontsize=6, framealpha=0.7)
+        ax.legend(loc='upper center', bbox_to_anchor=(0.5, -0.06), ncol=2,
+                  fontsize=FONT_SIZE - 2, frameon=False)
 
 
 def windows_picture(detector: Detector, inp: ModelInput, stage: int, out: str) -> Picture:
