@@ -463,3 +463,19 @@ def test_config_builds_and_runs_one_loss_step(config):
              for p in g['params']}
     assert decay[id(attn.cpb_mlp[0].weight)] == 0 and decay[id(attn.logit_scale)] == 0
     assert decay[id(attn.qkv.weight)] == cfg.optim_wrapper.optimizer.weight_decay
+
+
+# ----------------------------------------------------------------------------- benchmark
+def test_benchmark_models_compute_the_same_function_where_they_must(monkeypatch):
+    """``tools/benchmark.py --model swinv2``: timm's weights reach ours (last maps equal at a
+    size where every stage is whole windows); elsewhere the difference is only recorded."""
+    monkeypatch.syspath_prepend(osp.join(ROOT, 'tools'))
+    from bench.models import build
+    from bench.rows import check_parity
+
+    aligned = build('swinv2', 'tiny', (256, 256), with_cp=False)
+    assert aligned.parity_ref == 'timm' and aligned.parity_sizes == ((256, 256),)
+    for m in aligned.models.values():
+        m.eval()
+    assert check_parity(aligned, torch.randn(1, 3, 256, 256), 'fp32', torch.no_grad) < 1e-5
+    assert build('swinv2', 'tiny', (224, 224), with_cp=False).parity_sizes == ()
