@@ -19,15 +19,22 @@ NUM_REGIONS = 3
 _SHIFT_MASKS: SizeCache[Tensor] = SizeCache()
 
 
-def padded_size(hw: Tuple[int, int], multiple: Tuple[int, int]) -> Tuple[int, int]:
-    """``(H, W)`` rounded up to multiples of ``multiple``."""
-    return (-(-hw[0] // multiple[0]) * multiple[0], -(-hw[1] // multiple[1]) * multiple[1])
+def padded_size(hw: Tuple[SizeLike, SizeLike],
+                multiple: Tuple[int, int]) -> Tuple[SizeLike, SizeLike]:
+    """``(H, W)`` rounded up to multiples of ``multiple``.
+
+    Written with non-negative operands only: a symbolic size exported to ONNX becomes an
+    integer ``Div``, which truncates (``-(-h // m)`` would be off by one for odd ``h``).
+    """
+    return ((hw[0] + multiple[0] - 1) // multiple[0] * multiple[0],
+            (hw[1] + multiple[1] - 1) // multiple[1] * multiple[1])
 
 
 def pad_to_multiple(x: Tensor, multiple: Tuple[int, int]) -> Tensor:
     """Zero-pad a ``(B, H, W, C)`` tensor at the bottom/right to multiples of ``multiple``."""
     h, w = x.shape[1:3]
-    pad_h, pad_w = (-h) % multiple[0], (-w) % multiple[1]
+    hp, wp = padded_size((h, w), multiple)  # ceil-div: simple symbolic sizes downstream
+    pad_h, pad_w = hp - h, wp - w
     if not known_zero(pad_h, pad_w):  # symbolic sizes always pad (maybe by 0): no guard
         x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
     return x
@@ -41,8 +48,10 @@ def window_partition(x: Tensor, window_size: Tuple[int, int]) -> Tensor:
     """
     b, h, w, c = x.shape
     wh, ww = window_size
-    x = x.view(b, h // wh, wh, w // ww, ww, c)            # (B, H/wh, wh, W/ww, ww, C)
-    return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, wh * ww, c)
+    nh, nw = h // wh, w // ww
+    x = x.view(b, nh, wh, nw, ww, c)                      # (B, H/wh, wh, W/ww, ww, C)
+    # explicit sizes, no -1: under symbolic shapes inferring it costs the tracer seconds
+    return x.permute(0, 1, 3, 2, 4, 5).reshape(b * nh * nw, wh * ww, c)
 
 
 def window_reverse(windows: Tensor, window_size: Tuple[int, int], hw: Tuple[int, int]) -> Tensor:
@@ -50,8 +59,10 @@ def window_reverse(windows: Tensor, window_size: Tuple[int, int], hw: Tuple[int,
     wh, ww = window_size
     h, w = hw
     c = windows.shape[-1]
-    x = windows.view(-1, h // wh, w // ww, wh, ww, c)     # (B, H/wh, W/ww, wh, ww, C)
-    return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, h, w, c)
+    nh, nw = h // wh, w // ww
+    b = windows.shape[0] // (nh * nw)  # explicit sizes, no -1 (see window_partition)
+    x = windows.view(b, nh, nw, wh, ww, c)                # (B, H/wh, W/ww, wh, ww, C)
+    return x.permute(0, 1, 3, 2, 4, 5).reshape(b, h, w, c)
 
 
 def _region_labels(length: SizeLike, window: int, shift: int,

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...functional import known_zero
+from ...functional import known_zero, padded_size
 from .arguments import to_2tuple
 from .conv_stem import ConvStem
 
@@ -74,7 +74,8 @@ class PatchEmbed(nn.Module):
                             f'{weight_dtype}; convert one of them (x.to({weight_dtype}) or '
                             f'model.to({x.dtype})) or run under torch.autocast')
         ph, pw = self.patch_size
-        pad_h, pad_w = (ph - h % ph) % ph, (pw - w % pw) % pw
+        hp, wp = padded_size((h, w), (ph, pw))  # ceil-div: simple symbolic sizes downstream
+        pad_h, pad_w = hp - h, wp - w
         if not known_zero(pad_h, pad_w):  # symbolic sizes always pad (maybe by 0): no guard
             if not self.pad and (pad_h or pad_w):
                 raise ValueError(f'input size {h}x{w} is not a multiple of the patch size '

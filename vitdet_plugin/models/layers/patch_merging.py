@@ -34,11 +34,11 @@ class PatchMerging(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         b, h, w, c = x.shape
-        if not known_zero(h % 2, w % 2):  # symbolic sizes always pad (maybe by 0): no guard
-            x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))                 # (B, H', W', C), even
-            h, w = h + h % 2, w + w % 2
-        x = x.view(b, h // 2, 2, w // 2, 2, c)                       # (B, H/2, 2[h], W/2, 2[w], C)
-        x = x.permute(0, 1, 3, 4, 2, 5).reshape(b, h // 2, w // 2, 4 * c)  # official order
+        h2, w2 = (h + 1) // 2, (w + 1) // 2  # ceil-div: simple symbolic sizes downstream
+        if not known_zero(2 * h2 - h, 2 * w2 - w):  # symbolic sizes always pad (maybe by 0)
+            x = F.pad(x, (0, 0, 0, 2 * w2 - w, 0, 2 * h2 - h))       # (B, 2 * h2, 2 * w2, C)
+        x = x.view(b, h2, 2, w2, 2, c)                               # (B, H/2, 2[h], W/2, 2[w], C)
+        x = x.permute(0, 1, 3, 4, 2, 5).reshape(b, h2, w2, 4 * c)   # official order
         if self.post_norm:
             return self.norm(self.reduction(x))                      # (B, H/2, W/2, out)
         return self.reduction(self.norm(x))                          # (B, H/2, W/2, out)
