@@ -59,6 +59,9 @@ def decomposed_rel_pos_embeddings(q_size: int, k_size: int, rel_pos: Tensor) -> 
     """
     max_dist = 2 * max(q_size, k_size) - 1
     table = resize_rel_pos(rel_pos, max_dist)
+    if known_equal(q_size, k_size):  # self-attention: integer offsets, no (symbolic) float scale
+        coords = torch.arange(q_size, device=rel_pos.device)
+        return table[coords[:, None] - coords[None, :] + (k_size - 1)]
     q_coords = torch.arange(q_size, device=rel_pos.device)[:, None] * max(k_size / q_size, 1.0)
     k_coords = torch.arange(k_size, device=rel_pos.device)[None, :] * max(q_size / k_size, 1.0)
     rel = (q_coords - k_coords) + (k_size - 1) * max(q_size / k_size, 1.0)
