@@ -98,5 +98,8 @@ def test_a_file_that_is_no_checkpoint_is_named(tmp_path, content, error):
         f.write(content)
     with pytest.raises(CheckpointError, match=rf"^cannot read '{path}' as a checkpoint \({error}"
                                               r'.*\): the file is truncated or not written by '
-                                              r'torch\.save; save or download it again$'):
+                                              r'torch\.save \(expected a \.pth/\.pt file written '
+                                              r'by torch\.save, a \.safetensors file or a '
+                                              r'detectron2 \.pkl\); save or download it again\. '
+                                              r'Nothing in it was executed\.$'):
         safe_load_from_local(path)

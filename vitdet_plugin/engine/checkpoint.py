@@ -25,23 +25,21 @@ or URL is listed in the environment variable ``VITDET_TRUSTED_CHECKPOINTS`` (``o
 separated); there is no switch that turns safe loading off for all files. Only unpickling and
 file-format errors become "cannot read" errors; out-of-memory or device errors propagate.
 """
-import logging
 import os
 import os.path as osp
-import pickle
-import re
 from collections import deque
-from typing import Any, Deque, List, Optional
+from typing import Any, Deque, Optional
 
 import mmengine.runner.checkpoint as mmengine_checkpoint
 import torch.distributed
 from mmengine.dist import get_dist_info, is_main_process
 from mmengine.hooks import CheckpointHook
-from mmengine.logging import print_log
 from mmengine.registry import HOOKS
 from mmengine.runner.checkpoint import CheckpointLoader
 
-from ..weights.common import CheckpointError, resolve_checkpoint_path
+from ..weights.common import (TRUST_ENV, CheckpointError, is_trusted,  # noqa: F401
+                              load_trusted_or_weights_only, resolve_checkpoint_path,
+                              trusted_checkpoints)
 
 #: suffix of the partial file a save writes before the atomic rename
 TMP_SUFFIX = '.tmp'
@@ -163,93 +161,6 @@ class AtomicCheckpointHook(CheckpointHook):
 
 
 # ----------------------------------------------------------------------------- safe loading
-#: environment variable listing checkpoints (paths or URLs, separated by os.pathsep) that may be
-#: read with full unpickling; nothing else is ever read that way
-TRUST_ENV = 'VITDET_TRUSTED_CHECKPOINTS'
-#: what torch.load raises (besides pickle.UnpicklingError) for a file that is no checkpoint:
-#: EOFError for an empty file, KeyError from the legacy-format reader on arbitrary bytes (a
-#: memo lookup of a byte that happens to be a pickle GET opcode)
-_FORMAT_ERRORS = (EOFError, KeyError)
-#: RuntimeErrors of torch's readers for a truncated / non-zip file or a plain pickle; other
-#: RuntimeErrors (CUDA out of memory, a map_location naming a missing device) propagate
-_FORMAT_RUNTIME_ERRORS = ('PytorchStreamReader', 'Invalid magic number')
-#: how torch's weights_only unpickler names a refused object, and where it gives its reason
-_GLOBAL_RE = re.compile(r'GLOBAL ([\w.]+)')
-_UNPICKLER_MARK = 'WeightsUnpickler error:'
-
-
-def trusted_checkpoints() -> List[str]:
-    """The entries of :data:`TRUST_ENV` (``~`` expanded, local paths made absolute)."""
-    entries = [e.strip() for e in os.environ.get(TRUST_ENV, '').split(os.pathsep)]
-    return [e if '://' in e else osp.realpath(osp.expanduser(e)) for e in entries if e]
-
-
-def is_trusted(*names: str) -> bool:
-    """Whether any of ``names`` (the path or URL given, the local file read) is listed in
-    :data:`TRUST_ENV`."""
-    trusted = trusted_checkpoints()
-    return any((n if '://' in n else osp.realpath(osp.expanduser(n))) in trusted
-               for n in names if n)
-
-
-def _refused_global(error: pickle.UnpicklingError) -> Optional[str]:
-    """The ``module.name`` torch's weights_only unpickler refused, if that was the error."""
-    found = _GLOBAL_RE.search(str(error))
-    return found.group(1) if found else None
-
-
-def _unpickler_detail(error: pickle.UnpicklingError) -> str:
-    """torch's own reason (the line after 'WeightsUnpickler error:'), else the first line."""
-    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
-    for i, ln in enumerate(lines):
-        if ln.endswith(_UNPICKLER_MARK) and i + 1 < len(lines):
-            return lines[i + 1]
-    return lines[0] if lines else ''
-
-
-def load_trusted_or_weights_only(path: str, map_location: Any = None,
-                                 given: Optional[str] = None) -> Any:
-    """Read the ``torch.save`` file ``path`` (``given``: the name the user wrote, e.g. a URL).
-
-    ``weights_only=True`` unless ``path`` or ``given`` is listed in :data:`TRUST_ENV`. A
-    refused object raises :class:`CheckpointError` naming it and the way to trust the file;
-    a file that is no checkpoint raises :class:`CheckpointError` saying so; every other error
-    (out of memory, a device ``map_location`` cannot reach) propagates unchanged.
-    """
-    if is_trusted(path, given or ''):
-        print_log(f'{TRUST_ENV} lists {given or path!r}: reading it with full unpickling '
-                  '(weights_only=False)', logger='current', level=logging.WARNING)
-        return torch.load(path, map_location=map_location, weights_only=False)
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        refused = _refused_global(e)
-        if refused is None:
-            raise _not_a_checkpoint(path, e, _unpickler_detail(e)) from e
-        raise CheckpointError(
-            f'refused to load checkpoint {path!r}: it contains Python objects that are not on '
-            f'the weights_only allow-list (refused: {refused}); unpickling it could run '
-            f'arbitrary code, so nothing was loaded or executed. If you trust this file, '
-            f'list it in the environment variable {TRUST_ENV} (e.g. '
-            f'{TRUST_ENV}={given or path}; several files separated by {os.pathsep!r}) and '
-            f'it is read with full unpickling; or re-save it as tensors and plain '
-            f'containers.') from e
-    except _FORMAT_ERRORS as e:
-        raise _not_a_checkpoint(path, e) from e
-    except RuntimeError as e:
-        if not any(marker in str(e) for marker in _FORMAT_RUNTIME_ERRORS):
-            raise
-        raise _not_a_checkpoint(path, e) from e
-
-
-def _not_a_checkpoint(path: str, error: BaseException,
-                      detail: Optional[str] = None) -> CheckpointError:
-    first = detail if detail is not None else (str(error).strip().splitlines() or [''])[0]
-    return CheckpointError(f'cannot read {path!r} as a checkpoint ({type(error).__name__}: '
-                           f'{first}): the file is truncated or not written by torch.save; '
-                           'save or download it again')
-
-
 def safe_load_from_local(filename: str, map_location: Any = None) -> Any:
     """mmengine's local-file checkpoint loader, through :func:`load_trusted_or_weights_only`."""
     path = resolve_checkpoint_path(filename, source='--resume / load_from / the checkpoint path')

@@ -10,7 +10,8 @@ import os
 import pickle
 import re
 import urllib.parse
-from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import (Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple,
+                    Union)
 
 import numpy as np
 import torch
@@ -84,28 +85,85 @@ def load_checkpoint_file(path: Union[str, os.PathLike], map_location: str = 'cpu
         return load_numpy_pickle(path)
     if path.endswith('.safetensors'):
         return load_safetensors(path, map_location)
-    return torch_load_weights_only(path, map_location)
+    return load_trusted_or_weights_only(path, map_location)
 
 
-def torch_load_weights_only(path: str, map_location=None):
-    """``torch.load(path, weights_only=True)`` with errors that say what is wrong: a refused
-    (unsafe) object is named; a file that is no ``torch.save`` pickle is called that."""
+#: environment variable listing checkpoints (paths or URLs, separated by os.pathsep) that may be
+#: read with full unpickling; nothing else is ever read that way
+TRUST_ENV = 'VITDET_TRUSTED_CHECKPOINTS'
+#: what torch.load raises (besides pickle.UnpicklingError) for a file that is no checkpoint:
+#: EOFError for an empty file, KeyError from the legacy-format reader on arbitrary bytes (a
+#: memo lookup of a byte that happens to be a pickle GET opcode)
+_FORMAT_ERRORS = (EOFError, KeyError)
+#: RuntimeErrors of torch's readers for a truncated / non-zip file or a plain pickle; other
+#: RuntimeErrors (CUDA out of memory, a map_location naming a missing device) propagate
+_FORMAT_RUNTIME_ERRORS = ('PytorchStreamReader', 'Invalid magic number')
+#: how torch's weights_only unpickler names a refused object, and where it gives its reason
+_GLOBAL_RE = re.compile(r'GLOBAL ([\w.]+)')
+_UNPICKLER_MARK = 'WeightsUnpickler error:'
+
+
+def trusted_checkpoints() -> List[str]:
+    """The entries of :data:`TRUST_ENV` (``~`` expanded, local paths made absolute)."""
+    entries = [e.strip() for e in os.environ.get(TRUST_ENV, '').split(os.pathsep)]
+    return [e if '://' in e else os.path.realpath(os.path.expanduser(e)) for e in entries if e]
+
+
+def is_trusted(*names: str) -> bool:
+    """Whether any of ``names`` (the path or URL given, the local file read) is listed in
+    :data:`TRUST_ENV`."""
+    trusted = trusted_checkpoints()
+    return any((n if '://' in n else os.path.realpath(os.path.expanduser(n))) in trusted
+               for n in names if n)
+
+
+def _refused_global(error: pickle.UnpicklingError) -> Optional[str]:
+    """The ``module.name`` torch's weights_only unpickler refused, if that was the error."""
+    found = _GLOBAL_RE.search(str(error))
+    return found.group(1) if found else None
+
+
+def _unpickler_detail(error: pickle.UnpicklingError) -> str:
+    """torch's own reason (the line after 'WeightsUnpickler error:'), else the first line."""
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    for i, ln in enumerate(lines):
+        if ln.endswith(_UNPICKLER_MARK) and i + 1 < len(lines):
+            return lines[i + 1]
+    return lines[0] if lines else ''
+
+
+def load_trusted_or_weights_only(path: str, map_location: Any = None,
+                                 given: Optional[str] = None) -> Any:
+    """Read the ``torch.save`` file ``path`` (``given``: the name the user wrote, e.g. a URL).
+
+    ``weights_only=True`` unless ``path`` or ``given`` is listed in :data:`TRUST_ENV`. A
+    refused object raises :class:`CheckpointError` naming it and the way to trust the file;
+    a file that is no checkpoint raises :class:`CheckpointError` saying so; every other error
+    (out of memory, a device ``map_location`` cannot reach) propagates unchanged.
+    """
+    if is_trusted(path, given or ''):
+        logger.warning('%s lists %r: reading it with full unpickling (weights_only=False)',
+                       TRUST_ENV, given or path)
+        return torch.load(path, map_location=map_location, weights_only=False)
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        refused = next((ln for ln in lines if 'GLOBAL' in ln), None)
-        if refused is None:  # not a pickle torch.save wrote (garbage, another format)
-            # torch names the problem on the line after 'WeightsUnpickler error:'
-            after = [lines[i + 1] for i, ln in enumerate(lines[:-1])
-                     if ln.endswith('WeightsUnpickler error:')]
-            raise _not_a_checkpoint(path, e, after[0] if after else None) from e
+        refused = _refused_global(e)
+        if refused is None:
+            raise _not_a_checkpoint(path, e, _unpickler_detail(e)) from e
         raise CheckpointError(
             f'refused to load checkpoint {path!r}: it contains Python objects that are not on '
-            f'the weights_only allow-list ({refused}); unpickling it could run arbitrary code, '
-            f'so nothing was loaded or executed. Load only checkpoints you trust; re-save a '
-            f'trusted one as tensors and plain containers.') from e
-    except Exception as e:  # garbage makes torch.load fail in many ways (KeyError, EOF, ...)
+            f'the weights_only allow-list (refused: {refused}); unpickling it could run '
+            f'arbitrary code, so nothing was loaded or executed. If you trust this file, '
+            f'list it in the environment variable {TRUST_ENV} (e.g. '
+            f'{TRUST_ENV}={given or path}; several files separated by {os.pathsep!r}) and '
+            f'it is read with full unpickling; or re-save it as tensors and plain '
+            f'containers.') from e
+    except _FORMAT_ERRORS as e:
+        raise _not_a_checkpoint(path, e) from e
+    except RuntimeError as e:
+        if not any(marker in str(e) for marker in _FORMAT_RUNTIME_ERRORS):
+            raise
         raise _not_a_checkpoint(path, e) from e
 
 
@@ -158,8 +216,9 @@ def _not_a_checkpoint(path: str, e: BaseException,
                       detail: Optional[str] = None) -> CheckpointError:
     return CheckpointError(
         f'cannot read {path!r} as a checkpoint ({type(e).__name__}: '
-        f'{detail or _first_line(e)}); expected a file written by torch.save (.pth/.pt), a '
-        f'.safetensors file or a detectron2 .pkl. Nothing in it was executed.')
+        f'{detail or _first_line(e)}): the file is truncated or not written by torch.save '
+        f'(expected a .pth/.pt file written by torch.save, a .safetensors file or a detectron2 '
+        f'.pkl); save or download it again. Nothing in it was executed.')
 
 
 #: Keys under which checkpoints keep their model weights, tried in this order at each level.
