@@ -22,6 +22,8 @@ from .attention import Attention
 LOGIT_SCALE_INIT = math.log(10.0)
 #: The exponentiated logit scale is clamped at 100 (``logit_scale <= log(100)``).
 LOGIT_SCALE_MAX = math.log(100.0)
+#: Norms below this count as this when q and k are normalised (``F.normalize``'s default).
+NORMALIZE_EPS = 1e-12
 #: Hidden width of the position-bias MLP (``cpb_mlp``).
 CPB_HIDDEN = 512
 #: The position bias is ``CPB_BIAS_SCALE * sigmoid(mlp(coords))``, in ``(0, 16)``.
@@ -99,9 +101,12 @@ class CosineWindowAttention(Attention):
         bw, n, c = x.shape
         heads, d = self.num_heads, self.head_dim
         q, k, v = self.qkv_heads(x)                                  # (B * nW, heads, N, d)
-        scale = self.logit_scale.clamp(max=LOGIT_SCALE_MAX).exp()    # (heads, 1, 1)
-        q = F.normalize(q, dim=-1) * scale.to(q.dtype)               # cosine logits * scale
-        k = F.normalize(k, dim=-1)
+        scale = self.logit_scale.clamp(max=LOGIT_SCALE_MAX).exp().to(q.dtype)  # (heads, 1, 1)
+        # unit q times the logit scale in one pass over q (F.normalize, then a second multiply,
+        # took two): q k^T then gives the scaled cosine logits
+        norm = torch.linalg.vector_norm(q, dim=-1, keepdim=True).clamp_min(NORMALIZE_EPS)
+        q = q * (scale / norm)                                       # (B * nW, heads, N, d)
+        k = F.normalize(k, dim=-1, eps=NORMALIZE_EPS)
         bias = self.position_bias()                                  # (1, heads, N, N)
         if mask is not None:
             # windows folded into the heads: the bias + mask of one image broadcasts over B
