@@ -10,12 +10,18 @@ The contract (:class:`BackboneContract`) is what configs, necks, optimizers and 
   embeddings and tables).
 """
 import dataclasses
-from typing import Any, ClassVar, Dict, List, Mapping, Optional, Set, Tuple, Type, TypeVar
+from typing import (Any, ClassVar, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Type,
+                    TypeVar)
 
-from torch import nn
+import torch
+import torch.utils.checkpoint as cp
+from mmengine.model.weight_init import trunc_normal_
+from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 _NORMS = (nn.LayerNorm, nn.GroupNorm, _BatchNorm)
+#: Standard deviation of the truncated-normal init of transformer weights (Swin, ViT, timm).
+TRUNC_NORMAL_STD = 0.02
 
 SpecT = TypeVar('SpecT', bound='ArchSpec')
 
@@ -37,6 +43,28 @@ def init_cfg_from_pretrained(pretrained: Optional[str], init_cfg: Any) -> Any:
     if init_cfg is not None:
         raise ValueError('give either pretrained or init_cfg, not both')
     return dict(type='Pretrained', checkpoint=pretrained)
+
+
+def init_transformer_weights_(module: nn.Module) -> None:
+    """The Swin / ViT / timm init of every ``nn.Linear`` and ``nn.LayerNorm`` in ``module``:
+    truncated-normal weights (std :data:`TRUNC_NORMAL_STD`), zero biases, unit norms."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            trunc_normal_(m.weight, std=TRUNC_NORMAL_STD)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
+def run_blocks(blocks: Iterable[nn.Module], x: Tensor, with_cp: bool, training: bool) -> Tensor:
+    """``x`` through ``blocks`` in turn; with ``with_cp`` in a training forward that records a
+    graph, each block's activations are recomputed in backward (non-reentrant checkpointing)."""
+    checkpoint = with_cp and training and torch.is_grad_enabled()
+    for block in blocks:
+        x = cp.checkpoint(block, x, use_reentrant=False) if checkpoint else block(x)
+    return x
 
 
 @dataclasses.dataclass(frozen=True)

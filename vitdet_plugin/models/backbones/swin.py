@@ -21,7 +21,6 @@ from typing import ClassVar, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmdet.registry import MODELS
 from mmengine.model import BaseModule
@@ -34,7 +33,8 @@ from ..accel import check_accel, plan_for_tensor, swin_chunked_inference
 from ..layers import (ConvStem, DropPath, Mlp, PatchEmbed, PatchMerging, WindowAttention,
                       check_flags, check_rates, int_tuple, linear_drop_path_rates, positive_int,
                       positive_number, to_2tuple)
-from .base import ArchSpec, BackboneContract, init_cfg_from_pretrained, pretrained_init_cfg
+from .base import (TRUNC_NORMAL_STD, ArchSpec, BackboneContract, init_cfg_from_pretrained,
+                   init_transformer_weights_, pretrained_init_cfg, run_blocks)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,11 +144,7 @@ class SwinStage(nn.Module):
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         """``(B, H, W, C)`` -> (stage output ``(B, H, W, C)``, input of the next stage)."""
-        for block in self.blocks:
-            if self.with_cp and self.training and torch.is_grad_enabled():
-                x = cp.checkpoint(block, x, use_reentrant=False)
-            else:
-                x = block(x)
+        x = run_blocks(self.blocks, x, self.with_cp, self.training)
         return x, (self.downsample(x) if self.downsample is not None else x)
 
 
@@ -347,17 +343,11 @@ class SwinBackbone(BackboneContract, BaseModule):
             self._is_init = True
             return
         if self.use_abs_pos_embed:
-            trunc_normal_(self.absolute_pos_embed, std=0.02)
+            trunc_normal_(self.absolute_pos_embed, std=TRUNC_NORMAL_STD)
+        init_transformer_weights_(self)
         for m in self.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, WindowAttention):
-                trunc_normal_(m.relative_position_bias_table, std=0.02)
+            if isinstance(m, WindowAttention):
+                trunc_normal_(m.relative_position_bias_table, std=TRUNC_NORMAL_STD)
         self._is_init = True
 
     # ------------------------------------------------------------------ forward

@@ -33,7 +33,8 @@ from ..layers import (Attention, DropPath, Mlp, PatchEmbed, ResBottleneckBlock, 
                       check_rate, check_rates, int_arg, int_tuple, linear_drop_path_rates,
                       positive_int, positive_number, to_2tuple)
 from ..necks.simple_fpn import ViTSimpleFPN
-from .base import ArchSpec, BackboneContract, init_cfg_from_pretrained, pretrained_init_cfg
+from .base import (TRUNC_NORMAL_STD, ArchSpec, BackboneContract, init_cfg_from_pretrained,
+                   init_transformer_weights_, pretrained_init_cfg)
 
 #: Number of evenly spaced global-attention blocks for custom ``arch`` dicts (as the presets).
 NUM_GLOBAL_BLOCKS = 4
@@ -350,15 +351,8 @@ class ViTBackbone(BackboneContract, BaseModule):
     def _init_vit_weights(self) -> None:
         """detectron2's ViT init: trunc-normal(0.02) position embedding and linears."""
         if self.pos_embed is not None:
-            trunc_normal_(self.pos_embed, std=0.02)
-        for m in self.blocks.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+            trunc_normal_(self.pos_embed, std=TRUNC_NORMAL_STD)
+        init_transformer_weights_(self.blocks)
         for m in self.blocks.modules():  # MSRA convs, zero last norm: identity at init
             if isinstance(m, ResBottleneckBlock):
                 m.reset_parameters()
