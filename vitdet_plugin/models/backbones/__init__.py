@@ -1,8 +1,9 @@
 """Backbones; each declares the :class:`BackboneContract` (outputs, layer ids, no-decay names)."""
+from .archs import SwinArch, ViTArch
 from .base import ArchSpec, BackboneContract, check_contract
-from .swin import SwinArch, SwinBackbone
+from .swin import SwinBackbone
 from .swin_v2 import SwinV2Arch, SwinV2Backbone
-from .vit import ViTArch, ViTBackbone
+from .vit import ViTBackbone
 
 __all__ = ['ArchSpec', 'BackboneContract', 'check_contract', 'SwinArch', 'SwinBackbone',
            'SwinV2Arch', 'SwinV2Backbone', 'ViTArch', 'ViTBackbone']

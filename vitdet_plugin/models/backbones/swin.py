@@ -13,11 +13,10 @@ converted by :mod:`vitdet_plugin.weights.swin`.
 This file is the model's one path. On the CPU, ``accel='auto'`` swaps in measured kernels
 (:mod:`..accel`): chunked in-place inference, and recomputing backwards of attention and GELU.
 """
-import dataclasses
 import numbers
 import re
 from functools import partial
-from typing import ClassVar, List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -33,44 +32,11 @@ from ..accel import check_accel, plan_for_tensor, swin_chunked_inference
 from ..layers import (ConvStem, DropPath, Mlp, PatchEmbed, PatchMerging, WindowAttention,
                       check_flags, check_rates, int_tuple, linear_drop_path_rates, positive_int,
                       positive_number, to_2tuple)
-from .base import (TRUNC_NORMAL_STD, ArchSpec, BackboneContract, init_cfg_from_pretrained,
+from .archs import SWIN_ARCHS, SwinArch  # noqa: F401  (SWIN_ARCHS: re-exported)
+from .base import (TRUNC_NORMAL_STD, BackboneContract, init_cfg_from_pretrained,
                    init_transformer_weights_, pretrained_init_cfg, run_blocks)
 
 
-@dataclasses.dataclass(frozen=True)
-class SwinArch(ArchSpec):
-    """Embed dims, blocks per stage and heads per stage of a Swin model."""
-
-    embed_dims: int
-    depths: Tuple[int, ...]
-    num_heads: Tuple[int, ...]
-
-    NAME: ClassVar[str] = 'Swin'
-    PRESETS: ClassVar = {
-        'tiny': dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)),
-        'small': dict(embed_dims=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24)),
-        'base': dict(embed_dims=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)),
-        'large': dict(embed_dims=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48)),
-    }
-
-    def __post_init__(self) -> None:
-        dims = positive_int(self.embed_dims, 'embed_dims')
-        depths, heads = int_tuple(self.depths, 'depths'), int_tuple(self.num_heads, 'num_heads')
-        object.__setattr__(self, 'depths', depths)
-        object.__setattr__(self, 'num_heads', heads)
-        if len(depths) != len(heads) or not depths:
-            raise ValueError(f'depths {depths} and num_heads {heads} must be non-empty and of '
-                             'equal length (one entry per stage)')
-        if any(d <= 0 for d in depths):
-            raise ValueError(f'every stage needs at least one block, got depths={depths}')
-        for i, h in enumerate(heads):
-            if h <= 0 or (dims * 2**i) % h:
-                raise ValueError(f'stage {i}: embed dims {dims * 2**i} are not divisible by '
-                                 f'num_heads={h}; choose heads that divide embed_dims * 2**stage')
-
-
-#: Kept for configs and tests that list the presets.
-SWIN_ARCHS = SwinArch.PRESETS
 
 
 class SwinBlock(nn.Module):

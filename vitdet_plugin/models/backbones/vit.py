@@ -12,10 +12,9 @@ Parameter names follow timm / SAM / detectron2 (``patch_embed.proj``, ``pos_embe
 ``blocks.{i}.{norm1, attn.qkv, attn.proj, attn.rel_pos_h, attn.rel_pos_w, norm2, mlp.fc1,
 mlp.fc2, residual.*}``); :mod:`vitdet_plugin.weights.vit` converts the checkpoint layouts.
 """
-import dataclasses
 import re
 from functools import partial
-from typing import ClassVar, List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.utils.checkpoint as cp
@@ -30,68 +29,13 @@ from ...functional import (attend, decomposed_rel_pos_bias, decomposed_rel_pos_c
 from ...weights.vit import load_vit_pretrained
 from ..accel import check_accel
 from ..layers import (Attention, DropPath, Mlp, PatchEmbed, ResBottleneckBlock, check_flags,
-                      check_rate, check_rates, int_arg, int_tuple, linear_drop_path_rates,
+                      check_rates, int_arg, int_tuple, linear_drop_path_rates,
                       positive_int, positive_number, to_2tuple)
 from ..necks.simple_fpn import ViTSimpleFPN
-from .base import (TRUNC_NORMAL_STD, ArchSpec, BackboneContract, init_cfg_from_pretrained,
+from .archs import VIT_ARCHS, ViTArch, index_list  # noqa: F401  (VIT_ARCHS: re-exported)
+from .base import (TRUNC_NORMAL_STD, BackboneContract, init_cfg_from_pretrained,
                    init_transformer_weights_, pretrained_init_cfg)
 
-#: Number of evenly spaced global-attention blocks for custom ``arch`` dicts (as the presets).
-NUM_GLOBAL_BLOCKS = 4
-
-
-def _index_list(name: str, values: Sequence[int], depth: int,
-                negative: bool = False) -> Tuple[int, ...]:
-    """Sorted unique block indices; with ``negative``, ``-1`` is the last block."""
-    values = int_tuple(values, name)
-    low = -depth if negative else 0
-    bad = [v for v in values if not low <= v < depth]
-    if bad:
-        raise ValueError(f'{name}={values} contains {bad}, out of range for depth={depth}: '
-                         f'block indices must be in {low}..{depth - 1}')
-    return tuple(sorted({v % depth for v in values}))
-
-
-@dataclasses.dataclass(frozen=True)
-class ViTArch(ArchSpec):
-    """Width, depth, heads, global blocks and drop path of a ViT; custom archs default to
-    global attention in the last block of each quarter and no drop path."""
-
-    embed_dims: int
-    depth: int
-    num_heads: int
-    global_attn_indexes: Optional[Tuple[int, ...]] = None
-    drop_path_rate: float = 0.0
-
-    NAME: ClassVar[str] = 'ViT'
-    PRESETS: ClassVar = {  # the ViTDet models (detectron2 projects/ViTDet)
-        'base': dict(embed_dims=768, depth=12, num_heads=12, global_attn_indexes=(2, 5, 8, 11),
-                     drop_path_rate=0.1),
-        'large': dict(embed_dims=1024, depth=24, num_heads=16,
-                      global_attn_indexes=(5, 11, 17, 23), drop_path_rate=0.4),
-        'huge': dict(embed_dims=1280, depth=32, num_heads=16,
-                     global_attn_indexes=(7, 15, 23, 31), drop_path_rate=0.5),
-    }
-
-    def __post_init__(self) -> None:
-        dims = positive_int(self.embed_dims, 'embed_dims')
-        depth = positive_int(self.depth, 'depth')
-        heads = positive_int(self.num_heads, 'num_heads')
-        if dims % heads:
-            raise ValueError(f'embed_dims={dims} is not divisible by num_heads={heads}; '
-                             'choose a head count that divides it')
-        glob = self.global_attn_indexes
-        if glob is None:
-            n = min(NUM_GLOBAL_BLOCKS, depth)
-            glob = tuple((k + 1) * depth // n - 1 for k in range(n))
-        object.__setattr__(self, 'global_attn_indexes',
-                           _index_list('global_attn_indexes', glob, depth))
-        object.__setattr__(self, 'drop_path_rate',
-                           check_rate(self.drop_path_rate, 'drop_path_rate'))
-
-
-#: Kept for configs and tests that list the presets.
-VIT_ARCHS = ViTArch.PRESETS
 
 
 class ViTAttention(Attention):
@@ -256,7 +200,7 @@ class ViTBackbone(BackboneContract, BaseModule):
                                drop_path_rate=drop_path_rate)
         self.embed_dims, self.depth, self.num_heads = spec.embed_dims, spec.depth, spec.num_heads
         self.global_attn_indexes: Tuple[int, ...] = spec.global_attn_indexes or ()
-        self.residual_block_indexes = _index_list('residual_block_indexes',
+        self.residual_block_indexes = index_list('residual_block_indexes',
                                                   residual_block_indexes, self.depth)
         self.window_size = to_2tuple(window_size, 'window_size')
         if min(self.window_size) <= 0:
@@ -268,7 +212,7 @@ class ViTBackbone(BackboneContract, BaseModule):
         if not out_indices:
             raise ValueError('out_indices is empty; give at least one block index (-1: the '
                              'last block)')
-        self.out_indices = _index_list('out_indices', out_indices, self.depth, negative=True)
+        self.out_indices = index_list('out_indices', out_indices, self.depth, negative=True)
         if not -1 <= int_arg(frozen_stages, 'frozen_stages') <= self.depth:
             raise ValueError(f'frozen_stages={frozen_stages} must be in -1..{self.depth} '
                              '(-1: train all, 0: patch/position embeddings, k: also the first '
