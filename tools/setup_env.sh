@@ -124,16 +124,18 @@ else
     fi
 fi
 
-# The plugin (editable) with mmengine, mmdet and the test extras; skipped when setup.py is
+# The plugin (editable) with mmengine, mmdet, the test and deploy (onnx, onnxscript,
+# onnxruntime) extras; skipped when setup.py is
 # unchanged since the last successful install.
 STAMP="$VENV/.vitdet_plugin_setup.sha256"
 WANT="$(cat "$ROOT/setup.py" | sha256sum | cut -d' ' -f1)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && \
-        "$PY" -c "import mmengine, mmdet, pytest, timm, vitdet_plugin" >/dev/null 2>&1; then
-    say "plugin (editable), mmengine, mmdet and test extras already installed"
+        "$PY" -c "import mmengine, mmdet, pytest, timm, onnxruntime, onnxscript, vitdet_plugin" \
+        >/dev/null 2>&1; then
+    say "plugin (editable), mmengine, mmdet, test and deploy extras already installed"
 else
-    say "installing the plugin (editable) with mmengine 0.10.7, mmdet 3.3.0 and test extras"
-    "${PIP[@]}" install -q -e "$ROOT[tests]"
+    say "installing the plugin (editable) with mmengine 0.10.7, mmdet 3.3.0, test and deploy extras"
+    "${PIP[@]}" install -q -e "$ROOT[tests,deploy]"
     echo "$WANT" > "$STAMP"
 fi
 mmcv_has_ops || { echo "mmcv.ops is not importable after install" >&2; exit 1; }

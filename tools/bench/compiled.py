@@ -60,7 +60,9 @@ def measure_compiled_row(settings: RowSettings, spec: RowSpec) -> Row:
     device = settings.plan.device
     compared = build(settings.model, settings.arch, spec.size, False)
     ref = compared.parity_ref
-    models = {name: compared.models[name].to(device).train() for name in ('ours', ref)}
+    models = {name: compared.models[name].to(device) for name in ('ours', ref)}
+    for m in models.values():
+        m.train()  # mmdet's SwinTransformer.train() returns None: not chained
     context = autocast_for(device, spec.dtype)
     x = torch.randn(settings.batch, 3, *spec.size, device=device)
     compiled = {name: torch.compile(compared.features[name]) for name in models}

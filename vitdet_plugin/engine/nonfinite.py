@@ -186,6 +186,7 @@ class NonFiniteCheckHook(Hook):
         return record
 
     # ------------------------------------------------------------------ the guard (one sync)
+    @torch.compiler.disable  # host-side decision: eager even inside a compiled train_step
     def _guard(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         records, self._records = self._records, []
         if not (records or self._active):

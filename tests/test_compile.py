@@ -1,0 +1,256 @@
+"""torch.compile of the backbones: no graph breaks (``fullgraph=True``) in training and
+inference, fp32 and bf16 autocast; eager parity of outputs and gradients; one graph for five
+input sizes with ``dynamic=True``; the plain path under compile; mmengine's ``compile`` runner
+option on the demo config.
+
+Backends (CPU inductor builds C++ per graph, tens of seconds each on 2 cores):
+* ``'aot_eager'`` (dynamo + AOTAutograd: the forward / backward graphs inductor would get,
+  run by eager kernels) for the fullgraph and parity matrix: a graph break, an untraceable
+  op or a data-dependent guard fails there exactly as under inductor;
+* a counting ``'eager'`` backend for the recompile count (dynamo's guards decide recompiles,
+  not the backend);
+* ``'inductor'`` (the default backend) once per backbone: a training step, fp32 (marked slow:
+  3 minutes on 2 cores; ``make test-all``). ``tools/benchmark.py --compile`` also compiles
+  Swin-T with inductor and checks it against mmdet before timing.
+"""
+import copy
+from typing import Callable, List, Sequence, Tuple
+
+import pytest
+import torch
+from helpers import max_rel_err, randomize_
+from torch import Tensor, nn
+
+import vitdet_plugin  # noqa: F401
+from vitdet_plugin.models.accel import PLAIN, capturing_graph, plan_for_tensor
+from vitdet_plugin.models.backbones import SwinBackbone, ViTBackbone
+
+#: fp32: compiled vs eager outputs and gradients, max |a - b| / max |b| (the issue's bound).
+FP32_TOL = 1e-5
+#: bf16 autocast, compiled vs eager outputs (the README's bf16 bound vs fp32).
+BF16_TOL = 1e-2
+#: bf16 autocast, compiled vs eager gradients: AOTAutograd's backward rounds and sums in its own
+#: order (measured up to 1.4e-2 on the small Swin; the GPU check allows 1e-1 relative L2).
+BF16_GRAD_TOL = 5e-2
+#: Input sizes of the dynamic-shape test: none a multiple of the patch (4 / 16) or window.
+DYNAMIC_SIZES: Tuple[Tuple[int, int], ...] = ((61, 83), (64, 96), (97, 70), (45, 131),
+                                              (120, 100))
+#: Graphs dynamo builds for all of DYNAMIC_SIZES with dynamic=True (measured). Not one per
+#: size: no Python branch depends on a size (pads, masks, position resizes are symbolic). The
+#: extra graphs come from torch's stride reasoning, which guards on whether a stage map was
+#: padded (the cropped window output is then non-contiguous: ``x + out[:, :h, :w]``) and on
+#: whether a stage has a single window (``reshape`` can then view): size classes, each
+#: compiled once, shared by every later size of that class.
+EXPECTED_GRAPHS = {'swin': 3, 'vit': 2, 'vit_pyramid': 3}
+BATCH = 2  # a batch of 1 would be specialised by dynamo (0/1 specialisation)
+SIZE = (70, 101)
+
+MODELS: dict = {
+    'swin': lambda: SwinBackbone(arch=dict(embed_dims=16, depths=(2, 2, 2), num_heads=(1, 2, 2)),
+                                 window_size=5, out_indices=(0, 1, 2), drop_path_rate=0.0),
+    'vit': lambda: ViTBackbone(embed_dims=32, depth=3, num_heads=2, global_attn_indexes=(1,),
+                               window_size=4, img_size=96, pretrain_img_size=64,
+                               residual_block_indexes=(2,), drop_path_rate=0.0),
+    'vit_pyramid': lambda: ViTBackbone(embed_dims=32, depth=2, num_heads=2,
+                                       global_attn_indexes=(1,), window_size=4, img_size=96,
+                                       pyramid=dict(out_channels=16), drop_path_rate=0.0),
+}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Every test compiles from scratch (code caches, recompile counts and counters)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _model(name: str, training: bool) -> nn.Module:
+    model = randomize_(MODELS[name]())
+    return model.train(training)
+
+
+def _loss(outs: Sequence[Tensor]) -> Tensor:
+    """A loss that weighs every output element differently (fixed random weights)."""
+    g = torch.Generator().manual_seed(1)
+    return sum((o.float() * torch.randn(o.shape, generator=g)).sum() for o in outs)
+
+
+def _run(model: Callable, x: Tensor, training: bool, bf16: bool
+         ) -> Tuple[List[Tensor], List[Tensor]]:
+    """Outputs, and with ``training`` the gradients of the input and every parameter."""
+    x = x.clone().requires_grad_(training)
+    with torch.autocast('cpu', dtype=torch.bfloat16, enabled=bf16), \
+            torch.set_grad_enabled(training):
+        outs = list(model(x))
+    if not training:
+        return [o.detach() for o in outs], []
+    params = list(getattr(model, '_orig_mod', model).parameters())
+    grads = torch.autograd.grad(_loss(outs), [x] + params)
+    return [o.detach() for o in outs], list(grads)
+
+
+def _assert_close(got: Sequence[Tensor], ref: Sequence[Tensor], tol: float, what: str) -> None:
+    assert len(got) == len(ref), (what, len(got), len(ref))
+    for i, (a, b) in enumerate(zip(got, ref)):
+        assert a.shape == b.shape, (what, i, a.shape, b.shape)
+        err = max_rel_err(a.float(), b.float())
+        assert err <= tol, f'{what} {i}: relative error {err:.2e} > {tol:.0e}'
+
+
+@pytest.mark.parametrize('bf16', [False, True], ids=['fp32', 'bf16'])
+@pytest.mark.parametrize('training', [True, False], ids=['train', 'eval'])
+@pytest.mark.parametrize('name', list(MODELS))
+def test_fullgraph_compile_matches_eager(name, training, bf16):
+    model = _model(name, training)
+    x = torch.randn(BATCH, 3, *SIZE)
+    ref_outs, ref_grads = _run(model, x, training, bf16)
+    compiled = torch.compile(model, backend='aot_eager', fullgraph=True)
+    outs, grads = _run(compiled, x, training, bf16)
+    _assert_close(outs, ref_outs, BF16_TOL if bf16 else FP32_TOL, 'output')
+    _assert_close(grads, ref_grads, BF16_GRAD_TOL if bf16 else FP32_TOL, 'gradient')
+    if training:
+        assert len(grads) == 1 + len(list(model.parameters()))
+
+
+class CountingBackend:
+    """A dynamo backend that counts the graphs it is given and runs them eagerly."""
+
+    def __init__(self) -> None:
+        self.graphs = 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        self.graphs += 1
+        return gm.forward
+
+
+@pytest.mark.parametrize('training', [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=['eval', 'train'])  # train: the same graph count, 2 more minutes
+@pytest.mark.parametrize('name', list(MODELS))
+def test_dynamic_shapes_compile_once_for_five_sizes(name, training):
+    model = _model(name, training)
+    backend = CountingBackend()
+    compiled = torch.compile(model, backend=backend, dynamic=True, fullgraph=True)
+    for size in DYNAMIC_SIZES:
+        x = torch.randn(BATCH, 3, *size)
+        outs, _ = _run(compiled, x, False, False)
+        ref, _ = _run(model, x, False, False)
+        _assert_close(outs, ref, FP32_TOL, f'output at {size}')
+        assert [o.shape[-2:] for o in outs] == [r.shape[-2:] for r in ref]
+    assert backend.graphs == EXPECTED_GRAPHS[name], (
+        f'{backend.graphs} graphs for {len(DYNAMIC_SIZES)} sizes: a size-dependent Python '
+        'branch or a specialised size recompiles')
+
+
+@pytest.mark.slow  # inductor's C++ build: 120 s (Swin) and 60 s (ViT) on 2 cores
+@pytest.mark.parametrize('name', ['swin', 'vit'])
+def test_inductor_training_step_matches_eager(name):
+    model = _model(name, True)
+    x = torch.randn(BATCH, 3, *SIZE)
+    ref_outs, ref_grads = _run(model, x, True, False)
+    compiled = torch.compile(model, fullgraph=True)  # inductor
+    outs, grads = _run(compiled, x, True, False)
+    _assert_close(outs, ref_outs, FP32_TOL, 'output')
+    _assert_close(grads, ref_grads, FP32_TOL, 'gradient')
+
+
+def test_graph_capture_takes_the_plain_path(monkeypatch):
+    """Compiled forwards never reach the CPU kernels (chunked inference, recomputing
+    autograd Functions), though eager CPU forwards of the same model do."""
+    from vitdet_plugin.models.backbones import swin as swin_module
+    from vitdet_plugin.models.layers import mlp as mlp_module
+    from vitdet_plugin.models.layers import window_attention as wa_module
+
+    calls: List[str] = []
+
+    def record(name: str, real: Callable) -> Callable:
+        def wrapper(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(swin_module, 'swin_chunked_inference',
+                        record('chunked', swin_module.swin_chunked_inference))
+    monkeypatch.setattr(wa_module, 'recompute_attention',
+                        record('attention', wa_module.recompute_attention))
+    monkeypatch.setattr(mlp_module, 'gelu_linear', record('gelu', mlp_module.gelu_linear))
+    model = _model('swin', False)
+    x = torch.randn(BATCH, 3, *SIZE)
+    for training in (False, True):
+        _run(model.train(training), x, training, False)
+    assert set(calls) == {'chunked', 'attention', 'gelu'}, calls  # eager: the CPU kernels
+    calls.clear()
+    for training in (False, True):
+        torch._dynamo.reset()
+        _run(torch.compile(model.train(training), backend='eager', fullgraph=True), x,
+             training, False)
+    assert calls == []
+
+
+def test_capturing_graph_reports_compile_export_and_tracing():
+    x = torch.randn(2, 3)
+    assert not capturing_graph() and plan_for_tensor(x, 'auto') != PLAIN
+
+    def plain(t: Tensor) -> Tensor:
+        return t + float(plan_for_tensor(t, 'auto') == PLAIN and capturing_graph())
+
+    assert torch.equal(torch.compile(plain, backend='eager', fullgraph=True)(x), x + 1)
+    assert torch.equal(torch.jit.trace(plain, x, check_trace=False)(x), x + 1)
+
+    class Plain(nn.Module):
+        def forward(self, t: Tensor) -> Tensor:
+            return plain(t)
+
+    exported = torch.export.export(Plain(), (x,))
+    assert torch.equal(exported.module()(x), x + 1)
+
+
+@pytest.fixture(scope='module')
+def shapes_root(tmp_path_factory) -> str:
+    from dist_worker import make_data
+    return make_data(str(tmp_path_factory.mktemp('shapes')))
+
+
+#: Iterations of the mmengine compile run (the first compiles; later ones reuse the graphs).
+RUNNER_ITERS = 3
+
+
+@pytest.mark.slow  # 2-3 minutes: dynamo traces mmdet's loss, assigner and optimizer code
+def test_mmengine_compile_option_trains_demo_config(shapes_root, tmp_path, monkeypatch):
+    """``compile`` (mmengine's runner option: ``torch.compile`` of ``train_step``) on the demo
+    RetinaNet config, a few iterations. Backend ``aot_eager`` (``compile=dict(backend=...)``,
+    the same option as ``compile=True`` with one argument): the train step holds mmdet's
+    Python loss and assigner code, which inductor would spend minutes on with 2 cores. The
+    config's NonFiniteCheckHook stays in: its optimizer pre-hook runs eagerly."""
+    import os.path as osp
+
+    from mmengine.runner import Runner
+
+    from vitdet_plugin.datasets import load_config
+    root = osp.dirname(osp.dirname(osp.abspath(__file__)))
+    cfg = load_config(osp.join(root, 'configs', 'demo', 'swin_retinanet_shapes.py'),
+                      dict(data_root=shapes_root + '/'))
+    cfg.work_dir = str(tmp_path)
+    cfg.compile = dict(backend='aot_eager')
+    cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=RUNNER_ITERS,
+                         val_interval=10 ** 6)
+    cfg.val_cfg = cfg.val_dataloader = cfg.val_evaluator = None
+    cfg.test_cfg = cfg.test_dataloader = cfg.test_evaluator = None
+    cfg.custom_hooks = [dict(type='NonFiniteCheckHook')]
+    cfg.train_dataloader.batch_size = 2
+    cfg.train_dataloader.num_workers = 0
+    cfg.train_dataloader.persistent_workers = False
+    cfg.default_hooks.checkpoint = dict(type='CheckpointHook', interval=10 ** 6)
+    cfg.log_level = 'WARNING'
+    runner = Runner.from_cfg(cfg)
+    before = copy.deepcopy(runner.model.backbone.state_dict())
+    # dynamo (torch 2.14) fails inside AdamW.step on the param groups mmengine's optimizer
+    # constructor builds ('UserDefinedDictVariable' has no 'items'), an mmengine / torch issue
+    # that any model meets: the optimizer step runs eagerly, forward + loss + backward compile
+    monkeypatch.setattr(torch.optim.AdamW, 'step', torch.compiler.disable(torch.optim.AdamW.step))
+    runner.train()
+    assert runner.iter == RUNNER_ITERS
+    assert hasattr(runner.model.train_step, '_torchdynamo_orig_callable'), 'not compiled'
+    after = runner.model.backbone.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before), 'backbone not trained'
+    assert torch._dynamo.utils.counters['stats']['unique_graphs'] > 0

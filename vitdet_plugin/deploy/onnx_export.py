@@ -1,0 +1,147 @@
+"""ONNX export of a detector's network with dynamic batch, height and width.
+
+What is exported: the network from the *normalised, padded* image tensor ``(B, C, H, W)`` to
+
+* ``'backbone'``: the backbone's feature maps,
+* ``'neck'``: the neck's maps (backbone + neck),
+* ``'head'``: a single-stage dense head's raw per-level outputs before decoding and NMS
+  (backbone + neck + head: RetinaNet's ``cls_score_i`` ``(B, A * K, H_i, W_i)`` logits and
+  ``bbox_pred_i`` ``(B, A * 4, H_i, W_i)`` box deltas).
+
+What is not: the data preprocessor (BGR -> RGB, mean / std, padding to ``pad_size_divisor``),
+anchor generation and box decoding, the score threshold and NMS (mmcv ops), and two-stage
+heads (RoIAlign is an mmcv op). The caller runs those, or uses mmdeploy.
+
+The exporter is torch's dynamo-based one (``torch.onnx.export(..., dynamo=True)``, via
+``torch.export``): sizes are symbolic while it traces, so the graph holds the padding,
+shifted-window masks and position-table resizes as functions of the input size.
+"""
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from ..models.layers import eager_attention
+
+#: Parts of a detector that can be exported (each includes the ones before it).
+PARTS = ('backbone', 'neck', 'head')
+#: Size of the example input the exporter traces with. Any size works (the graph is dynamic);
+#: an odd one that is no multiple of a patch or window keeps every padding path in the trace.
+EXPORT_SAMPLE_SIZE: Tuple[int, int] = (233, 311)
+#: Input name of the exported graph.
+INPUT_NAME = 'image'
+#: The exported graph's opset (torch's dynamo exporter supports 18 and newer).
+OPSET = 18
+
+
+class DetectorPart(nn.Module):
+    """The exported network: ``image -> backbone [-> neck [-> dense head]]`` as a flat tuple.
+
+    Args:
+        model: an mmdet detector (``backbone``, optional ``neck``, ``bbox_head``), or a bare
+            backbone (``part='backbone'`` only).
+        part: one of :data:`PARTS`.
+    """
+
+    def __init__(self, model: nn.Module, part: str) -> None:
+        super().__init__()
+        if part not in PARTS:
+            raise ValueError(f'part={part!r} is not one of {PARTS}')
+        backbone = getattr(model, 'backbone', model)
+        neck = getattr(model, 'neck', None) if part in ('neck', 'head') else None
+        head = getattr(model, 'bbox_head', None) if part == 'head' else None
+        if part in ('neck', 'head') and neck is None and not hasattr(model, 'backbone'):
+            raise ValueError(f'part={part!r} needs a detector; got a bare '
+                             f'{type(model).__name__}: export part="backbone"')
+        if part == 'neck' and neck is None:
+            raise ValueError(f'{type(model).__name__} has no neck: export part="backbone"')
+        if part == 'head':
+            if hasattr(model, 'roi_head') or hasattr(model, 'rpn_head'):
+                raise ValueError(f'{type(model).__name__} is a two-stage detector: its RoI head '
+                                 'needs RoIAlign (an mmcv op) and proposals from NMS, which '
+                                 'this exporter leaves out; export part="neck" (or use '
+                                 'mmdeploy)')
+            if head is None:
+                raise ValueError(f'{type(model).__name__} has no bbox_head: export '
+                                 'part="neck" or part="backbone"')
+        self.part = part
+        self.backbone = backbone
+        self.neck = neck
+        self.head = head
+
+    @property
+    def in_channels(self) -> int:
+        """Image channels the backbone takes (3 when it does not say)."""
+        return int(getattr(self.backbone, 'in_channels', 3))
+
+    def output_names(self, num_levels: int) -> List[str]:
+        """Names of the flat outputs for ``num_levels`` feature levels."""
+        if self.part == 'head':
+            return ([f'cls_score_{i}' for i in range(num_levels)]
+                    + [f'bbox_pred_{i}' for i in range(num_levels)])
+        prefix = 'neck' if self.part == 'neck' else 'feat'
+        return [f'{prefix}_{i}' for i in range(num_levels)]
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        feats = self.backbone(x)
+        feats = (feats,) if isinstance(feats, Tensor) else tuple(feats)
+        if self.neck is not None:
+            feats = tuple(self.neck(feats))
+        if self.head is None:
+            return feats
+        cls_scores, bbox_preds = self.head(feats)[:2]
+        return tuple(cls_scores) + tuple(bbox_preds)
+
+
+def build_detector_part(config: str, checkpoint: Optional[str] = None, part: str = 'auto',
+                        cfg_options: Optional[dict] = None) -> DetectorPart:
+    """The model of ``config`` (weights from ``checkpoint``, else its own init) as a
+    :class:`DetectorPart`; ``part='auto'``: backbone + neck when there is a neck."""
+    from mmdet.registry import MODELS
+
+    from ..datasets import load_config
+    from ..weights.common import CheckpointError, checkpoint_state_dict
+
+    cfg = load_config(config, cfg_options)
+    model = MODELS.build(cfg.model)
+    if checkpoint:
+        state = checkpoint_state_dict(checkpoint)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise CheckpointError(
+                f'checkpoint {checkpoint!r} does not match the model of {config!r}: '
+                f'{len(missing)} missing keys (e.g. {missing[:3]}), {len(unexpected)} '
+                f'unexpected (e.g. {unexpected[:3]}); give the checkpoint this config trained')
+    else:
+        model.init_weights()
+    if part == 'auto':
+        part = 'neck' if getattr(model, 'neck', None) is not None else 'backbone'
+    return DetectorPart(model, part).eval()
+
+
+def dynamic_shapes() -> Tuple[dict, ...]:
+    """``torch.export`` dynamic-shape spec of the image: batch, height and width free."""
+    dynamic = torch.export.Dim.DYNAMIC
+    return ({0: dynamic, 2: dynamic, 3: dynamic},)
+
+
+def export_onnx(module: DetectorPart, path: str, sample_size: Tuple[int, int] = EXPORT_SAMPLE_SIZE,
+                sample_batch: int = 2, opset: int = OPSET) -> List[str]:
+    """Export ``module`` (put in eval mode) to ``path`` with dynamic batch, height and width;
+    returns the output names. ``sample_batch`` must be >= 2 (a batch of 1 would be
+    specialised by the tracer)."""
+    module.eval()
+    x = torch.randn(sample_batch, module.in_channels, *sample_size)
+    with torch.no_grad():
+        levels = len(module(x)) // (2 if module.part == 'head' else 1)
+    names = module.output_names(levels)
+    try:
+        with eager_attention(module):
+            torch.onnx.export(module, (x,), path, dynamo=True, dynamic_shapes=dynamic_shapes(),
+                              input_names=[INPUT_NAME], output_names=names,
+                              opset_version=opset, external_data=False)
+    except ImportError as e:  # onnxscript / onnx missing
+        raise SystemExit(f'ONNX export needs the deploy extra ({e}): pip install -e ".[deploy]" '
+                         '(or `make env`)') from e
+    return names
+
