@@ -35,7 +35,8 @@ from ..layers import (DropPath, Mlp, PatchEmbed, PatchMerging, check_flag, check
 from ..layers.cosine_window_attention import LOGIT_SCALE_INIT, CosineWindowAttention
 from ..layers.shifted_windows import shifted_window_attention
 from .base import BackboneContract, init_cfg_from_pretrained, pretrained_init_cfg
-from .swin import SwinArch, SwinBackbone
+from .archs import SwinArch
+from .swin import SwinBackbone
 
 #: A window: an int (square) or ``(h, w)``; per stage: one of those, or a sequence of them.
 WindowArg = Union[int, Sequence[int], Sequence[Union[int, Sequence[int]]]]
