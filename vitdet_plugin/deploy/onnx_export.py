@@ -16,6 +16,7 @@ The exporter is torch's dynamo-based one (``torch.onnx.export(..., dynamo=True)`
 ``torch.export``): sizes are symbolic while it traces, so the graph holds the padding,
 shifted-window masks and position-table resizes as functions of the input size.
 """
+import logging
 from typing import List, Optional, Tuple
 
 import torch
@@ -98,6 +99,7 @@ def build_detector_part(config: str, checkpoint: Optional[str] = None, part: str
     """The model of ``config`` (weights from ``checkpoint``, else its own init) as a
     :class:`DetectorPart`; ``part='auto'``: backbone + neck when there is a neck."""
     from mmdet.registry import MODELS
+    from mmengine.logging import MMLogger
 
     from ..datasets import load_config
     from ..weights.common import CheckpointError, checkpoint_state_dict
@@ -113,7 +115,13 @@ def build_detector_part(config: str, checkpoint: Optional[str] = None, part: str
                 f'{len(missing)} missing keys (e.g. {missing[:3]}), {len(unexpected)} '
                 f'unexpected (e.g. {unexpected[:3]}); give the checkpoint this config trained')
     else:
-        model.init_weights()
+        logger = MMLogger.get_current_instance()
+        level = logger.level
+        logger.setLevel(logging.WARNING)  # not one INFO line per initialised parameter
+        try:
+            model.init_weights()
+        finally:
+            logger.setLevel(level)
     if part == 'auto':
         part = 'neck' if getattr(model, 'neck', None) is not None else 'backbone'
     return DetectorPart(model, part).eval()
