@@ -20,12 +20,9 @@ import numbers
 from functools import partial
 from typing import ClassVar, List, Optional, Sequence, Tuple, Union
 
-import torch
-import torch.utils.checkpoint as cp
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmdet.registry import MODELS
 from mmengine.model import BaseModule
-from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor, nn
 
 from ...weights.swin_v2 import load_swin_v2_pretrained
@@ -34,8 +31,9 @@ from ..layers import (DropPath, Mlp, PatchEmbed, PatchMerging, check_flag, check
                       int_tuple, linear_drop_path_rates, positive_int)
 from ..layers.cosine_window_attention import LOGIT_SCALE_INIT, CosineWindowAttention
 from ..layers.shifted_windows import shifted_window_attention
-from .base import BackboneContract, init_cfg_from_pretrained, pretrained_init_cfg
 from .archs import SwinArch
+from .base import (BackboneContract, init_cfg_from_pretrained, init_transformer_weights_,
+                   pretrained_init_cfg, run_blocks)
 from .swin import SwinBackbone
 
 #: A window: an int (square) or ``(h, w)``; per stage: one of those, or a sequence of them.
@@ -173,11 +171,7 @@ class SwinV2Stage(nn.Module):
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         """``(B, H, W, C)`` -> (stage output ``(B, H, W, C)``, input of the next stage)."""
-        for block in self.blocks:
-            if self.with_cp and self.training and torch.is_grad_enabled():
-                x = cp.checkpoint(block, x, use_reentrant=False)
-            else:
-                x = block(x)
+        x = run_blocks(self.blocks, x, self.with_cp, self.training)
         return x, (self.downsample(x) if self.downsample is not None else x)
 
 
@@ -319,15 +313,9 @@ class SwinV2Backbone(BackboneContract, BaseModule):
                                     prefix=pretrained.get('prefix'))
             self._is_init = True
             return
+        init_transformer_weights_(self)
         for m in self.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, CosineWindowAttention):
+            if isinstance(m, CosineWindowAttention):
                 nn.init.constant_(m.logit_scale, LOGIT_SCALE_INIT)
                 for bias in (m.q_bias, m.v_bias):
                     if bias is not None:
