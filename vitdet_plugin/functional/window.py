@@ -19,8 +19,7 @@ NUM_REGIONS = 3
 _SHIFT_MASKS: SizeCache[Tensor] = SizeCache()
 
 
-def padded_size(hw: Tuple[SizeLike, SizeLike],
-                multiple: Tuple[int, int]) -> Tuple[SizeLike, SizeLike]:
+def padded_size(hw: Tuple[int, int], multiple: Tuple[int, int]) -> Tuple[int, int]:
     """``(H, W)`` rounded up to multiples of ``multiple``.
 
     Written with non-negative operands only: a symbolic size exported to ONNX becomes an
