@@ -111,7 +111,7 @@ def test_layer_ids_and_no_decay_names(cls, variant):
              if isinstance(mod, (torch.nn.LayerNorm, torch.nn.GroupNorm,
                                  torch.nn.modules.batchnorm._BatchNorm))}
     biases = {n for n in names if n.endswith('.bias')}
-    tables = {n for n in names if n.rsplit('.', 1)[-1] in model.NO_DECAY_PARAMS}
+    tables = {n for n in names if set(n.split('.')) & set(model.NO_DECAY_PARAMS)}
     assert no_decay == norms | biases | tables
     assert all(names[n].dim() > 1 for n in set(names) - no_decay)  # only weights decay
 

@@ -155,7 +155,8 @@ class BackboneContract(FreezeMixin):
     relative-position tables) in :attr:`NO_DECAY_PARAMS`.
     """
 
-    #: Last name components of parameters that get no weight decay besides norms and biases.
+    #: Name components (a parameter's own name or a module's on its path, e.g. Swin V2's
+    #: ``cpb_mlp``) of parameters that get no weight decay besides norms and biases.
     NO_DECAY_PARAMS: ClassVar[Tuple[str, ...]] = ()
 
     out_channels: Tuple[int, ...]
@@ -173,13 +174,15 @@ class BackboneContract(FreezeMixin):
 
     def no_weight_decay(self) -> Set[str]:
         """Names (relative to the backbone) of the parameters without weight decay: every
-        parameter of a norm layer, every bias and the :attr:`NO_DECAY_PARAMS`."""
+        parameter of a norm layer, every bias and every parameter with a :attr:`NO_DECAY_PARAMS`
+        component in its name."""
         names: Set[str] = set()
+        tables = set(self.NO_DECAY_PARAMS)
         for mod_name, module in self.named_modules():  # type: ignore[attr-defined]
             for p_name, _ in module.named_parameters(recurse=False):
                 full = f'{mod_name}.{p_name}' if mod_name else p_name
                 if (isinstance(module, _NORMS) or p_name == 'bias'
-                        or p_name in self.NO_DECAY_PARAMS):
+                        or not tables.isdisjoint(full.split('.'))):
                     names.add(full)
         return names
 

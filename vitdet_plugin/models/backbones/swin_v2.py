@@ -203,7 +203,7 @@ class SwinV2Backbone(BackboneContract, BaseModule):
     """
 
     #: No weight decay (besides norms and biases): the logit scales and the q / v biases.
-    NO_DECAY_PARAMS = ('logit_scale', 'q_bias', 'v_bias')
+    NO_DECAY_PARAMS = ('logit_scale', 'q_bias', 'v_bias', 'cpb_mlp')
 
     depths: Tuple[int, ...]
     out_indices: Tuple[int, ...]
