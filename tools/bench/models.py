@@ -39,6 +39,13 @@ def feature_list(out: Union[Tensor, List[Tensor], tuple]) -> List[Tensor]:
     return [out] if isinstance(out, Tensor) else list(out)
 
 
+def _features_of(model: nn.Module) -> Features:
+    """``model``'s outputs as a list of feature maps."""
+    def features(x: Tensor) -> List[Tensor]:
+        return feature_list(model(x))
+    return features
+
+
 def _perturb_(model: nn.Module) -> None:
     with torch.no_grad():
         for p in model.parameters():
@@ -58,7 +65,7 @@ class TimmSwinFeatures(nn.Module):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
-        self.model = model
+        self.model: Any = model  # timm's SwinTransformer (patch_embed, layers)
 
     def forward(self, x: Tensor) -> List[Tensor]:
         x = self.model.patch_embed(x)
@@ -98,7 +105,7 @@ def build_swin(arch: str, size: Size, with_cp: bool) -> Compared:
 
     # always_partition: keep the 7x7 windows (and their shift) in stages smaller than a
     # window, as mmdet and ours do; timm would shrink them (and the bias tables with them)
-    tm = timm.create_model(f'swin_{arch}_patch4_window7_224', pretrained=False, num_classes=0,
+    tm: Any = timm.create_model(f'swin_{arch}_patch4_window7_224', pretrained=False, num_classes=0,
                            img_size=size, strict_img_size=False, always_partition=True,
                            drop_path_rate=0.0)
     _perturb_(tm)
@@ -111,7 +118,7 @@ def build_swin(arch: str, size: Size, with_cp: bool) -> Compared:
     mm.load_state_dict(mm_sd)
     timm_feats = TimmSwinFeatures(tm)
     models: Dict[str, nn.Module] = {'ours': ours, 'mmdet': mm, 'timm': timm_feats}
-    features = {name: (lambda x, m=m: feature_list(m(x))) for name, m in models.items()}
+    features: Dict[str, Features] = {name: _features_of(m) for name, m in models.items()}
     return Compared(models=models, features=features, parity_ref='mmdet')
 
 
@@ -123,7 +130,7 @@ def build_vit(arch: str, with_cp: bool) -> Compared:
     from vitdet_plugin.models.backbones import ViTBackbone
     from vitdet_plugin.weights.vit import load_vit_pretrained
 
-    ref = timm.create_model(f'samvit_{arch}_patch16', pretrained=False, num_classes=0,
+    ref: Any = timm.create_model(f'samvit_{arch}_patch16', pretrained=False, num_classes=0,
                             drop_path_rate=0.0)
     _perturb_(ref)
     ref.set_grad_checkpointing(with_cp)

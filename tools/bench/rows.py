@@ -6,7 +6,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, ContextManager, Dict, List, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -74,7 +74,7 @@ def time_calls(calls: Dict[str, Callable[[], object]], repeats: int, warmup: int
 
 
 def check_parity(compared: Compared, x: Tensor, dtype: str,
-                 context: Callable[[], object]) -> float:
+                 context: Callable[[], ContextManager[object]]) -> float:
     """Relative difference of ours and the parity reference on ``x`` (eval, no grad);
     raises when they do not compute the same function at a size where they must."""
     with torch.no_grad(), context():
@@ -91,7 +91,7 @@ def check_parity(compared: Compared, x: Tensor, dtype: str,
 
 
 def _forward_call(features: Features, x: Tensor,
-                  context: Callable[[], object]) -> Callable[[], object]:
+                  context: Callable[[], ContextManager[object]]) -> Callable[[], object]:
     def call() -> object:
         with torch.no_grad(), context():
             return features(x)
@@ -99,12 +99,12 @@ def _forward_call(features: Features, x: Tensor,
 
 
 def _train_call(model: torch.nn.Module, features: Features, x: Tensor,
-                context: Callable[[], object]) -> Callable[[], object]:
+                context: Callable[[], ContextManager[object]]) -> Callable[[], object]:
     def call() -> None:
         model.zero_grad(set_to_none=True)
         with context():
             out = features(x)
-        sum(o.float().mean() for o in out).backward()
+        torch.stack([o.float().mean() for o in out]).sum().backward()
     return call
 
 
@@ -143,7 +143,7 @@ def measure_row(settings: RowSettings, spec: RowSpec) -> Row:
     return row
 
 
-def _with(context: Callable[[], object], fn: Callable[[], object]) -> object:
+def _with(context: Callable[[], ContextManager[object]], fn: Callable[[], object]) -> object:
     with context():
         return fn()
 
