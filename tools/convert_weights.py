@@ -21,11 +21,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from vitdet_plugin.weights import (CheckpointError, checkpoint_state_dict,  # noqa: E402
+from vitdet_plugin.weights import (CheckpointError, checkpoint_state_dict,
                                    load_checkpoint_file)
-from vitdet_plugin.weights.swin import convert_swin, detect_swin_format  # noqa: E402
+from vitdet_plugin.weights.swin import convert_swin, detect_swin_format
 from vitdet_plugin.weights.swin_v2 import convert_swin_v2, detect_swin_v2_format
-from vitdet_plugin.weights.vit import convert_vit, detect_vit_format  # noqa: E402
+from vitdet_plugin.weights.vit import convert_vit, detect_vit_format
 
 
 DETECTORS = {'swin': detect_swin_format, 'swinv2': detect_swin_v2_format,

@@ -2,4 +2,4 @@
 from . import backbones, layers  # noqa: F401
 from . import necks  # noqa: F401
 
-from . import detectors, heads  # noqa: F401,E402
+from . import detectors, heads  # noqa: F401
