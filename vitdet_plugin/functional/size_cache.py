@@ -40,7 +40,7 @@ class SizeCache(Generic[T]):
         if maxsize <= 0:
             raise ValueError(f'maxsize must be positive, got {maxsize}')
         self.maxsize = maxsize
-        self._entries: 'OrderedDict[Hashable, T]' = OrderedDict()
+        self._entries: OrderedDict[Hashable, T] = OrderedDict()
 
     def get(self, key: Hashable, build: Callable[[], T]) -> T:
         if torch.compiler.is_compiling():
