@@ -75,7 +75,7 @@ def detect_swin_format(sd: Mapping[str, Tensor]) -> str:
     return layout
 
 
-def _unfold_to_official(w: Tensor) -> Tensor:
+def unfold_to_official(w: Tensor) -> Tensor:
     """Reorder mmcv-Unfold PatchMerging ``(out, 4C)`` weights or ``(4C,)`` norm params."""
     if w.dim() == 1:
         c = w.shape[0] // 4
@@ -86,7 +86,7 @@ def _unfold_to_official(w: Tensor) -> Tensor:
 
 
 def _official_to_unfold(w: Tensor) -> Tensor:
-    """Inverse of :func:`_unfold_to_official` (the permutation is its own inverse)."""
+    """Inverse of :func:`unfold_to_official` (the permutation is its own inverse)."""
     if w.dim() == 1:
         c = w.shape[0] // 4
         return w.reshape(4, c)[_UNFOLD_TO_OFFICIAL].t().reshape(-1)
@@ -104,7 +104,10 @@ _MMDET_RENAMES = (
 )
 
 
-def _from_mmdet(sd: StateDict) -> StateDict:
+def from_mmdet_names(sd: StateDict, unfold_ordered: str) -> StateDict:
+    """mmdet / mmpretrain Swin key names -> the official ones; the parameters whose new name
+    matches ``unfold_ordered`` are taken from ``nn.Unfold`` channel order (see
+    :func:`unfold_to_official`)."""
     out = {}
     for k, v in sd.items():
         for pattern, repl in _MMDET_RENAMES:
@@ -112,13 +115,13 @@ def _from_mmdet(sd: StateDict) -> StateDict:
             if new != k:
                 k = new
                 break
-        if re.match(r'layers\.\d+\.downsample\.(reduction|norm)\.', k):
-            v = _unfold_to_official(v)
+        if re.match(unfold_ordered, k):
+            v = unfold_to_official(v)
         out[k] = v
     return out
 
 
-def _from_timm(sd: StateDict) -> StateDict:
+def from_timm_layout(sd: StateDict) -> StateDict:
     out = {}
     for k, v in sd.items():
         m = re.match(r'layers\.(\d+)\.downsample\.(.*)', k)
@@ -235,9 +238,10 @@ def convert_swin(sd: Mapping[str, Tensor], window_size: Optional[Tuple[int, int]
     sd, dropped_now = drop_keys(sd, _NON_BACKBONE)
     dropped += dropped_now
     if fmt == 'mmdet':
-        sd = _from_mmdet(sd)
+        # mmdet's Unfold-based merging concatenates in another order: reduction and its norm
+        sd = from_mmdet_names(sd, r'layers\.\d+\.downsample\.(reduction|norm)\.')
     elif fmt == 'timm':
-        sd = _from_timm(sd)
+        sd = from_timm_layout(sd)
     if 'absolute_pos_embed' in sd:
         pos = sd['absolute_pos_embed']
         if pos.dim() == 3:

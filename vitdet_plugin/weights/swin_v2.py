@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ..functional.cpb import CPB_COORD_RANGE
 from .common import (CheckpointError, StateDict, checkpoint_state_dict, drop_keys,
                      load_state_dict_checked, select_prefix)
-from .swin import _MMDET_RENAMES, _from_timm, _unfold_to_official
+from .swin import from_mmdet_names, from_timm_layout
 
 logger = logging.getLogger('vitdet_plugin')
 
@@ -76,17 +76,7 @@ def detect_swin_v2_format(sd: Mapping[str, Tensor]) -> str:
 def _from_mmpretrain(sd: StateDict) -> StateDict:
     """mmpretrain names -> official ones; downsample reduction columns from Unfold order (its
     post-norm acts on the 2C output, in the same order); downsample moved as timm's."""
-    out = {}
-    for k, v in sd.items():
-        for pattern, repl in _MMDET_RENAMES:
-            new = re.sub(pattern, repl, k)
-            if new != k:
-                k = new
-                break
-        if re.match(r'layers\.\d+\.downsample\.reduction\.', k):
-            v = _unfold_to_official(v)
-        out[k] = v
-    return _from_timm(out)
+    return from_timm_layout(from_mmdet_names(sd, r'layers\.\d+\.downsample\.reduction\.'))
 
 
 def convert_swin_v2(sd: Mapping[str, Tensor], src_format: Optional[str] = None
@@ -109,7 +99,7 @@ def convert_swin_v2(sd: Mapping[str, Tensor], src_format: Optional[str] = None
     if fmt == 'mmpretrain':
         sd = _from_mmpretrain(sd)
     elif fmt == 'timm':
-        sd = _from_timm(sd)
+        sd = from_timm_layout(sd)
     return sd, dropped
 
 

@@ -92,7 +92,21 @@ class SwinBlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
-class SwinStage(nn.Module):
+class WindowStage(nn.Module):
+    """A Swin stage's forward: its blocks in turn, then optional patch merging. Subclasses
+    build ``blocks``, ``downsample`` and ``with_cp``."""
+
+    blocks: nn.ModuleList
+    downsample: Optional[nn.Module]
+    with_cp: bool
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]:
+        """``(B, H, W, C)`` -> (stage output ``(B, H, W, C)``, input of the next stage)."""
+        x = run_blocks(self.blocks, x, self.with_cp, self.training)
+        return x, (self.downsample(x) if self.downsample is not None else x)
+
+
+class SwinStage(WindowStage):
     """``depth`` blocks alternating W-MSA / SW-MSA, then optional patch merging."""
 
     def __init__(self, dim: int, depth: int, num_heads: int, window_size: Tuple[int, int],
@@ -107,11 +121,6 @@ class SwinStage(nn.Module):
                       norm_cfg=norm_cfg, **block_kwargs) for j in range(depth)])
         merge_norm_layer = build_norm_layer(norm_cfg, 4 * dim)[1] if merge_norm else nn.Identity()
         self.downsample = PatchMerging(dim, merge_norm_layer) if downsample else None
-
-    def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]:
-        """``(B, H, W, C)`` -> (stage output ``(B, H, W, C)``, input of the next stage)."""
-        x = run_blocks(self.blocks, x, self.with_cp, self.training)
-        return x, (self.downsample(x) if self.downsample is not None else x)
 
 
 @MODELS.register_module()

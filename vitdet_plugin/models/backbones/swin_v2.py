@@ -33,8 +33,8 @@ from ..layers.cosine_window_attention import LOGIT_SCALE_INIT, CosineWindowAtten
 from ..layers.shifted_windows import shifted_window_attention
 from .archs import SwinArch
 from .base import (BackboneContract, init_cfg_from_pretrained, init_transformer_weights_,
-                   pretrained_init_cfg, run_blocks)
-from .swin import SwinBackbone
+                   pretrained_init_cfg)
+from .swin import SwinBackbone, WindowStage
 
 #: A window: an int (square) or ``(h, w)``; per stage: one of those, or a sequence of them.
 WindowArg = Union[int, Sequence[int], Sequence[Union[int, Sequence[int]]]]
@@ -151,7 +151,7 @@ class SwinV2Block(nn.Module):
         return self.norm3(x) if self.norm3 is not None else x
 
 
-class SwinV2Stage(nn.Module):
+class SwinV2Stage(WindowStage):
     """``depth`` blocks alternating W-MSA / SW-MSA, then optional (post-norm) patch merging."""
 
     def __init__(self, dim: int, depth: int, num_heads: int, window_size: Window,
@@ -168,11 +168,6 @@ class SwinV2Stage(nn.Module):
             for j in range(depth)])
         self.downsample = PatchMerging(dim, build_norm_layer(norm_cfg, 2 * dim)[1],
                                        post_norm=True) if downsample else None
-
-    def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]:
-        """``(B, H, W, C)`` -> (stage output ``(B, H, W, C)``, input of the next stage)."""
-        x = run_blocks(self.blocks, x, self.with_cp, self.training)
-        return x, (self.downsample(x) if self.downsample is not None else x)
 
 
 @MODELS.register_module()
