@@ -1,0 +1,20 @@
+# CPU demo with Swin V2: the shapes RetinaNet of swin_retinanet_shapes.py (same data, neck, head,
+# schedule and time budget; see its header for the recipe) with a SwinV2Backbone of the same
+# size (embed 64, depths 2-2-2, 8 x 8 patches, window 6) trained from random init.
+#   DEMO_CONFIG=configs/demo/swinv2_retinanet_shapes.py make demo
+# SwinV2Backbone has no convolutional stem (the V1 demo's largest recipe gain), so this demo
+# measures the plain V2 design against the stem-less V1 number in that header.
+_base_ = ['./swin_retinanet_shapes.py']
+embed_dims = 64
+
+model = dict(
+    backbone=dict(
+        _delete_=True,
+        type='SwinV2Backbone',
+        embed_dims=embed_dims,
+        depths=[2, 2, 2],
+        num_heads=[2, 4, 8],
+        patch_size=8,           # strides 8, 16, 32
+        window_size=6,          # 192 px input: 24/12/6 token maps, no window padding
+        drop_path_rate=0.0,
+        out_indices=(0, 1, 2)))
