@@ -14,12 +14,22 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 SizeLike = Union[int, torch.SymInt]
 
 
+def _known_true(condition: object) -> bool:
+    """``condition`` when it is a plain bool; for a ``SymBool``, whether it holds for every input
+    without adding a guard; anything else (a 0-d tensor: ``torch.jit.trace`` records sizes as
+    tensors) is not known, so False."""
+    if isinstance(condition, (bool, torch.SymBool)):
+        return statically_known_true(condition)
+    return False
+
+
 def known_zero(*sizes: SizeLike) -> bool:
     """True when every size is 0 for every input the traced graph serves (for plain ints: when
     it is 0); never adds a guard."""
-    return all(statically_known_true(s == 0) for s in sizes)
+    return all(_known_true(s == 0) for s in sizes)
 
 
 def known_equal(a: SizeLike, b: SizeLike) -> bool:
-    """``a == b`` for plain ints; for symbolic sizes True only when provably equal."""
-    return statically_known_true(a == b)
+    """``a == b`` for plain ints; for symbolic (or jit-traced) sizes True only when provably
+    equal."""
+    return _known_true(a == b)
