@@ -300,6 +300,19 @@ def drop_keys(sd: Mapping[str, Tensor], patterns: Iterable[str]) -> Tuple[StateD
     return kept, dropped
 
 
+def backbone_part(sd: Mapping[str, Tensor],
+                  non_backbone: Iterable[str]) -> Tuple[StateDict, List[str]]:
+    """The backbone's weights of a (detector) state dict: the ``backbone.``-prefixed keys without
+    the prefix when there are any, minus the keys matching ``non_backbone``; and what was
+    dropped."""
+    dropped: List[str] = []
+    if any(k.startswith('backbone.') for k in sd):
+        dropped += [k for k in sd if not k.startswith('backbone.')]
+        sd = select_prefix(sd, 'backbone.')
+    kept, dropped_now = drop_keys(sd, non_backbone)
+    return kept, dropped + dropped_now
+
+
 def hw_pair(size: Sequence[int], name: str) -> Tuple[int, int]:
     """``size`` (a tuple, a config's list, a ``torch.Size``) as an ``(h, w)`` tuple; any other
     length raises a ``ValueError`` naming ``name``."""

@@ -23,8 +23,8 @@ from torch import Tensor, nn
 
 from ..functional import (bias_table_size, interpolation_dtype, relative_position_index,
                           resize_pos_grid)
-from .common import (CheckpointError, StateDict, checkpoint_state_dict, drop_keys, hw_pair,
-                     load_state_dict_checked, select_prefix)
+from .common import (CheckpointError, StateDict, backbone_part, checkpoint_state_dict, hw_pair,
+                     load_state_dict_checked)
 
 logger = logging.getLogger('vitdet_plugin')
 
@@ -231,12 +231,7 @@ def convert_swin(sd: Mapping[str, Tensor], window_size: Optional[Tuple[int, int]
         raise ValueError(f'unknown Swin format {fmt!r}; one of {SWIN_FORMATS}')
     sd = dict(sd)
     src_window_size = _source_window(sd, src_window_size)
-    dropped: List[str] = []
-    if any(k.startswith('backbone.') for k in sd):
-        dropped += [k for k in sd if not k.startswith('backbone.')]
-        sd = select_prefix(sd, 'backbone.')
-    sd, dropped_now = drop_keys(sd, _NON_BACKBONE)
-    dropped += dropped_now
+    sd, dropped = backbone_part(sd, _NON_BACKBONE)
     if fmt == 'mmdet':
         # mmdet's Unfold-based merging concatenates in another order: reduction and its norm
         sd = from_mmdet_names(sd, r'layers\.\d+\.downsample\.(reduction|norm)\.')

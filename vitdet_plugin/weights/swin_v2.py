@@ -23,8 +23,8 @@ from typing import Any, Iterable, List, Mapping, Optional, Tuple, Union
 from torch import Tensor, nn
 
 from ..functional.cpb import CPB_COORD_RANGE
-from .common import (CheckpointError, StateDict, checkpoint_state_dict, drop_keys,
-                     load_state_dict_checked, select_prefix)
+from .common import (CheckpointError, StateDict, backbone_part, checkpoint_state_dict,
+                     load_state_dict_checked)
 from .swin import from_mmdet_names, from_timm_layout
 
 logger = logging.getLogger('vitdet_plugin')
@@ -90,12 +90,7 @@ def convert_swin_v2(sd: Mapping[str, Tensor], src_format: Optional[str] = None
     if fmt not in SWIN_V2_FORMATS:
         raise ValueError(f'unknown Swin V2 format {fmt!r}; one of {SWIN_V2_FORMATS}')
     sd = dict(sd)
-    dropped: List[str] = []
-    if any(k.startswith('backbone.') for k in sd):
-        dropped += [k for k in sd if not k.startswith('backbone.')]
-        sd = select_prefix(sd, 'backbone.')
-    sd, dropped_now = drop_keys(sd, _NON_BACKBONE)
-    dropped += dropped_now
+    sd, dropped = backbone_part(sd, _NON_BACKBONE)
     if fmt == 'mmpretrain':
         sd = _from_mmpretrain(sd)
     elif fmt == 'timm':
