@@ -318,6 +318,16 @@ def swin_to_mmdet(sd: Mapping[str, Tensor]) -> StateDict:
     return out
 
 
+def drop_unused_output_norms(sd: StateDict, out_indices: Tuple[int, ...]) -> List[str]:
+    """Remove from ``sd`` (in place) the output norms ``norm{i}`` of stages the model does not
+    return (a checkpoint trained with other ``out_indices``); returns their names."""
+    spare = [k for k in sd
+             if (m := _OUTPUT_NORM.match(k)) and int(m.group(1)) not in out_indices]
+    for k in spare:
+        del sd[k]
+    return spare
+
+
 def load_swin_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Tensor]],
                          prefix: Optional[str] = None,
                          src_window_size: Optional[Tuple[int, int]] = None) -> List[str]:
@@ -339,13 +349,8 @@ def load_swin_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, T
             if getattr(model, 'use_abs_pos_embed', False) else None)
     converted, dropped = convert_swin(sd, window_size=window_size, pos_grid=grid,
                                       src_window_size=src_window_size)
-    # output norms of stages this model does not return (trained with other out_indices)
     out_indices = cast(Tuple[int, ...], model.out_indices)
-    norm_stages = {k: _OUTPUT_NORM.match(k) for k in converted}
-    spare = [k for k, m in norm_stages.items()
-             if m is not None and int(m.group(1)) not in out_indices]
-    for k in spare:
-        del converted[k]
+    spare = drop_unused_output_norms(converted, out_indices)
     if spare:
         logger.info('Swin checkpoint: output norms of stages outside out_indices=%s not used: '
                     '%s', out_indices, ', '.join(spare))

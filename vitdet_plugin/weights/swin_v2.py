@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ..functional.cpb import CPB_COORD_RANGE
 from .common import (CheckpointError, StateDict, backbone_part, checkpoint_state_dict,
                      load_state_dict_checked)
-from .swin import from_mmdet_names, from_timm_layout
+from .swin import _OUTPUT_NORM, drop_unused_output_norms, from_mmdet_names, from_timm_layout
 
 logger = logging.getLogger('vitdet_plugin')
 
@@ -35,7 +35,6 @@ SWIN_V2_FORMATS = ('official', 'timm', 'mmpretrain', 'ours')
 _NON_BACKBONE = (r'^head\.', r'^norm\.', r'relative_coords_table$', r'relative_position_index$',
                  r'attn_mask$', r'k_bias$', r'^fc_norm\.', r'^avgpool\.')
 _V2_KEY = re.compile(r'(^|\.)(logit_scale|cpb_mlp\.\d+\.weight)$')
-_OUTPUT_NORM = re.compile(r'^norm(\d+)\.')
 #: Windows read back from a coordinate table are rounded within this (fp32 log / exp).
 WINDOW_TOLERANCE = 1e-2
 
@@ -154,11 +153,7 @@ def load_swin_v2_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str
     converted, dropped = convert_swin_v2(sd)
     check_pretrained_windows(sd, model)
     out_indices: Tuple[int, ...] = model.out_indices  # type: ignore[assignment]
-    spare = [k for k in converted
-             if (m := _OUTPUT_NORM.match(k)) and int(m.group(1)) not in out_indices]
-    for k in spare:
-        del converted[k]
-    dropped += spare
+    dropped += drop_unused_output_norms(converted, out_indices)
     if dropped:
         logger.info('Swin V2 checkpoint: ignored %d keys (e.g. %s)', len(dropped),
                     ', '.join(dropped[:5]))
