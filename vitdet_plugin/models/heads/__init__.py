@@ -1,5 +1,6 @@
 """Detection heads (registered in mmdet's ``MODELS``)."""
 from .denoising import DenoisingBatch, DenoisingQueries
+from .maskformer_semantic import SemanticMaskFormerFusionHead, semantic_inference
 from .multiscale_memory import FlatMemory, MultiScaleMemory
 from .sdpa_detr_head import HeadOutputs, SdpaDETRHead
 from .set_criterion import SetCriterion
@@ -8,5 +9,5 @@ from .transformer import BoxAttentionPrior, MemoryEncoder, RefineDecoder, Transf
 __all__ = [
     'DenoisingBatch', 'DenoisingQueries', 'FlatMemory', 'MultiScaleMemory', 'HeadOutputs',
     'SdpaDETRHead', 'SetCriterion', 'BoxAttentionPrior', 'MemoryEncoder', 'RefineDecoder',
-    'TransformerLayer'
+    'TransformerLayer', 'SemanticMaskFormerFusionHead', 'semantic_inference'
 ]
