@@ -38,7 +38,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
-from ..models.backbones.base import BackboneContract, check_contract
+from .no_decay import backbone_no_decay_names, backbone_of
 
 #: Parameter names (last component) that never get weight decay.
 DEFAULT_NO_DECAY_NAMES = ('pos_embed', 'absolute_pos_embed', 'relative_position_bias_table',
@@ -46,14 +46,6 @@ DEFAULT_NO_DECAY_NAMES = ('pos_embed', 'absolute_pos_embed', 'relative_position_
 _NORM_TYPES = (_BatchNorm, _InstanceNorm, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
 _OPTIONS = ('layer_decay_rate', 'num_layers', 'no_decay_names', 'norm_decay_mult',
             'bias_decay_mult')
-
-
-def _backbone_of(model: nn.Module) -> Tuple[str, BackboneContract]:
-    """(prefix of the backbone's parameter names, the backbone) of a detector or backbone."""
-    backbone = getattr(model, 'backbone', None)
-    if isinstance(backbone, nn.Module):
-        return 'backbone.', check_contract(backbone)
-    return '', check_contract(model)
 
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()
@@ -106,14 +98,14 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
 
     def add_params(self, params: List[dict], module: nn.Module, **kwargs) -> None:
         """Append one group per (layer, weight decay) to ``params``."""
-        prefix, backbone = _backbone_of(module)
+        prefix, backbone = backbone_of(module)
         backbone_layers = backbone.num_layers
         num_layers = self.num_layers or backbone_layers
         if num_layers < backbone_layers:
             raise ValueError(f'num_layers={num_layers} is smaller than the backbone\'s '
                              f'{backbone_layers} layers; omit it to use the backbone depth')
         base_wd = self.base_wd or 0.0
-        no_decay = {prefix + name for name in backbone.no_weight_decay()}
+        no_decay = backbone_no_decay_names(module)
         owner = {f'{mod_name}.{p_name}' if mod_name else p_name: mod
                  for mod_name, mod in module.named_modules()
                  for p_name, _ in mod.named_parameters(recurse=False)}
