@@ -81,12 +81,15 @@ train_pipeline = [
 train_dataloader = dict(
     dataset=dict(filter_cfg=dict(filter_empty_gt=False), pipeline=train_pipeline))
 
-# DETR recipe: AdamW 1e-4 (backbone x0.1), wd 1e-4, tight gradient clipping, lr x0.1 at epoch 11
+# DETR recipe: AdamW 1e-4 (backbone x0.1), wd 1e-4, tight gradient clipping, lr x0.1 at epoch 11.
+# The 'backbone' key outranks norm_decay_mult, so NoDecayOptimWrapperConstructor keeps the
+# backbone's no_weight_decay() parameters (norms, biases, position tables) free of decay.
 max_epochs = 12
 train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=max_epochs, val_interval=1)
 optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
+    constructor='NoDecayOptimWrapperConstructor',
     optimizer=dict(type='AdamW', lr=1e-4, weight_decay=1e-4),
     clip_grad=dict(max_norm=0.1, norm_type=2),
     paramwise_cfg=dict(

@@ -23,7 +23,10 @@ model = dict(
     ),
     neck=dict(in_channels=[192, 384, 768]))
 
+# the 'backbone' key would decay our norms and biases: NoDecayOptimWrapperConstructor keeps the
+# backbone's no_weight_decay() parameters (norms, biases, position tables) free of decay
 optim_wrapper = dict(
+    constructor='NoDecayOptimWrapperConstructor',
     paramwise_cfg=dict(
         custom_keys={
             'backbone': dict(lr_mult=0.1),

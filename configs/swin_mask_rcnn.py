@@ -6,3 +6,6 @@ _base_ = [
     './_base_/schedules/adamw_1x.py',
     './_base_/default_runtime.py',
 ]
+# No weight decay on the backbone's no_weight_decay() parameters (norms, biases, position
+# tables); the schedule's custom_keys leave the biases decayed.
+optim_wrapper = dict(constructor='NoDecayOptimWrapperConstructor')

@@ -7,4 +7,6 @@ _base_ = [
     './_base_/schedules/adamw_3x.py',
     './_base_/default_runtime.py',
 ]
-optim_wrapper = dict(type='AmpOptimWrapper')
+# AMP; no weight decay on the backbone's no_weight_decay() parameters (norms, biases, position
+# tables): the schedule's custom_keys leave the biases decayed.
+optim_wrapper = dict(type='AmpOptimWrapper', constructor='NoDecayOptimWrapperConstructor')

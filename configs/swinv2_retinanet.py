@@ -19,11 +19,6 @@ model = dict(
         drop_path_rate=0.2,
         out_indices=(1, 2, 3),  # only the levels the FPN uses (unused ones break DDP)
         with_cp=False))
-optim_wrapper = dict(
-    paramwise_cfg=dict(
-        custom_keys={
-            'logit_scale': dict(decay_mult=0.),
-            'cpb_mlp': dict(decay_mult=0.),
-            'q_bias': dict(decay_mult=0.),
-            'v_bias': dict(decay_mult=0.),
-        }))
+# as the official Swin V2 recipe: no weight decay on norms, biases (q_bias / v_bias included),
+# the logit scales and the position-bias MLP: the backbone's no_weight_decay()
+optim_wrapper = dict(constructor='NoDecayOptimWrapperConstructor')

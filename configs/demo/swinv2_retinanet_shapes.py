@@ -20,3 +20,7 @@ model = dict(
         window_size=6,          # 192 px input: 24/12/6 token maps, no window padding
         drop_path_rate=0.0,
         out_indices=(0, 1, 2)))
+# no weight decay on the backbone's no_weight_decay() parameters, as the official Swin V2 recipe
+# (the schedule's norm / bias multipliers miss cpb_mlp and logit_scale); added after the
+# measurement above, which decayed those
+optim_wrapper = dict(constructor='NoDecayOptimWrapperConstructor')
