@@ -1,0 +1,57 @@
+# Mask2Former, Swin-T (vitdet_plugin SwinBackbone), COCO 2017 instance segmentation: mmdet 3.3's
+# mask2former/mask2former_swin-t-p4-w7-224_8xb2-lsj-50e_coco.py (100 queries, 6-layer
+# deformable-attention pixel decoder, 9-layer masked-attention decoder, 1024 LSJ, 368750
+# iterations at batch 16 ~ 50 epochs, AdamW lr 1e-4 wd 0.05, grad clip 0.01; mmdet's metafile:
+# 47.7 box / 44.7 mask AP with ImageNet-1k Swin-T) with our backbone. Changed vs the stock config:
+#   - backbone: SwinBackbone (tiny, window 7, drop path 0.3 as stock), all four stages
+#     (strides 4 / 8 / 16 / 32, channels 96 / 192 / 384 / 768) into the pixel decoder;
+#   - optimizer: constructor='NoDecayOptimWrapperConstructor' gives no weight decay to the
+#     backbone's no_weight_decay() parameters (every norm, bias, relative-position table). The
+#     stock custom_keys named mmdet's parameters (backbone.stages.{i}.blocks.{j}.norm,
+#     backbone.stages.{i}.downsample.norm), which miss our block and patch-merging norms
+#     (official layers.{i}.blocks.{j} names); unlike the stock config, the backbone's biases get
+#     no weight decay either. The backbone lr_mult 0.1 and the query_embed / query_feat /
+#     level_embed decay_mult 0 keys stay.
+# The pixel decoder runs mmcv's MultiScaleDeformableAttention: the CUDA kernel on a GPU, mmcv's
+# pure-PyTorch (grid_sample) version on the CPU; no bf16 kernel and unreliable in fp16 (mmcv).
+# ImageNet weights (the official Swin-T checkpoint, as the stock config; timm / mmdet /
+# mmpretrain layouts and local paths work too, detected without convert_weights): set
+#   model.backbone.init_cfg=dict(type='Pretrained', checkpoint='https://github.com/SwinTransformer/storage/releases/download/v1.0.0/swin_tiny_patch4_window7_224.pth')
+_base_ = 'mmdet::mask2former/mask2former_swin-t-p4-w7-224_8xb2-lsj-50e_coco.py'
+
+custom_imports = dict(imports=['vitdet_plugin'], allow_failed_imports=False)
+
+model = dict(
+    backbone=dict(
+        _delete_=True,
+        type='SwinBackbone',
+        arch='tiny',  # embed 96, depths [2, 2, 6, 2], heads [3, 6, 12, 24]
+        window_size=7,
+        mlp_ratio=4,
+        qkv_bias=True,
+        qk_scale=None,
+        drop_rate=0.,
+        attn_drop_rate=0.,
+        drop_path_rate=0.3,
+        patch_norm=True,
+        out_indices=(0, 1, 2, 3),  # strides 4 / 8 / 16 / 32
+        with_cp=False,
+        convert_weights=True,  # accepted for mmdet configs; checkpoint layouts are detected
+        frozen_stages=-1,
+        # init_cfg: left out so a child config or --cfg-options can add
+        # init_cfg=dict(type='Pretrained', checkpoint=...) (see the header)
+    ),
+    panoptic_head=dict(in_channels=[96, 192, 384, 768]))
+
+no_decay_embed = dict(lr_mult=1.0, decay_mult=0.0)
+optim_wrapper = dict(
+    constructor='NoDecayOptimWrapperConstructor',
+    paramwise_cfg=dict(
+        _delete_=True,
+        custom_keys={
+            'backbone': dict(lr_mult=0.1, decay_mult=1.0),
+            'query_embed': no_decay_embed,
+            'query_feat': no_decay_embed,
+            'level_embed': no_decay_embed,
+        },
+        norm_decay_mult=0.0))
