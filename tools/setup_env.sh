@@ -125,17 +125,23 @@ else
 fi
 
 # The plugin (editable) with mmengine, mmdet, the test and deploy (onnx, onnxscript,
-# onnxruntime) extras; skipped when setup.py is
-# unchanged since the last successful install.
+# onnxruntime) extras, and panopticapi (mmdet's CocoPanopticDataset / CocoPanopticMetric, the
+# shapes panoptic tests); skipped when setup.py and PANOPTICAPI are unchanged since the last
+# successful install. panopticapi-lite declares numpy<2, which would make pip downgrade numpy
+# (and opencv-python, ml_dtypes) below what torch 2.14 and opencv 5 use; its code needs only
+# numpy (1 or 2), so it is installed on its own with --no-deps instead of in setup.py's extras.
+PANOPTICAPI="panopticapi-lite==0.2.0"
 STAMP="$VENV/.vitdet_plugin_setup.sha256"
-WANT="$(cat "$ROOT/setup.py" | sha256sum | cut -d' ' -f1)"
+WANT="$( (cat "$ROOT/setup.py"; echo "$PANOPTICAPI") | sha256sum | cut -d' ' -f1)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && \
-        "$PY" -c "import mmengine, mmdet, pytest, timm, onnxruntime, onnxscript, vitdet_plugin" \
-        >/dev/null 2>&1; then
-    say "plugin (editable), mmengine, mmdet, test and deploy extras already installed"
+        "$PY" -c "import mmengine, mmdet, pytest, timm, onnxruntime, onnxscript, vitdet_plugin
+import panopticapi.evaluation" >/dev/null 2>&1; then
+    say "plugin (editable), mmengine, mmdet, test and deploy extras, panopticapi already installed"
 else
     say "installing the plugin (editable) with mmengine 0.10.7, mmdet 3.3.0, test and deploy extras"
     "${PIP[@]}" install -q -e "$ROOT[tests,deploy]"
+    say "installing $PANOPTICAPI (--no-deps: it pins numpy<2, its code runs on numpy 2)"
+    "${PIP[@]}" install -q --no-deps "$PANOPTICAPI"
     echo "$WANT" > "$STAMP"
 fi
 mmcv_has_ops || { echo "mmcv.ops is not importable after install" >&2; exit 1; }
