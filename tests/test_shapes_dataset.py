@@ -29,7 +29,7 @@ def test_same_seed_same_bytes(dataset, tmp_path):
     generate_dataset(str(tmp_path), seed=3, num_train=NUM_TRAIN, num_val=NUM_VAL,
                      progress=False)
     a, b = _digest(dataset), _digest(tmp_path)
-    assert len(a) == NUM_TRAIN + NUM_VAL + 2
+    assert len(a) == 2 * (NUM_TRAIN + NUM_VAL) + 4  # images + panoptic PNGs, 4 JSON files
     assert a == b
 
 

@@ -1,17 +1,27 @@
-"""Generate the synthetic "shapes" COCO instance-segmentation dataset.
+"""Generate the synthetic "shapes" COCO dataset: instance and panoptic segmentation.
 
     python tools/make_shapes.py [--out data/shapes/] [--seed 0] [--num-train 2000] [--num-val 200]
-                                [--image-size 256] [--classes square circle ...] [--overwrite]
+                                [--image-size 256] [--classes square circle ...]
+                                [--objects MIN MAX] [--object-size MIN MAX] [--overwrite]
+
+Writes, per split (train, val): the images ``<split>/000000.png ...``, the instance JSON
+``annotations/instances_<split>.json`` (configs/_base_/datasets/shapes_instance.py) and the
+COCO panoptic ground truth ``annotations/panoptic_<split>.json`` + ``annotations/
+panoptic_<split>/000000.png ...`` (configs/_base_/datasets/shapes_panoptic.py): things = the
+``--classes`` (category ids 1..T in the given order), stuff = ``lines`` (T+1) and
+``background`` (T+2).
 
 Deterministic: the same seed and options give byte-identical images and annotation files
 (the generator lives in ``vitdet_plugin.datasets.shapes``). An existing dataset with the same
-seed and options is kept; a different one is only replaced with ``--overwrite``.
+seed and options is kept; one written before the panoptic ground truth existed gets it added
+(``upgraded``); a different one is only replaced with ``--overwrite``.
 """
 import argparse
 import importlib.util
 import os.path as osp
 import sys
 from dataclasses import replace
+from typing import Optional, Sequence
 
 if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not pip-installed
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -19,7 +29,7 @@ if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not 
 from vitdet_plugin.datasets.shapes import CLASSES, SHAPE_MAKERS, ShapesSpec, generate_dataset
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     default = ShapesSpec()
     parser = argparse.ArgumentParser(description='Generate the shapes COCO dataset')
     parser.add_argument('--out', default='data/shapes/', help='output directory')
@@ -39,7 +49,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv=None) -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse_args(argv)
     try:
         spec = replace(ShapesSpec(), image_size=args.image_size, classes=tuple(args.classes),
@@ -49,8 +59,10 @@ def main(argv=None) -> None:
                                   progress=not args.quiet)
     except (ValueError, FileExistsError) as e:
         sys.exit(f'error: {e}')
+    out = args.out.rstrip('/')
     for split, state in status.items():
-        print(f'{split}: {state} ({args.out.rstrip("/")}/annotations/instances_{split}.json)')
+        print(f'{split}: {state} ({out}/annotations/instances_{split}.json, '
+              f'{out}/annotations/panoptic_{split}.json)')
 
 
 if __name__ == '__main__':

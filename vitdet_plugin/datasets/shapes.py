@@ -1,4 +1,4 @@
-"""Deterministic synthetic COCO-format instance-segmentation dataset ("shapes").
+"""Deterministic synthetic COCO-format instance and panoptic segmentation dataset ("shapes").
 
 Each image is a noisy colour field with distractor lines and arcs, on which 1-5 textured,
 randomly rotated shapes of several classes are drawn, possibly overlapping (later shapes occlude
@@ -6,14 +6,23 @@ earlier ones; every object keeps at least ``1 - max_occlusion`` of its area visi
 annotation of an object is its *visible* region: COCO polygons traced from the visible mask,
 the tight box of that mask (``[x, y, w, h]`` in pixel-edge coordinates) and its pixel area.
 
+Panoptic ground truth (:mod:`vitdet_plugin.datasets.shapes_panoptic`): things = the shape
+classes (same category ids, one segment per object = its visible mask), stuff = ``lines`` (the
+pixels the distractor strokes painted, :func:`strokes_mask`, where no object covers them) and
+``background`` (the rest), with ids after the things'; mmdet label order: things, then stuff.
+
 Everything is derived from one seed: image ``i`` of a split draws from
 ``numpy.random.default_rng([seed, split_key, i])``, so an image does not depend on how many
-images are generated, and the same seed always gives byte-identical PNGs and JSON.
+images are generated, and the same seed always gives byte-identical PNGs and JSON. The panoptic
+masks draw no random numbers: images and instance JSON are the same as before they existed.
 
-Layout written by :func:`generate_dataset` (mmdet ``CocoDataset`` reads it as is)::
+Layout written by :func:`generate_dataset` (mmdet ``CocoDataset`` reads the instance files,
+``CocoPanopticDataset`` / ``CocoPanopticMetric`` the panoptic ones as they are)::
 
-    root/annotations/instances_train.json   root/train/000000.png ...
-    root/annotations/instances_val.json     root/val/000000.png ...
+    root/train/000000.png ...                   root/val/000000.png ...
+    root/annotations/instances_train.json       root/annotations/instances_val.json
+    root/annotations/panoptic_train.json        root/annotations/panoptic_val.json
+    root/annotations/panoptic_train/000000.png  root/annotations/panoptic_val/000000.png ...
 """
 import json
 import math
@@ -26,11 +35,18 @@ from typing import Callable, Dict, List, Optional, Tuple
 import cv2
 import numpy as np
 
+from .shapes_panoptic import PanopticWriter, panoptic_matches
+
 #: Shape classes of the default dataset, in category-id order (category id = index + 1).
 CLASSES: Tuple[str, ...] = ('square', 'circle', 'triangle', 'star', 'cross')
 SPLITS: Tuple[str, ...] = ('train', 'val')
 ANN_FILE = 'annotations/instances_{split}.json'
-FORMAT_VERSION = 1
+#: Version of the dataset: 1 = images + instance JSON, 2 = those (unchanged) + panoptic ground
+#: truth. Recorded in the panoptic JSON's ``info``; the instance JSON keeps recording
+#: :data:`INSTANCES_VERSION`, so its bytes are those version 1 wrote. A version-1 dataset is
+#: upgraded in place by :func:`generate_dataset` (panoptic files added).
+FORMAT_VERSION = 2
+INSTANCES_VERSION = 1
 
 CIRCLE_VERTICES = 64
 STAR_POINTS = 5
@@ -41,6 +57,7 @@ MIN_VISIBLE_PIXELS = 30           # an object keeps at least this many visible p
 PLACEMENT_TRIES = 30
 CONTOUR_UPSAMPLE = 4              # polygon tracing resolution, sub-pixels per pixel
 CONTOUR_TOLERANCE = 0.25          # polygon simplification tolerance, px
+LINE_COVERAGE = 0.5               # a pixel is `lines` stuff when strokes cover this much of it
 
 
 @dataclass(frozen=True)
@@ -149,21 +166,67 @@ def _colour_field(rng: np.random.Generator, size: int) -> np.ndarray:
     return np.clip(field, 0, 255)
 
 
-def _draw_distractors(rng: np.random.Generator, img: np.ndarray, count: int) -> None:
+@dataclass(frozen=True)
+class Stroke:
+    """One distractor: a line ``p0 -> p1``, or an elliptic arc when ``arc`` is set.
+
+    ``points`` are ``(p0, p1)`` of a line or ``(center, axes)`` of an arc (integer pixels);
+    ``arc`` is ``(angle, start, end)`` in degrees.
+    """
+    thickness: int
+    points: Tuple[Tuple[int, int], Tuple[int, int]]
+    arc: Optional[Tuple[float, float, float]] = None
+
+    def draw(self, canvas: np.ndarray, colour: Tuple[float, ...]) -> None:
+        """Paint the stroke on ``canvas`` in place."""
+        a, b = self.points
+        if self.arc is None:
+            cv2.line(canvas, a, b, colour, self.thickness, cv2.LINE_AA)
+        else:
+            cv2.ellipse(canvas, a, b, *self.arc, colour, self.thickness, cv2.LINE_AA)
+
+
+def _point(rng: np.random.Generator, lo: int, hi: int) -> Tuple[int, int]:
+    x, y = (int(v) for v in rng.integers(lo, hi, 2))
+    return x, y
+
+
+def _draw_distractors(rng: np.random.Generator, img: np.ndarray, count: int) -> List[Stroke]:
+    """Paint ``count`` random lines / arcs on ``img``; returns them (for :func:`strokes_mask`)."""
     size = img.shape[0]
+    strokes = []
     for _ in range(count):
         colour = tuple(float(v) for v in rng.uniform(0, 255, 3))
         thickness = int(rng.integers(1, 4))
         if rng.random() < 0.65:
-            p0 = tuple(int(v) for v in rng.integers(-size // 4, size + size // 4, 2))
-            p1 = tuple(int(v) for v in rng.integers(-size // 4, size + size // 4, 2))
-            cv2.line(img, p0, p1, colour, thickness, cv2.LINE_AA)
+            p0 = _point(rng, -size // 4, size + size // 4)
+            stroke = Stroke(thickness, (p0, _point(rng, -size // 4, size + size // 4)))
         else:
-            center = tuple(int(v) for v in rng.integers(0, size, 2))
-            axes = tuple(int(v) for v in rng.integers(size // 8, size // 2, 2))
+            center = _point(rng, 0, size)
+            axes = _point(rng, size // 8, size // 2)
             start = float(rng.uniform(0, 360))
-            cv2.ellipse(img, center, axes, float(rng.uniform(0, 180)), start,
-                        start + float(rng.uniform(40, 200)), colour, thickness, cv2.LINE_AA)
+            angle = float(rng.uniform(0, 180))
+            stroke = Stroke(thickness, (center, axes),
+                            (angle, start, start + float(rng.uniform(40, 200))))
+        stroke.draw(img, colour)
+        strokes.append(stroke)
+    return strokes
+
+
+def strokes_mask(strokes: List[Stroke], size: int) -> np.ndarray:
+    """(H, W) bool mask of the pixels ``strokes`` paint: the ``lines`` stuff before occlusion.
+
+    The strokes are drawn with the image's own calls on a float32 canvas like the image's, and a
+    pixel counts when its coverage is at least :data:`LINE_COVERAGE` (1/2). OpenCV applies
+    ``LINE_AA`` to 8-bit images only, so on float32 the coverage is 0 or 1 and the mask is exactly
+    the set of pixels the strokes recoloured; the 1/2 rule fixes the answer should anti-aliasing
+    ever apply (a pixel is a line pixel when the line contributes at least half its colour). The
+    later blur and noise of some images spread line colour to neighbours; those stay background.
+    """
+    canvas = np.zeros((size, size), np.float32)
+    for stroke in strokes:
+        stroke.draw(canvas, (1.0,))
+    return canvas >= LINE_COVERAGE
 
 
 def _texture(rng: np.random.Generator, size: int, colour: np.ndarray) -> np.ndarray:
@@ -216,12 +279,26 @@ def _admissible(visible: np.ndarray, full_area: int, max_occlusion: float) -> bo
     return n >= max((1 - max_occlusion) * full_area, MIN_VISIBLE_PIXELS) and not _has_hole(visible)
 
 
+@dataclass
+class Scene:
+    """One rendered image: ``img`` (H, W, 3) uint8 RGB, its objects and distractor strokes."""
+    img: np.ndarray = field(repr=False)
+    objects: List[ShapeObject]
+    strokes: List[Stroke]
+
+
 def render_image(rng: np.random.Generator, spec: ShapesSpec
                  ) -> Tuple[np.ndarray, List[ShapeObject]]:
     """Draw one image. Returns ``(img (H, W, 3) uint8 RGB, objects)`` with visible masks."""
+    scene = render_scene(rng, spec)
+    return scene.img, scene.objects
+
+
+def render_scene(rng: np.random.Generator, spec: ShapesSpec) -> Scene:
+    """Draw one image (:func:`render_image`), also returning its distractor strokes."""
     size = spec.image_size
     img = _colour_field(rng, size)
-    _draw_distractors(rng, img, int(rng.integers(spec.lines[0], spec.lines[1] + 1)))
+    strokes = _draw_distractors(rng, img, int(rng.integers(spec.lines[0], spec.lines[1] + 1)))
     objects: List[ShapeObject] = []
     full_area: List[int] = []
     n = int(rng.integers(spec.objects[0], spec.objects[1] + 1))
@@ -251,7 +328,7 @@ def render_image(rng: np.random.Generator, spec: ShapesSpec
     if rng.random() < 0.5:  # soften edges sometimes
         img = cv2.GaussianBlur(img, (3, 3), 0)
     img += rng.normal(0, spec.noise_std, img.shape).astype(np.float32)
-    return np.clip(np.round(img), 0, 255).astype(np.uint8), objects
+    return Scene(np.clip(np.round(img), 0, 255).astype(np.uint8), objects, strokes)
 
 
 # ----------------------------------------------------------------------------- COCO conversion
@@ -292,10 +369,14 @@ def image_rng(seed: int, split: str, index: int) -> np.random.Generator:
 
 
 def generate_split(root: str, split: str, num_images: int, seed: int = 0,
-                   spec: ShapesSpec = ShapesSpec(), progress: bool = True) -> dict:
-    """Write ``root/<split>/*.png`` and ``root/annotations/instances_<split>.json``.
+                   spec: ShapesSpec = ShapesSpec(), progress: bool = True,
+                   images: bool = True) -> dict:
+    """Write ``root/<split>/*.png``, ``annotations/instances_<split>.json`` and the panoptic
+    ground truth ``annotations/panoptic_<split>.json`` + ``annotations/panoptic_<split>/*.png``.
 
-    Returns the COCO dict that was written.
+    With ``images=False`` only the panoptic files are written (the upgrade of a version-1
+    split); the images already there must be the ones this seed and spec draw, else
+    :class:`FileExistsError`. Returns the instance COCO dict (written or not).
     """
     from tqdm import tqdm
 
@@ -303,33 +384,52 @@ def generate_split(root: str, split: str, num_images: int, seed: int = 0,
     img_dir = root_p / split
     img_dir.mkdir(parents=True, exist_ok=True)
     (root_p / 'annotations').mkdir(parents=True, exist_ok=True)
-    images, annotations = [], []
+    panoptic = PanopticWriter(root, split, spec.classes, dict(
+        description='vitdet_plugin synthetic shapes, panoptic', version=FORMAT_VERSION,
+        seed=int(seed), split=split, spec=asdict(spec), line_coverage=LINE_COVERAGE))
+    image_infos, annotations = [], []
     ann_id = 1
     for i in tqdm(range(num_images), desc=f'shapes/{split}', unit='img', disable=not progress,
                   dynamic_ncols=True):
-        img, objects = render_image(image_rng(seed, split, i), spec)
+        scene = render_scene(image_rng(seed, split, i), spec)
         file_name = f'{i:06d}.png'
-        if not cv2.imwrite(str(img_dir / file_name), img[..., ::-1]):  # cv2 writes BGR
-            raise OSError(f'could not write {img_dir / file_name}')
-        images.append(dict(id=i + 1, file_name=file_name, width=spec.image_size,
-                           height=spec.image_size))
-        for obj in objects:
+        path = img_dir / file_name
+        if images:
+            if not cv2.imwrite(str(path), scene.img[..., ::-1]):  # cv2 writes BGR
+                raise OSError(f'could not write {path}')
+        else:
+            have = cv2.imread(str(path))
+            if have is None or not np.array_equal(have[..., ::-1], scene.img):
+                raise FileExistsError(
+                    f'{path} is not the image seed={seed} and this spec draw (another '
+                    'generator wrote it); pass overwrite=True (--overwrite) to regenerate')
+        image_infos.append(dict(id=i + 1, file_name=file_name, width=spec.image_size,
+                                height=spec.image_size))
+        things = []
+        void = np.zeros((spec.image_size, spec.image_size), bool)
+        for obj in scene.objects:
             polys = mask_to_polygons(obj.mask)
             if not polys:
+                void |= obj.mask  # not annotated: unlabelled (void) in the panoptic map too
                 continue
             annotations.append(dict(id=ann_id, image_id=i + 1, category_id=obj.label + 1,
                                     bbox=mask_to_bbox(obj.mask), area=float(obj.mask.sum()),
                                     segmentation=polys, iscrowd=0))
+            things.append((obj.label + 1, obj.mask))
             ann_id += 1
-    info = dict(description='vitdet_plugin synthetic shapes', version=FORMAT_VERSION,
+        panoptic.add(i + 1, file_name, things, strokes_mask(scene.strokes, spec.image_size),
+                     void)
+    info = dict(description='vitdet_plugin synthetic shapes', version=INSTANCES_VERSION,
                 seed=int(seed), split=split, spec=asdict(spec))
-    coco = dict(info=info, licenses=[], images=images, annotations=annotations,
+    coco = dict(info=info, licenses=[], images=image_infos, annotations=annotations,
                 categories=[dict(id=k + 1, name=n, supercategory='shape')
                             for k, n in enumerate(spec.classes)])
-    ann_path = root_p / ANN_FILE.format(split=split)
-    tmp = ann_path.with_suffix('.json.tmp')
-    tmp.write_text(json.dumps(coco))
-    os.replace(tmp, ann_path)  # the annotation file appears only when the split is complete
+    if images:
+        ann_path = root_p / ANN_FILE.format(split=split)
+        tmp = ann_path.with_suffix('.json.tmp')
+        tmp.write_text(json.dumps(coco))
+        os.replace(tmp, ann_path)  # the annotation file appears only when the split is complete
+    panoptic.close()  # last: a split with both files is complete
     return coco
 
 
@@ -348,8 +448,9 @@ def generate_dataset(root: str, seed: int = 0, num_train: int = 2000, num_val: i
     """Generate the train and val splits under ``root``; returns ``{split: status}``.
 
     A split whose annotation file already records the same seed, spec and image count is kept
-    (``'exists'``) unless ``overwrite``; a different one raises :class:`FileExistsError` naming
-    the difference (pass ``overwrite=True`` or another ``root``).
+    (``'exists'``) unless ``overwrite``; one without (complete, matching) panoptic ground truth,
+    e.g. from version 1 of the generator, gets it added (``'upgraded'``); a different one raises
+    :class:`FileExistsError` naming the difference (pass ``overwrite=True`` or another ``root``).
     """
     counts = dict(train=num_train, val=num_val)
     for split, n in counts.items():
@@ -363,14 +464,21 @@ def generate_dataset(root: str, seed: int = 0, num_train: int = 2000, num_val: i
             with open(Path(root) / ANN_FILE.format(split=split)) as f:
                 have_n = len(json.load(f)['images'])
             have = dict(seed=info.get('seed'), spec=info.get('spec'))
-            if have == want and have_n == counts[split]:
+            version = info.get('version')
+            if have != want or have_n != counts[split] or version != INSTANCES_VERSION:
+                raise FileExistsError(
+                    f'{Path(root) / ANN_FILE.format(split=split)} holds a different shapes '
+                    f'dataset (seed={have["seed"]}, {have_n} images'
+                    f'{"" if version == INSTANCES_VERSION else f", version {version}"}) than '
+                    f'requested (seed={seed}, {counts[split]} images'
+                    f'{", other spec" if have["spec"] != want["spec"] else ""}); pass '
+                    'overwrite=True (--overwrite) or choose another output directory')
+            if panoptic_matches(root, split, dict(want, version=FORMAT_VERSION), counts[split]):
                 status[split] = 'exists'
-                continue
-            raise FileExistsError(
-                f'{Path(root) / ANN_FILE.format(split=split)} holds a different shapes dataset '
-                f'(seed={have["seed"]}, {have_n} images) than requested (seed={seed}, '
-                f'{counts[split]} images{", other spec" if have["spec"] != want["spec"] else ""})'
-                '; pass overwrite=True (--overwrite) or choose another output directory')
+            else:  # version 1 (or an interrupted run): add the panoptic ground truth
+                generate_split(root, split, counts[split], seed, spec, progress, images=False)
+                status[split] = 'upgraded'
+            continue
         generate_split(root, split, counts[split], seed, spec, progress)
         status[split] = 'generated'
     return status

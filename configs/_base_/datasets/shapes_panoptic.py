@@ -1,0 +1,91 @@
+# The embedded synthetic "shapes" dataset (vitdet_plugin.datasets.shapes) as COCO panoptic
+# segmentation: 256 px images; things = the 5 shape classes (category ids 1-5, one segment per
+# object), stuff = 'lines' (the distractor lines/arcs, id 6) and 'background' (id 7). Read by
+# mmdet's CocoPanopticDataset + LoadPanopticAnnotations, scored by CocoPanopticMetric (PQ) and,
+# on the instance JSON of the same images, CocoMetric (bbox / segm mAP; it needs the model's
+# pred_instances, e.g. Mask2Former with test_cfg.instance_on=True).
+# Label order (metainfo['classes']): things, then stuff; gt_sem_seg uses it, 255 = void.
+# Generate it with `python tools/make_shapes.py --out data/shapes/`; every path below derives
+# from `data_root` (override with `--cfg-options data_root=...` in vitdet_plugin's tools).
+# Another --classes list: set thing_classes (and classes = thing_classes + stuff_classes).
+dataset_type = 'CocoPanopticDataset'
+data_root = 'data/shapes/'
+data_help = ('Generate the shapes dataset with: python tools/make_shapes.py --out {data_root}')
+thing_classes = ('square', 'circle', 'triangle', 'star', 'cross')
+stuff_classes = ('lines', 'background')
+classes = thing_classes + stuff_classes
+metainfo = dict(classes=classes, thing_classes=thing_classes, stuff_classes=stuff_classes)
+image_size = 256
+backend_args = None
+
+train_pipeline = [
+    dict(type='LoadImageFromFile', backend_args=backend_args),
+    dict(type='LoadPanopticAnnotations', with_bbox=True, with_mask=True, with_seg=True,
+         backend_args=backend_args),
+    dict(type='Resize', scale=(image_size, image_size), keep_ratio=True),
+    dict(type='RandomFlip', prob=[0.25, 0.25, 0.25],
+         direction=['horizontal', 'vertical', 'diagonal']),
+    dict(type='PackDetInputs')
+]
+test_pipeline = [
+    dict(type='LoadImageFromFile', backend_args=backend_args),
+    dict(type='Resize', scale=(image_size, image_size), keep_ratio=True),
+    # after Resize: the ground truth stays at the original size the predictions are scored at
+    dict(type='LoadPanopticAnnotations', with_bbox=True, with_mask=True, with_seg=True,
+         backend_args=backend_args),
+    dict(type='PackDetInputs',
+         meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor'))
+]
+train_dataloader = dict(
+    batch_size=8,
+    num_workers=2,
+    persistent_workers=True,
+    sampler=dict(type='InfiniteSampler', shuffle=True),
+    dataset=dict(
+        type=dataset_type,
+        metainfo=metainfo,
+        data_root=data_root,
+        ann_file='annotations/panoptic_train.json',
+        data_prefix=dict(img='train/', seg='annotations/panoptic_train/'),
+        filter_cfg=dict(filter_empty_gt=True),
+        pipeline=train_pipeline,
+        backend_args=backend_args))
+val_dataloader = dict(
+    batch_size=8,
+    num_workers=2,
+    persistent_workers=True,
+    drop_last=False,
+    sampler=dict(type='DefaultSampler', shuffle=False),
+    dataset=dict(
+        type=dataset_type,
+        metainfo=metainfo,
+        data_root=data_root,
+        ann_file='annotations/panoptic_val.json',
+        data_prefix=dict(img='val/', seg='annotations/panoptic_val/'),
+        test_mode=True,
+        pipeline=test_pipeline,
+        backend_args=backend_args))
+test_dataloader = val_dataloader
+
+val_evaluator = [
+    dict(
+        type='CocoPanopticMetric',
+        ann_file=data_root + 'annotations/panoptic_val.json',
+        seg_prefix=data_root + 'annotations/panoptic_val/',
+        backend_args=backend_args),
+    dict(
+        type='CocoMetric',
+        ann_file=data_root + 'annotations/instances_val.json',
+        metric=['bbox', 'segm'],
+        format_only=False,
+        backend_args=backend_args),
+]
+test_evaluator = val_evaluator
+
+# mIoU over classes (things + stuff) against gt_sem_seg, which the pipelines above provide.
+# Not in val_evaluator: SemSegMetric reads the model's `pred_sem_seg`, and no panoptic model of
+# mmdet 3.3 writes one (PanopticFPN / MaskFormer / Mask2Former give pred_panoptic_seg, and
+# MaskFormerFusionHead refuses test_cfg.semantic_on), so it would raise KeyError there. With a
+# model that does: val_evaluator = test_evaluator = [*_base_.val_evaluator,
+# _base_.semseg_evaluator] in the model config.
+semseg_evaluator = dict(type='SemSegMetric', iou_metrics=['mIoU'])
