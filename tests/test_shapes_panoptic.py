@@ -241,7 +241,8 @@ def _expected_labels(root: Path, split: str, index: int) -> np.ndarray:
 def test_config_paths_follow_data_root(dataset):
     cfg = _cfg(dataset)
     root = str(dataset) + '/'
-    pan, coco = cfg.val_evaluator
+    pan, coco, sem = cfg.val_evaluator
+    assert sem.type == 'SemSegMetric'
     assert pan.ann_file == root + 'annotations/panoptic_val.json'
     assert pan.seg_prefix == root + 'annotations/panoptic_val/'
     assert coco.ann_file == root + 'annotations/instances_val.json'
@@ -304,14 +305,14 @@ def _perfect_predictions(sample) -> dict:
 
 
 def test_metrics_score_ground_truth_perfectly(dataset):
-    """CocoPanopticMetric (PQ), CocoMetric on the instance JSON and SemSegMetric from the config
-    on the ground truth fed back as predictions."""
+    """The config's CocoPanopticMetric (PQ), CocoMetric on the instance JSON and SemSegMetric
+    (mIoU) on the ground truth fed back as predictions."""
     from mmengine.evaluator import Evaluator
     from mmdet.registry import DATASETS
 
     cfg = _cfg(dataset)
     ds = DATASETS.build(cfg.val_dataloader.dataset)
-    evaluator = Evaluator([*cfg.val_evaluator, cfg.semseg_evaluator])
+    evaluator = Evaluator(cfg.val_evaluator)
     evaluator.dataset_meta = ds.metainfo
     for k in range(len(ds)):
         evaluator.process(data_samples=[_perfect_predictions(ds[k]['data_samples'])])
@@ -359,15 +360,14 @@ def test_other_classes_and_image_size_via_cli(tmp_path):
         assert set(sample.gt_instances.labels.tolist()) <= {0, 1}
 
 
-def test_semseg_metric_is_not_in_val_evaluator_because_it_needs_pred_sem_seg(dataset):
-    """What the config says: SemSegMetric reads `pred_sem_seg`, which mmdet 3.3's panoptic
-    models do not write (they give pred_panoptic_seg / pred_instances)."""
+def test_semseg_metric_needs_pred_sem_seg(dataset):
+    """What the config says: SemSegMetric reads `pred_sem_seg`, which mmdet 3.3's own panoptic
+    models do not write (they give pred_panoptic_seg / pred_instances); without it it raises."""
     from mmdet.registry import DATASETS, METRICS
 
     cfg = _cfg(dataset)
-    assert [e['type'] for e in cfg.val_evaluator] == ['CocoPanopticMetric', 'CocoMetric']
     ds = DATASETS.build(cfg.val_dataloader.dataset)
-    metric = METRICS.build(cfg.semseg_evaluator)
+    metric = METRICS.build(cfg.val_evaluator[2])
     metric.dataset_meta = ds.metainfo
     sample = _perfect_predictions(ds[0]['data_samples'])
     del sample['pred_sem_seg']

@@ -1,9 +1,11 @@
 # The embedded synthetic "shapes" dataset (vitdet_plugin.datasets.shapes) as COCO panoptic
 # segmentation: 256 px images; things = the 5 shape classes (category ids 1-5, one segment per
 # object), stuff = 'lines' (the distractor lines/arcs, id 6) and 'background' (id 7). Read by
-# mmdet's CocoPanopticDataset + LoadPanopticAnnotations, scored by CocoPanopticMetric (PQ) and,
-# on the instance JSON of the same images, CocoMetric (bbox / segm mAP; it needs the model's
-# pred_instances, e.g. Mask2Former with test_cfg.instance_on=True).
+# mmdet's CocoPanopticDataset + LoadPanopticAnnotations, scored by CocoPanopticMetric (PQ),
+# CocoMetric on the instance JSON of the same images (bbox / segm mAP; needs the model's
+# pred_instances, e.g. Mask2Former with test_cfg.instance_on=True) and SemSegMetric (mIoU over
+# things + stuff against gt_sem_seg, which LoadPanopticAnnotations(with_seg=True) derives from the
+# panoptic PNG; needs the model's pred_sem_seg, see val_evaluator).
 # Label order (metainfo['classes']): things, then stuff; gt_sem_seg uses it, 255 = void.
 # Generate it with `python tools/make_shapes.py --out data/shapes/`; every path below derives
 # from `data_root` (override with `--cfg-options data_root=...` in vitdet_plugin's tools).
@@ -67,6 +69,11 @@ val_dataloader = dict(
         backend_args=backend_args))
 test_dataloader = val_dataloader
 
+# SemSegMetric reads the model's `pred_sem_seg`: vitdet_plugin's SemanticMaskFormerFusionHead
+# with test_cfg semantic_on=True writes it (configs/swin_mask2former_panoptic.py); no panoptic
+# model of mmdet 3.3 as shipped does (PanopticFPN / MaskFormer / Mask2Former give
+# pred_panoptic_seg, MaskFormerFusionHead refuses semantic_on), and there it raises KeyError:
+# with such a model set val_evaluator = test_evaluator = _base_.val_evaluator[:2].
 val_evaluator = [
     dict(
         type='CocoPanopticMetric',
@@ -79,13 +86,6 @@ val_evaluator = [
         metric=['bbox', 'segm'],
         format_only=False,
         backend_args=backend_args),
+    dict(type='SemSegMetric', iou_metrics=['mIoU']),
 ]
 test_evaluator = val_evaluator
-
-# mIoU over classes (things + stuff) against gt_sem_seg, which the pipelines above provide.
-# Not in val_evaluator: SemSegMetric reads the model's `pred_sem_seg`, and no panoptic model of
-# mmdet 3.3 writes one (PanopticFPN / MaskFormer / Mask2Former give pred_panoptic_seg, and
-# MaskFormerFusionHead refuses test_cfg.semantic_on), so it would raise KeyError there. With a
-# model that does: val_evaluator = test_evaluator = [*_base_.val_evaluator,
-# _base_.semseg_evaluator] in the model config.
-semseg_evaluator = dict(type='SemSegMetric', iou_metrics=['mIoU'])
