@@ -40,6 +40,10 @@ TINY: Dict[str, Dict[str, dict]] = {
         'vit-pyramid': dict(arch=dict(embed_dims=32, depth=2, num_heads=2), patch_size=8,
                             img_size=64, window_size=4, pretrain_img_size=48,
                             pyramid=dict(out_channels=16)),
+        'vit-stem': dict(arch=dict(embed_dims=32, depth=2, num_heads=2), patch_size=8,
+                         stem_channels=(8, 16), img_size=64, window_size=4,
+                         global_attn_indexes=(1,), pyramid=dict(out_channels=16,
+                                                                scale_factors=(2.0, 1.0, 0.5))),
     },
 }
 #: Necks: registered name -> kwargs (``in_channels``, ``in_stride``: the map it takes).

@@ -28,8 +28,8 @@ from ...functional import (attend, decomposed_rel_pos_bias, decomposed_rel_pos_c
                            pad_to_multiple, resize_pos_grid, window_partition, window_reverse)
 from ...weights.vit import load_vit_pretrained
 from ..accel import check_accel
-from ..layers import (Attention, DropPath, Mlp, PatchEmbed, ResBottleneckBlock, check_flags,
-                      check_rates, int_arg, int_tuple, linear_drop_path_rates,
+from ..layers import (Attention, ConvStem, DropPath, Mlp, PatchEmbed, ResBottleneckBlock,
+                      check_flags, check_rates, int_arg, int_tuple, linear_drop_path_rates,
                       positive_int, positive_number, to_2tuple)
 from ..necks.simple_fpn import ViTSimpleFPN
 from .archs import VIT_ARCHS, ViTArch, index_list  # noqa: F401  (VIT_ARCHS: re-exported)
@@ -139,6 +139,10 @@ class ViTBackbone(BackboneContract, BaseModule):
             (and optionally ``global_attn_indexes``, ``drop_path_rate``); arguments given
             directly override it.
         global_attn_indexes: blocks with global attention; all others use window attention.
+        stem_channels: optional convolutional stem (:class:`~..layers.ConvStem`, one ``3x3``
+            stride-2 conv per entry) before a ``patch_size / 2^k`` projection, for training
+            from scratch (not in pretrained checkpoints); ``()``: the plain patch projection.
+        stem_norm_cfg: norm config of the stem's convolutions (default BN).
         window_size: attention window (int or ``(h, w)``) of the window blocks.
         img_size: input size the global blocks' relative-position tables are sized for
             (``img_size / patch_size`` per axis; tables are resized for other inputs).
@@ -173,6 +177,8 @@ class ViTBackbone(BackboneContract, BaseModule):
                  drop_path_rate: Optional[float] = None,
                  in_channels: int = 3,
                  patch_size: int = 16,
+                 stem_channels: Sequence[int] = (),
+                 stem_norm_cfg: Optional[dict] = None,
                  window_size: Union[int, Tuple[int, int]] = 14,
                  img_size: Union[int, Tuple[int, int]] = 1024,
                  pretrain_img_size: Union[int, Tuple[int, int]] = 224,
@@ -231,7 +237,8 @@ class ViTBackbone(BackboneContract, BaseModule):
                                  f'the grid it describes would be empty; give the image size '
                                  f'(at least one patch per side)')
 
-        self.patch_embed = PatchEmbed(patch_size, in_channels, self.embed_dims)
+        stem = ConvStem(in_channels, stem_channels, stem_norm_cfg) if len(stem_channels) else None
+        self.patch_embed = PatchEmbed(patch_size, in_channels, self.embed_dims, stem=stem)
         self.pretrain_grid = tuple(s // patch_size for s in to_2tuple(pretrain_img_size))
         self.num_pos_prefix = int(pretrain_use_cls_token)
         if use_abs_pos:
