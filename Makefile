@@ -1,7 +1,7 @@
 # vitdet_plugin developer commands. See README.md.
 PY := .venv/bin/python
 
-.PHONY: env lint test test-all demo benchmark clean-env gpu-wheels
+.PHONY: env lint test test-all demo demo-seg benchmark clean-env gpu-wheels
 
 env:            ## build .venv: torch 2.14.1, mmcv 2.1.0 with ops (cached wheel), mmdet 3.3.0, plugin
 	bash tools/setup_env.sh
@@ -18,6 +18,10 @@ test-all: env   ## every test, slow ones included
 
 demo: env       ## generate the shapes dataset, train + evaluate the demo Swin RetinaNet on CPU
 	bash tools/demo.sh
+
+demo-seg: env   ## the same for segmentation: Panoptic FPN on the stem Swin (segm mAP, PQ, mIoU)
+	DEMO_CONFIG=$${DEMO_CONFIG:-configs/demo/swin_panoptic_fpn_shapes.py} \
+	DEMO_WORK_DIR=$${DEMO_WORK_DIR:-work_dirs/demo_seg} bash tools/demo.sh
 
 benchmark: env  ## ours vs mmdet vs timm, printed as ratios
 	$(PY) tools/benchmark.py

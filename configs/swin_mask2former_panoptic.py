@@ -19,8 +19,8 @@
 #     inference (argmax over classes of sum_q softmax(cls_q) * sigmoid(mask_q)); test_cfg
 #     semantic_on=True and mmdet's SemSegMetric (mIoU over the 133 classes, VOID ignored) joins
 #     the panoptic (PQ) and COCO bbox / segm metrics.
-# Panoptic data and metrics need panopticapi (pip install panopticapi-lite, or
-# git+https://github.com/cocodataset/panopticapi.git).
+# Panoptic data and metrics need panopticapi: `make env` installs it; elsewhere
+# `pip install --no-deps panopticapi-lite==0.2.0` (its numpy<2 pin would downgrade numpy).
 # The pixel decoder runs mmcv's MultiScaleDeformableAttention: the CUDA kernel on a GPU, mmcv's
 # pure-PyTorch (grid_sample) version on the CPU; no bf16 kernel and unreliable in fp16 (mmcv).
 # ImageNet weights (the official Swin-T checkpoint, as the stock config; timm / mmdet /

@@ -10,8 +10,8 @@
 #   - layer-wise lr decay 0.7 (ViTDet-B) with LayerDecayOptimWrapperConstructor in place of
 #     the stock backbone lr_mult 0.1; same AdamW lr 1e-4, wd 0.05, grad clip 0.01. No weight
 #     decay on the backbone's norms, biases, position embedding and rel-pos tables, nor on
-#     norms and biases outside it. That constructor takes no custom_keys: the query_embed /
-#     query_feat / level_embed embeddings get weight decay here (the stock config has none).
+#     norms and biases outside it, nor (extra_no_decay_names, in place of the stock
+#     custom_keys) on the query_embed / query_feat / level_embed embeddings.
 # The pixel decoder runs mmcv's MultiScaleDeformableAttention: the CUDA kernel on a GPU, mmcv's
 # pure-PyTorch (grid_sample) version on the CPU; no bf16 kernel and unreliable in fp16 (mmcv).
 # MAE / ViTDet / SAM weights:
@@ -42,6 +42,9 @@ optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
     constructor='LayerDecayOptimWrapperConstructor',
-    paramwise_cfg=dict(layer_decay_rate=0.7),
+    paramwise_cfg=dict(
+        layer_decay_rate=0.7,
+        # the stock config's decay_mult=0 custom_keys of the head's embeddings
+        extra_no_decay_names=('query_embed', 'query_feat', 'level_embed')),
     optimizer=dict(type='AdamW', lr=0.0001, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.05),
     clip_grad=dict(max_norm=0.01, norm_type=2))

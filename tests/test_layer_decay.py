@@ -147,3 +147,29 @@ def test_bad_configs():
                                         r'channels, out_strides, num_layers, layer_id, '
                                         r'no_weight_decay\); derive it from'):
         build(Detector(nn.Linear(2, 2), nn.Identity()))
+
+
+class QueryDetector(Detector):
+    """A detector with DETR / Mask2Former-style embeddings in its head."""
+
+    def __init__(self, backbone: nn.Module, neck: nn.Module) -> None:
+        super().__init__(backbone, neck)
+        self.query_embed = nn.Embedding(4, 8)
+        self.level_embed = nn.Parameter(torch.zeros(3, 8))
+
+
+def test_extra_no_decay_names_match_any_name_component():
+    base = vit_detector()
+    model = QueryDetector(base.backbone, base.neck)
+    _, t = build(model)
+    assert t['query_embed.weight'][1] == WD and t['level_embed'][1] == WD
+    _, t = build(model, extra_no_decay_names=['query_embed', 'level_embed'])
+    assert t['query_embed.weight'][1] == 0.0 and t['level_embed'][1] == 0.0
+    assert t['backbone.pos_embed'][1] == 0.0  # the defaults stay
+    assert t['head.0.weight'][1] == WD
+    _, t = build(model, no_decay_names=['query_embed'])  # replaces the defaults
+    assert t['query_embed.weight'][1] == 0.0 and t['level_embed'][1] == WD
+    assert t['backbone.pos_embed'][1] == 0.0  # the backbone's contract still applies
+    with pytest.raises(ValueError, match=r"extra_no_decay_names='query_embed' must be a list of "
+                                         r"names, e.g. \['query_embed'\]"):
+        build(model, extra_no_decay_names='query_embed')

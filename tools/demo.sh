@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `make demo`: generate the shapes dataset (if absent), train the demo Swin RetinaNet on CPU for
-# a fixed wall-clock budget from random init, evaluate COCO bbox mAP on the val split, save a
+# `make demo` / `make demo-seg`: generate the shapes dataset (if absent), train a demo config on
+# CPU for a fixed wall-clock budget from random init, evaluate on the val split (COCO bbox mAP;
+# segm mAP, PQ and mIoU when the config reports them), save a
 # grid of val images with drawn predictions and the feature maps of one val image
 # (tools/analysis/visualize.py features), and print the metrics and where the files are.
 #
@@ -51,11 +52,22 @@ import json, sys
 metrics, t0, t1, ckpt, work = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
 features = sys.argv[6]
 m = json.load(open(metrics))
+nan = float('nan')
 print()
 print('=' * 64)
-print(f"demo result: COCO bbox mAP {m.get('coco/bbox_mAP', float('nan')):.3f}   "
-      f"mAP_50 {m.get('coco/bbox_mAP_50', float('nan')):.3f}   "
-      f"mAP_75 {m.get('coco/bbox_mAP_75', float('nan')):.3f}")
+print(f"demo result: COCO bbox mAP {m.get('coco/bbox_mAP', nan):.3f}   "
+      f"mAP_50 {m.get('coco/bbox_mAP_50', nan):.3f}   "
+      f"mAP_75 {m.get('coco/bbox_mAP_75', nan):.3f}")
+if 'coco/segm_mAP' in m:
+    print(f"             COCO segm mAP {m['coco/segm_mAP']:.3f}   "
+          f"mAP_50 {m.get('coco/segm_mAP_50', nan):.3f}   "
+          f"mAP_75 {m.get('coco/segm_mAP_75', nan):.3f}")
+if 'coco_panoptic/PQ' in m:
+    print(f"             PQ {m['coco_panoptic/PQ']:.1f}   SQ {m.get('coco_panoptic/SQ', nan):.1f}   "
+          f"RQ {m.get('coco_panoptic/RQ', nan):.1f}   (things {m.get('coco_panoptic/PQ_th', nan):.1f}, "
+          f"stuff {m.get('coco_panoptic/PQ_st', nan):.1f})")
+if 'mIoU' in m:
+    print(f"             semantic mIoU {m['mIoU']:.1f}   aAcc {m.get('aAcc', nan):.1f}")
 print(f'train time (incl. start-up and the final validation): {(t1 - t0) / 60:.1f} min')
 print(f'checkpoint:  {ckpt}')
 print(f'metrics:     {metrics}')

@@ -13,6 +13,7 @@ import glob
 import importlib.util
 import json
 import math
+import numbers
 import os
 import os.path as osp
 import sys
@@ -168,7 +169,8 @@ def main(argv=None) -> Dict[str, float]:
     metrics = runner.test()
     if runner.rank != 0:
         return metrics
-    metrics = {k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}
+    # numbers.Real: also numpy scalars (mmdet's SemSegMetric returns np.float32)
+    metrics = {k: (float(v) if isinstance(v, numbers.Real) else v) for k, v in metrics.items()}
     out = args.metrics_out or osp.join(cfg.work_dir, 'metrics.json')
     os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
     with open(out, 'w') as f:

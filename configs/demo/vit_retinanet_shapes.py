@@ -33,9 +33,6 @@ model = dict(
         num_outs=3,
         norm_cfg=norm_cfg))
 
-optim_wrapper = dict(
-    paramwise_cfg=dict(
-        custom_keys={
-            'pos_embed': dict(decay_mult=0.),
-            'rel_pos': dict(decay_mult=0.),
-        }))
+# no weight decay on the backbone's no_weight_decay() parameters (position embedding, rel-pos
+# tables, norms, biases)
+optim_wrapper = dict(constructor='NoDecayOptimWrapperConstructor')

@@ -44,8 +44,8 @@ from .no_decay import backbone_no_decay_names, backbone_of
 DEFAULT_NO_DECAY_NAMES = ('pos_embed', 'absolute_pos_embed', 'relative_position_bias_table',
                           'rel_pos_h', 'rel_pos_w', 'cls_token', 'dist_token', 'mask_token')
 _NORM_TYPES = (_BatchNorm, _InstanceNorm, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
-_OPTIONS = ('layer_decay_rate', 'num_layers', 'no_decay_names', 'norm_decay_mult',
-            'bias_decay_mult')
+_OPTIONS = ('layer_decay_rate', 'num_layers', 'no_decay_names', 'extra_no_decay_names',
+            'norm_decay_mult', 'bias_decay_mult')
 
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()
@@ -57,8 +57,11 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
             0.8 for ViT-L, 0.9 for ViT-H).
         num_layers (int, optional): ``L``; defaults to the backbone's block count and may only
             be raised (deeper layers would otherwise get rates above the base lr).
-        no_decay_names (sequence of str, optional): parameter names (last component) without
-            weight decay; replaces :data:`DEFAULT_NO_DECAY_NAMES`.
+        no_decay_names (sequence of str, optional): names without weight decay, matched against
+            every dotted component of a parameter's name (``'query_embed'`` matches
+            ``panoptic_head.query_embed.weight``); replaces :data:`DEFAULT_NO_DECAY_NAMES`.
+        extra_no_decay_names (sequence of str, optional): added to ``no_decay_names`` (e.g. a
+            DETR / Mask2Former head's ``('query_embed', 'query_feat', 'level_embed')``).
         norm_decay_mult, bias_decay_mult (float): weight-decay multipliers of norm layers and
             biases (default 0).
     """
@@ -80,7 +83,12 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
             raise ValueError('the optimizer config needs an lr for layer-wise lr decay')
         self.layer_decay_rate = rate
         self.num_layers = None if num_layers is None else int(num_layers)
-        self.no_decay_names = tuple(cfg.get('no_decay_names', DEFAULT_NO_DECAY_NAMES))
+        for key in ('no_decay_names', 'extra_no_decay_names'):
+            if isinstance(cfg.get(key), str):
+                raise ValueError(f'{key}={cfg[key]!r} must be a list of names, e.g. '
+                                 f'[{cfg[key]!r}]')
+        self.no_decay_names = frozenset(cfg.get('no_decay_names', DEFAULT_NO_DECAY_NAMES)) | \
+            frozenset(cfg.get('extra_no_decay_names', ()))
         self.norm_decay_mult = float(cfg.get('norm_decay_mult', 0.0))
         self.bias_decay_mult = float(cfg.get('bias_decay_mult', 0.0))
         cfg.setdefault('layer_decay_rate', rate)  # non-empty: always go through add_params
@@ -88,7 +96,7 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
 
     def _decay_mult(self, name: str, module: nn.Module) -> float:
         short = name.rsplit('.', 1)[-1]
-        if short in self.no_decay_names:
+        if not self.no_decay_names.isdisjoint(name.split('.')):
             return 0.0
         if isinstance(module, _NORM_TYPES):
             return self.norm_decay_mult

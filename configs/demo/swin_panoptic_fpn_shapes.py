@@ -1,0 +1,84 @@
+# CPU segmentation demo (`make demo-seg`): Panoptic FPN, i.e. the lean Mask R-CNN of
+# swin_mask_rcnn_shapes.py (small stem Swin, strides 8/16/32, FPN + RPN + RoI box and mask
+# heads) plus a semantic FPN head for the stuff classes, on the shapes dataset's COCO panoptic
+# ground truth (things: the 5 shapes; stuff: distractor lines, background), trained from random
+# init for a fixed wall-clock budget. One evaluation pass reports all three tasks
+# (AllOutputsPanopticFPN): instance segm / bbox mAP (CocoMetric), PQ (CocoPanopticMetric) and
+# mIoU over things + stuff (SemSegMetric).
+_base_ = ['./swin_mask_rcnn_shapes.py']
+thing_classes = ('square', 'circle', 'triangle', 'star', 'cross')
+stuff_classes = ('lines', 'background')
+classes = thing_classes + stuff_classes
+metainfo = dict(classes=classes, thing_classes=thing_classes, stuff_classes=stuff_classes)
+fpn_channels = 64
+norm_cfg = dict(type='GN', num_groups=16, requires_grad=True)
+ignore_index = 255  # void in gt_sem_seg (and the padding of the batch's semantic maps)
+
+model = dict(
+    type='AllOutputsPanopticFPN',
+    data_preprocessor=dict(pad_seg=True, seg_pad_value=ignore_index, mask_pad_value=0),
+    semantic_head=dict(
+        type='PanopticFPNHead',
+        num_things_classes=len(thing_classes),
+        num_stuff_classes=len(stuff_classes),
+        in_channels=fpn_channels,
+        inner_channels=fpn_channels,
+        start_level=0,           # P3 (stride 8): the map the head predicts at
+        end_level=3,             # P3-P5
+        norm_cfg=norm_cfg,
+        loss_seg=dict(type='CrossEntropyLoss', ignore_index=ignore_index, loss_weight=0.5)),
+    panoptic_fusion_head=dict(
+        type='HeuristicFusionHead',
+        num_things_classes=len(thing_classes),
+        num_stuff_classes=len(stuff_classes)),
+    test_cfg=dict(
+        # instances of score >= instance_score_thr enter the fusion; stuff segments smaller
+        # than stuff_area_limit px become void (mmdet's 4096 is for COCO-sized images)
+        panoptic=dict(mask_overlap=0.5, stuff_area_limit=64, instance_score_thr=0.5)))
+
+image_size = 192
+backend_args = None
+train_pipeline = [
+    dict(type='LoadImageFromFile', backend_args=backend_args),
+    dict(type='LoadPanopticAnnotations', with_bbox=True, with_mask=True, with_seg=True,
+         backend_args=backend_args),
+    dict(type='Resize', scale=(image_size, image_size), keep_ratio=True),
+    dict(type='RandomFlip', prob=[0.25, 0.25, 0.25],
+         direction=['horizontal', 'vertical', 'diagonal']),
+    dict(type='PackDetInputs')
+]
+test_pipeline = [
+    dict(type='LoadImageFromFile', backend_args=backend_args),
+    dict(type='Resize', scale=(image_size, image_size), keep_ratio=True),
+    # after Resize: the ground truth stays at the original size the predictions are scored at
+    dict(type='LoadPanopticAnnotations', with_bbox=True, with_mask=True, with_seg=True,
+         backend_args=backend_args),
+    dict(type='PackDetInputs',
+         meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor'))
+]
+data_root = 'data/shapes/'
+train_dataloader = dict(
+    dataset=dict(
+        type='CocoPanopticDataset',
+        metainfo=metainfo,
+        data_root=data_root,
+        ann_file='annotations/panoptic_train.json',
+        data_prefix=dict(img='train/', seg='annotations/panoptic_train/'),
+        pipeline=train_pipeline))
+val_dataloader = dict(
+    dataset=dict(
+        type='CocoPanopticDataset',
+        metainfo=metainfo,
+        data_root=data_root,
+        ann_file='annotations/panoptic_val.json',
+        data_prefix=dict(img='val/', seg='annotations/panoptic_val/'),
+        pipeline=test_pipeline))
+test_dataloader = val_dataloader
+val_evaluator = [
+    dict(type='CocoMetric', ann_file=data_root + 'annotations/instances_val.json',
+         metric=['bbox', 'segm'], backend_args=backend_args),
+    dict(type='CocoPanopticMetric', ann_file=data_root + 'annotations/panoptic_val.json',
+         seg_prefix=data_root + 'annotations/panoptic_val/', backend_args=backend_args),
+    dict(type='SemSegMetric', iou_metrics=['mIoU']),
+]
+test_evaluator = val_evaluator
