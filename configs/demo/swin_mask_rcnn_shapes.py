@@ -37,13 +37,16 @@ model = dict(
         anchor_generator=dict(scales=[2], ratios=[1.0], strides=strides + [64])),
     roi_head=dict(
         bbox_roi_extractor=dict(out_channels=fpn_channels, featmap_strides=strides),
-        bbox_head=dict(in_channels=fpn_channels, fc_out_channels=256, num_classes=num_classes),
+        bbox_head=dict(in_channels=fpn_channels, fc_out_channels=256, num_classes=num_classes,
+                       # regress decoded boxes with GIoU (mmdet's faster-rcnn giou recipe)
+                       reg_decoded_bbox=True,
+                       loss_bbox=dict(_delete_=True, type='GIoULoss', loss_weight=10.0)),
         mask_roi_extractor=dict(out_channels=fpn_channels, featmap_strides=strides),
         mask_head=dict(num_convs=2, in_channels=fpn_channels, conv_out_channels=fpn_channels,
                        num_classes=num_classes)),
     train_cfg=dict(
         rpn_proposal=dict(nms_pre=500, max_per_img=100),
-        rcnn=dict(sampler=dict(num=64, pos_fraction=0.5))),
+        rcnn=dict(sampler=dict(num=32, pos_fraction=0.5))),
     test_cfg=dict(rpn=dict(nms_pre=300, max_per_img=100), rcnn=dict(max_per_img=20)))
 
 backend_args = None
