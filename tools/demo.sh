@@ -67,7 +67,8 @@ if 'coco_panoptic/PQ' in m:
           f"RQ {m.get('coco_panoptic/RQ', nan):.1f}   (things {m.get('coco_panoptic/PQ_th', nan):.1f}, "
           f"stuff {m.get('coco_panoptic/PQ_st', nan):.1f})")
 if 'mIoU' in m:
-    print(f"             semantic mIoU {m['mIoU']:.1f}   aAcc {m.get('aAcc', nan):.1f}")
+    # not aAcc: mmdet 3.3's SemSegMetric averages per-class accuracies there (= its mAcc)
+    print(f"             semantic mIoU {m['mIoU']:.1f}")
 print(f'train time (incl. start-up and the final validation): {(t1 - t0) / 60:.1f} min')
 print(f'checkpoint:  {ckpt}')
 print(f'metrics:     {metrics}')
