@@ -44,8 +44,14 @@ say "3/4 evaluating $CKPT on the val split"
 
 FEATURES="$WORK/visualize/features_val_000000.png"
 say "4/4 feature maps of ${DATA}val/000000.png with $CKPT"
+# the neck's maps too when the model has one (the DETR demos feed the backbone to the head)
+NECK=()
+if "$PY" -c "import sys; from vitdet_plugin.datasets import load_config
+sys.exit(0 if load_config(sys.argv[1]).model.get('neck') else 1)" "$CONFIG"; then
+    NECK=(--neck)
+fi
 "$PY" tools/analysis/visualize.py features "$CONFIG" "$CKPT" --image "${DATA}val/000000.png" \
-    --neck --out "$FEATURES" --cfg-options "${OPTS[@]}"
+    "${NECK[@]}" --out "$FEATURES" --cfg-options "${OPTS[@]}"
 
 "$PY" - "$WORK/metrics.json" "$t0" "$t1" "$CKPT" "$WORK" "$FEATURES" <<'PYEOF'
 import json, sys

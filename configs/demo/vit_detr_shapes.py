@@ -4,6 +4,8 @@
 # target: DETR-style heads learn slowly from scratch, and this demo shows by how much next to
 # the ViT RetinaNet. Run:
 #   DEMO_CONFIG=configs/demo/vit_detr_shapes.py DEMO_WORK_DIR=work_dirs/demo_vit_detr make demo
+# Measured on 2 idle cores (2026-11-30): 1025 iterations in 9.5 minutes, bbox mAP 0.024 (mAP_50
+# 0.065), 10.7 min for the command; the ViT RetinaNet demo reaches 0.328 in the same budget.
 _base_ = ['./swin_detr_demo.py']
 image_size = 256
 vit_dims = 192
