@@ -145,3 +145,29 @@ def test_mmdet_coco_dataset_reads_it(dataset):
     assert tuple(item['inputs'].shape) == (3, 256, 256)
     assert len(sample.gt_instances) == n
     assert sample.gt_instances.masks.masks.shape == (n, 256, 256)
+
+
+def test_make_shapes_reuse_keeps_a_dataset_made_with_other_options(tmp_path, capsys):
+    """``make demo`` runs ``make_shapes.py --reuse``: a set made with another seed and generator
+    options under DEMO_DATA is used as it is (not refused, not regenerated)."""
+    import importlib.util
+    import os.path as osp
+    path = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools', 'make_shapes.py')
+    spec_ = importlib.util.spec_from_file_location('vitdet_tool_make_shapes', path)
+    tool = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(tool)
+    root = str(tmp_path / 'other') + '/'
+    other = ShapesSpec(image_size=48, classes=('circle', 'star'), objects=(1, 2),
+                       object_size=(12, 24))
+    generate_dataset(root, seed=5, num_train=3, num_val=2, spec=other, progress=False)
+    before = {p.name: p.read_bytes() for p in Path(root, 'annotations').glob('*.json')}
+    with pytest.raises(SystemExit, match='holds a different shapes dataset'):
+        tool.main(['--out', root, '--quiet'])
+    tool.main(['--out', root, '--seed', '0', '--reuse', '--quiet'])
+    assert capsys.readouterr().out.count(': exists (') == 2
+    assert {p.name: p.read_bytes() for p in Path(root, 'annotations').glob('*.json')} == before
+    fresh = str(tmp_path / 'fresh') + '/'
+    # absent: generated as asked
+    tool.main(['--out', fresh, '--seed', '3', '--num-train', '2', '--num-val', '1',
+               '--image-size', '48', '--object-size', '12', '24', '--reuse', '--quiet'])
+    assert shapes.dataset_info(fresh, 'train')['seed'] == 3

@@ -7,10 +7,11 @@
 #
 # Environment variables (all optional):
 #   DEMO_CONFIG    config to train       (default: configs/demo/swin_retinanet_shapes.py)
-#   DEMO_DATA      dataset directory     (default: data/shapes/; generated when absent)
+#   DEMO_DATA      dataset directory     (default: data/shapes/; generated when absent, used
+#                                         as it is when present, whatever its seed and options)
 #   DEMO_WORK_DIR  output directory      (default: work_dirs/demo_swin_retinanet)
 #   DEMO_MINUTES   training budget, min  (default: the config's budget_minutes, 9.5)
-#   DEMO_SEED      dataset seed          (default: 0)
+#   DEMO_SEED      dataset seed          (default: 0; for a dataset that is generated)
 #   PYTHON         interpreter           (default: .venv/bin/python)
 set -euo pipefail
 
@@ -26,7 +27,8 @@ case "$DATA" in */) ;; *) DATA="$DATA/" ;; esac
 say() { printf '\033[1m[demo]\033[0m %s\n' "$*"; }
 
 say "1/4 dataset: $DATA (seed $SEED)"
-"$PY" tools/make_shapes.py --out "$DATA" --seed "$SEED"
+# --reuse: a shapes set already under DEMO_DATA is used as it was made (any seed / options)
+"$PY" tools/make_shapes.py --out "$DATA" --seed "$SEED" --reuse
 
 OPTS=(data_root="$DATA")
 if [ -n "${DEMO_MINUTES:-}" ]; then
