@@ -1,7 +1,7 @@
 """torch.compile of the backbones: no graph breaks (``fullgraph=True``) in training and
 inference, fp32 and bf16 autocast; eager parity of outputs and gradients; one graph for five
-input sizes with ``dynamic=True``; the plain path under compile; mmengine's ``compile`` runner
-option on the demo config.
+input sizes with ``dynamic=True``; the CPU training kernels kept in compiled graphs as custom
+ops, the plain path in exported ones; mmengine's ``compile`` runner option on the demo config.
 
 Backends (CPU inductor builds C++ per graph, tens of seconds each on 2 cores):
 * ``'aot_eager'`` (dynamo + AOTAutograd: the forward / backward graphs inductor would get,
@@ -22,7 +22,7 @@ from helpers import max_rel_err, randomize_
 from torch import Tensor, nn
 
 import vitdet_plugin  # noqa: F401
-from vitdet_plugin.models.accel import PLAIN, capturing_graph, plan_for_tensor
+from vitdet_plugin.models.accel import PLAIN, capturing_graph, exporting_graph, plan_for_tensor
 from vitdet_plugin.models.backbones import SwinBackbone, SwinV2Backbone, ViTBackbone
 
 #: fp32: compiled vs eager outputs and gradients, max |a - b| / max |b| (the issue's bound).
@@ -170,9 +170,9 @@ def test_inductor_training_step_matches_eager(name):
     _assert_close(grads, ref_grads, FP32_TOL, 'gradient')
 
 
-def test_graph_capture_takes_the_plain_path(monkeypatch):
-    """Compiled forwards never reach the CPU kernels (chunked inference, recomputing
-    autograd Functions), though eager CPU forwards of the same model do."""
+def _record_cpu_kernels(monkeypatch) -> List[str]:
+    """Names of the CPU kernels the Swin modules reach from now on ('chunked', 'attention',
+    'gelu'), in call order."""
     from vitdet_plugin.models.backbones import swin as swin_module
     from vitdet_plugin.models.layers import mlp as mlp_module
     from vitdet_plugin.models.layers import window_attention as wa_module
@@ -190,35 +190,81 @@ def test_graph_capture_takes_the_plain_path(monkeypatch):
     monkeypatch.setattr(wa_module, 'recompute_attention',
                         record('attention', wa_module.recompute_attention))
     monkeypatch.setattr(mlp_module, 'gelu_linear', record('gelu', mlp_module.gelu_linear))
+    return calls
+
+
+def _graph_ops(gm: torch.fx.GraphModule) -> List[str]:
+    return [str(n.target) for n in gm.graph.nodes if n.op == 'call_function']
+
+
+def test_compile_keeps_the_training_kernels_and_export_takes_the_plain_path(monkeypatch):
+    """Eager CPU forwards use the CPU kernels; a compiled training forward keeps the two
+    training kernels as custom ops in its graph (forward and backward), a compiled inference
+    forward runs the plain path (no chunked loop), and torch.export holds standard ops only."""
+    calls = _record_cpu_kernels(monkeypatch)
     model = _model('swin', False)
     x = torch.randn(BATCH, 3, *SIZE)
     for training in (False, True):
         _run(model.train(training), x, training, False)
     assert set(calls) == {'chunked', 'attention', 'gelu'}, calls  # eager: the CPU kernels
-    calls.clear()
+    blocks = sum(model.depths)
+
+    graphs: List[torch.fx.GraphModule] = []
+
+    def keep(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
     for training in (False, True):
+        calls.clear()
+        graphs.clear()
         torch._dynamo.reset()
-        _run(torch.compile(model.train(training), backend='eager', fullgraph=True), x,
+        backend = aot_autograd(fw_compiler=keep, bw_compiler=keep)
+        _run(torch.compile(model.train(training), backend=backend, fullgraph=True), x,
              training, False)
-    assert calls == []
+        ops = [op for gm in graphs for op in _graph_ops(gm)]
+        if not training:
+            assert calls == [] and not any('vitdet_plugin' in op for op in ops), ops
+            continue
+        assert sorted(set(calls)) == ['attention', 'gelu'] and 'chunked' not in calls
+        assert len(graphs) == 2  # forward and backward: one graph each, no break
+        for name in ('recompute_attention', 'gelu_linear'):
+            fwd = _graph_ops(graphs[0]).count(f'vitdet_plugin.{name}.default')
+            bwd = _graph_ops(graphs[1]).count(f'vitdet_plugin.{name}_backward.default')
+            assert fwd == bwd == blocks, (name, fwd, bwd)
+    calls.clear()
+    exported = torch.export.export(model.train(True), (x,))
+    ops = _graph_ops(exported.graph_module)
+    assert calls == [] and not any('vitdet_plugin' in op for op in ops), ops
 
 
-def test_capturing_graph_reports_compile_export_and_tracing():
+def test_capture_flags_for_compile_export_and_tracing():
+    """capturing_graph: any graph capture; exporting_graph: graphs that leave PyTorch (export,
+    TorchScript tracing), not torch.compile. Under compile the training plan is kept."""
     x = torch.randn(2, 3)
-    assert not capturing_graph() and plan_for_tensor(x, 'auto') != PLAIN
+    assert not capturing_graph() and not exporting_graph()
+    assert plan_for_tensor(x, 'auto') != PLAIN
 
-    def plain(t: Tensor) -> Tensor:
-        return t + float(plan_for_tensor(t, 'auto') == PLAIN and capturing_graph())
+    def flags(t: Tensor) -> Tensor:
+        plan = plan_for_tensor(t, 'auto')
+        return t + torch.tensor([float(capturing_graph()), float(exporting_graph()),
+                                 float(plan.recompute_attention),
+                                 float(plan.chunked_inference)])[:t.shape[-1]]
 
-    assert torch.equal(torch.compile(plain, backend='eager', fullgraph=True)(x), x + 1)
-    assert torch.equal(torch.jit.trace(plain, x, check_trace=False)(x), x + 1)
+    y = torch.zeros(1, 4)
+    assert torch.compile(flags, backend='eager', fullgraph=True)(y).tolist() == [[1, 0, 1, 0]]
+    with torch.no_grad():  # the chunked inference loop stays off under compile
+        torch._dynamo.reset()
+        assert torch.compile(flags, backend='eager', fullgraph=True)(y).tolist() == [[1, 0, 0, 0]]
+    assert torch.jit.trace(flags, y, check_trace=False)(y).tolist() == [[1, 1, 0, 0]]
 
-    class Plain(nn.Module):
+    class Flags(nn.Module):
         def forward(self, t: Tensor) -> Tensor:
-            return plain(t)
+            return flags(t)
 
-    exported = torch.export.export(Plain(), (x,))
-    assert torch.equal(exported.module()(x), x + 1)
+    assert torch.export.export(Flags(), (y,)).module()(y).tolist() == [[1, 1, 0, 0]]
 
 
 @pytest.fixture(scope='module')

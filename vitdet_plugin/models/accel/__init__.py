@@ -3,12 +3,13 @@
 See :mod:`.dispatch` for where they run (measured: the CPU) and why; each kernel has a parity
 test against the plain path (``tests/test_accel.py``).
 """
-from .dispatch import (ACCEL_MODES, PLAIN, AccelPlan, capturing_graph, check_accel, plan_for,
-                       plan_for_tensor)
+from .dispatch import (ACCEL_MODES, PLAIN, AccelPlan, capturing_graph, check_accel,
+                       exporting_graph, plan_for, plan_for_tensor)
 from .recompute import gelu_linear, recompute_attention
 from .swin_inference import swin_chunked_inference
 
 __all__ = [
-    'ACCEL_MODES', 'PLAIN', 'AccelPlan', 'capturing_graph', 'check_accel', 'gelu_linear',
+    'ACCEL_MODES', 'PLAIN', 'AccelPlan', 'capturing_graph', 'check_accel', 'exporting_graph',
+    'gelu_linear',
     'plan_for', 'plan_for_tensor', 'recompute_attention', 'swin_chunked_inference',
 ]

@@ -3,10 +3,12 @@
 Backbones take ``accel='auto' | 'off'``. With ``'auto'`` the kernels of this package run only
 where they were measured to help: on the CPU (``tools/benchmark.py``; README "Speed and
 memory"). Everywhere else (CUDA and other accelerators, the meta device, ``'off'``, and
-while ``torch.compile`` / ``torch.export`` / an ONNX exporter captures a graph) the model's
+while ``torch.export`` / an ONNX exporter / ``torch.jit.trace`` records a graph) the model's
 plain path runs: ``F.scaled_dot_product_attention`` with the bias as ``attn_mask``, no
-chunking, no host syncs. The parity tests (``tests/test_accel.py``) are the contract between
-the two.
+chunking, no host syncs. Under ``torch.compile`` on the CPU the training kernels (custom ops,
+:mod:`.recompute`) stay in the compiled graph; the chunked inference loop (in-place writes into
+one buffer) does not, the compiler fuses the plain inference path itself. The parity tests
+(``tests/test_accel.py``, ``tests/test_compile.py``) are the contract between the paths.
 """
 from typing import NamedTuple
 
@@ -60,24 +62,33 @@ def plan_for(device_type: str, mode: str, grad_enabled: bool, autocast: bool) ->
                      recompute_gelu=not autocast)
 
 
+def exporting_graph() -> bool:
+    """True while ``torch.export`` (hence the dynamo ONNX exporter), TorchScript tracing or the
+    TorchScript ONNX exporter records the forward: graphs meant to leave PyTorch, which hold
+    only standard ops. (A torch without ``torch.compiler.is_exporting`` counts every compile.)"""
+    is_exporting = getattr(torch.compiler, 'is_exporting', torch.compiler.is_compiling)
+    return (is_exporting() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export())
+
+
 def capturing_graph() -> bool:
-    """True while ``torch.compile`` / ``torch.export`` (hence the dynamo ONNX exporter) or
-    TorchScript tracing / the TorchScript ONNX exporter records the forward."""
-    return (torch.compiler.is_compiling() or torch.jit.is_tracing()
-            or torch.onnx.is_in_onnx_export())
+    """True while ``torch.compile`` or any exporter of :func:`exporting_graph` records the
+    forward."""
+    return torch.compiler.is_compiling() or exporting_graph()
 
 
 def plan_for_tensor(x: Tensor, mode: str) -> AccelPlan:
     """:func:`plan_for` the device of ``x`` in the current grad / autocast state.
 
-    While a graph is captured (:func:`capturing_graph`) the plain path runs on every device:
-    the compiler fuses it itself, and the kernels here (in-place chunk loops, autograd
-    Functions with hand-written backwards) are eager-mode optimisations.
+    While a graph is exported (:func:`exporting_graph`) the plain path runs on every device.
+    Under ``torch.compile`` the training kernels (custom ops with registered backward and fake
+    implementations) are kept; the chunked inference loop is not (in-place writes into a
+    buffer, which the compiler would only copy around; it fuses the plain path itself).
     """
-    if capturing_graph():
+    if exporting_graph():
         return PLAIN
     device_type = x.device.type
     autocast = device_type != 'meta' and torch.is_autocast_enabled(device_type)
-    return plan_for(device_type, mode, torch.is_grad_enabled(), autocast)
-
-
+    plan = plan_for(device_type, mode, torch.is_grad_enabled(), autocast)
+    if torch.compiler.is_compiling():
+        plan = plan._replace(chunked_inference=False)
+    return plan

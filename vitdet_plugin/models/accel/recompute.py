@@ -4,6 +4,11 @@ CPU only (see :mod:`.dispatch`): there ``F.scaled_dot_product_attention`` has no
 whose backward yields the gradient of ``attn_mask``, so with a trainable bias autograd takes
 the math path and keeps every ``(N, N)`` attention matrix until backward; and plain autograd
 keeps both the input and the output of an MLP's GELU, its two widest activations.
+
+Each kernel is a ``torch.library`` custom op (``vitdet_plugin::...``) with a registered
+backward (itself an op) and a fake (shape-only) implementation, so ``torch.compile`` keeps it
+as one node of the graph, symbolic sizes included, and the compiled training step gets the same
+kernels as the eager one.
 """
 from typing import Optional, Tuple
 
@@ -14,80 +19,145 @@ from torch import Tensor
 from ...functional import window_bias
 from .torch_private import gelu_backward, softmax_backward
 
+#: Namespace of the custom ops (``torch.ops.vitdet_plugin.*``).
+OPS_NAMESPACE = 'vitdet_plugin'
 
-class RecomputeAttention(torch.autograd.Function):
-    """``softmax(q k^T * scale + window_bias(bias, mask)) v``: fused forward, recomputing
-    backward.
 
-    The forward runs the fused kernel without recording a graph and saves ``q, k, v``, the
-    small ``(1, heads, N, N)`` bias and the (cached, shared) mask; the backward recomputes the
-    attention of the layer it is processing (bias written once into the logits buffer, the
-    ``q k^T`` GEMM added in place) and applies the softmax-attention gradient formulas.
-    """
+def _attention_out_layout(b: int, h: int, n: int, dv: int, like: Tensor) -> Tensor:
+    """An empty ``(B, heads', N, dv)`` output stored as ``(B, N, heads', dv)``: the layout
+    ``out.transpose(1, 2).reshape(B, N, C)`` of the caller reads without a copy."""
+    return like.new_empty(b, n, h, dv).transpose(1, 2)
 
-    @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor,
-                bias: Tensor, mask: Optional[Tensor], scale: float) -> Tensor:
-        ctx.scale = scale
-        ctx.save_for_backward(q, k, v, bias, mask)
-        full = window_bias(bias.detach(), mask).to(q.dtype)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=full, scale=scale)
 
-    @staticmethod
-    def backward(ctx, grad_out: Tensor) -> Tuple[Optional[Tensor], ...]:
-        q, k, v, bias, mask = ctx.saved_tensors
-        scale = ctx.scale
-        b, h, n, d = q.shape
-        m, dv = k.shape[-2], v.shape[-1]
-        q3, k3, v3 = q.reshape(b * h, n, d), k.reshape(b * h, m, d), v.reshape(b * h, m, dv)
-        logits = q.new_empty(b * h, n, m)
-        logits.view(b, h, n, m).copy_(window_bias(bias, mask))      # broadcast over B
-        probs = torch.softmax(logits.baddbmm_(q3, k3.transpose(1, 2), alpha=scale), dim=-1)
-        del logits
-        grad3 = grad_out.reshape(b * h, n, dv)
-        grad_v = torch.bmm(probs.transpose(1, 2), grad3)
-        grad_logits = softmax_backward(torch.bmm(grad3, v3.transpose(1, 2)), probs)
-        del probs
-        # (B, heads', N, M) summed onto the bias: over images, and over windows when folded
-        grad_full = grad_logits.view(b, h, n, m).sum(0, keepdim=True)
-        grad_bias = grad_full.view(-1, bias.shape[1], n, m).sum(0, keepdim=True)
-        grad_q = torch.bmm(grad_logits, k3).mul_(scale).view(b, h, n, d)
-        grad_k = torch.bmm(grad_logits.transpose(1, 2), q3).mul_(scale).view(b, h, m, d)
-        return (grad_q, grad_k, grad_v.view(b, h, m, dv), grad_bias.to(bias.dtype), None,
-                None)
+@torch.library.custom_op(f'{OPS_NAMESPACE}::recompute_attention', mutates_args=())
+def _attention_op(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor],
+                  scale: float) -> Tensor:
+    """``softmax(q k^T * scale + window_bias(bias, mask)) v`` through the fused kernel."""
+    # the bias still says requires_grad in here; detached, SDPA takes its fused kernel (it
+    # falls back to the math path for a mask that needs a gradient)
+    full = window_bias(bias.detach(), mask).to(q.dtype)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=full, scale=scale)
+    return out.transpose(1, 2).contiguous().transpose(1, 2)        # stored (B, N, heads', dv)
+
+
+@_attention_op.register_fake
+def _attention_fake(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor],
+                    scale: float) -> Tensor:
+    b, h, n, _ = q.shape
+    return _attention_out_layout(b, h, n, v.shape[-1], q)
+
+
+@torch.library.custom_op(f'{OPS_NAMESPACE}::recompute_attention_backward', mutates_args=())
+def _attention_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
+                           mask: Optional[Tensor], scale: float
+                           ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of ``q, k, v, bias``: the attention of this layer is recomputed (bias
+    written once into the logits buffer, the ``q k^T`` GEMM added in place), then the
+    softmax-attention gradient formulas."""
+    b, h, n, d = q.shape
+    m, dv = k.shape[-2], v.shape[-1]
+    q3, k3, v3 = q.reshape(b * h, n, d), k.reshape(b * h, m, d), v.reshape(b * h, m, dv)
+    logits = q.new_empty(b * h, n, m)
+    logits.view(b, h, n, m).copy_(window_bias(bias, mask))      # broadcast over B
+    probs = torch.softmax(logits.baddbmm_(q3, k3.transpose(1, 2), alpha=scale), dim=-1)
+    del logits
+    grad3 = grad_out.reshape(b * h, n, dv)
+    grad_v = torch.bmm(probs.transpose(1, 2), grad3)
+    grad_logits = softmax_backward(torch.bmm(grad3, v3.transpose(1, 2)), probs)
+    del probs
+    # (B, heads', N, M) summed onto the bias: over images, and over windows when folded
+    grad_full = grad_logits.view(b, h, n, m).sum(0, keepdim=True)
+    grad_bias = grad_full.view(-1, bias.shape[1], n, m).sum(0, keepdim=True).to(bias.dtype)
+    grad_q = torch.bmm(grad_logits, k3).mul_(scale).view(b, h, n, d)
+    grad_k = torch.bmm(grad_logits.transpose(1, 2), q3).mul_(scale).view(b, h, m, d)
+    return grad_q, grad_k, grad_v.view(b, h, m, dv), grad_bias
+
+
+@_attention_backward_op.register_fake
+def _attention_backward_fake(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
+                             mask: Optional[Tensor], scale: float
+                             ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            bias.new_empty(bias.shape))
+
+
+def _attention_setup(ctx, inputs: Tuple, output: Tensor) -> None:
+    q, k, v, bias, mask, scale = inputs
+    ctx.scale = scale
+    ctx.save_for_backward(q, k, v, bias, mask)
+
+
+def _attention_backward(ctx, grad_out: Tensor) -> Tuple[Optional[Tensor], ...]:
+    q, k, v, bias, mask = ctx.saved_tensors
+    grad_q, grad_k, grad_v, grad_bias = _attention_backward_op(
+        grad_out, q, k, v, bias.detach(), mask, ctx.scale)
+    return grad_q, grad_k, grad_v, grad_bias, None, None
+
+
+_attention_op.register_autograd(_attention_backward, setup_context=_attention_setup)
 
 
 def recompute_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor],
                         scale: float) -> Tensor:
-    """:class:`RecomputeAttention`; ``q, k, v`` ``(B, heads', N, d)`` as for
-    :func:`~vitdet_plugin.functional.window_bias`."""
-    return RecomputeAttention.apply(q, k, v, bias, mask, scale)
+    """``softmax(q k^T * scale + window_bias(bias, mask)) v``, ``q, k, v`` ``(B, heads', N, d)``
+    as for :func:`~vitdet_plugin.functional.window_bias`: the fused forward keeps ``q, k, v``,
+    the small ``(1, heads, N, N)`` bias and the (cached, shared) mask; the backward recomputes
+    the probabilities of the layer it is processing."""
+    return _attention_op(q, k, v, bias, mask, scale)
 
 
-class GeluLinear(torch.autograd.Function):
-    """``linear(gelu(h))`` that keeps ``h`` but not ``gelu(h)`` for backward (exact GELU)."""
+@torch.library.custom_op(f'{OPS_NAMESPACE}::gelu_linear', mutates_args=())
+def _gelu_linear_op(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """``linear(gelu(h), weight, bias)`` (exact GELU)."""
+    return F.linear(F.gelu(h), weight, bias)
 
-    @staticmethod
-    def forward(ctx, h: Tensor, weight: Tensor,
-                bias: Optional[Tensor]) -> Tensor:
-        ctx.save_for_backward(h, weight)
-        ctx.has_bias = bias is not None
-        return F.linear(F.gelu(h), weight, bias)
 
-    @staticmethod
-    def backward(ctx, grad_out: Tensor) -> Tuple[Optional[Tensor], ...]:
-        h, weight = ctx.saved_tensors
-        grad_h = grad_w = grad_b = None
-        g2 = grad_out.reshape(-1, grad_out.shape[-1])
-        if ctx.needs_input_grad[1]:
-            grad_w = g2.t() @ F.gelu(h).reshape(-1, h.shape[-1])
-        if ctx.has_bias and ctx.needs_input_grad[2]:  # also with a frozen weight (BitFit)
-            grad_b = g2.sum(0)
-        if ctx.needs_input_grad[0]:
-            grad_h = gelu_backward(grad_out @ weight, h)
-        return grad_h, grad_w, grad_b
+@_gelu_linear_op.register_fake
+def _gelu_linear_fake(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    return h.new_empty(*h.shape[:-1], weight.shape[0])
+
+
+@torch.library.custom_op(f'{OPS_NAMESPACE}::gelu_linear_backward', mutates_args=())
+def _gelu_linear_backward_op(grad_out: Tensor, h: Tensor, weight: Tensor, need_h: bool,
+                             need_weight: bool, need_bias: bool
+                             ) -> Tuple[Tensor, Tensor, Tensor]:
+    """Gradients of ``h``, ``weight`` and the bias (empty when not needed); ``gelu(h)`` is
+    recomputed for the weight's."""
+    g2 = grad_out.reshape(-1, grad_out.shape[-1])
+    grad_w = g2.t() @ F.gelu(h).reshape(-1, h.shape[-1]) if need_weight else h.new_empty(0)
+    grad_b = g2.sum(0) if need_bias else h.new_empty(0)  # also with a frozen weight (BitFit)
+    grad_h = gelu_backward(grad_out @ weight, h).contiguous() if need_h else h.new_empty(0)
+    return grad_h, grad_w, grad_b
+
+
+@_gelu_linear_backward_op.register_fake
+def _gelu_linear_backward_fake(grad_out: Tensor, h: Tensor, weight: Tensor, need_h: bool,
+                               need_weight: bool, need_bias: bool
+                               ) -> Tuple[Tensor, Tensor, Tensor]:
+    return (h.new_empty(h.shape) if need_h else h.new_empty(0),
+            weight.new_empty(weight.shape) if need_weight else h.new_empty(0),
+            weight.new_empty(weight.shape[0]) if need_bias else h.new_empty(0))
+
+
+def _gelu_linear_setup(ctx, inputs: Tuple, output: Tensor) -> None:
+    h, weight, bias = inputs
+    ctx.has_bias = bias is not None
+    ctx.save_for_backward(h, weight)
+
+
+def _gelu_linear_backward(ctx, grad_out: Tensor) -> Tuple[Optional[Tensor], ...]:
+    h, weight = ctx.saved_tensors
+    need_h, need_w, need_b = ctx.needs_input_grad
+    grad_h, grad_w, grad_b = _gelu_linear_backward_op(
+        grad_out, h, weight.detach(), need_h, need_w, ctx.has_bias and need_b)
+    return (grad_h if need_h else None, grad_w if need_w else None,
+            grad_b if ctx.has_bias and need_b else None)
+
+
+_gelu_linear_op.register_autograd(_gelu_linear_backward, setup_context=_gelu_linear_setup)
 
 
 def gelu_linear(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
-    """:class:`GeluLinear`: ``F.linear(F.gelu(h), weight, bias)`` with a recomputing backward."""
-    return GeluLinear.apply(h, weight, bias)
+    """``F.linear(F.gelu(h), weight, bias)`` that keeps ``h`` but not ``gelu(h)`` for
+    backward."""
+    return _gelu_linear_op(h, weight, bias)
