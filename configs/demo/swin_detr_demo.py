@@ -11,7 +11,6 @@
 _base_ = [
     '../_base_/datasets/shapes_detection.py',
     '../_base_/schedules/cpu_time_budget.py',
-    '../_base_/iter_runtime.py',
 ]
 num_classes = 5
 embed_dims = 128
@@ -56,10 +55,3 @@ optim_wrapper = dict(
     optimizer=dict(lr=base_lr, weight_decay=1e-4, fused=True),
     paramwise_cfg=dict(custom_keys={'level_embed': dict(decay_mult=0.)}),
     clip_grad=dict(max_norm=1.0, norm_type=2))
-
-budget_minutes = 9.5
-custom_hooks = [
-    dict(type='TimeBudgetHook', minutes=budget_minutes),
-    dict(type='RNGStateHook'),
-    dict(type='NonFiniteCheckHook'),
-]

@@ -22,13 +22,15 @@
 #   32 sampled RoIs per image: segm mAP 0.308 -> 0.358 (PQ 33.4 -> 41.0, mIoU 31.2 -> 38.0).
 # Measured on 2 idle cores (2026-11-30, `make demo-seg`): 927 iterations, segm mAP 0.358 (bbox
 # 0.356), PQ 41.0 (things 38.7, stuff 47.0), mIoU 38.0; 10.0 min of training + evaluation.
-_base_ = ['./swin_mask_rcnn_shapes.py']
-thing_classes = ('square', 'circle', 'triangle', 'star', 'cross')
-stuff_classes = ('lines', 'background')
-classes = thing_classes + stuff_classes
-metainfo = dict(classes=classes, thing_classes=thing_classes, stuff_classes=stuff_classes)
-fpn_channels = 64
-norm_cfg = dict(type='GN', num_groups=16, requires_grad=True)
+_base_ = [
+    '../_base_/models/mask-rcnn_swin-stem_fpn_shapes.py',
+    '../_base_/datasets/shapes_panoptic.py',  # COCO panoptic GT, PQ + bbox/segm mAP + mIoU
+    '../_base_/schedules/cpu_time_budget_ema.py',  # AdamW 2e-3, 9.5-minute budget, EMA
+]
+thing_classes = _base_.thing_classes
+stuff_classes = _base_.stuff_classes
+norm_cfg = _base_.norm_cfg
+fpn_channels = _base_.fpn_channels
 ignore_index = 255  # void in gt_sem_seg (and the padding of the batch's semantic maps)
 
 model = dict(
@@ -73,29 +75,6 @@ test_pipeline = [
     dict(type='PackDetInputs',
          meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor'))
 ]
-data_root = 'data/shapes/'
-train_dataloader = dict(
-    dataset=dict(
-        type='CocoPanopticDataset',
-        metainfo=metainfo,
-        data_root=data_root,
-        ann_file='annotations/panoptic_train.json',
-        data_prefix=dict(img='train/', seg='annotations/panoptic_train/'),
-        pipeline=train_pipeline))
-val_dataloader = dict(
-    dataset=dict(
-        type='CocoPanopticDataset',
-        metainfo=metainfo,
-        data_root=data_root,
-        ann_file='annotations/panoptic_val.json',
-        data_prefix=dict(img='val/', seg='annotations/panoptic_val/'),
-        pipeline=test_pipeline))
+train_dataloader = dict(dataset=dict(pipeline=train_pipeline))
+val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
 test_dataloader = val_dataloader
-val_evaluator = [
-    dict(type='CocoMetric', ann_file=data_root + 'annotations/instances_val.json',
-         metric=['bbox', 'segm'], backend_args=backend_args),
-    dict(type='CocoPanopticMetric', ann_file=data_root + 'annotations/panoptic_val.json',
-         seg_prefix=data_root + 'annotations/panoptic_val/', backend_args=backend_args),
-    dict(type='SemSegMetric', iou_metrics=['mIoU']),
-]
-test_evaluator = val_evaluator

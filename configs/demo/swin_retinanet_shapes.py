@@ -25,8 +25,7 @@
 _base_ = [
     '../_base_/models/retinanet_swin-t_fpn.py',
     '../_base_/datasets/shapes_detection.py',
-    '../_base_/schedules/cpu_time_budget.py',
-    '../_base_/iter_runtime.py',
+    '../_base_/schedules/cpu_time_budget_ema.py',  # AdamW 2e-3, 9.5-minute budget, EMA
 ]
 num_classes = 5
 image_size = 192
@@ -80,15 +79,3 @@ test_pipeline = [
 train_dataloader = dict(dataset=dict(pipeline=train_pipeline))
 val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
 test_dataloader = val_dataloader
-
-optim_wrapper = dict(optimizer=dict(lr=2e-3, fused=True))
-
-budget_minutes = 9.5
-custom_hooks = [
-    dict(type='TimeBudgetHook', minutes=budget_minutes),
-    dict(type='RNGStateHook'),
-    dict(type='NonFiniteCheckHook'),
-    # evaluation (and the saved checkpoint's state_dict) use the EMA weights
-    dict(type='EMAHook', ema_type='ExpMomentumEMA', momentum=0.002, update_buffers=True,
-         priority=49),
-]

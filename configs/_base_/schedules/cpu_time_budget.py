@@ -1,7 +1,9 @@
 # Iteration-based schedule bounded by wall-clock time, for CPU demos: AdamW, linear warm-up, then
 # cosine decay to the end of training. `max_iters` is a cap; TimeBudgetHook measures the speed
 # and moves the end of training (and of the cosine) so that training takes `budget_minutes` on
-# any machine. Validation runs once, after the last iteration. Use with _base_/iter_runtime.py.
+# any machine. Validation runs once, after the last iteration. Includes _base_/iter_runtime.py
+# (iteration logging and checkpoints) and adds TimeBudgetHook to the runtime's hooks.
+_base_ = '../iter_runtime.py'
 budget_minutes = 9.5
 max_iters = 100000
 warmup_iters = 50
@@ -29,7 +31,9 @@ optim_wrapper = dict(
         }),
     clip_grad=dict(max_norm=10.0, norm_type=2))
 
-# Configs using this schedule add the hook (custom_hooks is defined by _base_/default_runtime.py,
-# and mmengine does not allow one key in two bases):
-#   custom_hooks = [dict(type='TimeBudgetHook', minutes=budget_minutes),
-#                   dict(type='RNGStateHook'), dict(type='NonFiniteCheckHook')]
+# the runtime's hooks (exact resume, NaN/Inf detection) plus the time budget
+custom_hooks = [
+    dict(type='TimeBudgetHook', minutes=budget_minutes),
+    dict(type='RNGStateHook'),
+    dict(type='NonFiniteCheckHook'),
+]
