@@ -60,22 +60,11 @@ model = dict(
         reg_decoded_bbox=True,
         loss_bbox=dict(_delete_=True, type='GIoULoss', loss_weight=2.0)))
 
-backend_args = None
-train_pipeline = [
-    dict(type='LoadImageFromFile', backend_args=backend_args),
-    dict(type='LoadAnnotations', with_bbox=True),
-    dict(type='Resize', scale=(image_size, image_size), keep_ratio=True),
-    dict(type='RandomFlip', prob=[0.25, 0.25, 0.25],
-         direction=['horizontal', 'vertical', 'diagonal']),
-    dict(type='PackDetInputs')
-]
-test_pipeline = [
-    dict(type='LoadImageFromFile', backend_args=backend_args),
-    dict(type='Resize', scale=(image_size, image_size), keep_ratio=True),
-    dict(type='LoadAnnotations', with_bbox=True),
-    dict(type='PackDetInputs',
-         meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor'))
-]
+# the dataset base's pipelines, resized to the demo's image size
+train_pipeline = [dict(t, scale=(image_size, image_size)) if t['type'] == 'Resize' else t
+                  for t in _base_.train_pipeline]
+test_pipeline = [dict(t, scale=(image_size, image_size)) if t['type'] == 'Resize' else t
+                 for t in _base_.test_pipeline]
 train_dataloader = dict(dataset=dict(pipeline=train_pipeline))
 val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
 test_dataloader = val_dataloader
