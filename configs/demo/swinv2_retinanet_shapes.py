@@ -4,8 +4,10 @@
 #   DEMO_CONFIG=configs/demo/swinv2_retinanet_shapes.py make demo
 # SwinV2Backbone has no convolutional stem (the V1 demo's largest recipe gain), so this demo
 # measures the plain V2 design against the stem-less V1 number in that header (0.206).
-# Measured (2 idle cores, 2026-11-30): 1810 iterations in the 9.5-minute budget, COCO bbox mAP
-# 0.226 (mAP_50 0.350, mAP_75 0.251); 11.4 min for the whole `make demo`.
+# Measured (2 idle cores, 2026-12-01): 2449 iterations in the 9.5-minute budget, COCO bbox mAP
+# 0.307 (mAP_50 0.465, mAP_75 0.349); 10.4 min for the whole `make demo`. (2026-11-30, before the
+# backbone's no_weight_decay() names left weight decay: 1810 iterations, 0.226; single runs, and
+# unseeded runs of one config differ by up to 0.09.)
 _base_ = ['./swin_retinanet_shapes.py']
 embed_dims = 64
 
