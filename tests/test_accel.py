@@ -177,6 +177,28 @@ def test_training_saves_less_with_accel_and_gets_the_same_gradients():
     assert saved_a < 0.9 * saved_o, (saved_a, saved_o)
 
 
+def test_double_backward_through_the_training_kernels():
+    """create_graph=True (a gradient penalty on the input): the kernels' backward runs as
+    differentiable ops, so the second backward gives the plain path's parameter gradients."""
+    x = torch.randn(1, 3, 45, 61)
+
+    def run(accel):
+        model = randomize_(SwinBackbone(**SMALL, drop_path_rate=0.0, accel=accel)).train()
+        torch.manual_seed(0)
+        inp = x.clone().requires_grad_(True)
+        outs = model(inp)
+        loss = sum((o * torch.linspace(-1, 1, o.numel()).view_as(o)).sum() for o in outs)
+        (grad_x,) = torch.autograd.grad(loss, inp, create_graph=True)
+        grad_x.pow(2).sum().backward()
+        return [grad_x.detach()] + [p.grad for p in model.parameters()]
+    auto, off = run('auto'), run('off')
+    # parameters the input gradient does not depend on (e.g. the last biases) get none in both
+    assert [g is None for g in auto] == [g is None for g in off]
+    assert sum(g is not None for g in auto) > len(auto) // 2
+    assert_close_rel([g for g in auto if g is not None], [g for g in off if g is not None],
+                     tol=1e-4)
+
+
 # ----------------------------------------------------------------------------- chunked inference
 def _pair(**kw):
     fast = randomize_(SwinBackbone(**SMALL, **kw)).eval()

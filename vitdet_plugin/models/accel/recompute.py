@@ -47,13 +47,11 @@ def _attention_fake(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optiona
     return _attention_out_layout(b, h, n, v.shape[-1], q)
 
 
-@torch.library.custom_op(f'{OPS_NAMESPACE}::recompute_attention_backward', mutates_args=())
-def _attention_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
-                           mask: Optional[Tensor], scale: float
-                           ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+def _attention_grads(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
+                     mask: Optional[Tensor], scale: float) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Gradients of ``q, k, v, bias``: the attention of this layer is recomputed (bias
     written once into the logits buffer, the ``q k^T`` GEMM added in place), then the
-    softmax-attention gradient formulas."""
+    softmax-attention gradient formulas (differentiable ops: a double backward works)."""
     b, h, n, d = q.shape
     m, dv = k.shape[-2], v.shape[-1]
     q3, k3, v3 = q.reshape(b * h, n, d), k.reshape(b * h, m, d), v.reshape(b * h, m, dv)
@@ -73,6 +71,14 @@ def _attention_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, bi
     return grad_q, grad_k, grad_v.view(b, h, m, dv), grad_bias
 
 
+@torch.library.custom_op(f'{OPS_NAMESPACE}::recompute_attention_backward', mutates_args=())
+def _attention_backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
+                           mask: Optional[Tensor], scale: float
+                           ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`_attention_grads` as one graph node."""
+    return _attention_grads(grad_out, q, k, v, bias, mask, scale)
+
+
 @_attention_backward_op.register_fake
 def _attention_backward_fake(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
                              mask: Optional[Tensor], scale: float
@@ -89,8 +95,9 @@ def _attention_setup(ctx, inputs: Tuple, output: Tensor) -> None:
 
 def _attention_backward(ctx, grad_out: Tensor) -> Tuple[Optional[Tensor], ...]:
     q, k, v, bias, mask = ctx.saved_tensors
-    grad_q, grad_k, grad_v, grad_bias = _attention_backward_op(
-        grad_out, q, k, v, bias.detach(), mask, ctx.scale)
+    # grad mode is on in a backward only with create_graph=True: then the differentiable ops
+    grads = _attention_grads if torch.is_grad_enabled() else _attention_backward_op
+    grad_q, grad_k, grad_v, grad_bias = grads(grad_out, q, k, v, bias, mask, ctx.scale)
     return grad_q, grad_k, grad_v, grad_bias, None, None
 
 
@@ -117,17 +124,23 @@ def _gelu_linear_fake(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tens
     return h.new_empty(*h.shape[:-1], weight.shape[0])
 
 
-@torch.library.custom_op(f'{OPS_NAMESPACE}::gelu_linear_backward', mutates_args=())
-def _gelu_linear_backward_op(grad_out: Tensor, h: Tensor, weight: Tensor, need_h: bool,
-                             need_weight: bool, need_bias: bool
-                             ) -> Tuple[Tensor, Tensor, Tensor]:
+def _gelu_linear_grads(grad_out: Tensor, h: Tensor, weight: Tensor, need_h: bool,
+                       need_weight: bool, need_bias: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients of ``h``, ``weight`` and the bias (empty when not needed); ``gelu(h)`` is
-    recomputed for the weight's."""
+    recomputed for the weight's (differentiable ops: a double backward works)."""
     g2 = grad_out.reshape(-1, grad_out.shape[-1])
     grad_w = g2.t() @ F.gelu(h).reshape(-1, h.shape[-1]) if need_weight else h.new_empty(0)
     grad_b = g2.sum(0) if need_bias else h.new_empty(0)  # also with a frozen weight (BitFit)
     grad_h = gelu_backward(grad_out @ weight, h).contiguous() if need_h else h.new_empty(0)
     return grad_h, grad_w, grad_b
+
+
+@torch.library.custom_op(f'{OPS_NAMESPACE}::gelu_linear_backward', mutates_args=())
+def _gelu_linear_backward_op(grad_out: Tensor, h: Tensor, weight: Tensor, need_h: bool,
+                             need_weight: bool, need_bias: bool
+                             ) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`_gelu_linear_grads` as one graph node."""
+    return _gelu_linear_grads(grad_out, h, weight, need_h, need_weight, need_bias)
 
 
 @_gelu_linear_backward_op.register_fake
@@ -148,8 +161,9 @@ def _gelu_linear_setup(ctx, inputs: Tuple, output: Tensor) -> None:
 def _gelu_linear_backward(ctx, grad_out: Tensor) -> Tuple[Optional[Tensor], ...]:
     h, weight = ctx.saved_tensors
     need_h, need_w, need_b = ctx.needs_input_grad
-    grad_h, grad_w, grad_b = _gelu_linear_backward_op(
-        grad_out, h, weight.detach(), need_h, need_w, ctx.has_bias and need_b)
+    grads = _gelu_linear_grads if torch.is_grad_enabled() else _gelu_linear_backward_op
+    grad_h, grad_w, grad_b = grads(grad_out, h, weight, need_h, need_w,
+                                   ctx.has_bias and need_b)
     return (grad_h if need_h else None, grad_w if need_w else None,
             grad_b if ctx.has_bias and need_b else None)
 
