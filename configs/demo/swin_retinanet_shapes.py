@@ -24,25 +24,18 @@
 #   worse); no stochastic depth.
 _base_ = [
     '../_base_/models/retinanet_swin-t_fpn.py',
+    '../_base_/models/swin-stem_shapes.py',  # the small stem Swin (model.backbone below)
     '../_base_/datasets/shapes_detection.py',
     '../_base_/schedules/cpu_time_budget_ema.py',  # AdamW 2e-3, 9.5-minute budget, EMA
 ]
 num_classes = 5
 image_size = 192
-embed_dims = 64
+embed_dims = _base_.stem_swin['embed_dims']
 fpn_channels = 64
 norm_cfg = dict(type='GN', num_groups=16, requires_grad=True)
 
 model = dict(
-    backbone=dict(
-        patch_size=8,           # strides 8, 16, 32
-        stem_channels=(16, 32),  # 3x3 stride-2 convs; the projection covers the last 2 x 2
-        embed_dims=embed_dims,  # overrides the Swin-T preset
-        depths=[2, 2, 2],
-        num_heads=[2, 4, 8],
-        window_size=6,          # 192 px input: 24/12/6 token maps, no window padding
-        drop_path_rate=0.0,
-        out_indices=(0, 1, 2)),
+    backbone=_base_.stem_swin,
     neck=dict(
         in_channels=[embed_dims, embed_dims * 2, embed_dims * 4],
         out_channels=fpn_channels,
