@@ -13,12 +13,15 @@ from helpers import assert_close_rel, randomize_
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.functional import (MASKED_LOGIT, attend, pad_to_multiple, padded_size,
-                                      shifted_window_mask, window_bias, window_partition)
+                                      shifted_window_mask, window_bias, window_partition,
+                                      window_reverse)
 from vitdet_plugin.models.accel import (PLAIN, AccelPlan, check_accel, chunking, gelu_linear,
-                                        plan_for, recompute_attention, swin_inference,
-                                        torch_private)
+                                        padding_free_window_attention, plan_for,
+                                        recompute_attention, swin_inference, torch_private)
 from vitdet_plugin.models.accel.window_plan import window_plan, window_sources
 from vitdet_plugin.models.backbones import SwinBackbone, ViTBackbone
+from vitdet_plugin.models.layers import WindowAttention
+from vitdet_plugin.models.layers.cosine_window_attention import CosineWindowAttention
 
 SMALL = dict(arch=dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4)))
 
@@ -328,3 +331,46 @@ def test_vit_accel_trains_like_the_plain_path():
              for o, m in zip(outs, (a, b))]
     assert_close_rel(outs[:1], outs[1:], tol=1e-5)
     assert_close_rel(grads[0], grads[1], tol=1e-4)
+
+
+# ----------------------------------------------------------------------------- padding-free
+def _plain_window_attention(attn, x, window, shift):
+    """The plain path as the Swin papers' code writes it: zero-pad, roll, partition, attend,
+    reverse, roll back, crop."""
+    h, w = x.shape[1:3]
+    hp, wp = padded_size((h, w), window)
+    windows = torch.roll(pad_to_multiple(x, window), (-shift[0], -shift[1]), dims=(1, 2))
+    mask = (shifted_window_mask((hp, wp), window, shift, dtype=x.dtype) if any(shift)
+            else None)
+    out = attn(window_partition(windows, window), mask)             # (B * nW, N, C)
+    out = window_reverse(out, window, (hp, wp))
+    return torch.roll(out, shift, dims=(1, 2))[:, :h, :w]
+
+
+@pytest.mark.parametrize('qkv_bias', [True, False], ids=['bias', 'no_bias'])
+@pytest.mark.parametrize('hw,window,shift', [((13, 22), (7, 7), (3, 3)),
+                                             ((13, 22), (7, 7), (0, 0)),
+                                             ((5, 9), (4, 6), (2, 3)),
+                                             ((14, 7), (7, 7), (3, 3))])
+@pytest.mark.parametrize('kind', ['swin', 'swinv2'])
+def test_padding_free_window_attention_matches_the_plain_path(kind, hw, window, shift,
+                                                              qkv_bias):
+    """The compiled form (only the image tokens projected; padding tokens enter attention as
+    the qkv bias) has the plain path's outputs and gradients (input and every parameter)."""
+    if kind == 'swin':
+        attn = WindowAttention(16, 2, window, qkv_bias=qkv_bias)
+    else:
+        attn = CosineWindowAttention(16, 2, window, (4, 4), qkv_bias=qkv_bias)
+    randomize_(attn).double()  # float64: the two forms sum in different orders
+    x = torch.randn(2, *hw, 16, dtype=torch.float64)
+    results = []
+    for fn in (lambda t: _plain_window_attention(attn, t, window, shift),
+               lambda t: padding_free_window_attention(t, attn, window, shift, torch.float64)):
+        t = x.clone().requires_grad_()
+        out = fn(t)
+        weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+        grads = torch.autograd.grad((out * weights).sum(), [t] + list(attn.parameters()))
+        results.append((out, grads))
+    (ref, ref_grads), (got, got_grads) = results
+    assert got.shape == ref.shape == x.shape
+    assert_close_rel([got, *got_grads], [ref, *ref_grads], 1e-12)

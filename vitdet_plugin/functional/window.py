@@ -17,6 +17,8 @@ MASKED_LOGIT = -100.0
 NUM_REGIONS = 3
 
 _SHIFT_MASKS: SizeCache[Tensor] = SizeCache()
+#: Which positions of a padded map hold the image, per (size, padded size, device).
+_INSIDE: SizeCache[Tensor] = SizeCache()
 
 
 def padded_size(hw: Tuple[int, int], multiple: Tuple[int, int]) -> Tuple[int, int]:
@@ -29,13 +31,21 @@ def padded_size(hw: Tuple[int, int], multiple: Tuple[int, int]) -> Tuple[int, in
             (hw[1] + multiple[1] - 1) // multiple[1] * multiple[1])
 
 
-def pad_to_multiple(x: Tensor, multiple: Tuple[int, int]) -> Tensor:
-    """Zero-pad a ``(B, H, W, C)`` tensor at the bottom/right to multiples of ``multiple``."""
+def pad_to_multiple(x: Tensor, multiple: Tuple[int, int],
+                    fill: Optional[Tensor] = None) -> Tensor:
+    """Pad a ``(B, H, W, C)`` tensor at the bottom/right to multiples of ``multiple``: with
+    zeros, or with the channel vector ``fill`` ``(C,)`` (e.g. what a projection gives a zero
+    token)."""
     h, w = x.shape[1:3]
     hp, wp = padded_size((h, w), multiple)  # ceil-div: simple symbolic sizes downstream
     pad_h, pad_w = hp - h, wp - w
     if not known_zero(pad_h, pad_w):  # symbolic sizes always pad (maybe by 0): no guard
-        x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
+        x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))                    # (B, Hp, Wp, C)
+        if fill is not None:
+            inside = _INSIDE.get((h, w, hp, wp, x.device), lambda: (
+                (torch.arange(hp, device=x.device) < h)[:, None]
+                & (torch.arange(wp, device=x.device) < w)[None, :]))  # (Hp, Wp)
+            x = torch.where(inside[:, :, None], x, fill.to(x.dtype))
     return x
 
 

@@ -36,11 +36,16 @@ class AccelPlan(NamedTuple):
     ``chunked_inference``: Swin inference on a flat token buffer updated in place, in chunks
     of windows (no full-size temporaries); ``recompute_attention``: attention whose backward
     recomputes the probabilities instead of keeping them (a bias that needs a gradient);
-    ``recompute_gelu``: an MLP whose backward recomputes its GELU instead of keeping it.
+    ``recompute_gelu``: an MLP whose backward recomputes its GELU instead of keeping it;
+    ``compiled``: ``torch.compile`` is tracing the forward, so formulations the compiler fuses
+    better are used (window attention projects only the image tokens,
+    :mod:`.padding_free`; the GELU recompute is a checkpointed region the compiler
+    rematerialises inside its fused backward kernel, not the eager kernel's custom op).
     """
     chunked_inference: bool
     recompute_attention: bool
     recompute_gelu: bool
+    compiled: bool = False
 
 
 PLAIN = AccelPlan(False, False, False)
@@ -80,8 +85,10 @@ def plan_for_tensor(x: Tensor, mode: str) -> AccelPlan:
     """:func:`plan_for` the device of ``x`` in the current grad / autocast state.
 
     While a graph is exported (:func:`exporting_graph`) the plain path runs on every device.
-    Under ``torch.compile`` the training kernels (custom ops with registered backward and fake
-    implementations) are kept; the chunked inference loop is not (in-place writes into a
+    Under ``torch.compile`` (on a device and in a mode with any kernel) the plan says
+    ``compiled``: the attention training kernel (a custom op with registered backward and fake
+    implementations) is kept, the GELU recompute and the window projections take their
+    compiler-friendly forms, and the chunked inference loop is dropped (in-place writes into a
     buffer, which the compiler would only copy around; it fuses the plain path itself).
     """
     if exporting_graph():
@@ -89,6 +96,7 @@ def plan_for_tensor(x: Tensor, mode: str) -> AccelPlan:
     device_type = x.device.type
     autocast = device_type != 'meta' and torch.is_autocast_enabled(device_type)
     plan = plan_for(device_type, mode, torch.is_grad_enabled(), autocast)
-    if torch.compiler.is_compiling():
-        plan = plan._replace(chunked_inference=False)
+    if (torch.compiler.is_compiling() and mode != 'off'
+            and device_type in ACCELERATED_DEVICE_TYPES):
+        plan = plan._replace(chunked_inference=False, compiled=True)
     return plan

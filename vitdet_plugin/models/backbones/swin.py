@@ -28,7 +28,8 @@ from torch import Tensor, nn
 
 from ...functional import pad_to_multiple, window_partition, window_reverse, window_shift_mask
 from ...weights.swin import load_swin_pretrained
-from ..accel import check_accel, plan_for_tensor, swin_chunked_inference
+from ..accel import (check_accel, padding_free_window_attention, plan_for_tensor,
+                     swin_chunked_inference)
 from ..layers import (ConvStem, DropPath, Mlp, PatchEmbed, PatchMerging, WindowAttention,
                       check_flags, check_rates, int_tuple, linear_drop_path_rates, positive_int,
                       positive_number, to_2tuple)
@@ -73,10 +74,11 @@ class SwinBlock(nn.Module):
     def shifted(self) -> bool:
         return any(self.shift_size)
 
-    def forward(self, x: Tensor) -> Tensor:
-        b, h, w, c = x.shape                                         # (B, H, W, C)
+    def window_attention(self, x: Tensor) -> Tensor:
+        """(S)W-MSA of the normalised map ``(B, H, W, C)`` -> ``(B, H, W, C)``."""
+        b, h, w, c = x.shape
         shifts = (-self.shift_size[0], -self.shift_size[1])
-        windows = pad_to_multiple(self.norm1(x), self.window_size)  # (B, Hp, Wp, C), zeros
+        windows = pad_to_multiple(x, self.window_size)               # (B, Hp, Wp, C), zeros
         hp, wp = windows.shape[1:3]
         mask = None
         if self.shifted:  # detection semantics: always shift, also in a single window
@@ -88,7 +90,17 @@ class SwinBlock(nn.Module):
         out = window_reverse(windows, self.window_size, (hp, wp))    # (B, Hp, Wp, C)
         if self.shifted:
             out = torch.roll(out, (-shifts[0], -shifts[1]), dims=(1, 2))
-        x = x + self.drop_path(out[:, :h, :w])                       # (B, H, W, C)
+        return out[:, :h, :w]                                        # (B, H, W, C)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(B, H, W, C)`` -> ``(B, H, W, C)``."""
+        if plan_for_tensor(x, self.attn.accel).compiled:  # see accel.padding_free
+            out = padding_free_window_attention(self.norm1(x), self.attn, self.window_size,
+                                                self.shift_size,
+                                                self.attn.relative_position_bias_table.dtype)
+        else:
+            out = self.window_attention(self.norm1(x))
+        x = x + self.drop_path(out)                                  # (B, H, W, C)
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 

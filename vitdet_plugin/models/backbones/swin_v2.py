@@ -26,7 +26,7 @@ from mmengine.model import BaseModule
 from torch import Tensor, nn
 
 from ...weights.swin_v2 import load_swin_v2_pretrained
-from ..accel import check_accel
+from ..accel import check_accel, padding_free_window_attention, plan_for_tensor
 from ..layers import (DropPath, Mlp, PatchEmbed, PatchMerging, check_flag, check_rate,
                       int_tuple, linear_drop_path_rates, positive_int)
 from ..layers.cosine_window_attention import LOGIT_SCALE_INIT, CosineWindowAttention
@@ -144,8 +144,10 @@ class SwinV2Block(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         shift = self.shift_for((x.shape[1], x.shape[2]))
-        out = shifted_window_attention(x, self.attn, self.window_size, shift,
-                                       self.attn.logit_scale.dtype)  # (B, H, W, C)
+        attention = (padding_free_window_attention  # see accel.padding_free
+                     if plan_for_tensor(x, self.attn.accel).compiled else shifted_window_attention)
+        out = attention(x, self.attn, self.window_size, shift,
+                        self.attn.logit_scale.dtype)                 # (B, H, W, C)
         x = x + self.drop_path(self.norm1(out))
         x = x + self.drop_path(self.norm2(self.mlp(x)))
         return self.norm3(x) if self.norm3 is not None else x

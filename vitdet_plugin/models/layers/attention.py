@@ -48,12 +48,29 @@ class Attention(nn.Module):
         self.fused = fused
         self.scale = self.head_dim ** -0.5 if scale is None else scale
 
-    def qkv_heads(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        """``(B, N, C)`` -> q, k, v, each ``(B, heads, N, head_dim)`` (views of one buffer)."""
-        b, n, _ = x.shape
-        qkv = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim)
+    def project_qkv(self, x: Tensor) -> Tensor:
+        """``(..., C)`` tokens -> ``(..., 3C)``: queries, keys and values, concatenated."""
+        return self.qkv(x)
+
+    def padding_qkv(self) -> Optional[Tensor]:
+        """``(3C,)``: what :meth:`project_qkv` gives a zero (padding) token, i.e. the bias
+        (None: no bias, zeros)."""
+        return self.qkv.bias
+
+    def split_heads(self, qkv: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """``(B, N, 3C)`` -> q, k, v, each ``(B, heads, N, head_dim)`` (views of one buffer)."""
+        b, n, _ = qkv.shape
+        qkv = qkv.view(b, n, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
         return q, k, v
+
+    def qkv_heads(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """``(B, N, C)`` -> q, k, v, each ``(B, heads, N, head_dim)`` (views of one buffer)."""
+        return self.split_heads(self.project_qkv(x))
+
+    def project_out(self, x: Tensor) -> Tensor:
+        """``(..., C)`` attention output -> ``(..., C)``: ``proj``, then its dropout."""
+        return self.proj_drop(self.proj(x))
 
     @property
     def dropout_p(self) -> float:
@@ -65,7 +82,7 @@ class Attention(nn.Module):
         b, n, c = x.shape
         q, k, v = self.qkv_heads(x)                                  # (B, heads, N, d)
         out = attend(q, k, v, bias, self.dropout_p, self.fused, self.scale)
-        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
+        return self.project_out(out.transpose(1, 2).reshape(b, n, c))
 
     def extra_repr(self) -> str:
         return f'num_heads={self.num_heads}, fused={self.fused}'

@@ -73,15 +73,16 @@ class CosineWindowAttention(Attention):
             self.register_parameter('q_bias', None)
             self.register_parameter('v_bias', None)
 
-    def qkv_heads(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        """``(B, N, C)`` -> q, k, v ``(B, heads, N, d)``; the key bias is zero."""
-        bias = None
-        if self.q_bias is not None:
-            bias = torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])
-        b, n, _ = x.shape
-        qkv = F.linear(x, self.qkv.weight, bias).view(b, n, 3, self.num_heads, self.head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-        return q, k, v
+    def padding_qkv(self) -> Optional[Tensor]:
+        """``(3C,)``: the ``qkv`` of a zero token, ``q_bias``, zeros, ``v_bias`` (None: no
+        biases)."""
+        if self.q_bias is None:
+            return None
+        return torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])
+
+    def project_qkv(self, x: Tensor) -> Tensor:
+        """``(..., C)`` -> ``(..., 3C)``; the key bias is zero."""
+        return F.linear(x, self.qkv.weight, self.padding_qkv())
 
     def position_bias(self) -> Tensor:
         """The ``(1, heads, N, N)`` continuous position bias of one window."""
@@ -98,9 +99,14 @@ class CosineWindowAttention(Attention):
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         """``x``: windows ``(B * nW, N, C)``; ``mask``: ``(nW, N, N)`` shift mask or None."""
-        bw, n, c = x.shape
+        return self.project_out(self.attend_windows(self.project_qkv(x), mask))
+
+    def attend_windows(self, qkv: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        """Attention of projected windows ``qkv`` ``(B * nW, N, 3C)`` -> ``(B * nW, N, C)``
+        (before ``proj``); ``mask``: ``(nW, N, N)`` shift mask or None."""
+        bw, n, c3 = qkv.shape
         heads, d = self.num_heads, self.head_dim
-        q, k, v = self.qkv_heads(x)                                  # (B * nW, heads, N, d)
+        q, k, v = self.split_heads(qkv)                              # (B * nW, heads, N, d)
         scale = self.logit_scale.clamp(max=LOGIT_SCALE_MAX).exp().to(q.dtype)  # (heads, 1, 1)
         # unit q times the logit scale in one pass over q (F.normalize, then a second multiply,
         # took two): q k^T then gives the scaled cosine logits
@@ -117,8 +123,7 @@ class CosineWindowAttention(Attention):
             out = recompute_attention(q, k, v, bias, mask, 1.0)
         else:
             out = attend(q, k, v, window_bias(bias, mask), self.dropout_p, self.fused, 1.0)
-        out = out.reshape(bw, heads, n, d).transpose(1, 2).reshape(bw, n, c)
-        return self.proj_drop(self.proj(out))
+        return out.reshape(bw, heads, n, d).transpose(1, 2).reshape(bw, n, c3 // 3)
 
     def extra_repr(self) -> str:
         return (f'window_size={self.window_size}, pretrained_window_size='

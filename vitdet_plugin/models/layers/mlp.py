@@ -2,6 +2,7 @@
 from typing import Callable, Optional
 
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from ..accel import check_accel, gelu_linear, plan_for_tensor
 
@@ -36,6 +37,14 @@ class Mlp(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.fc1(x)                                              # (..., hidden)
-        if self.exact_gelu and plan_for_tensor(h, self.accel).recompute_gelu:
+        plan = plan_for_tensor(h, self.accel)
+        if self.exact_gelu and plan.recompute_gelu:
+            if plan.compiled:
+                # a checkpointed region: the compiler keeps h and recomputes the GELU inside
+                # its fused GELU-backward kernel (its fusion beats the custom op's eager one)
+                return checkpoint(self._act_fc2, h, use_reentrant=False)
             return gelu_linear(h, self.fc2.weight, self.fc2.bias)
         return self.drop(self.fc2(self.drop(self.act(h))))
+
+    def _act_fc2(self, h: Tensor) -> Tensor:
+        return self.fc2(self.act(h))

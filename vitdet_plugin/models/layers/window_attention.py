@@ -54,9 +54,14 @@ class WindowAttention(Attention):
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         """``x``: windows ``(B * nW, N, C)``; ``mask``: ``(nW, N, N)`` shift mask or None."""
-        bw, n, c = x.shape
+        return self.project_out(self.attend_windows(self.project_qkv(x), mask))
+
+    def attend_windows(self, qkv: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        """Attention of projected windows ``qkv`` ``(B * nW, N, 3C)`` -> ``(B * nW, N, C)``
+        (before ``proj``); ``mask``: ``(nW, N, N)`` shift mask or None."""
+        bw, n, c3 = qkv.shape
         heads, d = self.num_heads, self.head_dim
-        q, k, v = self.qkv_heads(x)                                  # (B * nW, heads, N, d)
+        q, k, v = self.split_heads(qkv)                              # (B * nW, heads, N, d)
         bias = self.relative_position_bias()                         # (1, heads, N, N)
         if mask is not None:
             # windows folded into the heads: the bias + mask of one image broadcasts over B
@@ -68,8 +73,7 @@ class WindowAttention(Attention):
         else:
             out = attend(q, k, v, window_bias(bias, mask), self.dropout_p, self.fused,
                          self.scale)                                 # as q
-        out = out.reshape(bw, heads, n, d).transpose(1, 2).reshape(bw, n, c)
-        return self.proj_drop(self.proj(out))
+        return out.reshape(bw, heads, n, d).transpose(1, 2).reshape(bw, n, c3 // 3)
 
     def extra_repr(self) -> str:
         return f'window_size={self.window_size}, ' + super().extra_repr()
