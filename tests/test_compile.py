@@ -27,16 +27,18 @@ from vitdet_plugin.models.backbones import SwinBackbone, SwinV2Backbone, ViTBack
 
 #: fp32: compiled vs eager outputs and gradients, max |a - b| / max |b| (the issue's bound).
 FP32_TOL = 1e-5
-#: bf16 autocast outputs: compiled vs fp32 within this or BF16_GRAD_MARGIN times eager bf16 vs
+#: bf16 autocast outputs: compiled vs fp32 within this or ROUNDING_MARGIN times eager bf16 vs
 #: fp32 (the README's bf16 bound vs fp32).
 BF16_TOL = 1e-2
 #: bf16 autocast gradients: AOTAutograd's backward rounds and sums in its own order, so compiled
 #: and eager bf16 gradients each differ from the fp32 ones by their own rounding (measured on
 #: the small Swin V2: both ~0.2 on its position-bias MLP, in opposite directions on a
 #: one-element logit scale). The check: compiled bf16 is as close to the fp32 gradient as eager
-#: bf16 is (BF16_GRAD_MARGIN times its error), or within BF16_GRAD_TOL of it.
+#: bf16 is (ROUNDING_MARGIN times its error), or within BF16_GRAD_TOL of it.
 BF16_GRAD_TOL = 5e-2
-BF16_GRAD_MARGIN = 2.0
+#: Where compiled and eager round differently, compiled may be this many times as far from
+#: the more exact result (fp32 for bf16 runs, float64 for fp32 runs) as eager is.
+ROUNDING_MARGIN = 2.0
 #: Input sizes of the dynamic-shape test: none a multiple of the patch (4 / 16) or window.
 DYNAMIC_SIZES: Tuple[Tuple[int, int], ...] = ((61, 83), (64, 96), (97, 70), (45, 131),
                                               (120, 100))
@@ -130,13 +132,13 @@ def test_fullgraph_compile_matches_eager(name, training, bf16):
 
 def _assert_as_close_as_eager(got: Sequence[Tensor], eager: Sequence[Tensor],
                               exact: Sequence[Tensor], tol: float, what: str) -> None:
-    """bf16 results ``got`` (compiled) within ``tol`` or ``BF16_GRAD_MARGIN`` times eager
+    """bf16 results ``got`` (compiled) within ``tol`` or ``ROUNDING_MARGIN`` times eager
     bf16's own error of the fp32 results ``exact``."""
     assert len(got) == len(eager) == len(exact), (what, len(got), len(eager), len(exact))
     for i, (a, e, x) in enumerate(zip(got, eager, exact)):
         eager_err = max_rel_err(e.float(), x.float())
         err = max_rel_err(a.float(), x.float())
-        assert err <= max(tol, BF16_GRAD_MARGIN * eager_err), (
+        assert err <= max(tol, ROUNDING_MARGIN * eager_err), (
             f'{what} {i}: compiled bf16 vs fp32 {err:.2e}, eager bf16 vs fp32 {eager_err:.2e}')
 
 
@@ -178,7 +180,17 @@ def test_inductor_training_step_matches_eager(name):
     compiled = torch.compile(model, fullgraph=True)  # inductor
     outs, grads = _run(compiled, x, True, False)
     _assert_close(outs, ref_outs, FP32_TOL, 'output')
-    _assert_close(grads, ref_grads, FP32_TOL, 'gradient')
+    # a one-element gradient (Swin V2's logit scale of a 1-head stage) sums every logit of the
+    # stage: compiled and eager fp32 round that sum differently. Where they differ by more than
+    # FP32_TOL, the compiled one must be as close to the float64 gradient as eager fp32 is
+    # (measured: 1.5e-5 apart; compiled 6.2e-6, eager 9.2e-6 from float64)
+    _, exact = _run(copy.deepcopy(model).double(), x.double(), True, False)
+    for i, (got, eager, want) in enumerate(zip(grads, ref_grads, exact)):
+        if max_rel_err(got, eager) > FP32_TOL:
+            err, eager_err = max_rel_err(got, want.float()), max_rel_err(eager, want.float())
+            assert err <= max(FP32_TOL, ROUNDING_MARGIN * eager_err), (
+                f'gradient {i}: compiled vs float64 {err:.2e}, eager fp32 vs float64 '
+                f'{eager_err:.2e}, compiled vs eager {max_rel_err(got, eager):.2e}')
 
 
 def _record_cpu_kernels(monkeypatch) -> List[str]:
