@@ -5,9 +5,11 @@ where they were measured to help: on the CPU (``tools/benchmark.py``; README "Sp
 memory"). Everywhere else (CUDA and other accelerators, the meta device, ``'off'``, and
 while ``torch.export`` / an ONNX exporter / ``torch.jit.trace`` records a graph) the model's
 plain path runs: ``F.scaled_dot_product_attention`` with the bias as ``attn_mask``, no
-chunking, no host syncs. Under ``torch.compile`` on the CPU the training kernels (custom ops,
-:mod:`.recompute`) stay in the compiled graph; the chunked inference loop (in-place writes into
-one buffer) does not, the compiler fuses the plain inference path itself. The parity tests
+chunking, no host syncs. Under ``torch.compile`` on the CPU the plan says ``compiled``: the
+attention training kernel (a custom op, :mod:`.recompute`) stays in the compiled graphs, the
+window projections skip padding tokens (:mod:`.padding_free`) and the GELU recompute is a
+checkpointed region; the chunked inference loop (in-place writes into one buffer) does not
+run, the compiler fuses the plain inference path itself. The parity tests
 (``tests/test_accel.py``, ``tests/test_compile.py``) are the contract between the paths.
 """
 from typing import NamedTuple

@@ -7,8 +7,10 @@ keeps both the input and the output of an MLP's GELU, its two widest activations
 
 Each kernel is a ``torch.library`` custom op (``vitdet_plugin::...``) with a registered
 backward (itself an op) and a fake (shape-only) implementation, so ``torch.compile`` keeps it
-as one node of the graph, symbolic sizes included, and the compiled training step gets the same
-kernels as the eager one.
+as one node of the graph, symbolic sizes included. The compiled CPU training step keeps the
+attention op; for the GELU the compiler's own rematerialisation of a checkpointed region
+(:class:`~vitdet_plugin.models.layers.Mlp`) was measured faster (same memory) and replaces
+``gelu_linear`` there.
 """
 from typing import Optional, Tuple
 
