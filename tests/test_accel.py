@@ -351,7 +351,8 @@ def _plain_window_attention(attn, x, window, shift):
 @pytest.mark.parametrize('hw,window,shift', [((13, 22), (7, 7), (3, 3)),
                                              ((13, 22), (7, 7), (0, 0)),
                                              ((5, 9), (4, 6), (2, 3)),
-                                             ((14, 7), (7, 7), (3, 3))])
+                                             ((14, 7), (7, 7), (3, 3)),
+                                             ((3, 5), (7, 7), (3, 3))])  # smaller than a window
 @pytest.mark.parametrize('kind', ['swin', 'swinv2'])
 def test_padding_free_window_attention_matches_the_plain_path(kind, hw, window, shift,
                                                               qkv_bias):
