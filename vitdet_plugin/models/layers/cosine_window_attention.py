@@ -3,8 +3,8 @@
 ``softmax(normalize(q) normalize(k)^T * exp(min(logit_scale, log 100)) + 16 sigmoid(cpb) + mask) v``
 as in the official Swin V2 code, timm and mmpretrain. The logit scale is folded into the
 normalised queries, so ``F.scaled_dot_product_attention`` runs with ``scale=1`` and the position
-bias (plus the shift mask, windows folded into the heads as in :class:`WindowAttention`) as its
-``attn_mask``.
+bias (plus the shift mask, windows folded into the heads by
+:class:`~.window_attention.WindowedAttention`) as its ``attn_mask``.
 """
 import math
 from typing import Optional, Tuple
@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...functional import SizeCache, attend, relative_position_index, window_bias
+from ...functional import SizeCache, relative_position_index
 from ...functional.cpb import log_spaced_relative_coords
-from ..accel import check_accel, plan_for_tensor, recompute_attention
-from .attention import Attention
+from ..accel import check_accel
+from .window_attention import WindowedAttention
 
 #: ``logit_scale`` starts at ``log(10)``: cosine similarities are multiplied by 10 at first.
 LOGIT_SCALE_INIT = math.log(10.0)
@@ -33,7 +33,7 @@ CPB_BIAS_SCALE = 16.0
 _POSITIONS: SizeCache[Tuple[Tensor, Tensor]] = SizeCache()
 
 
-class CosineWindowAttention(Attention):
+class CosineWindowAttention(WindowedAttention):
     """Swin V2 multi-head attention inside ``wh x ww`` windows.
 
     Parameters as in the official layout: ``qkv`` (no bias), ``q_bias`` and ``v_bias`` (the
@@ -97,33 +97,16 @@ class CosineWindowAttention(Attention):
         bias = table[index].view(n, n, self.num_heads).permute(2, 0, 1)          # (heads, N, N)
         return (CPB_BIAS_SCALE * torch.sigmoid(bias)).unsqueeze(0)
 
-    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        """``x``: windows ``(B * nW, N, C)``; ``mask``: ``(nW, N, N)`` shift mask or None."""
-        return self.project_out(self.attend_windows(self.project_qkv(x), mask))
-
-    def attend_windows(self, qkv: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        """Attention of projected windows ``qkv`` ``(B * nW, N, 3C)`` -> ``(B * nW, N, C)``
-        (before ``proj``); ``mask``: ``(nW, N, N)`` shift mask or None."""
-        bw, n, c3 = qkv.shape
-        heads, d = self.num_heads, self.head_dim
-        q, k, v = self.split_heads(qkv)                              # (B * nW, heads, N, d)
+    def window_logit_terms(self, q: Tensor, k: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """The scaled cosine logits: unit ``q`` times the clamped logit scale, unit ``k``
+        (``scale`` is 1), and the continuous position bias."""
         scale = self.logit_scale.clamp(max=LOGIT_SCALE_MAX).exp().to(q.dtype)  # (heads, 1, 1)
         # unit q times the logit scale in one pass over q (F.normalize, then a second multiply,
         # took two): q k^T then gives the scaled cosine logits
         norm = torch.linalg.vector_norm(q, dim=-1, keepdim=True).clamp_min(NORMALIZE_EPS)
         q = q * (scale / norm)                                       # (B * nW, heads, N, d)
         k = F.normalize(k, dim=-1, eps=NORMALIZE_EPS)
-        bias = self.position_bias()                                  # (1, heads, N, N)
-        if mask is not None:
-            # windows folded into the heads: the bias + mask of one image broadcasts over B
-            nw = mask.shape[0]
-            q, k, v = (t.reshape(bw // nw, nw * heads, n, d) for t in (q, k, v))
-        if (bias.requires_grad and self.fused and self.dropout_p == 0
-                and plan_for_tensor(q, self.accel).recompute_attention):
-            out = recompute_attention(q, k, v, bias, mask, 1.0)
-        else:
-            out = attend(q, k, v, window_bias(bias, mask), self.dropout_p, self.fused, 1.0)
-        return out.reshape(bw, heads, n, d).transpose(1, 2).reshape(bw, n, c3 // 3)
+        return q, k, self.position_bias()                            # bias (1, heads, N, N)
 
     def extra_repr(self) -> str:
         return (f'window_size={self.window_size}, pretrained_window_size='

@@ -14,7 +14,44 @@ from .attention import Attention
 _INDEX: SizeCache[Tensor] = SizeCache()
 
 
-class WindowAttention(Attention):
+class WindowedAttention(Attention):
+    """Attention within windows, as Swin V1 and V2 share it: subclasses give the terms of the
+    logits (:meth:`window_logit_terms`); this class splits the heads, folds the windows into
+    the heads under a shift mask and runs the attention (the CPU training kernel where
+    :mod:`~vitdet_plugin.models.accel` plans it)."""
+
+    accel: str
+
+    def window_logit_terms(self, q: Tensor, k: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """``q, k`` ``(B * nW, heads, N, d)`` -> ``(q', k', bias)``: the logits are
+        ``q' k'^T * scale + bias``, ``bias`` ``(1, heads, N, N)``."""
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        """``x``: windows ``(B * nW, N, C)``; ``mask``: ``(nW, N, N)`` shift mask or None."""
+        return self.project_out(self.attend_windows(self.project_qkv(x), mask))
+
+    def attend_windows(self, qkv: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        """Attention of projected windows ``qkv`` ``(B * nW, N, 3C)`` -> ``(B * nW, N, C)``
+        (before ``proj``); ``mask``: ``(nW, N, N)`` shift mask or None."""
+        bw, n, c3 = qkv.shape
+        heads, d = self.num_heads, self.head_dim
+        q, k, v = self.split_heads(qkv)                              # (B * nW, heads, N, d)
+        q, k, bias = self.window_logit_terms(q, k)                   # bias (1, heads, N, N)
+        if mask is not None:
+            # windows folded into the heads: the bias + mask of one image broadcasts over B
+            nw = mask.shape[0]
+            q, k, v = (t.reshape(bw // nw, nw * heads, n, d) for t in (q, k, v))
+        if (bias.requires_grad and self.fused and self.dropout_p == 0
+                and plan_for_tensor(q, self.accel).recompute_attention):
+            out = recompute_attention(q, k, v, bias, mask, self.scale)
+        else:
+            out = attend(q, k, v, window_bias(bias, mask), self.dropout_p, self.fused,
+                         self.scale)                                 # as q
+        return out.reshape(bw, heads, n, d).transpose(1, 2).reshape(bw, n, c3 // 3)
+
+
+class WindowAttention(WindowedAttention):
     """Multi-head attention inside ``wh x ww`` windows with a learned relative-position bias.
 
     Args:
@@ -52,28 +89,10 @@ class WindowAttention(Attention):
             self.window_size).view(-1).to(table.device))
         return table[index].view(n, n, -1).permute(2, 0, 1).unsqueeze(0)
 
-    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        """``x``: windows ``(B * nW, N, C)``; ``mask``: ``(nW, N, N)`` shift mask or None."""
-        return self.project_out(self.attend_windows(self.project_qkv(x), mask))
-
-    def attend_windows(self, qkv: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        """Attention of projected windows ``qkv`` ``(B * nW, N, 3C)`` -> ``(B * nW, N, C)``
-        (before ``proj``); ``mask``: ``(nW, N, N)`` shift mask or None."""
-        bw, n, c3 = qkv.shape
-        heads, d = self.num_heads, self.head_dim
-        q, k, v = self.split_heads(qkv)                              # (B * nW, heads, N, d)
-        bias = self.relative_position_bias()                         # (1, heads, N, N)
-        if mask is not None:
-            # windows folded into the heads: the bias + mask of one image broadcasts over B
-            nw = mask.shape[0]
-            q, k, v = (t.reshape(bw // nw, nw * heads, n, d) for t in (q, k, v))
-        if (bias.requires_grad and self.fused and self.dropout_p == 0
-                and plan_for_tensor(q, self.accel).recompute_attention):
-            out = recompute_attention(q, k, v, bias, mask, self.scale)
-        else:
-            out = attend(q, k, v, window_bias(bias, mask), self.dropout_p, self.fused,
-                         self.scale)                                 # as q
-        return out.reshape(bw, heads, n, d).transpose(1, 2).reshape(bw, n, c3 // 3)
+    def window_logit_terms(self, q: Tensor, k: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """``q``, ``k`` as they are (``scale`` is ``head_dim ** -0.5`` or ``qk_scale``) and the
+        relative-position bias."""
+        return q, k, self.relative_position_bias()
 
     def extra_repr(self) -> str:
         return f'window_size={self.window_size}, ' + super().extra_repr()
