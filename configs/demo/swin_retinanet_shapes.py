@@ -30,17 +30,12 @@ _base_ = [
 ]
 num_classes = 5
 image_size = 192
-embed_dims = _base_.stem_swin['embed_dims']
-fpn_channels = 64
-norm_cfg = dict(type='GN', num_groups=16, requires_grad=True)
+fpn_channels = _base_.fpn_channels
+norm_cfg = _base_.norm_cfg
 
 model = dict(
     backbone=_base_.stem_swin,
-    neck=dict(
-        in_channels=[embed_dims, embed_dims * 2, embed_dims * 4],
-        out_channels=fpn_channels,
-        num_outs=3,
-        norm_cfg=norm_cfg),
+    neck=dict(_base_.stem_fpn, num_outs=3),
     bbox_head=dict(
         num_classes=num_classes,
         in_channels=fpn_channels,

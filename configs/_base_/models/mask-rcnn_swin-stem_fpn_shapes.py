@@ -6,18 +6,12 @@
 # divides the 24/12/6 token maps).
 _base_ = ['./mask-rcnn_swin-t_fpn.py', './swin-stem_shapes.py']
 num_classes = 5
-embed_dims = _base_.stem_swin['embed_dims']
-fpn_channels = 64
+fpn_channels = _base_.fpn_channels
 strides = [8, 16, 32]
-norm_cfg = dict(type='GN', num_groups=16, requires_grad=True)
 
 model = dict(
     backbone=_base_.stem_swin,
-    neck=dict(
-        in_channels=[embed_dims, embed_dims * 2, embed_dims * 4],
-        out_channels=fpn_channels,
-        num_outs=4,              # P3-P6
-        norm_cfg=norm_cfg),
+    neck=dict(_base_.stem_fpn, num_outs=4),  # P3-P6
     rpn_head=dict(
         in_channels=fpn_channels,
         feat_channels=fpn_channels,
