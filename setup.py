@@ -2,10 +2,68 @@
 from pathlib import Path
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+from setuptools.command.editable_wheel import editable_wheel
 
 HERE = Path(__file__).parent
 version: dict = {}
 exec((HERE / 'vitdet_plugin' / 'version.py').read_text(), version)
+
+#: Installed next to the package in site-packages: at interpreter start it loads
+#: vitdet_plugin/ops/startup.py by path (standard library only; the package itself is not
+#: imported) so that `import mmcv._ext` finds the compile-free ops before anything imports
+#: mmcv.ops (mmdet's tools, `mim train`, `import mmdet.models`). VITDET_MMCV_OPS=off disables it.
+OPS_PTH = 'vitdet_plugin-mmcv-ops.pth'
+OPS_PTH_LINE = (
+    "import importlib.util as _u, os as _o; "
+    "_s = _u.find_spec('vitdet_plugin'); "
+    "_d = _s and _s.submodule_search_locations and list(_s.submodule_search_locations)[0]; "
+    "_f = _d and _o.path.join(_d, 'ops', 'startup.py'); "
+    "_p = _f and _o.path.isfile(_f) and _u.spec_from_file_location('_vitdet_plugin_ops_startup', _f); "
+    "_m = _p and _u.module_from_spec(_p); "
+    "_p and _p.loader.exec_module(_m); "
+    "_m and _m.install()\n")
+
+
+class BuildPyWithOpsHook(build_py):
+    """build_py that also writes the .pth hook at the root of the build (site-packages)."""
+
+    def run(self) -> None:
+        super().run()
+        target = Path(self.build_lib) / OPS_PTH
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(OPS_PTH_LINE)
+
+    def get_outputs(self, include_bytecode: bool = True) -> list:
+        return super().get_outputs(include_bytecode) + [str(Path(self.build_lib) / OPS_PTH)]
+
+
+class EditableWheelWithOpsHook(editable_wheel):
+    """editable_wheel that adds the .pth hook to the editable wheel (setuptools' editable
+    wheels hold only their own .pth and finder, not what build_py wrote)."""
+
+    def run(self) -> None:
+        super().run()
+        for wheel in Path(self.dist_dir).glob('*.editable-*.whl'):
+            add_to_wheel(wheel, OPS_PTH, OPS_PTH_LINE.encode())
+
+
+def add_to_wheel(wheel: Path, name: str, data: bytes) -> None:
+    """Add a file at the root of ``wheel`` and list it in the wheel's RECORD."""
+    import base64
+    import hashlib
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        entries = [(info, zf.read(info)) for info in zf.infolist()]
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()
+    with zipfile.ZipFile(wheel, 'w', zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr(name, data)
+        for info, content in entries:
+            if info.filename.endswith('.dist-info/RECORD'):
+                content += f'{name},sha256={digest},{len(data)}\n'.encode()
+            if info.filename != name:
+                zf.writestr(info, content)
 
 setup(
     name='vitdet_plugin',
@@ -18,8 +76,10 @@ setup(
     python_requires='>=3.9',
     packages=find_packages(include=['vitdet_plugin', 'vitdet_plugin.*']),
     include_package_data=True,
-    # mmcv>=2.0.0rc4,<2.2.0 *with compiled ops* is required too; it has no wheel for current
-    # torch and is built by `make env` (tools/setup_env.sh), so it is not listed here.
+    cmdclass={'build_py': BuildPyWithOpsHook, 'editable_wheel': EditableWheelWithOpsHook},
+    # mmcv>=2.0.0rc4,<2.2.0 is required too, as either distribution: `mmcv-lite` (the `lite`
+    # extra; the plugin's compile-free ops stand in for its compiled extension) or `mmcv` built
+    # with ops (`make env MMCV=compiled`). Both install the `mmcv` package, so neither is listed.
     install_requires=[
         'torch>=2.4',  # torch.serialization.add_safe_globals (weights_only resume)
         'torchvision',
@@ -33,6 +93,8 @@ setup(
         'setuptools<81',
     ],
     extras_require={
+        # pip install vitdet_plugin[lite]: mmcv's Python code, ops from vitdet_plugin.ops
+        'lite': ['mmcv-lite==2.1.0'],
         # `make lint` pins its checkers: a new release may flag code that passed.
         # The tests (and mmdet's CocoPanopticDataset / CocoPanopticMetric) also need
         # panopticapi: `make env` installs panopticapi-lite with --no-deps (tools/setup_env.sh),

@@ -1,8 +1,9 @@
 """Runtime compatibility checks and fixes, applied once when ``vitdet_plugin`` is imported.
 
-* The supported stack is checked (mmcv with compiled ops, mmengine, mmdet); a broken one raises
-  :class:`EnvironmentError` naming the fix (``make env``) instead of failing later deep inside
-  a model build.
+* The supported stack is checked (mmcv, mmengine, mmdet versions, and that ``mmcv.ops`` loads:
+  on mmcv's compiled extension or on the compile-free ops of :mod:`vitdet_plugin.ops`); a broken
+  one raises :class:`UnsupportedEnvironmentError` naming the fix (``make env``) instead of
+  failing later deep inside a model build.
 * torch >= 2.6 loads checkpoints with ``weights_only=True`` by default, and mmengine 0.10.7's
   resume then fails on the objects its checkpoints carry (``HistoryBuffer`` in the message hub,
   its statistics methods, numpy arrays and scalars; mmengine#1655). We allow-list exactly
@@ -12,11 +13,13 @@
 * mmcv 2.1's compiled ``nms`` and ``roi_align`` have no bfloat16 kernels (CPU: float only;
   CUDA: float and half), so bf16 autocast (``AmpOptimWrapper(dtype='bfloat16')``, and CPU
   autocast, which is bf16) fails in two-stage detectors' RPN NMS and RoI feature extraction.
-  :func:`patch_mmcv_bf16_ops` runs those two ops in float32 for bf16 inputs and casts the
-  result back; other dtypes go to mmcv's kernels unchanged.
+  With the compiled extension, :func:`patch_mmcv_bf16_ops` runs those two ops in float32 for
+  bf16 inputs and casts the result back; other dtypes go to mmcv's kernels unchanged. The
+  compile-free ops take bf16 themselves, so nothing is patched on them.
 """
 import functools
 import importlib
+import os
 import pickle
 from typing import Any, Callable, List, Tuple, Union
 
@@ -25,7 +28,10 @@ import torch
 MMCV_RANGE = ('2.0.0rc4', '2.2.0')
 MMENGINE_RANGE = ('0.10.0', '0.11.0')
 MMDET_RANGE = ('3.0.0', '3.4.0')
-FIX_HINT = 'run `make env` in the vitdet_plugin checkout (it builds mmcv 2.1.0 with ops)'
+FIX_HINT = ('run `make env` in the vitdet_plugin checkout (mmcv-lite 2.1.0 with the plugin\'s '
+            'compile-free ops; `make env MMCV=compiled` builds mmcv 2.1.0 with its own ops)')
+#: ``ops_backend()`` for mmcv's own compiled extension.
+COMPILED_BACKEND = 'compiled'
 
 
 class UnsupportedEnvironmentError(ImportError):
@@ -54,11 +60,18 @@ def check_stack() -> None:
                 f'{name} {module.__version__} is not supported: vitdet_plugin needs '
                 f'{lo} <= {name} < {hi}; {FIX_HINT}')
     try:
-        from mmcv.ops import nms  # noqa: F401  (loads the compiled extension)
+        from mmcv.ops import nms  # noqa: F401  (loads the extension: compiled or ours)
     except (ImportError, ModuleNotFoundError, OSError) as e:
         raise UnsupportedEnvironmentError(
-            f'mmcv {mmcv.__version__} has no compiled ops (mmcv-lite or a build without '
-            f'MMCV_WITH_OPS=1): {e}; {FIX_HINT}') from e
+            f'mmcv {mmcv.__version__} cannot load mmcv.ops (no compiled extension, and the '
+            f'compile-free ops are off or not installed: VITDET_MMCV_OPS='
+            f'{os.environ.get("VITDET_MMCV_OPS", "auto")}): {e}; {FIX_HINT}') from e
+
+
+def ops_backend() -> str:
+    """What runs mmcv's ops: ``'compiled'`` (mmcv's extension) or ``'vitdet_plugin.ops'``."""
+    ext = importlib.import_module('mmcv._ext')
+    return str(getattr(ext, 'BACKEND', COMPILED_BACKEND))
 
 
 _HISTORY_BUFFER_STATISTICS = ('min', 'max', 'mean', 'current')
@@ -174,4 +187,5 @@ def apply() -> None:
     """Check the stack and install the fixes (idempotent)."""
     check_stack()
     register_safe_globals()
-    patch_mmcv_bf16_ops()
+    if ops_backend() == COMPILED_BACKEND:
+        patch_mmcv_bf16_ops()
