@@ -1,10 +1,13 @@
 # vitdet_plugin developer commands. See README.md.
 PY := .venv/bin/python
+# lite: mmcv-lite + the plugin's compile-free ops (default, wheels only, minutes);
+# compiled: mmcv 2.1.0 built with ops from its sdist (g++, Python headers, 20-40 min)
+MMCV ?= lite
 
 .PHONY: env lint test test-all demo demo-seg benchmark clean-env gpu-wheels
 
-env:            ## build .venv: torch 2.14.1, mmcv 2.1.0 with ops (cached wheel), mmdet 3.3.0, plugin
-	bash tools/setup_env.sh
+env:            ## build .venv: torch 2.14.1, mmcv-lite 2.1.0 (MMCV=compiled: with ops), mmdet 3.3.0, plugin
+	MMCV=$(MMCV) bash tools/setup_env.sh
 
 lint: env       ## ruff (package, tools, tests, configs) + mypy (package, tools); ruff.toml, mypy.ini
 	$(PY) -m ruff check vitdet_plugin tools tests configs

@@ -196,4 +196,4 @@ case "$MMCV/$backend" in
        exit 1 ;;
 esac
 "$PY" -c "import mmdet.models" || { echo "import mmdet.models fails in $VENV" >&2; exit 1; }
-say "done in $((SECONDS - START)) s: $("$PY" -c 'import torch, mmcv, mmdet, mmengine, mmcv._ext as e; print(f"torch {torch.__version__}, mmcv {mmcv.__version__} (ops: {getattr(e, "BACKEND", "compiled")}), mmengine {mmengine.__version__}, mmdet {mmdet.__version__}")')"
+say "done in $((SECONDS - START)) s: $("$PY" -c 'import torch, mmcv, mmdet, mmengine, mmcv._ext as e; ops = getattr(e, "BACKEND", "compiled"); print(f"torch {torch.__version__}, mmcv {mmcv.__version__} (ops: {ops}), mmengine {mmengine.__version__}, mmdet {mmdet.__version__}")')"
