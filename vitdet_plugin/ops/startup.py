@@ -103,6 +103,14 @@ class CompileFreeOpsFinder(importlib.abc.MetaPathFinder):
 setattr(CompileFreeOpsFinder, MARKER, True)
 
 
+def new_ext_module() -> types.ModuleType:
+    """A new compile-free ``mmcv._ext`` module, not registered anywhere: what the finder's
+    loader creates, for comparing the two backends in one process (``tools/bench/ops.py``)."""
+    module = types.ModuleType(EXT_NAME)
+    _ExtLoader().exec_module(module)
+    return module
+
+
 def installed() -> bool:
     """Is a compile-free ops finder on ``sys.meta_path``?"""
     return any(getattr(f, MARKER, False) for f in sys.meta_path)
