@@ -6,6 +6,7 @@ import os
 import os.path as osp
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 import torch
@@ -124,9 +125,16 @@ def tiny_shapes(tmp_path_factory):
 
 
 def _run(args, cwd):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''),
+    """``python -S``: site-packages by PYTHONPATH, so no .pth file runs and the tools' own
+    ``import vitdet_plugin`` is what puts the compile-free mmcv ops (NMS at validation and test
+    time) in place (tests/test_ops_entry_points.py covers the other entry points)."""
+    site = sysconfig.get_paths()['purelib']
+    env = {k: v for k, v in os.environ.items() if k != 'VITDET_MMCV_OPS'}
+    env.update(PYTHONPATH=os.pathsep.join([ROOT, site] + ([os.environ['PYTHONPATH']]
+                                                             if 'PYTHONPATH' in os.environ
+                                                             else [])),
                OMP_NUM_THREADS='1')
-    proc = subprocess.run([sys.executable] + args, cwd=cwd, env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, '-S'] + args, cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr
