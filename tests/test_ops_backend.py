@@ -21,31 +21,28 @@ SITE = sysconfig.get_paths()['purelib']
 OURS = 'vitdet_plugin.ops'
 
 
-def _python(code: str, *, mode: str = '', no_site: bool = False,
-            extra_path: str = '') -> subprocess.CompletedProcess:
-    """Run ``code`` in a new interpreter of this venv. ``no_site``: ``python -S`` with
-    site-packages and the checkout on PYTHONPATH, so no .pth file runs."""
+def _python(code: str, *, no_site: bool = False) -> subprocess.CompletedProcess:
+    """Run ``code`` in a new interpreter of this venv (VITDET_MMCV_OPS unset). ``no_site``:
+    ``python -S`` with site-packages and the checkout on PYTHONPATH, so no .pth file runs."""
     env = {k: v for k, v in os.environ.items() if k not in ('VITDET_MMCV_OPS', 'PYTHONPATH')}
-    if mode:
-        env['VITDET_MMCV_OPS'] = mode
-    paths = [p for p in (extra_path, SITE if no_site else '', str(ROOT) if no_site else '') if p]
-    if paths:
-        env['PYTHONPATH'] = os.pathsep.join(paths)
+    if no_site:
+        env['PYTHONPATH'] = os.pathsep.join([SITE, str(ROOT)])
     cmd = [sys.executable] + (['-S'] if no_site else []) + ['-c', textwrap.dedent(code)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
 
 
 REPORT = textwrap.dedent('''
     import json, sys
-    import mmcv.ops, mmcv._ext
-    print(json.dumps({'backend': getattr(mmcv._ext, 'BACKEND', 'compiled'),
-                      'plugin_imported': 'vitdet_plugin' in sys.modules}))
+    import mmcv._ext
+    print('REPORT', json.dumps({'backend': getattr(mmcv._ext, 'BACKEND', 'compiled'),
+                                'plugin_imported': 'vitdet_plugin' in sys.modules}))
 ''')
 
 
 def _report(res: subprocess.CompletedProcess) -> dict:
     assert res.returncode == 0, res.stderr[-3000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    (line,) = [ln for ln in res.stdout.splitlines() if ln.startswith('REPORT ')]
+    return json.loads(line[len('REPORT '):])
 
 
 def test_pth_hook_is_installed_with_the_package():
@@ -60,33 +57,54 @@ def test_interpreter_start_puts_the_ops_in_place_before_any_import_of_ours():
     assert _report(_python(REPORT)) == {'backend': OURS, 'plugin_imported': False}
 
 
-def test_without_the_hook_mmcv_ops_fails_and_import_vitdet_plugin_fixes_it():
-    res = _python('import mmcv.ops', no_site=True)
-    assert res.returncode == 1 and "No module named 'mmcv._ext'" in res.stderr
-    assert _report(_python('import vitdet_plugin\n' + REPORT, no_site=True)) == {
-        'backend': OURS, 'plugin_imported': True}
+def test_without_the_hook_mmcv_ext_is_missing_until_import_vitdet_plugin():
+    code = '''
+        try:
+            import mmcv._ext
+        except ModuleNotFoundError as e:
+            print('WITHOUT', e)
+        import vitdet_plugin
+    '''
+    res = _python(textwrap.dedent(code) + REPORT, no_site=True)
+    assert "WITHOUT No module named 'mmcv._ext'" in res.stdout
+    assert _report(res) == {'backend': OURS, 'plugin_imported': True}
 
 
-def test_off_leaves_mmcv_alone_and_a_bad_mode_names_the_choices():
-    res = _python('import mmcv.ops', mode='off')
-    assert res.returncode == 1 and "No module named 'mmcv._ext'" in res.stderr
-    res = _python('import mmcv.ops', mode='fast')
-    assert res.returncode == 1
-    assert ("ImportError: VITDET_MMCV_OPS='fast' is not one of auto, torch, off (auto: compiled "
-            "mmcv ops when installed, else vitdet_plugin's compile-free ops)") in res.stderr
+MODES = textwrap.dedent('''
+    """``import mmcv._ext`` under each VITDET_MMCV_OPS value (read when the import is made)."""
+    import json, os, sys
+    import mmcv
+    fake = sys.argv[1]  # holds mmcv/_ext.py: what the path finder finds, like _ext*.so
+    seen = {}
+    for case, value, compiled in [('off', 'off', False), ('bad', 'fast', False),
+                                  ('auto', 'auto', False), ('auto+compiled', 'auto', True),
+                                  ('torch+compiled', 'torch', True)]:
+        os.environ['VITDET_MMCV_OPS'] = value
+        sys.modules.pop('mmcv._ext', None)
+        mmcv.__path__[:] = [p for p in mmcv.__path__ if p != fake] + ([fake] if compiled else [])
+        try:
+            import mmcv._ext as ext
+            seen[case] = getattr(ext, 'BACKEND', 'compiled')
+        except ImportError as e:
+            seen[case] = f'{type(e).__name__}: {e}'
+    print('REPORT', json.dumps(seen))
+''')
 
 
-def test_auto_prefers_an_installed_compiled_extension_and_torch_overrides_it(tmp_path):
-    """A stand-in for a compiled ``mmcv/_ext`` on mmcv's path (a module the path finder finds,
-    as it finds ``_ext.cpython-*.so``): ``auto`` takes it, ``torch`` takes ours."""
+def test_modes_off_bad_auto_and_torch(tmp_path):
+    """``off`` leaves mmcv alone, a bad value names the choices, ``auto`` takes an installed
+    compiled extension (a stand-in module on mmcv's path) and ours otherwise, ``torch`` takes
+    ours even then."""
     fake = tmp_path / 'mmcv'
     fake.mkdir()
-    (fake / '_ext.py').write_text("BACKEND = 'compiled-stand-in'\n"
-                                  "def __getattr__(name):\n"
-                                  "    return lambda *a, **k: None\n")
-    prefix = f'import mmcv; mmcv.__path__.insert(0, {str(fake)!r})\n'
-    assert _report(_python(prefix + REPORT, mode='auto'))['backend'] == 'compiled-stand-in'
-    assert _report(_python(prefix + REPORT, mode='torch'))['backend'] == OURS
+    (fake / '_ext.py').write_text("BACKEND = 'compiled-stand-in'\n")
+    res = subprocess.run([sys.executable, '-c', MODES, str(fake)], capture_output=True,
+                         text=True, timeout=120)
+    assert _report(res) == {
+        'off': "ModuleNotFoundError: No module named 'mmcv._ext'",
+        'bad': "ImportError: VITDET_MMCV_OPS='fast' is not one of auto, torch, off (auto: "
+               "compiled mmcv ops when installed, else vitdet_plugin's compile-free ops)",
+        'auto': OURS, 'auto+compiled': 'compiled-stand-in', 'torch+compiled': OURS}
 
 
 def test_an_op_the_backend_lacks_names_itself_and_the_fix():
