@@ -29,7 +29,7 @@ demo-seg: env   ## the same for segmentation: Panoptic FPN on the stem Swin (seg
 benchmark: env  ## ours vs mmdet vs timm, printed as ratios
 	$(PY) tools/benchmark.py
 
-gpu-wheels:     ## .whl/: wheels (CPython 3.12) + mmcv sdist for tools/gpu_check.sh on a lent GPU
+gpu-wheels:     ## .whl/: the wheels (CPython 3.12, ~7 MiB; nothing is built there) tools/gpu_check.sh installs on a lent GPU
 	bash tools/gpu_wheels.sh
 
 clean-env:

@@ -1,220 +1,395 @@
-"""The GPU check kit's CPU-side parts: the wheel list against the installed stack, the dry run
-of tools/gpu_check.sh, the mmcv op pruning, the shared C++20 patch, the report table."""
+"""The GPU check kit on CPU: the wheel list against the installed stack and its dependency
+closure, the dry run of tools/gpu_check.sh, the runner's step skipping, budget and kill logic
+(the real runner with stub commands: ``--fake``, ``GPU_CHECK_FAKE_FAIL``), the incremental
+result writing of checks and benchmark rows, the report table, the CLI."""
 import importlib.metadata as md
+import json
 import os
-import os.path as osp
 import re
 import subprocess
 import sys
-import tarfile
+import time
 from pathlib import Path
+from typing import Dict, List, Set
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ROOT / 'tools'
 SCRIPT = TOOLS / 'gpu_check.sh'
-STEPS = ['environment', 'install-wheels', 'build-mmcv', 'install-plugin', 'checks',
-         'benchmark-swin', 'benchmark-vit', 'report']
-#: Python packages the lent GPU machine already has (the device tool's KINDS.md), by the
-#: distribution names mmengine / mmdet / mmcv require them under.
+KIT = TOOLS / 'gpu_check.py'
+STEPS = ['environment', 'install-wheels', 'install-plugin', 'checks-ops', 'checks-backbones',
+         'checks-detectors', 'checks-dino', 'benchmark-swin', 'benchmark-vit', 'report']
+GPU_STEPS = STEPS[3:9]
+#: Distributions the lent GPU machine already has (the device tool's KINDS.md).
 ON_GPU_MACHINE = {'torch', 'torchvision', 'timm', 'numpy', 'scipy', 'matplotlib', 'pyyaml',
-                  'rich', 'packaging', 'pillow', 'tqdm', 'six', 'regex', 'opencv-python'}
-#: setuptools is pinned for the mmcv 2.1.0 build (<70), not to the venv's runtime version.
-BUILD_PINS = {'setuptools'}
+                  'rich', 'packaging', 'pillow', 'tqdm', 'six', 'regex', 'wheel', 'ninja',
+                  'opencv-python-headless', 'onnx', 'onnxruntime'}
+#: Requirements the machine meets under another distribution name (the same import).
+ALIASES = {'opencv-python': 'opencv-python-headless'}
+#: What the kit installs: mmcv's Python code, the OpenMMLab stack, the plugin (from the tree).
+ROOTS = ('mmcv-lite', 'mmengine', 'mmdet', 'vitdet-plugin')
+#: The GPU machine's interpreter and platform, for requirement markers.
+TARGET_ENV = {'python_version': '3.12', 'python_full_version': '3.12.3', 'sys_platform': 'linux',
+              'platform_system': 'Linux', 'platform_machine': 'x86_64', 'os_name': 'posix',
+              'implementation_name': 'cpython', 'platform_python_implementation': 'CPython',
+              'extra': ''}
+#: The device tool returns at most this many files from $OUT.
+MAX_OUT_FILES = 8
+OUT_FILES = ['gpu_check.json', 'gpu_check.log', 'gpu_check.md']
 
 
 @pytest.fixture
 def kit(monkeypatch):
     monkeypatch.syspath_prepend(str(TOOLS))
+    import gpu_check_kit.bench
     import gpu_check_kit.cli
-    import gpu_check_kit.mmcv_ops
+    import gpu_check_kit.env
     import gpu_check_kit.report
+    import gpu_check_kit.results
+    import gpu_check_kit.steps
     return gpu_check_kit
 
 
-def _wheel_list() -> dict:
+def _pins() -> Dict[str, str]:
     pins = {}
     for line in (TOOLS / 'gpu_wheels.txt').read_text().splitlines():
         if line.strip() and not line.startswith('#'):
-            spec = line.split()[0]
-            name, _, version = spec.partition('==')
-            pins[name.lower()] = version
+            name, _, version = line.split()[0].partition('==')
+            pins[canonicalize_name(name)] = version
     return pins
 
 
-def _requirements(dist: str) -> set:
+def _on_machine(name: str) -> bool:
+    return ALIASES.get(name, name) in ON_GPU_MACHINE
+
+
+def _requirements(dist: str) -> Set[str]:
     names = set()
-    for req in md.requires(dist) or []:
-        if 'extra ==' in req:
-            continue
-        names.add(re.split(r'[ ;<>=!~\[(]', req, maxsplit=1)[0].lower().replace('_', '-'))
+    for text in md.requires(dist) or []:
+        req = Requirement(text)
+        if req.marker is None or req.marker.evaluate(TARGET_ENV):
+            names.add(canonicalize_name(req.name))
     return names
 
 
 def test_wheel_list_pins_the_installed_stack():
-    pins = _wheel_list()
-    assert pins['mmengine'] == md.version('mmengine') == '0.10.7'
-    assert pins['mmdet'] == md.version('mmdet') == '3.3.0'
+    pins = _pins()
+    assert pins['mmcv-lite'] == '2.1.0' and pins['mmengine'] == '0.10.7'
+    assert pins['mmdet'] == '3.3.0'
     for name, version in pins.items():
-        if name not in BUILD_PINS:
-            assert md.version(name) == version, f'{name}: list {version}, .venv {md.version(name)}'
-    assert pins['setuptools'].split('.')[0] < '70'
-    assert not set(pins) & ON_GPU_MACHINE, 'the GPU machine has these already'
+        assert md.version(name) == version, f'{name}: list {version}, .venv {md.version(name)}'
+    assert int(pins['setuptools'].split('.')[0]) < 81, 'mmengine needs pkg_resources'
+    assert not {n for n in pins if _on_machine(n)}, 'the GPU machine has these already'
+    assert 'mmcv' not in pins and not (ROOT / 'tools' / 'gpu_check_kit' / 'mmcv_ops.py').exists()
 
 
-def test_wheel_list_covers_what_the_gpu_machine_lacks():
-    pins = _wheel_list()
-    needed = set()
-    for dist in ('mmengine', 'mmdet', 'mmcv', 'vitdet_plugin', 'yapf'):
-        needed |= _requirements(dist)
-    needed -= {'mmengine', 'mmdet', 'mmcv'}
-    missing = needed - set(pins) - ON_GPU_MACHINE - {'tomli'}  # tomli: Python < 3.11 only
-    assert not missing, f'neither carried nor on the GPU machine: {sorted(missing)}'
+def test_wheel_list_is_the_dependency_closure_less_the_machine():
+    """From the installed metadata (markers evaluated for CPython 3.12 on Linux): every
+    distribution the kit's roots need, recursively, is on the machine or carried, and nothing
+    else is carried."""
+    needed: Set[str] = set()
+    todo: List[str] = list(ROOTS)
+    while todo:
+        dist = todo.pop()
+        if dist in needed or _on_machine(dist):
+            continue
+        needed.add(dist)
+        todo += sorted(_requirements(dist))
+    needed.discard('vitdet-plugin')  # from the working tree
+    assert needed == set(_pins()), (f'missing: {sorted(needed - set(_pins()))}, '
+                                    f'not needed: {sorted(set(_pins()) - needed)}')
 
 
-def test_dry_run_prints_every_step_in_order():
-    res = subprocess.run(['bash', str(SCRIPT), '--dry-run'], capture_output=True, text=True,
-                         timeout=60, env={'PATH': '/usr/bin:/bin', 'OUT': '/tmp/out'})
+def test_wheels_check_finds_missing_duplicate_and_stray_wheels(kit, tmp_path):
+    env = kit.env
+    pins = env.wheel_list()
+    assert pins == {env.normalize(k): v for k, v in _pins().items()}
+    for name, version in pins.items():
+        (tmp_path / f'{name}-{version}-py3-none-any.whl').touch()
+    assert env.wheel_problems(tmp_path, pins)[0] == []
+    assert env.wheels_main(tmp_path) == 0
+    (tmp_path / 'mmdet-3.2.0-py3-none-any.whl').touch()
+    (tmp_path / 'extra_pkg-1.0-py3-none-any.whl').touch()
+    (tmp_path / f"addict-{pins['addict']}-py3-none-any.whl").unlink()
+    problems = sorted(env.wheel_problems(tmp_path, pins)[0])
+    assert problems == [f"addict=={pins['addict']}: found none",
+                        'extra_pkg: not in gpu_wheels.txt (extra_pkg-1.0-py3-none-any.whl)',
+                        "mmdet==3.3.0: found ['3.2.0', '3.3.0']"]
+    assert env.wheels_main(tmp_path) == 1
+    assert env.wheels_main(tmp_path / 'none') == 1
+
+
+def _dry_run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {'PATH': f'{Path(sys.executable).parent}:/usr/bin:/bin', 'OUT': str(tmp_path / 'out'),
+           'GPU_CHECK_WORK': str(tmp_path / 'work')}
+    return subprocess.run(['bash', str(SCRIPT), '--dry-run', *args], capture_output=True,
+                          text=True, timeout=60, env=env)
+
+
+def test_dry_run_prints_every_step_in_order(tmp_path):
+    res = _dry_run(tmp_path)
     assert res.returncode == 0, res.stderr
-    steps = re.findall(r'^\[gpu_check\] step (\d+)/(\d+): (\S+)$', res.stdout, re.M)
-    assert steps == [(str(i + 1), str(len(STEPS)), s) for i, s in enumerate(STEPS)]
-    out = res.stdout
-    expected = ['TORCH_CUDA_ARCH_LIST=<major.minor of torch.cuda.get_device_capability()>',
-                'pip install -q --no-index --no-deps', '--target /tmp/gpu_check/site',
-                'mmcv_patch_cxx20 /tmp/gpu_check/mmcv-2.1.0',
-                'tools/gpu_check.py prune-mmcv /tmp/gpu_check/mmcv-2.1.0',
-                'env MMCV_WITH_OPS=1 FORCE_CUDA=1', 'tools/gpu_check.py checks --json',
-                'tools/benchmark.py --model swin --device cuda',
-                'tools/benchmark.py --model vit --device cuda',
-                'tools/gpu_check.py report --work /tmp/gpu_check --out /tmp/out/gpu_check.md']
-    positions = [out.find(e) for e in expected]
+    steps = re.findall(r'^\[gpu_check\] step (\d+)/(\d+): (\S+) \(needs: ([^;]*);', res.stdout,
+                       re.M)
+    assert [(int(i), int(n), s) for i, n, s, _ in steps] == [
+        (i + 1, len(STEPS), s) for i, s in enumerate(STEPS)]
+    needs = {s: n for _, _, s, n in steps}
+    assert needs['install-plugin'] == 'install-wheels' and needs['report'] == '-'
+    assert all(needs[s] == 'environment, install-plugin' for s in GPU_STEPS)
+    work, out = tmp_path / 'work', tmp_path / 'out'
+    expected = [f'PYTHONPATH={work}/site:{ROOT}',
+                f'gpu_check.py environment --results {work}/results --out {out}',
+                f'gpu_check.py wheels --wheels {ROOT}/.whl',
+                'pip install -q --no-index --no-deps --no-build-isolation',
+                f'--target {work}/site',
+                f'gpu_check.py stack --site {work}/site',
+                'gpu_check.py checks ops', 'gpu_check.py checks backbones',
+                'gpu_check.py checks detectors', 'gpu_check.py checks dino',
+                'gpu_check.py bench swin', '-- --model swin --device cuda --repeats 10',
+                'gpu_check.py bench vit', '-- --model vit --device cuda',
+                f'{out}/gpu_check.md']
+    positions = [res.stdout.find(e) for e in expected]
     assert -1 not in positions, [e for e, p in zip(expected, positions) if p < 0]
     assert positions == sorted(positions)
-    assert not Path('/tmp/out/gpu_check.md').exists()
+    assert 'mmcv_sdist' not in res.stdout and 'MMCV_WITH_OPS' not in res.stdout
+    assert not work.exists() and not out.exists(), 'the dry run wrote files'
 
 
-def test_dry_run_all_ops_skips_pruning_and_bad_arguments_fail():
-    res = subprocess.run(['bash', str(SCRIPT), '--dry-run', '--ops', 'all'],
-                         capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0 and 'prune-mmcv' not in res.stdout
+def test_bad_arguments_fail(tmp_path):
     res = subprocess.run(['bash', str(SCRIPT), '--bogus'], capture_output=True, text=True)
-    assert res.returncode == 2 and 'unknown argument --bogus' in res.stderr
+    assert res.returncode == 2 and '--bogus' in res.stderr
+    res = _dry_run(tmp_path, '--only', 'checks-ops,nope')
+    assert res.returncode == 2 and 'unknown step(s) nope' in res.stderr
 
 
-def test_cxx20_patch_shared_with_make_env(tmp_path):
-    (tmp_path / 'setup.py').write_text("args = ['-std=c++17']\nnvcc += ['-std=c++17']\n")
-    lib = TOOLS / 'mmcv_sdist.sh'
-    res = subprocess.run(['bash', '-c', f'source {lib} && mmcv_patch_cxx20 {tmp_path}'],
-                         capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
-    assert (tmp_path / 'setup.py').read_text() == \
-        "args = ['-std=c++20']\nnvcc += ['-std=c++20']\n"
-    (tmp_path / 'setup.py').write_text('nothing to patch\n')
-    res = subprocess.run(['bash', '-c', f'source {lib} && mmcv_patch_cxx20 {tmp_path}'],
-                         capture_output=True, text=True)
-    assert res.returncode == 1 and 'for C++20 failed' in res.stderr
-    assert 'mmcv_patch_cxx20' in (TOOLS / 'setup_env.sh').read_text()
+def _fake_run(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    full = dict(os.environ, OUT=str(tmp_path / 'out'), GPU_CHECK_WORK=str(tmp_path / 'work'))
+    full.pop('GPU_CHECK_FAKE_FAIL', None)
+    full.update(env)
+    return subprocess.run([sys.executable, str(KIT), 'run', '--fake', *args],
+                          capture_output=True, text=True, timeout=60, env=full)
 
 
-BINDINGS = '''#include "pytorch_cpp_helper.hpp"
-
-void NMSCUDAKernelLauncher(Tensor boxes);
-
-Tensor nms_cuda(Tensor boxes) {
-  return NMSCUDAKernelLauncher(boxes);
-}
-
-Tensor nms_impl(Tensor boxes);
-REGISTER_DEVICE_IMPL(nms_impl, CUDA, nms_cuda);
-
-void FooCUDAKernelLauncher(Tensor x);
-void foo_cuda(Tensor x) {
-  // a comment with a brace {
-  FooCUDAKernelLauncher(x);
-};
-
-void foo_impl(Tensor x);
-
-REGISTER_DEVICE_IMPL(foo_impl, CUDA,
-                     foo_cuda)
-
-void bar_cuda(Tensor x) { foo_cuda(x); }
-REGISTER_DEVICE_IMPL(bar_impl, CUDA, bar_cuda);
-'''
+def _statuses(tmp_path: Path) -> Dict[str, str]:
+    data = json.loads((tmp_path / 'out' / 'gpu_check.json').read_text())
+    return {s['name']: s['status'] + (f": {s['reason']}" if s.get('reason') else '')
+            for s in data['steps']}
 
 
-def test_bindings_keep_only_ops_with_kernels(kit):
-    text, kept, dropped = kit.mmcv_ops.prune_bindings(
-        BINDINGS, ['Tensor NMSCUDAKernelLauncher(Tensor boxes) { ... }'])
-    assert (kept, dropped) == (['nms_impl'], ['foo_impl', 'bar_impl'])
-    assert 'Foo' not in text and 'bar_cuda' not in text and 'foo_impl' in text
-    assert 'REGISTER_DEVICE_IMPL(nms_impl, CUDA, nms_cuda);' in text
+def test_a_failed_step_skips_the_steps_that_need_it(tmp_path):
+    res = _fake_run(tmp_path, GPU_CHECK_FAKE_FAIL='install-wheels')
+    assert res.returncode == 1, res.stdout + res.stderr
+    status = _statuses(tmp_path)
+    assert status.pop('environment') == status.pop('report') == 'passed'
+    assert status.pop('install-wheels') == 'failed'
+    assert status.pop('install-plugin') == 'skipped: needs install-wheels (failed)'
+    assert status == dict.fromkeys(GPU_STEPS, 'skipped: needs install-plugin (skipped)')
+    out = tmp_path / 'out'
+    assert sorted(p.name for p in out.iterdir()) == OUT_FILES
+    assert len(OUT_FILES) <= MAX_OUT_FILES
+    report = (out / 'gpu_check.md').read_text()
+    assert '| install-wheels | - | FAILED (exit 1) |' in report
+    assert '| checks-dino | environment, install-plugin | skipped |  | needs install-plugin' \
+        in report
+    assert report in res.stdout  # printed by the report step
+    log = (out / 'gpu_check.log').read_text()
+    assert 'fake environment' in log and 'fake checks-ops' not in log
 
 
-def _mmcv_sdist() -> Path:
-    """The mmcv 2.1.0 sdist: `make gpu-wheels`' copy in .whl/, else downloaded from PyPI once
-    into the plugin's cache (the same file `make env` builds mmcv from)."""
-    carried = ROOT / '.whl' / 'mmcv-2.1.0.tar.gz'
-    if carried.is_file():
-        return carried
-    cache = Path(os.environ.get('VITDET_SDIST_CACHE',
-                                Path.home() / '.cache' / 'vitdet_plugin' / 'sdist'))
-    sdist = cache / 'mmcv-2.1.0.tar.gz'
-    if not sdist.is_file():
-        subprocess.run(['bash', '-c', 'source tools/mmcv_sdist.sh && mmcv_download_sdist "$0" "$1"',
-                        sys.executable, str(cache)], cwd=ROOT, check=True, capture_output=True)
-    return sdist
+def test_no_cuda_skips_only_the_gpu_steps(tmp_path):
+    res = _fake_run(tmp_path, GPU_CHECK_FAKE_FAIL='environment')
+    assert res.returncode == 1
+    status = _statuses(tmp_path)
+    assert [status[s] for s in ('install-wheels', 'install-plugin', 'report')] == ['passed'] * 3
+    assert {status[s] for s in GPU_STEPS} == {'skipped: needs environment (failed)'}
 
 
-def test_pruned_mmcv_sdist_registers_exactly_the_needed_ops(kit, tmp_path):
-    with tarfile.open(_mmcv_sdist()) as tar:
-        tar.extractall(tmp_path, filter='data')
-    src = tmp_path / 'mmcv-2.1.0'
-    report = kit.mmcv_ops.prune_tree(src)
-    assert report.kept_impls == [
-        'sigmoid_focal_loss_forward_impl', 'sigmoid_focal_loss_backward_impl',
-        'softmax_focal_loss_forward_impl', 'softmax_focal_loss_backward_impl', 'nms_impl',
-        'roi_align_forward_impl', 'roi_align_backward_impl']
-    cuda = src / kit.mmcv_ops.CUDA_DIR
-    assert sorted(p.name for p in cuda.iterdir()) == [
-        'cudabind.cpp', 'focal_loss_cuda.cu', 'nms_cuda.cu', 'roi_align_cuda.cu']
-    assert len(report.dropped_kernels) == 55
-    with pytest.raises(ValueError, match=r'no kernel nope_cuda\.cu'):
-        kit.mmcv_ops.prune_tree(src, ['nope'])
+def test_only_runs_the_named_steps_and_keeps_earlier_results(tmp_path):
+    assert _fake_run(tmp_path).returncode == 0
+    assert set(_statuses(tmp_path).values()) == {'passed'}
+    parts = tmp_path / 'work' / 'results'
+    (parts / 'checks-ops.json').write_text('[{"name": "nms", "ok": true, "detail": "same", '
+                                           '"seconds": 1.0}]')
+    res = _fake_run(tmp_path, '--only', 'benchmark-vit,report', '--fake-fail', 'benchmark-vit')
+    assert res.returncode == 1
+    status = _statuses(tmp_path)
+    assert status.pop('benchmark-vit') == 'failed' and status.pop('report') == 'passed'
+    assert set(status.values()) == {'skipped: not selected (--only)'}
+    assert '| ops | nms | pass | same | 1.0 |' in (tmp_path / 'out' / 'gpu_check.md').read_text()
 
 
-def test_cli_arguments(kit):
-    parse = kit.cli.build_parser().parse_args
-    args = parse(['prune-mmcv', '/x', '--ops', 'nms', 'roi_align'])
-    assert (args.command, str(args.src), args.ops) == ('prune-mmcv', '/x', ['nms', 'roi_align'])
-    assert parse(['prune-mmcv', '/x']).ops == ['focal_loss', 'nms', 'roi_align']
-    args = parse(['report', '--work', '/w', '--out', '/o/gpu_check.md'])
-    assert (str(args.work), str(args.out)) == ('/w', '/o/gpu_check.md')
+def test_an_exhausted_budget_skips_every_step_but_the_report(tmp_path):
+    res = _fake_run(tmp_path, '--budget', '0')
+    assert res.returncode == 1
+    status = _statuses(tmp_path)
+    assert status.pop('report') == 'passed'
+    for name in ('environment', 'install-wheels'):  # the others: skipped as they need these
+        assert status.pop(name).startswith('skipped: no time left in the budget')
+    assert all(v.startswith('skipped: needs ') for v in status.values())
+
+
+def _alive(pid: int) -> bool:
+    """Is ``pid`` running (a zombie waiting for its reaper is not)?"""
+    try:
+        os.kill(pid, 0)
+        stat = Path(f'/proc/{pid}/stat').read_text()
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    return stat.rsplit(')', 1)[1].split()[0] != 'Z'
+
+
+def test_a_step_past_its_limit_is_killed_with_its_children(kit, tmp_path):
+    pid_file = tmp_path / 'child.pid'
+    code = ('import subprocess, sys, time; '
+            'p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]); '
+            f'open({str(pid_file)!r}, "w").write(str(p.pid)); print("started", flush=True); '
+            'time.sleep(60)')
+    log = kit.steps.Log(tmp_path / 'log.txt')
+    start = time.monotonic()
+    rc = kit.steps.run_command([sys.executable, '-c', code], dict(os.environ), 1.0, log)
+    log.close()
+    assert rc == kit.steps.TIMEOUT_RC and time.monotonic() - start < 10
+    assert 'started' in (tmp_path / 'log.txt').read_text()
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child), 'the step\'s child outlived it'
+    assert kit.steps.run_command([sys.executable, '-c', 'raise SystemExit(3)'],
+                                 dict(os.environ), 10, kit.steps.Log(None)) == 3
+
+
+def test_check_results_are_published_after_every_check(kit, tmp_path):
+    results_mod = kit.results
+    parts, out = tmp_path / 'parts', tmp_path / 'out'
+    seen: List[List[str]] = []
+
+    def record(rs):
+        results_mod.write_part(parts, 'checks-ops', results_mod.results_json(rs))
+        results_mod.publish(parts, out)
+
+    def published() -> str:
+        data = json.loads((out / 'gpu_check.json').read_text())
+        seen.append([c['name'] for c in data['checks']['ops']])
+        return 'looked'
+
+    def parity_miss() -> str:
+        raise AssertionError('nms: 3 boxes differ\nsecond line')
+
+    rs = results_mod.run_checks([('a', lambda: 'fine'), ('b', parity_miss), ('c', published)],
+                                record)
+    assert [(r.name, r.ok, r.detail) for r in rs] == [
+        ('a', True, 'fine'), ('b', False, 'AssertionError: nms: 3 boxes differ'),
+        ('c', True, 'looked')]
+    assert seen == [['a', 'b']]  # c saw a and b on disk while it ran
+    report = (out / 'gpu_check.md').read_text()
+    assert '| ops | b | FAIL | AssertionError: nms: 3 boxes differ |' in report
+
+
+def test_benchmark_rows_are_written_after_every_row(kit, tmp_path):
+    on_disk: List[int] = []
+
+    def measure(spec: str) -> dict:
+        if spec == 'bf16':
+            raise RuntimeError('ours and mmdet disagree: rel. error 3e-01')
+        return {'size': '800x1216', 'dtype': spec, 'batch': 2, 'fwd': {'ours': [1.0]}}
+
+    def record(rows: List[dict]) -> None:
+        kit.results.write_part(tmp_path, 'bench-swin', {'model': 'swin', 'rows': rows})
+        on_disk.append(len(json.loads((tmp_path / 'bench-swin.json').read_text())['rows']))
+
+    rows = kit.bench.run_rows(['fp32', 'bf16', 'fp16'], measure,
+                              lambda s: {'size': '800x1216', 'dtype': s, 'batch': 2}, record,
+                              lambda row: [f"row {row['dtype']}"])
+    assert on_disk == [1, 2, 3]
+    assert rows[1] == {'size': '800x1216', 'dtype': 'bf16', 'batch': 2,
+                       'error': 'RuntimeError: ours and mmdet disagree: rel. error 3e-01'}
+    assert 'error' not in rows[2]
+
+
+def test_report_table(kit):
+    parts = {
+        'environment': {'gpu': 'NVIDIA H200', 'driver': '580.1', 'torch': '2.11.0',
+                        'cuda': '13.0', 'torchvision': '0.26.0', 'timm': '1.0.20'},
+        'stack': {'mmcv': '2.1.0 (mmcv-lite)', 'mmengine': '0.10.7', 'mmdet': '3.3.0',
+                  'ops_backend': 'vitdet_plugin.ops', 'pth_hook': 'ok'},
+        'steps': [{'name': 'install-wheels', 'needs': [], 'status': 'passed', 'rc': 0,
+                   'seconds': 12.3},
+                  {'name': 'checks-ops', 'needs': ['environment', 'install-plugin'],
+                   'status': 'failed', 'rc': 1, 'seconds': 20.0},
+                  {'name': 'benchmark-vit', 'needs': ['install-plugin'], 'status': 'timeout',
+                   'rc': 124, 'seconds': 75.0, 'reason': 'ran past its 75 s'}],
+        'checks-ops': [{'name': 'nms', 'ok': True, 'detail': 'same | order', 'seconds': 1.0}],
+        'bench-swin': {'model': 'swin', 'arch': 'tiny', 'rows': [
+            {'size': '800x1216', 'batch': 2, 'dtype': 'bf16', 'with_cp': False,
+             'fwd': {'ours': [0.001, 0.002, 0.003], 'mmdet': [0.004] * 3},
+             'mem MB': {'ours': 10, 'mmdet': 40}},
+            {'size': '800x1216', 'batch': 2, 'dtype': 'fp32', 'error': 'RuntimeError: x'}]},
+    }
+    lines = kit.report.render(kit.results.merge(parts)).splitlines()
+    assert lines[0] == ('# GPU check: NVIDIA H200 | driver 580.1 | torch 2.11.0 | CUDA 13.0 | '
+                        'torchvision 0.26.0 | timm 1.0.20 | mmcv 2.1.0 (mmcv-lite) | '
+                        'mmengine 0.10.7 | mmdet 3.3.0 | ops: vitdet_plugin.ops')
+    assert lines[2] == '- .pth hook (no import vitdet_plugin): ok'
+    assert '| install-wheels | - | ok | 12 |  |' in lines
+    assert '| checks-ops | environment, install-plugin | FAILED (exit 1) | 20 |  |' in lines
+    assert '| benchmark-vit | install-plugin | TIMEOUT | 75 | ran past its 75 s |' in lines
+    assert '| ops | nms | pass | same / order | 1.0 |' in lines
+    assert ('| swin-tiny | 2x800x1216 | bf16 | ours 2 ms; 0.50x mmdet | - | '
+            'ours 10 MB; 0.25x mmdet |') in lines
+    assert '| swin-tiny | 2x800x1216 | fp32 | error: RuntimeError: x | | |' in lines
+    empty = kit.report.render(kit.results.merge({}))
+    assert empty.startswith('# GPU check: environment unknown\n')
+    assert 'checks: no results' in empty and 'benchmark: no results' in empty
+
+
+def test_cli_arguments(kit, monkeypatch, tmp_path):
+    cli = kit.cli
+    parse = cli.build_parser().parse_args
+    args = parse(['run', '--dry-run', '--only', 'checks-ops,report', '--budget', '100'])
+    monkeypatch.setenv('OUT', str(tmp_path / 'o'))
+    monkeypatch.setenv('GPU_CHECK_FAKE_FAIL', 'environment')
+    monkeypatch.delenv('GPU_CHECK_WORK', raising=False)
+    s = cli.settings(args)
+    assert (s.only, s.budget_s, s.out, s.work) == (frozenset({'checks-ops', 'report'}), 100,
+                                                   tmp_path / 'o', Path('/tmp/gpu_check'))
+    assert s.fake and s.fake_fail == frozenset({'environment'})
+    assert s.site == Path('/tmp/gpu_check/site') and s.wheels == ROOT / '.whl'
+    monkeypatch.setenv('GPU_CHECK_BUDGET', 'soon')
     with pytest.raises(SystemExit):
-        parse(['checks'])  # --json is required
-    assert kit.cli.main(['prune-mmcv', '/nonexistent']) == 2
+        cli.settings(parse(['run']))
+    own, extra = cli.split_at_dashes(['bench', 'vit', '--results', 'r', '--', '--model', 'vit'])
+    args = parse(own)
+    assert (args.command, args.name, str(args.results), extra) == ('bench', 'vit', 'r',
+                                                                   ['--model', 'vit'])
+    assert parse(['checks', 'dino', '--results', 'r']).device == 'cuda'
+    for bad in (['checks', 'nope', '--results', 'r'], ['checks', 'ops'], ['bench', 'swinv2']):
+        with pytest.raises(SystemExit):
+            parse(bad)
+    steps = kit.steps
+    assert [st.name for st in steps.plan(s)] == STEPS
+    assert set(steps.CAPS_S) == set(steps.WHAT) == set(STEPS)
 
 
-def test_report_table(kit, tmp_path):
-    (tmp_path / 'steps.tsv').write_text('build-mmcv\t0\t200\nchecks\t1\t60\n')
-    (tmp_path / 'checks.json').write_text(
-        '[{"name": "nms", "ok": true, "detail": "same", "seconds": 1.0}]')
-    (tmp_path / 'bench_swin.json').write_text(
-        '{"model": "swin", "arch": "tiny", "rows": [{"size": "800x1216", "batch": 2, '
-        '"dtype": "bf16", "with_cp": false, "fwd": {"ours": [1, 2, 3], "mmdet": [4, 4, 4]}, '
-        '"mem MB": {"ours": 10, "mmdet": 40}}]}')
-    (tmp_path / 'env.txt').write_text('NVIDIA H200 | torch 2.11\n')
-    assert kit.cli.main(['report', '--work', str(tmp_path), '--out',
-                         str(tmp_path / 'gpu_check.md')]) == 0
-    lines = (tmp_path / 'gpu_check.md').read_text().splitlines()
-    assert lines[0] == '# GPU check: NVIDIA H200 | torch 2.11'
-    assert '| build-mmcv | ok | 200 |' in lines and '| checks | FAILED (exit 1) | 60 |' in lines
-    assert '| nms | pass | same |' in lines
-    assert '| swin-tiny | 2x800x1216 | bf16 | 0.50x mmdet | - | 0.25x mmdet |' in lines
+def test_pth_line_is_read_from_setup_py_and_probed(kit, tmp_path):
+    """The .pth line of setup.py, read without running it; the probe (run in full on the GPU
+    machine, where no .pth file is installed) reports a line that fails, or none."""
+    line = kit.env.pth_line()
+    assert line.startswith('import ') and line.endswith('_m.install()\n')
+    assert '\n' not in line[:-1] and "'ops', 'startup.py'" in line
+    fake = tmp_path / 'setup.py'
+    fake.write_text('OPS_PTH_LINE = ("import sys; "\n    "sys.exit(3)\\n")\n')
+    assert kit.env.pth_line(fake) == 'import sys; sys.exit(3)\n'
+    assert kit.env.probe_pth_hook(fake).startswith('FAILED (exit 3)')
+    fake.write_text('setup()\n')
+    assert kit.env.probe_pth_hook(fake).startswith('not run: LookupError')
 
 
 def test_scripts_have_no_path_edits():
-    for path in [TOOLS / 'gpu_check.py', *sorted((TOOLS / 'gpu_check_kit').glob('*.py'))]:
-        assert not re.search(r'sys\.path\.(insert|append)', path.read_text()), path
-    assert osp.isfile(TOOLS / 'gpu_wheels.sh')
+    for path in [KIT, *sorted((TOOLS / 'gpu_check_kit').glob('*.py'))]:
+        assert not re.search(r'sys\.path\.(insert|append)|sys\.path\[', path.read_text()), path
+    for path in sorted((TOOLS / 'gpu_check_kit').glob('*.py')):
+        assert len(path.read_text().splitlines()) <= 500, path

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""Python steps of tools/gpu_check.sh: ``prune-mmcv``, ``checks``, ``report`` (``--help``).
-The code lives in the ``gpu_check_kit`` package beside this script."""
+"""The GPU check (``bash tools/gpu_check.sh`` runs ``tools/gpu_check.py run``) and its steps'
+commands: ``environment``, ``wheels``, ``stack``, ``checks GROUP``, ``bench NAME``, ``report``
+(``--help``). The code lives in the ``gpu_check_kit`` package beside this script."""
 import sys
 
 from gpu_check_kit.cli import main

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# make gpu-wheels: download, into .whl/ (ignored by git), what the lent GPU machine lacks to
-# run tools/gpu_check.sh: the wheels of tools/gpu_wheels.txt for CPython 3.12 / manylinux
-# x86_64 and the mmcv sdist (built there with CUDA ops). Needs PyPI; idempotent.
+# make gpu-wheels: download, into .whl/ (ignored by git), the wheels of tools/gpu_wheels.txt
+# for the lent GPU machine (CPython 3.12 / manylinux x86_64): what it lacks to run
+# tools/gpu_check.sh. Wheels only (no sdist: nothing is built there). Needs PyPI; idempotent;
+# in the default folder, files the list no longer names are removed.
 #
 #   WHEEL_DIR   where to put them  (default: .whl in the repository)
 #   PYTHON      the interpreter whose pip downloads (default: python3)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# shellcheck source=tools/mmcv_sdist.sh
-source "$ROOT/tools/mmcv_sdist.sh"
-DEST="${WHEEL_DIR:-$ROOT/.whl}"
+DEFAULT_DEST="$ROOT/.whl"
+DEST="${WHEEL_DIR:-$DEFAULT_DEST}"
 PY="${PYTHON:-python3}"
 LIST="$ROOT/tools/gpu_wheels.txt"
 # The device tool carries at most 64 MiB with the working tree; keep the wheels well under it.
@@ -25,10 +25,13 @@ say() { printf '[gpu-wheels] %s\n' "$*"; }
 start=$SECONDS
 mkdir -p "$DEST"
 
+prefixes=()  # wheel file name prefixes of the list: name_version-
 while read -r spec kind _; do
     case "$spec" in ''|'#'*) continue ;; esac
     name="${spec%%==*}"
-    if ls "$DEST"/*.whl 2>/dev/null | grep -qi "/${name//-/_}-${spec##*==}-"; then
+    prefix="$(printf '%s' "$name" | tr 'A-Z.-' 'a-z__')-${spec##*==}-"
+    prefixes+=("$prefix")
+    if compgen -G "$DEST/$prefix*.whl" >/dev/null; then
         say "have $spec"
         continue
     fi
@@ -41,19 +44,24 @@ while read -r spec kind _; do
     fi
 done < "$LIST"
 
-SDIST="$DEST/mmcv-$MMCV_VERSION.tar.gz"
-if [ -f "$SDIST" ]; then
-    say "have mmcv $MMCV_VERSION sdist"
-else
-    say "downloading the mmcv $MMCV_VERSION sdist"
-    TOOLS="$(mktemp -d)"
-    trap 'rm -rf "$TOOLS"' EXIT
-    mmcv_build_tools "$PY" "$TOOLS"
-    PYTHONPATH="$TOOLS${PYTHONPATH:+:$PYTHONPATH}" mmcv_download_sdist "$PY" "$DEST"
-fi
+for f in "$DEST"/*; do
+    [ -e "$f" ] || continue
+    base="$(basename "$f")"
+    keep=0
+    for p in "${prefixes[@]}"; do
+        case "$(printf '%s' "$base" | tr 'A-Z' 'a-z')" in "$p"*.whl) keep=1 ;; esac
+    done
+    [ "$keep" = 1 ] && continue
+    if [ "$DEST" = "$DEFAULT_DEST" ]; then
+        say "removing $base (not in tools/gpu_wheels.txt)"
+        rm -rf "$f"
+    else
+        say "warning: $base is not in tools/gpu_wheels.txt (remove it: pip installs every wheel)"
+    fi
+done
 
 size_kib=$(du -sk "$DEST" | cut -f1)
-say "$(ls "$DEST" | wc -l) files, $((size_kib / 1024)) MiB in $DEST, $((SECONDS - start)) s"
+say "$(ls "$DEST" | wc -l) files, $((size_kib / 1024)) MiB ($size_kib KiB) in $DEST, $((SECONDS - start)) s"
 if [ $((size_kib / 1024)) -gt "$MAX_MIB" ]; then
     echo "$DEST holds $((size_kib / 1024)) MiB, over the $MAX_MIB MiB kept for the device" \
          "tool's 64 MiB carry limit: remove files not in tools/gpu_wheels.txt" >&2

@@ -1,22 +1,32 @@
-"""The functional GPU checks: CUDA vs CPU parity, bf16 autocast, detector training and
-inference steps with mmcv's CUDA ops. Each check returns a :class:`Result`; a failing check is
-recorded (with its error) and the others still run."""
+"""The functional GPU checks, by group (``tools/gpu_check.py checks GROUP``):
+
+* ``ops``: mmcv's ops on the compile-free backend, CUDA vs CPU (:mod:`.op_checks`);
+* ``backbones``: SwinBackbone / ViTBackbone CUDA vs CPU in fp32 (TF32 off), bf16 autocast;
+* ``detectors``: one bf16 AMP training step and one inference step of RetinaNet and Mask R-CNN;
+* ``dino``: a shrunk DINO (configs/swin_dino.py) training step in fp32 and in bf16 AMP, then
+  inference: MultiScaleDeformableAttention on CUDA inside a real detector.
+
+Each check returns what it measured or raises (a parity miss is an ``AssertionError``); the
+group's results are written after every check (:func:`.results.run_checks`).
+"""
 import copy
-import time
 import traceback
-from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Dict, List, Sequence, Tuple, cast
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
+from unittest import mock
 
 import torch
 from torch import Tensor, nn
 
+from .results import (CHECKS_PREFIX, Result, error_line, publish, results_json, run_checks,
+                      write_part)
+
 if TYPE_CHECKING:
-    from mmengine.model import BaseModel
     from mmengine.optim import OptimWrapper
 
 ROOT = Path(__file__).resolve().parents[2]
+Check = Tuple[str, Callable[[], str]]
 #: CUDA vs CPU, fp32 (TF32 off): max |cuda - cpu| / max |cpu| of the outputs and input grads.
 PARITY_TOL = 1e-4
 #: bf16 autocast vs fp32 on CUDA: outputs by max-abs relative error, input gradients by
@@ -29,18 +39,19 @@ VIT_SMALL: Tuple[int, int, int, int] = (2, 3, 256, 384)
 #: Detector checks: two generated images of the detection training size.
 DET_BATCH = 2
 DET_SIZE = (800, 1216)
+DET_ITEMS = [5, 3]
 DET_CONFIGS = ('configs/swin_retinanet.py', 'configs/swin_mask_rcnn.py')
 NOISE_STD = 0.02
-NMS_BOXES = 2000
-NMS_IOU = 0.5
-
-
-@dataclass
-class Result:
-    name: str
-    ok: bool
-    detail: str
-    seconds: float
+#: DINO, shrunk as tests/test_detr_head.py does (a stem Swin, fewer layers and queries), at a
+#: small image size: the deformable attention of its encoder and decoder runs on CUDA.
+DINO_CONFIG = 'configs/swin_dino.py'
+DINO_SIZE = (320, 416)
+DINO_SWIN = dict(embed_dims=32, depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8])
+DINO_LAYERS = 2
+DINO_QUERIES = 100
+DINO_DN_QUERIES = 20
+#: parameters a DINO training step must update: the backbone and the deformable attention
+DINO_UPDATED = ('backbone.', 'sampling_offsets')
 
 
 def _rel(a: Tensor, b: Tensor) -> float:
@@ -89,7 +100,8 @@ def check_parity(name: str, build: Callable[[], nn.Module], shape: Sequence[int]
     err_out = max(_rel(g.cpu(), c) for g, c in zip(outs_gpu, outs_cpu))
     err_grad = _rel(grad_gpu.cpu(), grad_cpu)
     assert err_out <= PARITY_TOL and err_grad <= PARITY_TOL, (
-        f'{name}: CUDA vs CPU outputs {err_out:.1e}, input grad {err_grad:.1e} > {PARITY_TOL}')
+        f'{name}: {device} vs CPU outputs {err_out:.1e}, input grad {err_grad:.1e} '
+        f'> {PARITY_TOL}')
     return f'outputs {err_out:.1e}, input grad {err_grad:.1e} (tol {PARITY_TOL:.0e})'
 
 
@@ -112,97 +124,149 @@ def check_bf16(name: str, build: Callable[[], nn.Module], shape: Sequence[int],
             f'{err_grad:.1e} (tol {BF16_GRAD_TOL:.0e})')
 
 
-def _detector(config: str, device: str) -> Tuple['BaseModel', 'OptimWrapper', dict]:
-    from mmdet.registry import MODELS
-    from mmdet.testing import demo_mm_inputs
+def _optim_wrapper(model: nn.Module, optim_cfg: Any, amp: bool) -> 'OptimWrapper':
     from mmengine.optim import build_optim_wrapper
-
-    from vitdet_plugin.datasets import load_config
-    cfg = load_config(str(ROOT / config))
-    cfg.model.backbone.init_cfg = None  # no weights on the machine: random init
-    model = MODELS.build(copy.deepcopy(cfg.model))
-    model.init_weights()
-    model.to(device)
-    optim_cfg = copy.deepcopy(cfg.optim_wrapper)
-    optim_cfg.update(type='AmpOptimWrapper', dtype='bfloat16')
-    optim_cfg.pop('loss_scale', None)
-    optim_wrapper = build_optim_wrapper(model, optim_cfg)
-    head = cfg.model.get('bbox_head') or cfg.model.roi_head.bbox_head
-    data = demo_mm_inputs(batch_size=DET_BATCH, image_shapes=[(3, *DET_SIZE)] * DET_BATCH,
-                          num_items=[5, 3], num_classes=head.num_classes,
-                          with_mask='roi_head' in cfg.model
-                          and 'mask_head' in cfg.model.roi_head)
-    return model, optim_wrapper, data
+    optim_cfg = copy.deepcopy(optim_cfg)
+    if amp:
+        optim_cfg.update(type='AmpOptimWrapper', dtype='bfloat16')
+        optim_cfg.pop('loss_scale', None)
+    return build_optim_wrapper(model, optim_cfg)
 
 
-def check_train_and_infer(config: str, device: str) -> str:
-    """One bf16 (AMP) training step at 800x1216, batch 2: finite losses, backbone parameters
-    updated; then one inference step (NMS and, for Mask R-CNN, RoIAlign on CUDA)."""
-    model, optim_wrapper, data = _detector(config, device)
+def _build(model_cfg: Any, device: str) -> Any:
+    from mmdet.registry import MODELS
+    model = MODELS.build(copy.deepcopy(model_cfg))
+    model.init_weights()  # DINO's level_embed, the heads' priors; no weights on the machine
+    return model.to(device)
+
+
+def _demo_data(model_cfg: Any, size: Tuple[int, int], with_mask: bool) -> dict:
+    from mmdet.testing import demo_mm_inputs
+    head = model_cfg.get('bbox_head') or model_cfg.roi_head.bbox_head
+    return demo_mm_inputs(batch_size=DET_BATCH, image_shapes=[(3, *size)] * DET_BATCH,
+                          num_items=DET_ITEMS, num_classes=head.num_classes,
+                          with_mask=with_mask)
+
+
+def _train_and_infer(name: str, model: Any, optim_wrapper: 'OptimWrapper', data: dict,
+                     must_update: Sequence[str]) -> str:
+    """One training step (finite losses, the ``must_update`` parameters changed), then one
+    inference step with predictions on the model's device."""
     model.train()
     before = {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
     losses = model.train_step(data, optim_wrapper)
     bad = {k: float(v) for k, v in losses.items() if not torch.isfinite(v).all()}
-    assert not bad, f'{config}: non-finite losses {bad}'
+    assert not bad, f'{name}: non-finite losses {bad}'
     changed = [k for k, v in model.named_parameters() if k in before
                and not torch.equal(v.detach(), before[k])]
-    assert any(k.startswith('backbone.') for k in changed), f'{config}: backbone not updated'
+    for key in must_update:
+        assert any(key in k for k in changed), f'{name}: no {key!r} parameter updated'
     model.eval()
     with torch.no_grad():
         results = model.test_step(data)
+    device = next(model.parameters()).device
     assert len(results) == DET_BATCH and all(
-        r.pred_instances.bboxes.is_cuda for r in results), f'{config}: no CUDA predictions'
+        r.pred_instances.bboxes.device == device for r in results), f'{name}: no predictions'
     total = sum(float(v) for k, v in losses.items() if 'loss' in k)
     return (f'loss {total:.3f} finite, {len(changed)}/{len(before)} params updated, '
             f'{sum(len(r.pred_instances) for r in results)} boxes predicted')
 
 
-def check_ops(device: str) -> str:
-    """mmcv's CUDA NMS keeps exactly what torchvision's does; RoIAlign matches mmcv's CPU."""
-    import torchvision
-    from mmcv.ops import get_compiling_cuda_version, nms, roi_align
-
-    xy = torch.rand(NMS_BOXES, 2, device=device) * 500
-    boxes = torch.cat([xy, xy + torch.rand(NMS_BOXES, 2, device=device) * 100 + 1], 1)
-    scores = torch.rand(NMS_BOXES, device=device)
-    _, keep = nms(boxes, scores, NMS_IOU)
-    ref = torchvision.ops.nms(boxes, scores, NMS_IOU)
-    assert torch.equal(keep.sort().values, ref.sort().values), 'mmcv CUDA nms != torchvision'
-    feats = torch.randn(2, 16, 50, 76)
-    rois = torch.tensor([[0, 10., 10, 200, 300], [1, 0, 0, 500, 400], [1, 33, 40, 90, 95]])
-    cpu = roi_align(feats, rois, (7, 7), 1 / 8, 2, 'avg', True)
-    gpu = roi_align(feats.to(device), rois.to(device), (7, 7), 1 / 8, 2, 'avg', True)
-    err = _rel(gpu.cpu(), cpu)
-    assert err <= PARITY_TOL, f'RoIAlign CUDA vs CPU {err:.1e}'
-    return (f'mmcv CUDA {get_compiling_cuda_version()}: nms keeps {len(keep)} = torchvision; '
-            f'roi_align vs CPU {err:.1e}')
+def check_detector(config: str, device: str) -> str:
+    """One bf16 (AMP) training step at 800x1216, batch 2, then one inference step (NMS and,
+    for Mask R-CNN, RoIAlign on the device)."""
+    from vitdet_plugin.datasets import load_config
+    cfg = load_config(str(ROOT / config))
+    cfg.model.backbone.init_cfg = None  # no weights on the machine: random init
+    model = _build(cfg.model, device)
+    with_mask = 'roi_head' in cfg.model and 'mask_head' in cfg.model.roi_head
+    data = _demo_data(cfg.model, DET_SIZE, with_mask)
+    return _train_and_infer(config, model, _optim_wrapper(model, cfg.optim_wrapper, True),
+                            data, ['backbone.'])
 
 
-def run_checks(device: str = 'cuda') -> List[Result]:
-    import vitdet_plugin  # noqa: F401  (registers our modules, checks mmcv ops)
+def dino_model_cfg() -> Tuple[Any, Any]:
+    """configs/swin_dino.py's model (shrunk) and optimizer wrapper."""
+    from vitdet_plugin.datasets import load_config
+    cfg = load_config(str(ROOT / DINO_CONFIG))
+    m = copy.deepcopy(cfg.model)
+    m.backbone.arch = dict(DINO_SWIN)
+    m.backbone.init_cfg = None
+    embed = int(cast(int, DINO_SWIN['embed_dims']))
+    m.neck.in_channels = [embed * 2 ** i for i in m.backbone.out_indices]
+    m.encoder.num_layers = m.decoder.num_layers = DINO_LAYERS
+    m.num_queries = DINO_QUERIES
+    m.dn_cfg.group_cfg.num_dn_queries = DINO_DN_QUERIES
+    return m, cfg.optim_wrapper
+
+
+def check_dino(device: str, amp: bool) -> str:
+    """A training step of the shrunk DINO (fp32, or bf16 AMP) and an inference step; the
+    deformable attention must call the backend's ``ms_deform_attn_forward`` / ``_backward``
+    (the CUDA path of ``MultiScaleDeformableAttention``), not the pure-PyTorch fallback."""
+    import mmcv.ops.multi_scale_deform_attn as msda
+    model_cfg, optim_cfg = dino_model_cfg()
+    model = _build(model_cfg, device)
+    data = _demo_data(model_cfg, DINO_SIZE, with_mask=False)
+    ext = msda.ext_module
+    with mock.patch.object(ext, 'ms_deform_attn_forward',
+                           wraps=ext.ms_deform_attn_forward) as fwd, \
+            mock.patch.object(ext, 'ms_deform_attn_backward',
+                              wraps=ext.ms_deform_attn_backward) as bwd:
+        text = _train_and_infer(f'{DINO_CONFIG} {"bf16" if amp else "fp32"}', model,
+                                _optim_wrapper(model, optim_cfg, amp), data, DINO_UPDATED)
+    assert fwd.call_count and bwd.call_count, (
+        f'ms_deform_attn ran {fwd.call_count} forward / {bwd.call_count} backward calls: '
+        'the deformable attention did not take the op path')
+    return f'{text}; ms_deform_attn {fwd.call_count} fwd / {bwd.call_count} bwd calls'
+
+
+def backbone_checks(device: str) -> List[Check]:
+    checks: List[Check] = []
+    for name, (build, shape) in _backbones().items():
+        checks.append((f'{name} {device} vs cpu fp32',
+                       partial(check_parity, name, build, shape, device)))
+        checks.append((f'{name} bf16 fwd+bwd', partial(check_bf16, name, build, shape, device)))
+    return checks
+
+
+def detector_checks(device: str) -> List[Check]:
+    return [(f'{Path(c).stem} bf16 train + infer', partial(check_detector, c, device))
+            for c in DET_CONFIGS]
+
+
+def dino_checks(device: str) -> List[Check]:
+    stem = Path(DINO_CONFIG).stem
+    return [(f'{stem} fp32 train + infer', partial(check_dino, device, False)),
+            (f'{stem} bf16 train + infer', partial(check_dino, device, True))]
+
+
+def group_checks(group: str, device: str) -> List[Check]:
+    """The checks of ``group``, after ``import vitdet_plugin`` (the compile-free ops in place
+    before anything imports ``mmcv.ops``), TF32 off and a fixed seed."""
+    import vitdet_plugin  # noqa: F401  (registers our modules, the compile-free ops)
+
+    from .op_checks import op_checks
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
-    checks: List[Tuple[str, Callable[[], str]]] = [('mmcv CUDA ops', lambda: check_ops(device))]
-    for name, (build, shape) in _backbones().items():
-        checks.append((f'{name} CUDA vs CPU fp32',
-                       partial(check_parity, name, build, shape, device)))
-        checks.append((f'{name} bf16 fwd+bwd', partial(check_bf16, name, build, shape, device)))
-    for config in DET_CONFIGS:
-        checks.append((f'{Path(config).stem} bf16 train + infer',
-                       partial(check_train_and_infer, config, device)))
-    results = []
-    for name, fn in checks:
-        start = time.perf_counter()
-        try:
-            detail, ok = fn(), True
-        except Exception as e:  # recorded; the other checks still run
-            traceback.print_exc()
-            detail, ok = f'{type(e).__name__}: {e}'.splitlines()[0][:300], False
-        results.append(Result(name, ok, detail, time.perf_counter() - start))
-        print(f"[gpu_check] {'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
-    return results
+    groups: Dict[str, Callable[[str], List[Check]]] = {
+        'ops': op_checks, 'backbones': backbone_checks, 'detectors': detector_checks,
+        'dino': dino_checks}
+    return groups[group](device)
 
 
-def results_json(results: Sequence[Result]) -> List[dict]:
-    return [asdict(r) for r in results]
+def main(group: str, device: str, results: Path, out: Optional[Path]) -> int:
+    """Run ``group``'s checks; its part is rewritten and published after every check."""
+    part = f'{CHECKS_PREFIX}{group}'
+
+    def record(rs: Sequence[Result]) -> None:
+        write_part(results, part, results_json(rs))
+        publish(results, out)
+    try:
+        checks = group_checks(group, device)
+    except Exception as e:  # recorded, so the report says why the group has no results
+        traceback.print_exc()
+        record([Result(f'{group}: setup', False, error_line(e), 0.0)])
+        return 1
+    return 0 if all(r.ok for r in run_checks(checks, record)) else 1
