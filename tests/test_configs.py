@@ -54,7 +54,8 @@ def _shrink(model_cfg):
     from mmdet.registry import MODELS
 
     bb = model_cfg.backbone
-    full = MODELS.build(dict(copy.deepcopy(bb), init_cfg=None))
+    with torch.device('meta'):  # only its contract is read: no weights to allocate or init
+        full = MODELS.build(dict(copy.deepcopy(bb), init_cfg=None))
     old = getattr(full, 'out_channels', None)
     tiny = TINY_BACKBONE.get(bb.type)
     bb.update(tiny(full) if tiny else dict(init_cfg=None))
