@@ -11,6 +11,16 @@ torch.manual_seed(0)
 
 
 @pytest.fixture(autouse=True)
+def _restore_num_threads():
+    """A test that sets ``torch.set_num_threads(1)`` (bitwise-reproducible runs) leaves the
+    thread count as it found it: every later test would otherwise run on one core, slower, and
+    with another summation order than when run on its own."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
     yield

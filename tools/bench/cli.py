@@ -8,6 +8,7 @@ Same config, same weights, the models interleaved on every repeat; results as ra
     python tools/benchmark.py --model swinv2        # Swin V2-T vs timm swinv2_tiny_window8_256
     python tools/benchmark.py --device cuda         # GPU: 800x1216 batch 2, fp32 and bf16
     python tools/benchmark.py --model vit --device cuda --json vit.json
+    python tools/benchmark.py --model ops           # compile-free mmcv ops vs compiled mmcv
 
 Swin: ours vs mmdet's ``SwinTransformer`` and timm's swin. ViT: ours vs timm's samvit (its
 features before the neck). Every option applies to both models.
@@ -43,6 +44,7 @@ from .plan import (CLOCKS, DEFAULT_ARCH, DTYPES, MODELS, DevicePlan, check_repea
                    make_timer, parse_size, plan_for)
 from .compiled import (compile_row_specs, format_compiled_row, measure_compiled_row,
                        resolve_compile)
+from .ops import run_ops
 from .rows import (Row, RowSettings, RowSpec, format_row, measure_row, pool_rows,
                    run_row_in_child, with_cp_line)
 
@@ -185,6 +187,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Row]:
     # mmdet's SwinTransformer(with_cp=True) calls checkpoint() without use_reentrant
     warnings.filterwarnings('ignore', message='torch.utils.checkpoint: the use_reentrant')
     torch.manual_seed(0)
+    if args.model == 'ops':  # tools/bench/ops.py: its own rows, in this process
+        return run_ops(args)
     if args.row is not None:  # child process: one row, as JSON on the last stdout line
         print(json.dumps(measure_of(args)(settings_of(args), RowSpec.parse(args.row))),
               flush=True)

@@ -12,10 +12,12 @@ import torch
 
 Size = Tuple[int, int]
 
-#: Models the benchmark compares (ours against each reference).
-MODELS = ('swin', 'swinv2', 'vit')
+#: Models the benchmark compares (ours against each reference); ``ops``: the compile-free mmcv
+#: ops against compiled mmcv (``tools/bench/ops.py``).
+MODELS = ('swin', 'swinv2', 'vit', 'ops')
 #: Default ``--arch`` per model.
-DEFAULT_ARCH: Dict[str, str] = {'swin': 'tiny', 'swinv2': 'tiny', 'vit': 'base'}
+DEFAULT_ARCH: Dict[str, str] = {'swin': 'tiny', 'swinv2': 'tiny', 'vit': 'base',
+                                'ops': 'mmcv'}
 #: Compute precisions: fp32, or the forward (and backward) under bf16 autocast.
 DTYPES = ('fp32', 'bf16')
 #: Timing clocks: wall time, or process CPU time (all threads; CPU only).

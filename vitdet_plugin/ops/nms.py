@@ -6,12 +6,13 @@
   torchvision has no kernel for on the device (float16 on the CPU, bfloat16 everywhere) are
   compared in float32, which is also how mmcv rounds (its kernels take float32 only).
 * ``softnms`` and ``nms_match``: sequential by definition and CPU-only in mmcv (its wrappers move
-  the boxes to the CPU), here one vectorised step per kept box, in float32 as mmcv computes.
+  the boxes to the CPU), here one vectorised NumPy step per kept box, in float32 as mmcv computes.
   Where two remaining boxes have exactly the same score, mmcv's in-place swaps may pick them in
   another order than the stable order used here; the kept set and the scores are the same.
 """
 from typing import List
 
+import numpy as np
 import torch
 import torchvision
 
@@ -58,12 +59,12 @@ def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float,
     return torchvision.ops.nms(boxes, scores.to(dtype), float(iou_threshold))
 
 
-def _iou_one_to_many(box: torch.Tensor, area: torch.Tensor, boxes: torch.Tensor,
-                     areas: torch.Tensor, offset: int) -> torch.Tensor:
+def _iou_one_to_many(box: np.ndarray, area: np.floating, boxes: np.ndarray, areas: np.ndarray,
+                     offset: int) -> np.ndarray:
     """IoU of one (4,) box with (M, 4) boxes, mmcv's arithmetic (widths ``+ offset``)."""
-    lt = torch.maximum(box[:2], boxes[:, :2])                       # (M, 2)
-    rb = torch.minimum(box[2:], boxes[:, 2:])                       # (M, 2)
-    wh = (rb - lt + offset).clamp(min=0)                            # (M, 2)
+    lt = np.maximum(box[:2], boxes[:, :2])                          # (M, 2)
+    rb = np.minimum(box[2:], boxes[:, 2:])                          # (M, 2)
+    wh = np.maximum(rb - lt + offset, 0)                            # (M, 2)
     inter = wh[:, 0] * wh[:, 1]
     return inter / (area + areas - inter)
 
@@ -71,7 +72,11 @@ def _iou_one_to_many(box: torch.Tensor, area: torch.Tensor, boxes: torch.Tensor,
 def softnms(boxes: torch.Tensor, scores: torch.Tensor, dets: torch.Tensor, iou_threshold: float,
             sigma: float, min_score: float, method: int, offset: int) -> torch.Tensor:
     """Soft-NMS (``mmcv._ext.softnms``): fills ``dets[:n]`` with the kept boxes and their
-    decayed scores in selection order and returns their indices (n,)."""
+    decayed scores in selection order and returns their indices (n,).
+
+    One box is kept per step, so this is a loop; on NumPy arrays, in float32 as mmcv computes
+    (mmcv's wrapper hands the boxes over on the CPU; a step of small torch ops costs ~30x more).
+    """
     op = 'softnms'
     _check_boxes_scores(op, boxes, scores)
     check_tensor(op, 'dets', dets, shape=(boxes.size(0), DET_COLUMNS),
@@ -82,45 +87,48 @@ def softnms(boxes: torch.Tensor, scores: torch.Tensor, dets: torch.Tensor, iou_t
                            f'{method!r}')
     if boxes.numel() == 0:
         return torch.empty(0, dtype=torch.long, device=boxes.device)
-    box = boxes.float()
-    score = scores.float().clone()
+    box = boxes.detach().float().cpu().numpy()
+    score = scores.detach().float().cpu().numpy().copy()
     area = (box[:, 2] - box[:, 0] + offset) * (box[:, 3] - box[:, 1] + offset)
-    index = torch.arange(box.size(0), device=box.device)
-    kept: List[torch.Tensor] = []
-    rows: List[torch.Tensor] = []
-    while index.numel():
-        best = int(torch.argmax(score))  # first of equal maxima, as mmcv's scan
-        kept.append(index[best])
-        rows.append(torch.cat([box[best], score[best:best + 1]]))
-        rest = torch.ones_like(score, dtype=torch.bool)
-        rest[best] = False
+    index = np.arange(box.shape[0])
+    rows = np.empty((box.shape[0], DET_COLUMNS), dtype=np.float32)
+    kept = np.empty(box.shape[0], dtype=np.int64)
+    count = 0
+    while index.size:
+        best = int(np.argmax(score))  # first of equal maxima, as mmcv's scan
+        kept[count] = index[best]
+        rows[count, :4], rows[count, 4] = box[best], score[best]
+        count += 1
+        rest = np.arange(index.size) != best
         ovr = _iou_one_to_many(box[best], area[best], box[rest], area[rest], offset)
         if method == SOFTNMS_NAIVE:
-            weight = torch.where(ovr >= iou_threshold, 0.0, 1.0)
+            weight = np.where(ovr >= iou_threshold, 0.0, 1.0)
         elif method == SOFTNMS_LINEAR:
-            weight = torch.where(ovr >= iou_threshold, 1 - ovr, 1.0)
+            weight = np.where(ovr >= iou_threshold, 1 - ovr, 1.0)
         else:
-            weight = torch.exp(-(ovr * ovr) / sigma)
+            weight = np.exp(-(ovr * ovr) / sigma)
         box, area, index = box[rest], area[rest], index[rest]
-        score = score[rest] * weight
+        score = (score[rest] * weight).astype(np.float32)
         alive = score >= min_score
         box, area, index, score = box[alive], area[alive], index[alive], score[alive]
-    dets[:len(rows)] = torch.stack(rows).to(dets.dtype)
-    return torch.stack(kept)
+    dets[:count] = torch.from_numpy(rows[:count]).to(dets)
+    return torch.from_numpy(kept[:count]).to(boxes.device)
 
 
 def nms_match(dets: torch.Tensor, iou_threshold: float) -> List[List[int]]:
     """Groups of box indices (``mmcv._ext.nms_match``): each kept box, by decreasing score,
-    followed by the boxes it suppresses (IoU >= threshold), in score order."""
+    followed by the boxes it suppresses (IoU >= threshold), in score order. A loop over the kept
+    boxes, on NumPy arrays as :func:`softnms` (mmcv's wrapper passes CPU boxes)."""
     op = 'nms_match'
     check_tensor(op, 'dets', dets, shape=(None, DET_COLUMNS),
                  what='(N, 5) = (x1, y1, x2, y2, score)')
     if dets.size(0) == 0:
         return []
-    box = dets[:, :4].float()
+    values = dets.detach().float().cpu().numpy()
+    box = values[:, :4]
     area = (box[:, 2] - box[:, 0]) * (box[:, 3] - box[:, 1])
-    order = torch.argsort(dets[:, 4].float(), descending=True, stable=True)
-    suppressed = torch.zeros(dets.size(0), dtype=torch.bool, device=dets.device)
+    order = np.argsort(-values[:, 4], kind='stable')
+    suppressed = np.zeros(values.shape[0], dtype=bool)
     groups: List[List[int]] = []
     for position, i in enumerate(order.tolist()):
         if suppressed[i]:
