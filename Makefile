@@ -13,8 +13,10 @@ lint: env       ## ruff (package, tools, tests, configs) + mypy (package, tools)
 	$(PY) -m ruff check vitdet_plugin tools tests configs
 	$(PY) -m mypy vitdet_plugin tools
 
+# the default suite runs in TEST_JOBS processes (pytest-xdist), a test file per process at a time
+TEST_JOBS ?= 2
 test: env       ## the default (fast) test suite
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 test-all: env   ## every test, slow ones included
 	$(PY) -m pytest -q -m "slow or not slow"
