@@ -1,5 +1,8 @@
 """Small helpers shared by the test modules."""
-from typing import Sequence
+import os
+import sysconfig
+from pathlib import Path
+from typing import Dict, Sequence
 
 import torch
 from torch import Tensor
@@ -29,3 +32,17 @@ def randomize_(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
             else:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.05)
     return module
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def subprocess_env(no_site: bool, **extra: str) -> Dict[str, str]:
+    """The environment of a fresh interpreter of this venv, VITDET_MMCV_OPS and PYTHONPATH
+    unset. ``no_site``: for ``python -S``, site-packages and the checkout on PYTHONPATH, so no
+    .pth file (the compile-free ops' hook) runs."""
+    env = {k: v for k, v in os.environ.items() if k not in ('VITDET_MMCV_OPS', 'PYTHONPATH')}
+    if no_site:
+        env['PYTHONPATH'] = os.pathsep.join([sysconfig.get_paths()['purelib'], str(ROOT)])
+    env.update(extra)
+    return env

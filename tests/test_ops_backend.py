@@ -3,7 +3,6 @@
 ``auto``, and the error of an op the backend lacks. Each case in a fresh interpreter."""
 import importlib.metadata as md
 import json
-import os
 import re
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import vitdet_plugin  # noqa: F401
+from helpers import subprocess_env
 from vitdet_plugin.ops import COMPILED_FIX, IMPLEMENTED, MissingCompiledOpError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,11 +24,9 @@ OURS = 'vitdet_plugin.ops'
 def _python(code: str, *, no_site: bool = False) -> subprocess.CompletedProcess:
     """Run ``code`` in a new interpreter of this venv (VITDET_MMCV_OPS unset). ``no_site``:
     ``python -S`` with site-packages and the checkout on PYTHONPATH, so no .pth file runs."""
-    env = {k: v for k, v in os.environ.items() if k not in ('VITDET_MMCV_OPS', 'PYTHONPATH')}
-    if no_site:
-        env['PYTHONPATH'] = os.pathsep.join([SITE, str(ROOT)])
     cmd = [sys.executable] + (['-S'] if no_site else []) + ['-c', textwrap.dedent(code)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                          env=subprocess_env(no_site))
 
 
 REPORT = textwrap.dedent('''

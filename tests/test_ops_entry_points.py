@@ -7,19 +7,17 @@ which import ``mmcv.ops`` before anything of ours, through the hook. The detecto
 Mask R-CNN demo: RPN ``batched_nms`` and ``RoIAlign`` run in training and inference (mmcv-lite
 has no other way to run them)."""
 import json
-import os
 import subprocess
 import sys
-import sysconfig
 import textwrap
 from pathlib import Path
 
 import pytest
 
 import mmdet
+from helpers import subprocess_env
 
 ROOT = Path(__file__).resolve().parent.parent
-SITE = sysconfig.get_paths()['purelib']
 CONFIG = ROOT / 'configs' / 'demo' / 'swin_mask_rcnn_shapes.py'
 MMDET_TRAIN = Path(mmdet.__file__).parent / '.mim' / 'tools' / 'train.py'
 OURS = 'vitdet_plugin.ops'
@@ -34,18 +32,10 @@ def shapes(tmp_path_factory) -> str:
     return str(root) + '/'
 
 
-def _env(no_site: bool) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ('VITDET_MMCV_OPS', 'PYTHONPATH')}
-    env['OMP_NUM_THREADS'] = '1'
-    if no_site:  # python -S: no .pth file runs; site-packages and the checkout by PYTHONPATH
-        env['PYTHONPATH'] = os.pathsep.join([SITE, str(ROOT)])
-    return env
-
-
 def _run(args, cwd: Path, no_site: bool = False) -> str:
     cmd = [sys.executable] + (['-S'] if no_site else []) + [str(a) for a in args]
-    proc = subprocess.run(cmd, cwd=cwd, env=_env(no_site), capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(cmd, cwd=cwd, env=subprocess_env(no_site, OMP_NUM_THREADS='1'),
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr
 

@@ -6,12 +6,12 @@ import os
 import os.path as osp
 import subprocess
 import sys
-import sysconfig
 
 import pytest
 import torch
 
 import vitdet_plugin  # noqa: F401
+from helpers import subprocess_env
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = osp.join(ROOT, 'configs/demo/swin_retinanet_shapes.py')
@@ -128,12 +128,7 @@ def _run(args, cwd):
     """``python -S``: site-packages by PYTHONPATH, so no .pth file runs and the tools' own
     ``import vitdet_plugin`` is what puts the compile-free mmcv ops (NMS at validation and test
     time) in place (tests/test_ops_entry_points.py covers the other entry points)."""
-    site = sysconfig.get_paths()['purelib']
-    env = {k: v for k, v in os.environ.items() if k != 'VITDET_MMCV_OPS'}
-    env.update(PYTHONPATH=os.pathsep.join([ROOT, site] + ([os.environ['PYTHONPATH']]
-                                                             if 'PYTHONPATH' in os.environ
-                                                             else [])),
-               OMP_NUM_THREADS='1')
+    env = subprocess_env(True, OMP_NUM_THREADS='1')
     proc = subprocess.run([sys.executable, '-S'] + args, cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
