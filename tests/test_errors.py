@@ -88,6 +88,26 @@ def test_swin_bad_arguments(kw, exc, match):
         _swin(**kw)
 
 
+# mmdet's own tests/test_models/test_backbones/test_swin.py expects these exception types of
+# its SwinTransformer (TypeError, and AssertionError from its asserts); ours raise the same types
+# with messages that name the argument and the fix
+@pytest.mark.parametrize('kw, exc, message', [
+    (dict(pretrained=123), TypeError,
+     "pretrained must be a checkpoint path or URL (str) or None, got 123 (int); or give "
+     "init_cfg=dict(type='Pretrained', checkpoint=PATH)"),
+    (dict(pretrain_img_size=(224, 224, 224)), AssertionError,
+     'pretrain_img_size must be an int or a pair of ints (h, w), got (224, 224, 224) (tuple)'),
+    (dict(strides=(2, 2, 2, 2), patch_size=4), AssertionError,
+     'strides=(2, 2, 2, 2) is not supported: Swin uses the patch size then 2x patch merging, '
+     'i.e. (4, 2, 2, 2)'),
+])
+def test_mmdet_peer_cases_raise_mmdet_exception_types(kw, exc, message):
+    with pytest.raises(exc) as e:
+        SwinBackbone(**kw)  # the default (tiny) arch, as mmdet's test builds it
+    assert str(e.value) == message
+    assert isinstance(e.value, (TypeError, ValueError))  # and the Python-idiomatic type
+
+
 # ----------------------------------------------------------------------------- ViT arguments
 VIT = dict(arch=dict(embed_dims=32, depth=2, num_heads=2), img_size=32, patch_size=8,
            window_size=2, pretrain_img_size=32)

@@ -40,6 +40,10 @@ def init_cfg_from_pretrained(pretrained: Optional[str], init_cfg: Any) -> Any:
     """mmdet's deprecated ``pretrained=PATH`` as an ``init_cfg``."""
     if pretrained is None:
         return init_cfg
+    if not isinstance(pretrained, str):
+        raise TypeError(f'pretrained must be a checkpoint path or URL (str) or None, got '
+                        f'{pretrained!r} ({type(pretrained).__name__}); or give '
+                        "init_cfg=dict(type='Pretrained', checkpoint=PATH)")
     if init_cfg is not None:
         raise ValueError('give either pretrained or init_cfg, not both')
     return dict(type='Pretrained', checkpoint=pretrained)

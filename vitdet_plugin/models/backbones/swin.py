@@ -33,6 +33,7 @@ from ..accel import (check_accel, padding_free_window_attention, plan_for_tensor
 from ..layers import (ConvStem, DropPath, Mlp, PatchEmbed, PatchMerging, WindowAttention,
                       check_flags, check_rates, int_tuple, linear_drop_path_rates, positive_int,
                       positive_number, to_2tuple)
+from ..layers.arguments import ArgumentError
 from .archs import SWIN_ARCHS, SwinArch  # noqa: F401  (SWIN_ARCHS: re-exported)
 from .base import (TRUNC_NORMAL_STD, BackboneContract, init_cfg_from_pretrained,
                    init_transformer_weights_, pretrained_init_cfg, run_blocks)
@@ -230,8 +231,8 @@ class SwinBackbone(BackboneContract, BaseModule):
             raise ValueError(f'window_size must be positive, got {window_size!r}')
         expected_strides = (patch_size,) + (2,) * (num_stages - 1)
         if strides is not None and tuple(strides) != expected_strides:
-            raise ValueError(f'strides={tuple(strides)} is not supported: Swin uses the patch '
-                             f'size then 2x patch merging, i.e. {expected_strides}')
+            raise ArgumentError(f'strides={tuple(strides)} is not supported: Swin uses the '
+                                f'patch size then 2x patch merging, i.e. {expected_strides}')
         out_indices = int_tuple(out_indices, 'out_indices')
         if not out_indices or any(not 0 <= i < num_stages for i in out_indices):
             raise ValueError(f'out_indices={out_indices} must be a non-empty subset of stage '
@@ -265,9 +266,9 @@ class SwinBackbone(BackboneContract, BaseModule):
         self.patch_embed = PatchEmbed(patch_size, in_channels, self.embed_dims, patch_norm_layer,
                                       stem=stem)
         self.use_abs_pos_embed = use_abs_pos_embed
+        pretrain_hw = to_2tuple(pretrain_img_size, 'pretrain_img_size')  # checked either way
         if use_abs_pos_embed:
-            grid = tuple(s // patch_size for s in to_2tuple(pretrain_img_size,
-                                                            'pretrain_img_size'))
+            grid = tuple(s // patch_size for s in pretrain_hw)
             self.absolute_pos_embed = nn.Parameter(torch.zeros(1, self.embed_dims, *grid))
         self.drop_after_pos = nn.Dropout(drop_rate) if drop_rate > 0 else nn.Identity()
 

@@ -7,6 +7,14 @@ import numbers
 from typing import Tuple
 
 
+class ArgumentError(ValueError, AssertionError):
+    """A constructor argument of the wrong value or form.
+
+    A ``ValueError``, and also an ``AssertionError``: mmdet checks these arguments with
+    ``assert``, so code written against mmdet's backbones (its own test suite's
+    ``pytest.raises(AssertionError)``) catches ours the same way."""
+
+
 def _is_int(v) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
@@ -18,7 +26,7 @@ def to_2tuple(value, name: str = 'value') -> Tuple[int, int]:
         return (int(value), int(value))
     if isinstance(value, (tuple, list)) and len(value) == 2 and all(map(_is_int, value)):
         return (int(value[0]), int(value[1]))
-    raise ValueError(f'{name} must be an int or a pair of ints (h, w), got {value!r} '
+    raise ArgumentError(f'{name} must be an int or a pair of ints (h, w), got {value!r} '
                      f'({type(value).__name__})')
 
 
@@ -26,7 +34,7 @@ def int_arg(value, name: str = 'value') -> int:
     """``value`` as an int; floats, strings or bools (which ``int()`` would silently truncate
     or parse) raise a ``ValueError`` naming what was given."""
     if not _is_int(value):
-        raise ValueError(f'{name} must be an int, got {value!r} ({type(value).__name__})')
+        raise ArgumentError(f'{name} must be an int, got {value!r} ({type(value).__name__})')
     return int(value)
 
 
@@ -34,7 +42,7 @@ def positive_int(value, name: str = 'value', detail: str = '') -> int:
     """``value`` as an int > 0; anything else raises a ``ValueError`` naming ``name`` (with
     ``detail``, e.g. what the argument means, after "a positive int")."""
     if not _is_int(value) or value <= 0:
-        raise ValueError(f'{name} must be a positive int{detail}, got {value!r}')
+        raise ArgumentError(f'{name} must be a positive int{detail}, got {value!r}')
     return int(value)
 
 
@@ -44,11 +52,11 @@ def int_tuple(values, name: str = 'value') -> Tuple[int, ...]:
     if _is_int(values):
         return (int(values), )
     if isinstance(values, (str, bytes)) or not hasattr(values, '__iter__'):
-        raise ValueError(f'{name} must be an int or a sequence of ints, got {values!r}')
+        raise ArgumentError(f'{name} must be an int or a sequence of ints, got {values!r}')
     values = tuple(values)
     bad = [v for v in values if not _is_int(v)]
     if bad:
-        raise ValueError(f'{name}={values!r} must hold ints only, not {bad!r}')
+        raise ArgumentError(f'{name}={values!r} must hold ints only, not {bad!r}')
     return tuple(int(v) for v in values)
 
 
@@ -62,7 +70,7 @@ def check_flag(value, name: str) -> bool:
 def positive_number(value, name: str) -> float:
     """``value`` as a float > 0 (bools and strings refused), else a ``ValueError``."""
     if not isinstance(value, numbers.Real) or isinstance(value, bool) or not float(value) > 0:
-        raise ValueError(f'{name} must be positive, got {value!r}')
+        raise ArgumentError(f'{name} must be positive, got {value!r}')
     return float(value)
 
 
@@ -83,5 +91,5 @@ def check_rate(value, name: str) -> float:
     ``ValueError`` naming the argument."""
     if not isinstance(value, numbers.Real) or isinstance(value, bool) \
             or not 0.0 <= float(value) < 1.0:
-        raise ValueError(f'{name} must be a number in [0, 1), got {value!r}')
+        raise ArgumentError(f'{name} must be a number in [0, 1), got {value!r}')
     return float(value)
