@@ -220,7 +220,7 @@ def test_test_tool_prepares_cpu_distributed(monkeypatch, tmp_path):
         seen.append(cfg.launcher)
         raise SystemExit('stopped before the Runner')
 
-    monkeypatch.setattr(tool, 'check_data', lambda *a, **k: None)
+    monkeypatch.setattr(tool, 'preflight', lambda *a, **k: [])
     monkeypatch.setattr(tool, 'prepare_cpu_distributed', stop)
     (tmp_path / 'ckpt.pth').write_bytes(b'')  # only its existence is checked first
     with pytest.raises(SystemExit, match='stopped before the Runner'):

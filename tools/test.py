@@ -26,7 +26,9 @@ if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not 
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 import vitdet_plugin  # noqa: F401  (registers our modules, torch/mmengine resume fix)
-from vitdet_plugin.datasets import DatasetNotFoundError, check_data, load_config
+from vitdet_plugin.checks import (ConfigCheckError, DataCheckError, drop_preflight_hook,
+                                  preflight)
+from vitdet_plugin.datasets import DatasetNotFoundError, load_config
 from vitdet_plugin.engine.dist import prepare_cpu_distributed
 
 GRID_TILE = 384  # px, longest side of one tile in --grid
@@ -157,10 +159,11 @@ def main(argv=None) -> Dict[str, float]:
 
     args = parse_args(argv)
     cfg = build_cfg(args)
-    try:
-        check_data(cfg, ('test',), config_path=args.config, tool='tools/test.py')
-    except DatasetNotFoundError as e:
+    try:  # the checkpoint replaces the init weights: only the model and the data are checked
+        preflight(cfg, ('test',), config_path=args.config, tool='tools/test.py', weights=False)
+    except (DatasetNotFoundError, ConfigCheckError, DataCheckError) as e:
         sys.exit(f'error: {e}')
+    drop_preflight_hook(cfg)  # its checks just ran
     prepare_cpu_distributed(cfg)  # gloo + CPU DDP wrapper when torchrun runs without GPUs
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     if args.out is not None:

@@ -1,11 +1,16 @@
 """Train a detector with an mmengine config (mmdet's tools/train.py, plus vitdet_plugin).
 
     python tools/train.py CONFIG [--work-dir DIR] [--amp] [--auto-scale-lr]
-                          [--resume [CKPT]] [--cfg-options k=v ...] [--launcher pytorch]
+                          [--resume [CKPT]] [--seed N [--deterministic]]
+                          [--cfg-options k=v ...] [--launcher pytorch]
 
 ``vitdet_plugin`` is imported (configs work without ``custom_imports``), mmdet's default scope
 is set, ``--cfg-options data_root=DIR`` moves every dataloader and evaluator path of the config,
-and missing data is reported before anything is built. Multi-GPU: ``tools/dist_train.sh``.
+and before anything is built the config and the data are checked (``vitdet_plugin.checks``:
+missing files, backbone / neck / head mismatches, class counts, bad annotations, one summary
+line per dataset). ``--seed N`` makes a run repeatable: the same command on the same machine
+gives the same weights (deterministic algorithms on CPU; on CUDA with ``--deterministic``).
+Multi-GPU: ``tools/dist_train.sh``.
 """
 import argparse
 import importlib.util
@@ -19,7 +24,9 @@ if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not 
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 import vitdet_plugin  # noqa: F401  (registers our modules, torch/mmengine resume fix)
-from vitdet_plugin.datasets import DatasetNotFoundError, check_data, load_config
+from vitdet_plugin.checks import (ConfigCheckError, DataCheckError, drop_preflight_hook,
+                                  preflight)
+from vitdet_plugin.datasets import DatasetNotFoundError, load_config
 from vitdet_plugin.engine.dist import prepare_cpu_distributed
 
 
@@ -35,6 +42,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--resume', nargs='?', type=str, const='auto',
                         help='resume from this checkpoint, or (no value) from the latest '
                         'checkpoint in the work dir')
+    parser.add_argument('--seed', type=int, default=None,
+                        help='random seed of the run (python, numpy, torch, data-loader '
+                        'workers); on CPU it also turns on deterministic algorithms, so the same '
+                        'command on the same machine gives the same weights (default: the '
+                        "config's randomness.seed)")
+    parser.add_argument('--deterministic', action='store_true',
+                        help='with --seed on CUDA: deterministic algorithms and cuDNN too '
+                        '(slower; ops without a deterministic CUDA kernel raise)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config settings, key=value (e.g. data_root=/data/coco/ '
                         'train_dataloader.batch_size=4); list values as key="[a,b]"')
@@ -42,6 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         default='none', help='job launcher')
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = parser.parse_args(argv)
+    if args.deterministic and args.seed is None:
+        parser.error('--deterministic needs --seed N')
     if 'LOCAL_RANK' not in os.environ:
         os.environ['LOCAL_RANK'] = str(args.local_rank)
     return args
@@ -72,6 +89,12 @@ def build_cfg(args: argparse.Namespace):
                              f'base_batch_size=N) in {args.config}')
         cfg.auto_scale_lr.enable = True
 
+    if args.seed is not None:
+        # deterministic on CPU costs nothing measurable; on CUDA it is opt-in
+        deterministic = args.deterministic or not torch.cuda.is_available()
+        cfg.randomness = dict(cfg.get('randomness') or {}, seed=args.seed,
+                              deterministic=deterministic)
+
     if args.resume == 'auto':
         cfg.resume = True
         cfg.load_from = None
@@ -91,9 +114,10 @@ def main(argv=None) -> None:
     cfg = build_cfg(args)
     stages = ('train', 'val') if cfg.get('val_cfg') and cfg.get('val_dataloader') else ('train',)
     try:
-        check_data(cfg, stages, config_path=args.config, tool='tools/train.py')
-    except DatasetNotFoundError as e:
+        preflight(cfg, stages, config_path=args.config, tool='tools/train.py')
+    except (DatasetNotFoundError, ConfigCheckError, DataCheckError) as e:
         sys.exit(f'error: {e}')
+    drop_preflight_hook(cfg)  # its checks just ran
     prepare_cpu_distributed(cfg)  # gloo + CPU DDP wrapper when torchrun runs without GPUs
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     runner.train()

@@ -10,8 +10,15 @@ default_hooks = dict(
     sampler_seed=dict(type='DistSamplerSeedHook'),
     visualization=dict(type='DetVisualizationHook'))
 
-# exact resume (RNG states in checkpoints) and NaN/Inf detection in backbone/neck/losses
-custom_hooks = [dict(type='RNGStateHook'), dict(type='NonFiniteCheckHook')]
+# exact resume (RNG states in checkpoints), NaN/Inf detection in backbone/neck/losses and the
+# config / data checks before the first iteration (vitdet_plugin.checks; our tools/train.py
+# runs them before building anything and drops this hook, mmdet's own tools run it)
+custom_hooks = [dict(type='RNGStateHook'), dict(type='NonFiniteCheckHook'),
+                dict(type='PreflightCheckHook')]
+
+# no seed: mmengine draws one and logs it. A repeatable run: tools/train.py --seed N (which also
+# turns on deterministic algorithms on CPU), or set seed / deterministic here
+randomness = dict(seed=None, deterministic=False)
 
 env_cfg = dict(
     cudnn_benchmark=False,

@@ -46,6 +46,19 @@ TMP_SUFFIX = '.tmp'
 LAST_CHECKPOINT_FILE = 'last_checkpoint'
 
 
+class CheckpointSaveError(OSError):
+    """Writing a checkpoint failed (full disk, quota, file size limit, permissions); the
+    previous checkpoint and ``last_checkpoint`` are untouched."""
+
+
+def _save_failed_message(path: str, error: OSError, previous: Optional[str]) -> str:
+    kept = (f'the previous checkpoint {previous} is complete and last_checkpoint still points '
+            'at it' if previous else 'no earlier checkpoint of this run exists')
+    return (f'saving checkpoint {path} failed: {type(error).__name__}: {error}; nothing was '
+            f'written over older files ({kept}). Free disk space (or raise the quota / file '
+            'size limit) and continue with tools/train.py CONFIG --resume')
+
+
 def _fsync_file(path: str) -> None:
     with open(path, 'rb+') as f:
         os.fsync(f.fileno())
@@ -136,7 +149,7 @@ class AtomicCheckpointHook(CheckpointHook):
                 by_epoch=self.by_epoch,
                 backend_args=self.backend_args,
                 **self.args)
-        except BaseException:
+        except BaseException as e:
             if is_main_process():
                 remove_if_exists(tmp_path)  # never leave a partial file behind
             self.last_ckpt = saved_last  # nothing was saved: the state before it stands
@@ -147,6 +160,10 @@ class AtomicCheckpointHook(CheckpointHook):
                     hub.update_info(key, saved_info[key])
                 else:
                     hub.pop_info(key)
+            if isinstance(e, OSError) and not isinstance(e, CheckpointSaveError):
+                error = CheckpointSaveError(_save_failed_message(final_path, e, saved_last))
+                error.errno = e.errno
+                raise error from e
             raise
 
         # From here on the new checkpoint is complete; publish it, then retire old ones.

@@ -1,0 +1,366 @@
+"""Config checks that run before the first iteration: the model's pieces against each other
+and against the dataset, and the files the config names.
+
+The errors a changed config otherwise produces at the first forward (``Given groups=1, weight of
+size [256, 192, 1, 1], expected input[1, 256, 28, 28] to have 192 channels``), hours into
+training (a wrong ``num_classes`` at the first evaluation) or never (anchors at the wrong
+strides) are found here from the config alone. The backbone is built on the ``meta`` device
+(no weights are allocated): our backbones declare their outputs (``out_channels`` /
+``out_strides``, the contract); any other backbone, and the neck, are run on meta tensors of
+:data:`PROBE_SIZE` to read channels and strides. Every problem is one line that names the config
+key, what it holds, what the model needs and the value to set; all of a config's problems are
+reported together in one :class:`ConfigCheckError`.
+
+Checked:
+
+* ``model.neck.in_channels`` against the backbone's output channels (which ``out_indices``
+  select), and the neck's outputs (run on meta tensors) as the heads' inputs;
+* the heads' ``in_channels``, RoI extractors' ``out_channels``, ``anchor_generator`` /
+  ``prior_generator`` strides, ``featmap_strides``, the deformable attention ``num_levels`` and
+  Mask2Former-style ``in_channels`` / ``strides`` against the maps they read;
+* every ``num_classes`` / ``num_things_classes`` / ``num_stuff_classes`` against the classes of
+  the dataset (``metainfo`` or the dataset type's own), and a ``class_weight`` list against its
+  ``num_classes`` (+1 for the no-object class);
+* ``init_cfg`` ``Pretrained`` checkpoints, ``pretrained=`` and ``load_from`` that name a local
+  file which does not exist.
+"""
+import copy
+import os
+import os.path as osp
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..datasets.checks import LOADER_KEYS, _datasets
+
+#: side of the square meta-device input the backbone / neck are probed with (divisible by every
+#: stride up to 128, so strides are exact)
+PROBE_SIZE = 512
+#: keys of a model config that hold a head fed by the neck (or by the backbone without one)
+DENSE_HEAD_KEYS = ('rpn_head', 'bbox_head')
+#: keys under which a model config keeps class counts per kind
+CLASS_COUNT_KEYS = ('num_classes', 'num_things_classes', 'num_stuff_classes')
+
+
+class ConfigCheckError(ValueError):
+    """A config whose pieces do not fit together (or name missing files); the message lists
+    every problem with the key and the value to set."""
+
+
+@dataclass(frozen=True)
+class FeatureMaps:
+    """Channels and strides of the feature maps a module outputs, in order."""
+    channels: Tuple[int, ...]
+    strides: Tuple[int, ...]
+
+    def describe(self) -> str:
+        return f'channels {list(self.channels)} at strides {list(self.strides)}'
+
+
+# ----------------------------------------------------------------------------- probing
+def _build_on_meta(cfg: dict) -> torch.nn.Module:
+    from mmdet.registry import MODELS
+    cfg = copy.deepcopy(cfg)
+    cfg.pop('init_cfg', None)  # weights are never loaded by a check
+    cfg.pop('pretrained', None)
+    with torch.device('meta'):
+        return MODELS.build(cfg)
+
+
+def _maps_of(outputs: Any, size: int) -> FeatureMaps:
+    maps = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    return FeatureMaps(tuple(int(m.shape[1]) for m in maps),
+                       tuple(size // int(m.shape[-1]) for m in maps))
+
+
+def backbone_maps(backbone_cfg: dict, in_channels: int = 3) -> FeatureMaps:
+    """The feature maps of a backbone config: its declared contract when it has one, else read
+    from a forward on meta tensors."""
+    backbone = _build_on_meta(backbone_cfg)
+    channels = getattr(backbone, 'out_channels', None)
+    strides = getattr(backbone, 'out_strides', None)
+    if channels is not None and strides is not None:
+        return FeatureMaps(tuple(int(c) for c in channels), tuple(int(s) for s in strides))
+    backbone.eval()
+    with torch.no_grad():
+        probe = torch.empty(1, in_channels, PROBE_SIZE, PROBE_SIZE, device='meta')
+        return _maps_of(backbone(probe), PROBE_SIZE)
+
+
+def neck_maps(neck_cfg: dict, inputs: FeatureMaps) -> FeatureMaps:
+    """The feature maps a neck outputs for ``inputs`` (a forward on meta tensors)."""
+    neck = _build_on_meta(neck_cfg)
+    neck.eval()
+    feats = tuple(torch.empty(1, c, PROBE_SIZE // s, PROBE_SIZE // s, device='meta')
+                  for c, s in zip(inputs.channels, inputs.strides))
+    with torch.no_grad():
+        return _maps_of(neck(feats), PROBE_SIZE)
+
+
+def _type_name(cfg: dict) -> str:
+    t = cfg.get('type')
+    return t if isinstance(t, str) else getattr(t, '__name__', repr(t))
+
+
+# ----------------------------------------------------------------------------- model structure
+def _first_neck(model: dict) -> Tuple[Optional[dict], str]:
+    neck = model.get('neck')
+    if isinstance(neck, (list, tuple)):  # a sequence of necks: the first reads the backbone
+        return (neck[0], 'model.neck.0') if neck else (None, 'model.neck')
+    return neck, 'model.neck'
+
+
+def _as_stride(value: Any) -> Any:
+    """An anchor stride as an int (mmdet allows ``s`` or ``(s, s)``); other forms unchanged."""
+    if isinstance(value, (list, tuple)) and len(value) == 2 and value[0] == value[1]:
+        return value[0]
+    return value
+
+
+def _walk(node: Any, path: str) -> Iterator[Tuple[dict, str]]:
+    """Every dict below ``node`` (itself included) with its dotted config path."""
+    if isinstance(node, dict):
+        yield node, path
+        for key, value in node.items():
+            yield from _walk(value, f'{path}.{key}')
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            yield from _walk(value, f'{path}.{i}')
+
+
+def _check_dense_inputs(model: dict, maps: FeatureMaps, source: str) -> List[str]:
+    """Heads, RoI extractors and deformable attention against the maps they read."""
+    problems = []
+    strides = [int(s) for s in maps.strides]
+    same_channels = len(set(maps.channels)) == 1
+    for key in DENSE_HEAD_KEYS:
+        head = model.get(key)
+        if not isinstance(head, dict):
+            continue
+        in_ch = head.get('in_channels')
+        if isinstance(in_ch, int) and same_channels and in_ch != maps.channels[0]:
+            problems.append(f'model.{key}.in_channels={in_ch} but {source} outputs '
+                            f'{maps.channels[0]} channels; set model.{key}.in_channels='
+                            f'{maps.channels[0]}')
+        for gen in ('anchor_generator', 'prior_generator'):
+            given = (head.get(gen) or {}).get('strides')
+            if isinstance(given, (list, tuple)) and [_as_stride(s) for s in given] != strides:
+                problems.append(f'model.{key}.{gen}.strides={list(given)} but {source} outputs '
+                                f'{len(strides)} levels at strides {strides}; set '
+                                f'model.{key}.{gen}.strides={strides}')
+    roi_head = model.get('roi_head')
+    if isinstance(roi_head, dict):
+        for name in ('bbox_roi_extractor', 'mask_roi_extractor'):
+            ext = roi_head.get(name)
+            if not isinstance(ext, dict):
+                continue
+            key = f'model.roi_head.{name}'
+            given = ext.get('featmap_strides')
+            if isinstance(given, (list, tuple)) and list(given) != strides[:len(given)]:
+                want = strides[:len(given)]
+                problems.append(f'{key}.featmap_strides={list(given)} but {source} outputs '
+                                f'strides {strides}; set {key}.featmap_strides={want}')
+            out_ch = ext.get('out_channels')
+            if isinstance(out_ch, int) and same_channels and out_ch != maps.channels[0]:
+                problems.append(f'{key}.out_channels={out_ch} but {source} outputs '
+                                f'{maps.channels[0]} channels; set {key}.out_channels='
+                                f'{maps.channels[0]}')
+    for node, path in _walk({k: v for k, v in model.items()
+                             if k in ('encoder', 'decoder', 'bbox_head')}, 'model'):
+        levels = node.get('num_levels')
+        if isinstance(levels, int) and levels != len(strides):
+            problems.append(f'{path}.num_levels={levels} but {source} outputs {len(strides)} '
+                            f'levels; set {path}.num_levels={len(strides)}')
+    head = model.get('panoptic_head')
+    if isinstance(head, dict):  # MaskFormer / Mask2Former read the maps directly
+        in_ch = head.get('in_channels')
+        if isinstance(in_ch, (list, tuple)) and list(in_ch) != list(maps.channels):
+            problems.append(f'model.panoptic_head.in_channels={list(in_ch)} but {source} '
+                            f'outputs {maps.describe()}; set model.panoptic_head.in_channels='
+                            f'{list(maps.channels)}')
+        given = head.get('strides')
+        if isinstance(given, (list, tuple)) and list(given) != strides:
+            problems.append(f'model.panoptic_head.strides={list(given)} but {source} outputs '
+                            f'strides {strides}; set model.panoptic_head.strides={strides}')
+        decoder = head.get('pixel_decoder')
+        outs = decoder.get('num_outs') if isinstance(decoder, dict) else None
+        # the deformable pixel decoder attends over its last num_outs levels
+        for node, path in _walk(decoder if isinstance(outs, int) else {},
+                                'model.panoptic_head.pixel_decoder'):
+            levels = node.get('num_levels')
+            if isinstance(levels, int) and levels != outs:
+                problems.append(f'{path}.num_levels={levels} but the pixel decoder attends over '
+                                f'num_outs={outs} levels; set {path}.num_levels={outs}')
+    return problems
+
+
+def check_model_structure(model: dict) -> List[str]:
+    """Backbone -> neck -> heads: channel, level and stride mismatches, one line each."""
+    backbone = model.get('backbone')
+    if not isinstance(backbone, dict):
+        return []
+    in_channels = int((model.get('data_preprocessor') or {}).get('in_channels', 3) or 3)
+    try:
+        maps = backbone_maps(backbone, in_channels)
+    except Exception as e:  # a backbone that does not build is reported by mmdet's own error
+        return [f'model.backbone ({_type_name(backbone)}) could not be probed: '
+                f'{type(e).__name__}: {e}']
+    source = f'the backbone ({_type_name(backbone)}: {maps.describe()})'
+    neck, neck_key = _first_neck(model)
+    if not isinstance(neck, dict):
+        return _check_dense_inputs(model, maps, source)
+    given = neck.get('in_channels')
+    if isinstance(given, (list, tuple)) and list(given) != list(maps.channels):
+        hint = ''
+        if len(given) != len(maps.channels):
+            out_idx = backbone.get('out_indices')
+            hint = (f' (model.backbone.out_indices={tuple(out_idx)!r} selects '
+                    f'{len(maps.channels)} maps, the neck lists {len(given)})'
+                    if out_idx is not None else '')
+        return [f'{neck_key}.in_channels={list(given)} does not match {source}{hint}; set '
+                f'{neck_key}.in_channels={list(maps.channels)}']
+    try:
+        out = neck_maps(neck, maps)
+    except Exception as e:
+        return [f'{neck_key} ({_type_name(neck)}) fails on {source}: {type(e).__name__}: {e}']
+    return _check_dense_inputs(model, out, f'the neck ({_type_name(neck)}: {out.describe()})')
+
+
+# ----------------------------------------------------------------------------- classes
+def dataset_classes(cfg: Any, stage: str = 'train') -> Optional[Tuple[str, Dict[str, Any]]]:
+    """``(config key, metainfo)`` of the first dataset of ``stage`` (its ``metainfo`` merged
+    over the dataset type's ``METAINFO``), or None when the config has none."""
+    from mmdet.registry import DATASETS
+    for key in LOADER_KEYS[stage]:
+        loader = cfg.get(key)
+        if not loader:
+            continue
+        for ds, path in _datasets(loader.get('dataset'), f'{key}.dataset'):
+            ds_type = ds.get('type')
+            cls = DATASETS.get(ds_type) if isinstance(ds_type, str) else ds_type
+            meta = dict(getattr(cls, 'METAINFO', None) or {})
+            meta.update(ds.get('metainfo') or {})
+            return path, meta
+    return None
+
+
+def _expected_counts(meta: Dict[str, Any]) -> Dict[str, Tuple[int, str]]:
+    """``num_*`` key -> (expected count, where it comes from)."""
+    classes = meta.get('classes')
+    things, stuff = meta.get('thing_classes'), meta.get('stuff_classes')
+    out: Dict[str, Tuple[int, str]] = {}
+    if things is not None:  # a panoptic dataset: the detection heads see the thing classes
+        out['num_classes'] = (len(things), 'thing_classes')
+        out['num_things_classes'] = (len(things), 'thing_classes')
+        out['num_stuff_classes'] = (len(stuff or ()), 'stuff_classes')
+    elif classes is not None:
+        out['num_classes'] = (len(classes), 'classes')
+        out['num_things_classes'] = (len(classes), 'classes')
+    return out
+
+
+def check_num_classes(cfg: Any, stages: Sequence[str] = ('train',)) -> List[str]:
+    """Every class count of the model (``rpn_head`` excepted) against the dataset's classes,
+    and ``class_weight`` lists against their ``num_classes`` (+1 for the no-object class)."""
+    model = cfg.get('model')
+    found = None
+    for stage in stages:
+        found = dataset_classes(cfg, stage)
+        if found:
+            break
+    if not isinstance(model, dict) or found is None:
+        return []
+    ds_key, meta = found
+    expected = _expected_counts(meta)
+    problems = []
+    for node, path in _walk({k: v for k, v in model.items() if k != 'rpn_head'}, 'model'):
+        if path.endswith(('.semantic_head', '.seg_head')):
+            continue  # semantic heads count things + stuff their own way
+        for key in CLASS_COUNT_KEYS:
+            value = node.get(key)
+            if key not in expected or not isinstance(value, int):
+                continue
+            want, source = expected[key]
+            if value != want:
+                names = list(meta.get(source) or ())
+                shown = names if len(names) <= 10 else names[:10] + ['...']
+                problems.append(f'{path}.{key}={value} but {ds_key} has {want} {source} '
+                                f'{shown}; set {path}.{key}={want}')
+        num = node.get('num_classes')
+        if not isinstance(num, int) and isinstance(node.get('num_things_classes'), int):
+            num = node['num_things_classes'] + int(node.get('num_stuff_classes') or 0)
+        weights = node.get('class_weight')
+        if isinstance(num, int) and isinstance(weights, (list, tuple)) \
+                and len(weights) not in (num, num + 1):
+            problems.append(f'{path}.class_weight has {len(weights)} entries for '
+                            f'num_classes={num}; give num_classes + 1 = {num + 1} (the last '
+                            'weighs the no-object class)')
+        for loss_key, loss in node.items():
+            cw = loss.get('class_weight') if isinstance(loss, dict) else None
+            if isinstance(num, int) and isinstance(cw, (list, tuple)) \
+                    and len(cw) not in (num, num + 1):
+                problems.append(f'{path}.{loss_key}.class_weight has {len(cw)} entries for '
+                                f'{num} classes; give {num + 1} ({num} classes + the '
+                                'no-object class)')
+    return problems
+
+
+# ----------------------------------------------------------------------------- files
+def _missing_local(path: Any) -> bool:
+    """``path`` names a local file (not a URL) that does not exist."""
+    return isinstance(path, str) and bool(path) and '://' not in path \
+        and not osp.exists(osp.expanduser(path))
+
+
+def check_checkpoint_files(cfg: Any) -> List[str]:
+    """``init_cfg`` / ``pretrained`` / ``load_from`` naming a local file that does not exist."""
+    problems = []
+    cwd = os.getcwd()
+    model = cfg.get('model')
+    for node, path in _walk(model if isinstance(model, dict) else {}, 'model'):
+        ckpt = node.get('checkpoint') if node.get('type') == 'Pretrained' else None
+        owner = path.rsplit('.init_cfg', 1)[0] if path.endswith('.init_cfg') else path
+        if _missing_local(ckpt):
+            problems.append(f'{path}.checkpoint={ckpt!r} does not exist (relative paths are read '
+                            f'from {cwd}); download the weights there, point the key at your '
+                            f'copy, or set {owner}.init_cfg=None to start from random init')
+        pre = node.get('pretrained')
+        if _missing_local(pre):
+            problems.append(f'{path}.pretrained={pre!r} does not exist (relative paths are read '
+                            f'from {cwd}); point it at your copy or set {path}.pretrained=None')
+    load_from = cfg.get('load_from')
+    if _missing_local(load_from):
+        problems.append(f'load_from={load_from!r} does not exist (relative paths are read from '
+                        f'{cwd}); point it at your checkpoint or set load_from=None')
+    return problems
+
+
+# ----------------------------------------------------------------------------- entry
+def config_problems(cfg: Any, stages: Sequence[str] = ('train',),
+                    weights: bool = True) -> List[str]:
+    """Every problem :func:`check_config` would report, one line each (``weights``: also the
+    checkpoint files training would load)."""
+    model = cfg.get('model')
+    problems = check_model_structure(model) if isinstance(model, dict) else []
+    problems += check_num_classes(cfg, stages)
+    return problems + (check_checkpoint_files(cfg) if weights else [])
+
+
+def raise_problems(problems: Sequence[str], cfg: Any, config_path: Optional[str] = None) -> None:
+    """One :class:`ConfigCheckError` listing ``problems`` (nothing when there are none)."""
+    if problems:
+        name = config_path or getattr(cfg, 'filename', None) or 'the config'
+        head = f'{name}: {len(problems)} problem{"s" if len(problems) > 1 else ""} found ' \
+               'before training'
+        raise ConfigCheckError('\n'.join([head] + [f'  {p}' for p in problems]))
+
+
+def check_config(cfg: Any, stages: Sequence[str] = ('train',),
+                 config_path: Optional[str] = None, weights: bool = True) -> None:
+    """Raise :class:`ConfigCheckError` listing every problem of ``cfg`` (see the module
+    docstring); ``stages`` pick the dataset the class counts are compared with; ``weights``
+    checks that the checkpoints training loads exist (not needed to evaluate one)."""
+    from mmengine.registry import init_default_scope
+    init_default_scope(cfg.get('default_scope') or 'mmdet')
+    raise_problems(config_problems(cfg, stages, weights), cfg, config_path)
