@@ -151,11 +151,20 @@ def test_crash_mid_save_keeps_previous_checkpoint(data_root, tmp_path, monkeypat
     torch.set_num_threads(1)
     runner = Runner(**tiny_cfg(data_root, work, max_iters=N_ITERS, ckpt_interval=K_ITERS,
                                name=f'crash-{crash}', custom_hooks=[CrashOnSecondSave()]))
-    with pytest.raises((KeyboardInterrupt, OSError), match='simulated'):
+    with pytest.raises((KeyboardInterrupt, OSError), match='simulated') as e:
         runner.train()
     monkeypatch.undo()
 
     prev = osp.join(work, f'iter_{K_ITERS}.pth')
+    if crash == 'file write':  # a full disk: reported, naming both files and what to do
+        from vitdet_plugin.engine.checkpoint import CheckpointSaveError
+        assert isinstance(e.value, CheckpointSaveError) and e.value.errno == 28
+        assert str(e.value) == (
+            f'saving checkpoint {osp.join(work, f"iter_{2 * K_ITERS}.pth")} failed: OSError: '
+            '[Errno 28] No space left on device (simulated); nothing was written over older '
+            f'files (the previous checkpoint {prev} is complete and last_checkpoint still '
+            'points at it). Free disk space (or raise the quota / file size limit) and '
+            'continue with tools/train.py CONFIG --resume')
     assert sorted(f for f in os.listdir(work) if f.endswith(('.pth', '.tmp'))) == \
         [f'iter_{K_ITERS}.pth']
     with open(osp.join(work, 'last_checkpoint')) as f:
