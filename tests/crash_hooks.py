@@ -9,6 +9,8 @@ there (imported by the configs of tests/test_crash_resume.py through ``custom_im
                    (in the ``.tmp`` file AtomicCheckpointHook renames when complete);
 * ``pointer:N``    after ``iter_N.pth`` is complete and renamed, before ``last_checkpoint`` is
                    rewritten to point at it;
+* ``sigkill:N``    not a pause: the process (only rank ``CRASH_RANK`` when that is set)
+                   SIGKILLs itself before iteration N, as the OOM killer would;
 * ``disk_full:N``  not a pause: from iteration N on, files may not grow past
                    ``CRASH_FILE_LIMIT`` bytes (``RLIMIT_FSIZE``), so the next checkpoint write
                    fails with the OS error a full disk gives.
@@ -25,6 +27,7 @@ from mmengine.registry import HOOKS
 #: longer than any test waits: the test kills the process first
 PAUSE_S = 600.0
 PAUSED_FILE = 'paused'
+KILLED_FILE = 'killed_at'
 
 
 def _pause(work_dir: str, what: str) -> None:
@@ -48,7 +51,12 @@ class CrashPointHook(Hook):
         if runner.iter + 1 != self.iteration:
             return
         work_dir = runner.work_dir
-        if self.point == 'forward':
+        if self.point == 'sigkill':
+            if os.environ.get('CRASH_RANK', str(runner.rank)) == str(runner.rank):
+                with open(osp.join(work_dir, KILLED_FILE), 'w') as f:
+                    f.write(repr(time.time()))  # when, for the test's exit-time bound
+                os.kill(os.getpid(), signal.SIGKILL)
+        elif self.point == 'forward':
             model = runner.model
 
             def pause_in_forward(module, args):

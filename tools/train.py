@@ -28,6 +28,7 @@ from vitdet_plugin.checks import (ConfigCheckError, DataCheckError, drop_preflig
                                   preflight)
 from vitdet_plugin.datasets import DatasetNotFoundError, load_config
 from vitdet_plugin.engine.dist import prepare_cpu_distributed
+from vitdet_plugin.engine.dist_faults import DistributedFaultError, train_with_fault_report
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -120,7 +121,10 @@ def main(argv=None) -> None:
     drop_preflight_hook(cfg)  # its checks just ran
     prepare_cpu_distributed(cfg)  # gloo + CPU DDP wrapper when torchrun runs without GPUs
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
-    runner.train()
+    try:  # a rank that dies is named by the others (one rank: just runner.train())
+        train_with_fault_report(runner, config_path=args.config)
+    except DistributedFaultError as e:
+        sys.exit(f'error: {e}')
 
 
 if __name__ == '__main__':

@@ -23,7 +23,9 @@ randomness = dict(seed=None, deterministic=False)
 env_cfg = dict(
     cudnn_benchmark=False,
     mp_cfg=dict(mp_start_method='fork', opencv_num_threads=0),
-    dist_cfg=dict(backend='nccl'))
+    # timeout: seconds a collective waits for the slowest rank (a hung rank is released after
+    # it; vitdet_plugin.engine.dist.DEFAULT_COLLECTIVE_TIMEOUT_S, torch's gloo default)
+    dist_cfg=dict(backend='nccl', timeout=1800))
 
 vis_backends = [dict(type='LocalVisBackend')]
 visualizer = dict(type='DetLocalVisualizer', vis_backends=vis_backends, name='visualizer')

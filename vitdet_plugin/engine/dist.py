@@ -1,14 +1,19 @@
-"""Distributed training without GPUs (DDP over gloo on CPU) with mmengine's ``Runner``.
+"""Distributed training without GPUs (DDP over gloo on CPU) and its collective timeout.
 
 mmengine 0.10.7 assumes CUDA for ``launcher='pytorch'``: ``init_dist`` calls
 ``torch.cuda.set_device(LOCAL_RANK)`` and ``Runner.wrap_model`` passes
 ``device_ids=[LOCAL_RANK]`` to ``DistributedDataParallel``; on a CPU-only machine the first
 raises "Found no NVIDIA driver" and the second is rejected by DDP for CPU modules.
 :func:`prepare_cpu_distributed` fixes a config before the Runner is built: it initialises the
-process group itself with gloo (the Runner then skips ``init_dist``) and sets
-``model_wrapper_cfg.device_ids=None``. On machines with CUDA it does nothing.
+process group itself with gloo (the Runner then skips ``init_dist``), with the collective
+timeout of ``env_cfg.dist_cfg.timeout`` (:data:`DEFAULT_COLLECTIVE_TIMEOUT_S` if unset), and
+sets ``model_wrapper_cfg.device_ids=None``. On machines with CUDA it only checks the timeout.
+
+What happens when a rank dies, and the report of it: :mod:`.dist_faults`.
 """
+import math
 import os
+from datetime import timedelta
 from typing import MutableMapping
 
 import torch
@@ -17,13 +22,40 @@ import torch.distributed as torch_dist
 #: environment variables torchrun / ``tools/dist_train.sh`` set for every process
 TORCHRUN_ENV = ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')
 
+TIMEOUT_KEY = 'env_cfg.dist_cfg.timeout'
+#: how long a collective (all-reduce, broadcast, barrier) waits for the slowest rank before it
+#: raises: 30 min, torch's gloo default and mmengine's suggested value. It has to outlast the
+#: longest time one rank legitimately keeps the others waiting: rank 0 alone computing COCO /
+#: LVIS metrics while the others wait in the broadcast of the results (minutes; LVIS 10-20 min),
+#: rank 0 writing a multi-GB checkpoint to network storage, a first iteration under
+#: torch.compile. A hung rank (alive, never reaching the collective) is released after it.
+DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
+
+
+def collective_timeout(cfg: MutableMapping) -> float:
+    """``env_cfg.dist_cfg.timeout`` (seconds) of ``cfg``, or :data:`DEFAULT_COLLECTIVE_TIMEOUT_S`
+    if it is unset or None; a non-positive or non-number value raises a ValueError."""
+    dist_cfg = (cfg.get('env_cfg') or {}).get('dist_cfg') or {}
+    value = dist_cfg.get('timeout')
+    if value is None:
+        return DEFAULT_COLLECTIVE_TIMEOUT_S
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value <= 0:
+        raise ValueError(f'{TIMEOUT_KEY} must be a positive number of seconds, got {value!r}; '
+                         f'set e.g. env_cfg = dict(dist_cfg=dict(backend=..., timeout='
+                         f'{DEFAULT_COLLECTIVE_TIMEOUT_S:g})) or drop it for the default')
+    return float(value)
+
 
 def prepare_cpu_distributed(cfg: MutableMapping, backend: str = 'gloo') -> bool:
     """Make ``cfg`` (launcher ``'pytorch'``) trainable with DDP on CPU; True if it did.
 
     Call before ``Runner.from_cfg(cfg)`` in every process started by torchrun.
     """
-    if cfg.get('launcher', 'none') != 'pytorch' or torch.cuda.is_available():
+    if cfg.get('launcher', 'none') == 'none':
+        return False
+    timeout = collective_timeout(cfg)  # checked on GPU machines too (mmengine's init_dist)
+    if cfg.get('launcher') != 'pytorch' or torch.cuda.is_available():
         return False
     missing = [k for k in TORCHRUN_ENV if k not in os.environ]
     if missing:
@@ -36,7 +68,8 @@ def prepare_cpu_distributed(cfg: MutableMapping, backend: str = 'gloo') -> bool:
     dist_cfg['backend'] = backend
     if not torch_dist.is_initialized():
         torch_dist.init_process_group(backend=backend, rank=int(os.environ['RANK']),
-                                      world_size=int(os.environ['WORLD_SIZE']))
+                                      world_size=int(os.environ['WORLD_SIZE']),
+                                      timeout=timedelta(seconds=timeout))
     wrapper = cfg.get('model_wrapper_cfg') or dict(
         type='MMDistributedDataParallel',
         find_unused_parameters=cfg.get('find_unused_parameters', False))
