@@ -7,9 +7,9 @@ rank that fails on purpose at a given iteration.
 MODE is ``raise`` (a ValueError), ``kill`` (SIGKILL to itself), ``hang`` (sleeps, alive) or
 ``none``; FAULT_ITER is 1-based (the ``Iter(train) [k/N]`` of the log). ``TIMEOUT_S`` becomes
 ``env_cfg.dist_cfg.timeout`` (``0``: the default). With WRAP ``1`` (default) training runs
-under :func:`vitdet_plugin.engine.dist_faults.train_with_fault_report`; ``0`` calls ``runner.train()``
-bare (the measurements of the undecorated behaviour). Started by torchrun or with the
-RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT/LOCAL_RANK environment set by hand.
+under :func:`vitdet_plugin.engine.dist_faults.train_with_fault_report`; ``0`` calls
+``runner.train()`` bare (the measurements of the undecorated behaviour). Started by torchrun
+or with the RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT/LOCAL_RANK environment set by hand.
 
     python tests/dist_fault_worker.py --launch SPEC.json
 
