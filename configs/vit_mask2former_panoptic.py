@@ -4,9 +4,9 @@
 # semantic_on and SemSegMetric; see its header) with ViTDet's backbone instead of Swin-T:
 #   - ViT-B as in ViTDet: 14x14 window attention, global attention in blocks 2, 5, 8, 11,
 #     decomposed relative positions sized for 1024 inputs (the LSJ crop), drop path 0.1;
-#   - ViTDet's simple feature pyramid inside the backbone (pyramid=dict(...)) turns the
-#     stride-16 map into strides 4 / 8 / 16 / 32 with 256 channels each, the four levels the
-#     pixel decoder takes (deformable attention on 8 / 16 / 32, the stride-4 lateral);
+#   - ViTDet's simple feature pyramid as the neck (ViTSimpleFPN) turns the stride-16 map into
+#     strides 4 / 8 / 16 / 32 with 256 channels each, the four levels the pixel decoder takes
+#     (deformable attention on 8 / 16 / 32, the stride-4 lateral);
 #   - layer-wise lr decay 0.7 (ViTDet-B) with LayerDecayOptimWrapperConstructor in place of
 #     the stock backbone lr_mult 0.1; same AdamW lr 1e-4, wd 0.05, grad clip 0.01. No weight
 #     decay on the backbone's norms, biases, position embedding and rel-pos tables, nor on
@@ -16,6 +16,7 @@
 # pure-PyTorch (grid_sample) version on the CPU; no bf16 kernel and unreliable in fp16 (mmcv).
 # MAE / ViTDet / SAM weights:
 #   model.backbone.init_cfg=dict(type='Pretrained', checkpoint='mae_pretrain_vit_base.pth')
+# (a detectron2 ViTDet checkpoint also holds the pyramid: give the neck the same init_cfg)
 _base_ = './swin_mask2former_panoptic.py'
 
 pyramid_channels = 256
@@ -30,12 +31,16 @@ model = dict(
         use_rel_pos=True,
         out_indices=(-1,),
         with_cp=False,
-        pyramid=dict(
-            out_channels=pyramid_channels,
-            scale_factors=(4.0, 2.0, 1.0, 0.5)),  # strides 4, 8, 16, 32
         # init_cfg: left out so a child config or --cfg-options can add
         # init_cfg=dict(type='Pretrained', checkpoint=...) (see the header)
     ),
+    neck=dict(
+        type='ViTSimpleFPN',
+        in_channels=768,
+        out_channels=pyramid_channels,
+        scale_factors=(4.0, 2.0, 1.0, 0.5),  # strides 4, 8, 16, 32
+        in_stride=16,
+        num_outs=4),
     panoptic_head=dict(in_channels=[pyramid_channels] * 4))
 
 optim_wrapper = dict(

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.models.accel import PLAIN, capturing_graph, exporting_graph, plan_for_tensor
 from vitdet_plugin.models.backbones import SwinBackbone, SwinV2Backbone, ViTBackbone
+from vitdet_plugin.models.necks import ViTSimpleFPN
 
 #: fp32: compiled vs eager outputs and gradients, max |a - b| / max |b| (the issue's bound).
 FP32_TOL = 1e-5
@@ -61,9 +62,10 @@ MODELS: dict = {
     'vit': lambda: ViTBackbone(embed_dims=32, depth=3, num_heads=2, global_attn_indexes=(1,),
                                window_size=4, img_size=96, pretrain_img_size=64,
                                residual_block_indexes=(2,), drop_path_rate=0.0),
-    'vit_pyramid': lambda: ViTBackbone(embed_dims=32, depth=2, num_heads=2,
-                                       global_attn_indexes=(1,), window_size=4, img_size=96,
-                                       pyramid=dict(out_channels=16), drop_path_rate=0.0),
+    'vit_pyramid': lambda: nn.Sequential(  # the ViT and its simple-pyramid neck
+        ViTBackbone(embed_dims=32, depth=2, num_heads=2, global_attn_indexes=(1,),
+                    window_size=4, img_size=96, drop_path_rate=0.0),
+        ViTSimpleFPN(in_channels=32, out_channels=16, num_outs=4)),
 }
 
 

@@ -37,17 +37,17 @@ TINY: Dict[str, Dict[str, dict]] = {
         'vit': dict(arch=dict(embed_dims=32, depth=4, num_heads=2), patch_size=8, img_size=64,
                     window_size=3, pretrain_img_size=48, residual_block_indexes=(1,),
                     out_indices=(1, 3), drop_path_rate=0.1),
-        'vit-pyramid': dict(arch=dict(embed_dims=32, depth=2, num_heads=2), patch_size=8,
-                            img_size=64, window_size=4, pretrain_img_size=48,
-                            pyramid=dict(out_channels=16)),
+        'vit-last-block': dict(arch=dict(embed_dims=32, depth=2, num_heads=2), patch_size=8,
+                               img_size=64, window_size=4, pretrain_img_size=48),
         'vit-stem': dict(arch=dict(embed_dims=32, depth=2, num_heads=2), patch_size=8,
                          stem_channels=(8, 16), img_size=64, window_size=4,
-                         global_attn_indexes=(1,), pyramid=dict(out_channels=16,
-                                                                scale_factors=(2.0, 1.0, 0.5))),
+                         global_attn_indexes=(1,)),
     },
 }
 #: Necks: registered name -> kwargs (``in_channels``, ``in_stride``: the map it takes).
 TINY_NECKS = {'ViTSimpleFPN': dict(in_channels=32, out_channels=16, in_stride=16)}
+NECK_VARIANTS = {'ViTSimpleFPN': [dict(), dict(scale_factors=(2.0, 1.0, 0.5), num_outs=3,
+                                              norm_cfg=dict(type='GN', num_groups=4))]}
 
 #: Odd input sizes: not multiples of any patch, window or stride.
 ODD_SIZES = [(61, 45), (97, 131)]
@@ -238,3 +238,37 @@ def test_necks_follow_their_declared_channels_and_strides(name, hw):
         assert out.shape[:2] == (2, c)
         assert all(abs(size - n * stride / s) < 1 for size, n in zip(out.shape[2:], hw)), \
             (tuple(out.shape), s)
+
+
+def _neck_variants():
+    return [(name, i) for name in sorted(TINY_NECKS)
+            for i in range(len(NECK_VARIANTS.get(name, [{}])))]
+
+
+def _build_neck(name: str, variant: int, **kw) -> torch.nn.Module:
+    extra = NECK_VARIANTS.get(name, [{}])[variant]
+    return MODELS.build(dict(type=name, **{**TINY_NECKS[name], **extra, **kw}))
+
+
+@pytest.mark.parametrize('name,variant', _neck_variants())
+def test_necks_run_on_meta_tensors_as_on_real_ones(name, variant):
+    """The config checks probe necks on the meta device: same shapes as a real forward."""
+    ref = randomize_(_build_neck(name, variant)).eval()
+    x = torch.randn(1, TINY_NECKS[name]['in_channels'], 7, 5)
+    with torch.device('meta'):
+        neck = _build_neck(name, variant).eval()
+        meta_outs = neck(torch.empty(x.shape))
+    with torch.no_grad():
+        assert [o.shape for o in meta_outs] == [o.shape for o in ref(x)]
+
+
+@pytest.mark.parametrize('name,variant', _neck_variants())
+def test_neck_own_checkpoint_round_trip_through_init_cfg(name, variant, tmp_path):
+    ref = randomize_(_build_neck(name, variant))
+    path = tmp_path / 'ckpt.pth'
+    torch.save(dict(state_dict={f'neck.{k}': v for k, v in ref.state_dict().items()}), path)
+    neck = _build_neck(name, variant, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    neck.init_weights()
+    want, got = ref.state_dict(), neck.state_dict()
+    assert got.keys() == want.keys()
+    assert all(torch.equal(got[k], want[k]) for k in want)

@@ -1,6 +1,6 @@
 """ONNX export with dynamic batch / height / width (torch's dynamo exporter) and onnxruntime
 parity with PyTorch at three input sizes that are no multiple of a patch, window or stride:
-Swin, Swin V2 and ViT (+ pyramid) backbones, and RetinaNet's raw head outputs from
+Swin, Swin V2 and ViT (+ its simple-pyramid neck) backbones, and RetinaNet's raw head outputs from
 ``configs/swin_retinanet.py`` through ``tools/export_onnx.py``."""
 import importlib.util
 import os.path as osp
@@ -14,6 +14,7 @@ import vitdet_plugin  # noqa: F401
 from vitdet_plugin.deploy import (CHECK_SIZES, DEFAULT_TOLERANCE, DetectorPart,
                                   build_detector_part, check_sizes, export_onnx, ort_session)
 from vitdet_plugin.models.backbones import SwinBackbone, SwinV2Backbone, ViTBackbone
+from vitdet_plugin.models.necks import ViTSimpleFPN
 
 import onnxruntime  # noqa: F401  (the deploy extra, installed by make env)
 import onnxscript  # noqa: F401
@@ -67,10 +68,16 @@ def test_swinv2_backbone_exports_with_dynamic_sizes(tmp_path):
 @pytest.mark.parametrize('pyramid', [None, dict(out_channels=16)], ids=['plain', 'pyramid'])
 def test_vit_backbone_exports_with_dynamic_sizes(tmp_path, pyramid):
     """Window and global blocks, the position embedding and the global blocks' relative
-    tables resized to the input grid inside the graph."""
+    tables resized to the input grid inside the graph (and the simple-pyramid neck)."""
     model = randomize_(ViTBackbone(embed_dims=32, depth=2, num_heads=2, global_attn_indexes=(1,),
-                                   window_size=14, img_size=224, pyramid=pyramid))
-    _export_and_check(DetectorPart(model, 'backbone'), tmp_path)
+                                   window_size=14, img_size=224))
+    if pyramid is None:
+        _export_and_check(DetectorPart(model, 'backbone'), tmp_path)
+        return
+    detector = torch.nn.Module()  # backbone + neck, the parts DetectorPart exports
+    detector.backbone = model
+    detector.neck = randomize_(ViTSimpleFPN(in_channels=32, num_outs=4, **pyramid))
+    _export_and_check(DetectorPart(detector, 'neck'), tmp_path)
 
 
 def _tool(name: str):

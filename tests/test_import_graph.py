@@ -15,8 +15,12 @@ ALLOWED = {
     'vitdet_plugin.weights': {'vitdet_plugin.functional'},
     'vitdet_plugin.models.accel': {'vitdet_plugin.functional'},
     'vitdet_plugin.models.layers': {'vitdet_plugin.functional', 'vitdet_plugin.models.accel'},
-    'vitdet_plugin.models.necks': {'vitdet_plugin.functional', 'vitdet_plugin.models.accel',
-                                   'vitdet_plugin.models.layers'},
+    # backbones import no neck: a pyramid over a backbone is a neck chosen in the config
+    'vitdet_plugin.models.backbones': {'vitdet_plugin.functional', 'vitdet_plugin.weights',
+                                       'vitdet_plugin.models.accel',
+                                       'vitdet_plugin.models.layers'},
+    'vitdet_plugin.models.necks': {'vitdet_plugin.functional', 'vitdet_plugin.weights',
+                                   'vitdet_plugin.models.accel', 'vitdet_plugin.models.layers'},
 }
 
 
@@ -72,3 +76,4 @@ def test_the_graph_is_read_correctly():
     assert 'vitdet_plugin.functional' in graph['vitdet_plugin.weights.swin']
     assert 'vitdet_plugin.weights.swin' in graph['vitdet_plugin.models.backbones.swin']
     assert 'vitdet_plugin.models.accel' in graph['vitdet_plugin.models.layers.window_attention']
+    assert 'vitdet_plugin.weights.vit' in graph['vitdet_plugin.models.necks.simple_fpn']

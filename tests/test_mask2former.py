@@ -71,13 +71,15 @@ def _shrink(model_cfg: ConfigDict) -> ConfigDict:
     the batch padding; the backbone's channels follow into the head."""
     cfg = copy.deepcopy(model_cfg)
     bb = cfg.backbone
+    feeds_head = bb  # the backbone, or the ViT's simple-pyramid neck
     if bb.type == 'ViTBackbone':
         bb.update(TINY_VIT)
-        bb.pyramid.out_channels = TINY_PYRAMID_CHANNELS
+        cfg.neck.update(in_channels=TINY_VIT['embed_dims'], out_channels=TINY_PYRAMID_CHANNELS)
+        feeds_head = cfg.neck
     else:
         bb.update(TINY_SWIN)
     bb.init_cfg = None
-    cfg.panoptic_head.in_channels = list(MODELS.build(copy.deepcopy(bb)).out_channels)
+    cfg.panoptic_head.in_channels = list(MODELS.build(copy.deepcopy(feeds_head)).out_channels)
     for aug in cfg.data_preprocessor.get('batch_augments') or []:
         aug.size = TINY_PAD
     head = cfg.panoptic_head
@@ -199,8 +201,13 @@ def test_full_size_backbone_feeds_the_pixel_decoder(name: str) -> None:
     head's pixel decoder is built for."""
     model_cfg = _config(name).model
     backbone = MODELS.build(copy.deepcopy(model_cfg.backbone))
-    assert list(backbone.out_strides) == list(model_cfg.panoptic_head.strides) == [4, 8, 16, 32]
-    assert list(backbone.out_channels) == list(model_cfg.panoptic_head.in_channels)
+    feeds_head = backbone
+    if model_cfg.get('neck') is not None:  # the ViT's simple pyramid reads its one map
+        feeds_head = MODELS.build(copy.deepcopy(model_cfg.neck))
+        assert (feeds_head.in_channels, feeds_head.in_stride) == (backbone.out_channels[-1],
+                                                                  backbone.out_strides[-1])
+    assert list(feeds_head.out_strides) == list(model_cfg.panoptic_head.strides) == [4, 8, 16, 32]
+    assert list(feeds_head.out_channels) == list(model_cfg.panoptic_head.in_channels)
 
 
 def test_semantic_map_reaches_semsegmetric() -> None:
@@ -352,7 +359,7 @@ def test_optim_wrapper_no_decay_on_backbone_norms_biases_tables(name: str) -> No
     if name == VIT_PANOPTIC:  # layer decay: the patch embedding learns slowest, blocks faster
         patch = table['backbone.patch_embed.proj.weight'][0]
         block = table['backbone.blocks.1.mlp.fc1.weight'][0]
-        assert patch < block < LR and table['backbone.pyramid.lateral_convs.0.conv.weight'][0] == LR
+        assert patch < block < LR and table['neck.lateral_convs.0.conv.weight'][0] == LR
     else:
         assert all(lr == pytest.approx(LR * BACKBONE_LR_MULT) for lr, _ in backbone.values())
 

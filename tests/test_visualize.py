@@ -27,16 +27,16 @@ DEMO = osp.join(ROOT, 'configs/demo/swin_retinanet_shapes.py')
 SHAPE = ('200', '184')
 PADDED_INPUT = (224, 192)
 STAGE0_TOKENS, STAGE0_PADDED, WINDOW = (28, 24), (30, 24), (6, 6)
-#: A tiny ViT with the simple pyramid (strides 8/16/32) on the demo detector; window 4,
+#: A tiny ViT with the simple-pyramid neck (strides 8/16/32) on the demo detector; window 4,
 #: global attention in blocks 1 and 3.
 VIT_CONFIG = f'''
 _base_ = [{osp.join(ROOT, 'configs/demo/swin_retinanet_shapes.py')!r}]
 model = dict(
     backbone=dict(_delete_=True, type='ViTBackbone',
                   arch=dict(embed_dims=32, depth=4, num_heads=2, global_attn_indexes=(1, 3)),
-                  patch_size=16, window_size=4, img_size=128, pretrain_img_size=128,
-                  pyramid=dict(out_channels=32, scale_factors=(2.0, 1.0, 0.5))),
-    neck=dict(in_channels=[32, 32, 32]))
+                  patch_size=16, window_size=4, img_size=128, pretrain_img_size=128),
+    neck=dict(_delete_=True, type='ViTSimpleFPN', in_channels=32, in_stride=16,
+              out_channels=64, scale_factors=(2.0, 1.0, 0.5), num_outs=3))  # head: 64
 '''
 
 
@@ -186,10 +186,11 @@ def test_features_picture_draws_the_loaded_checkpoints_outputs(tmp_path, image):
 
 
 def test_features_picture_of_the_vit_pyramid(tmp_path, image, vit_config):
-    pic = visualize.main(['features', vit_config, '--image', image,
+    pic = visualize.main(['features', vit_config, '--image', image, '--neck',
                           '--out', str(tmp_path / 'f.png')])
-    _png(pic.path, cols=1 + 3, rows=2)
-    assert [pic.arrays[f'backbone[{k}] norm'].shape for k in range(3)] == [
+    _png(pic.path, cols=1 + 1 + 3, rows=2)  # input, the ViT's map, the pyramid's 3 levels
+    assert pic.arrays['backbone[0] norm'].shape == (10, 12)
+    assert [pic.arrays[f'neck[{k}] norm'].shape for k in range(3)] == [
         (20, 24), (10, 12), (5, 6)]
 
 

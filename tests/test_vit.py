@@ -1,5 +1,6 @@
-"""ViTBackbone / ViTSimpleFPN: shapes, parity with timm, attention paths, checkpointing,
-freezing, errors, and a Mask R-CNN built from an mmdet config."""
+"""ViTBackbone / ViTSimpleFPN (its neck): shapes, parity with timm, attention paths,
+checkpointing, freezing, errors, and a Mask R-CNN built from an mmdet config."""
+import ast
 import functools
 import math
 from functools import partial
@@ -72,24 +73,27 @@ def test_preset_blocks_match_timm_samvit(arch):
 
 
 @functools.cache
-def meta_preset(arch, pyramid):
+def meta_preset(arch):
+    """A full-size preset and its simple pyramid (strides 4..32), on the meta device."""
     with torch.device('meta'):
-        return ViTBackbone(arch=arch, pyramid=dict(out_channels=256) if pyramid else None).eval()
+        vit = ViTBackbone(arch=arch).eval()
+        return vit, ViTSimpleFPN(in_channels=vit.embed_dims, out_channels=256, num_outs=4).eval()
 
 
 @pytest.mark.parametrize('arch', ['base', 'large', 'huge'])
 @pytest.mark.parametrize('size', [(1024, 1024), (800, 1216), (513, 769)])
 def test_preset_shapes_meta(arch, size):
     """Full-size presets at odd sizes, shape-only on the meta device (alone and with the
-    in-backbone pyramid)."""
-    model, pyr = meta_preset(arch, False), meta_preset(arch, True)
+    simple-pyramid neck)."""
+    model, pyr = meta_preset(arch)
     with torch.device('meta'):
         x = torch.empty(1, 3, *size)
         (out,) = model(x)
-        levels = pyr(x)
+        levels = pyr(model(x))
     c = VIT_ARCHS[arch]['embed_dims']
     assert tuple(out.shape) == (1, c, *grid(size, 16))
     assert model.out_channels == (c,) and model.out_strides == (16,)
+    assert model.feature_info == [dict(num_chs=c, reduction=16)]
     assert [tuple(o.shape[-2:]) for o in levels] == pyramid_sizes(size)
     assert all(o.shape[1] == 256 for o in levels)
     assert pyr.out_strides == (4, 8, 16, 32) and pyr.out_channels == (256,) * 4
@@ -115,24 +119,17 @@ def test_simple_fpn_neck_strides_4_to_64(size):
     assert all(o.shape[:2] == (1, 32) for o in outs)
 
 
-def test_pyramid_in_backbone_is_the_neck_module():
-    model = tiny_vit(pyramid=dict(out_channels=32))
-    assert type(model.pyramid) is ViTSimpleFPN
-    assert model.out_strides == (4, 8, 16, 32) and model.out_channels == (32,) * 4
-    neck = ViTSimpleFPN(in_channels=64, out_channels=32, num_outs=4)
-    assert ({k: v.shape for k, v in neck.state_dict().items()} ==
-            {k[len('pyramid.'):]: v.shape for k, v in model.state_dict().items()
-             if k.startswith('pyramid.')})
-    # same weights -> same outputs as backbone + standalone neck
-    neck.load_state_dict({k[len('pyramid.'):]: v for k, v in model.state_dict().items()
-                          if k.startswith('pyramid.')})
-    plain = tiny_vit()
-    plain.load_state_dict({k: v for k, v in model.state_dict().items()
-                           if not k.startswith('pyramid.')})
-    x = torch.randn(1, 3, 96, 128)
-    model.eval(), plain.eval(), neck.eval()
-    with torch.no_grad():
-        assert_close_rel(model(x), neck(plain(x)), tol=0)
+def test_pyramid_argument_is_refused_with_the_neck_config_that_replaces_it():
+    """The backbone builds no pyramid; the error gives the neck that builds the one asked for."""
+    with pytest.raises(ValueError, match=r"no longer builds the simple feature pyramid, it is "
+                                         r"the neck ViTSimpleFPN; remove pyramid and set "
+                                         r"model.neck=\{'type': 'ViTSimpleFPN', 'in_channels': "
+                                         r"64, 'in_stride': 16, 'scale_factors': \(2.0, 1.0\), "
+                                         r"'num_outs': 2, 'out_channels': 32\}") as info:
+        tiny_vit(pyramid=dict(out_channels=32, scale_factors=(2.0, 1.0)))
+    neck_cfg = ast.literal_eval(str(info.value).split('model.neck=')[1].split(' (the heads')[0])
+    neck = MODELS.build(neck_cfg)
+    assert neck.out_strides == (8, 16) and neck.out_channels == (32, 32)
 
 
 def test_custom_scale_factors_and_strides():
@@ -251,8 +248,10 @@ def test_fused_and_eager_attention_agree():
 
 def test_with_cp_same_outputs_and_grads():
     torch.manual_seed(0)
-    plain = randomize_(tiny_vit(drop_path_rate=0.0, pyramid=dict(out_channels=16)))
-    ckpt = tiny_vit(drop_path_rate=0.0, with_cp=True, pyramid=dict(out_channels=16))
+    plain = randomize_(nn.Sequential(tiny_vit(drop_path_rate=0.0),
+                                     ViTSimpleFPN(in_channels=64, out_channels=16)))
+    ckpt = nn.Sequential(tiny_vit(drop_path_rate=0.0, with_cp=True),
+                         ViTSimpleFPN(in_channels=64, out_channels=16))
     ckpt.load_state_dict(plain.state_dict())
     x = torch.randn(2, 3, 96, 80)
     outs = []
@@ -368,12 +367,13 @@ def _mask_rcnn_cfg(variant):
             backbone=vit,
             neck=dict(type='ViTSimpleFPN', in_channels=backbone.out_channels,
                       out_channels=32, _delete_=True))))
-    else:  # pyramid inside the backbone + mmdet's FPN reading its contract
-        backbone = MODELS.build({k: v for k, v in dict(vit, pyramid=dict(out_channels=32))
-                                 .items() if k != '_delete_'})
-        cfg.merge_from_dict(dict(model=dict(
-            backbone=dict(vit, pyramid=dict(out_channels=32)),
-            neck=dict(in_channels=list(backbone.out_channels), out_channels=32))))
+    else:  # two necks: the simple pyramid, then mmdet's FPN reading the pyramid's contract
+        pyramid = MODELS.build(dict(type='ViTSimpleFPN', in_channels=64, out_channels=32,
+                                    num_outs=4))
+        fpn = dict(cfg.model.neck, in_channels=list(pyramid.out_channels), out_channels=32)
+        cfg.merge_from_dict(dict(model=dict(backbone=vit)))
+        cfg.model.neck = [dict(type='ViTSimpleFPN', in_channels=64, out_channels=32,
+                               num_outs=4), fpn]
     cfg.model.rpn_head.in_channels = 32
     cfg.model.roi_head.bbox_roi_extractor.out_channels = 32
     cfg.model.roi_head.bbox_head.in_channels = 32
@@ -387,7 +387,7 @@ def _mask_rcnn_cfg(variant):
     return cfg
 
 
-@pytest.mark.parametrize('variant', ['vitdet', 'pyramid_in_backbone_fpn'])
+@pytest.mark.parametrize('variant', ['vitdet', 'pyramid_then_fpn'])
 def test_mask_rcnn_builds_and_runs_a_loss_step(variant):
     from mmdet.structures import DetDataSample
     from mmengine.structures import InstanceData
@@ -463,8 +463,3 @@ def test_rel_pos_channels_equal_the_dense_bias_and_keep_no_square_tensor(qh, qw)
         assert any(math.prod(s[-2:]) == n2 for s in saved) != channels
     assert_close_rel(results[0], results[1], tol=1e-5)
 
-
-def test_pyramid_dict_naming_what_the_backbone_gives_is_an_error():
-    with pytest.raises(ValueError, match=r"sets \['in_channels'\], which the backbone gives it "
-                                         r'\(embed_dims=64, patch_size=16\)'):
-        tiny_vit(pyramid=dict(out_channels=32, in_channels=64))

@@ -2,6 +2,7 @@
 ``init_cfg=dict(type='Pretrained')`` for every supported layout."""
 import re
 from functools import partial
+from typing import Optional
 
 import pytest
 import torch
@@ -18,9 +19,8 @@ from vitdet_plugin.models.backbones import ViTBackbone
 from vitdet_plugin.models.layers import resize_rel_pos
 from vitdet_plugin.models.necks import ViTSimpleFPN
 from vitdet_plugin.weights.common import CheckpointError
-from vitdet_plugin.weights.vit import (
-    convert_simple_fpn, convert_vit, detect_vit_format, load_vit_pretrained,
-    simple_fpn_to_detectron2, vit_target_shapes)
+from vitdet_plugin.weights.vit import (convert_vit, detect_vit_format, load_vit_pretrained,
+                                       simple_fpn_to_detectron2, vit_target_shapes)
 
 LN6 = partial(nn.LayerNorm, eps=1e-6)
 ARCH = dict(arch=dict(embed_dims=64, depth=4, num_heads=4), global_attn_indexes=(1, 3),
@@ -48,14 +48,13 @@ def sam_checkpoint(ref_sd):
     return sd
 
 
-def d2_checkpoint(model: ViTBackbone):
-    """The detectron2 ViTDet layout: backbone.net.*, backbone.simfp_*, heads."""
-    sd = model.state_dict()
-    out = {'backbone.net.' + k: v for k, v in sd.items() if not k.startswith('pyramid.')}
-    if model.pyramid is not None:
-        pyr = {k[len('pyramid.'):]: v for k, v in sd.items() if k.startswith('pyramid.')}
+def d2_checkpoint(model: ViTBackbone, neck: Optional[ViTSimpleFPN] = None) -> dict:
+    """The detectron2 ViTDet layout: backbone.net.* (the ViT), backbone.simfp_* (the pyramid,
+    from ``neck``), heads."""
+    out = {'backbone.net.' + k: v for k, v in model.state_dict().items()}
+    if neck is not None:
         out.update({'backbone.' + k: v for k, v in simple_fpn_to_detectron2(
-            pyr, model.pyramid.scale_factors).items()})
+            neck.state_dict(), neck.scale_factors).items()})
     out['roi_heads.box_predictor.cls_score.weight'] = torch.randn(81, 8)
     out['proposal_generator.rpn_head.conv.weight'] = torch.randn(8, 8, 3, 3)
     return {'model': out, '__author__': 'detectron2'}
@@ -103,72 +102,6 @@ def test_sam_formats_round_trip(fmt):
     assert torch.equal(conv['blocks.2.mlp.fc1.weight'], ref.blocks[2].mlp.fc1.weight)
     assert torch.equal(conv['blocks.1.attn.rel_pos_h'], ref.blocks[1].attn.rel_pos_h)
     model.load_state_dict(conv)  # complete: every key present, no leftovers
-
-
-def test_detectron2_round_trip_with_pyramid():
-    src = ours(residual_block_indexes=(2,), pyramid=dict(out_channels=16))
-    ckpt = d2_checkpoint(src)
-    dst = ViTBackbone(**ARCH, img_size=128, pretrain_img_size=128,
-                      residual_block_indexes=(2,), pyramid=dict(out_channels=16)).eval()
-    conv, dropped = convert_vit(ckpt, vit_target_shapes(dst), pos_grid=dst.pretrain_grid)
-    assert sorted(dropped) == ['proposal_generator.rpn_head.conv.weight',
-                               'roi_heads.box_predictor.cls_score.weight']
-    assert conv.keys() == src.state_dict().keys()
-    for k, v in src.state_dict().items():
-        assert torch.equal(conv[k], v), k
-    # without a pyramid in the target, simfp keys are dropped and reported
-    plain = ViTBackbone(**ARCH, img_size=128, pretrain_img_size=128,
-                        residual_block_indexes=(2,))
-    conv2, dropped2 = convert_vit(ckpt, vit_target_shapes(plain))
-    assert not any(k.startswith('pyramid.') for k in conv2)
-    assert 'backbone.simfp_2.0.weight' in dropped2 and 'backbone.simfp_5.2.norm.bias' in dropped2
-
-
-def test_detectron2_simfp_names_map_exactly():
-    """The key names and shapes of detectron2's SimpleFeaturePyramid (ViT-B, out 256,
-    scales 4/2/1/0.5, norm LN) land on ViTSimpleFPN's parameters one to one."""
-    d, o = 768, 256
-    d2 = {
-        'simfp_2.0.weight': (d, d // 2, 2, 2), 'simfp_2.0.bias': (d // 2,),
-        'simfp_2.1.weight': (d // 2,), 'simfp_2.1.bias': (d // 2,),
-        'simfp_2.3.weight': (d // 2, d // 4, 2, 2), 'simfp_2.3.bias': (d // 4,),
-        'simfp_2.4.weight': (o, d // 4, 1, 1), 'simfp_2.4.norm.weight': (o,),
-        'simfp_2.4.norm.bias': (o,), 'simfp_2.5.weight': (o, o, 3, 3),
-        'simfp_2.5.norm.weight': (o,), 'simfp_2.5.norm.bias': (o,),
-        'simfp_3.0.weight': (d, d // 2, 2, 2), 'simfp_3.0.bias': (d // 2,),
-        'simfp_3.1.weight': (o, d // 2, 1, 1), 'simfp_3.1.norm.weight': (o,),
-        'simfp_3.1.norm.bias': (o,), 'simfp_3.2.weight': (o, o, 3, 3),
-        'simfp_3.2.norm.weight': (o,), 'simfp_3.2.norm.bias': (o,),
-        'simfp_4.0.weight': (o, d, 1, 1), 'simfp_4.0.norm.weight': (o,),
-        'simfp_4.0.norm.bias': (o,), 'simfp_4.1.weight': (o, o, 3, 3),
-        'simfp_4.1.norm.weight': (o,), 'simfp_4.1.norm.bias': (o,),
-        'simfp_5.1.weight': (o, d, 1, 1), 'simfp_5.1.norm.weight': (o,),
-        'simfp_5.1.norm.bias': (o,), 'simfp_5.2.weight': (o, o, 3, 3),
-        'simfp_5.2.norm.weight': (o,), 'simfp_5.2.norm.bias': (o,),
-    }
-    with torch.device('meta'):
-        neck = ViTSimpleFPN(in_channels=d, out_channels=o)
-    conv = convert_simple_fpn({k: torch.empty(s, device='meta') for k, s in d2.items()})
-    assert {k: tuple(v.shape) for k, v in conv.items()} == {
-        k: tuple(v.shape) for k, v in neck.state_dict().items()}
-    back = simple_fpn_to_detectron2(conv, neck.scale_factors)
-    assert {k: tuple(v.shape) for k, v in back.items()} == d2
-
-
-def test_ours_detector_checkpoint_round_trip(tmp_path):
-    src = ours(pyramid=dict(out_channels=16))
-    ckpt = {'state_dict': {**{'backbone.' + k: v for k, v in src.state_dict().items()},
-                           'neck.fpn_convs.0.conv.weight': torch.zeros(2),
-                           'rpn_head.rpn_cls.weight': torch.zeros(2)},
-            'meta': {'epoch': 3}}
-    path = tmp_path / 'det.pth'
-    torch.save(ckpt, path)
-    dst = ViTBackbone(**ARCH, img_size=128, pretrain_img_size=128,
-                      pyramid=dict(out_channels=16),
-                      init_cfg=dict(type='Pretrained', checkpoint=str(path)))
-    dst.init_weights()
-    for k, v in src.state_dict().items():
-        assert torch.equal(dst.state_dict()[k], v), k
 
 
 # ---------------------------------------------------------------------------- timm ViT / MAE / DeiT
@@ -294,29 +227,6 @@ def test_unknown_format_name():
         convert_vit(ours().state_dict(), src_format='beit')
 
 
-def test_detectron2_model_zoo_pkl(tmp_path):
-    """Model-zoo files are plain pickles of numpy arrays: read safely, arrays -> tensors."""
-    import pickle
-    src = ours(pyramid=dict(out_channels=16))
-    ckpt = d2_checkpoint(src)
-    ckpt['model'] = {k: v.numpy() for k, v in ckpt['model'].items()}
-    path = tmp_path / 'model_final.pkl'
-    with open(path, 'wb') as f:
-        pickle.dump(ckpt, f)
-    dst = ViTBackbone(**ARCH, img_size=128, pretrain_img_size=128,
-                      pyramid=dict(out_channels=16),
-                      init_cfg=dict(type='Pretrained', checkpoint=str(path)))
-    dst.init_weights()
-    for k, v in src.state_dict().items():
-        assert torch.equal(dst.state_dict()[k], v), k
-    evil = tmp_path / 'evil.pkl'
-    with open(evil, 'wb') as f:
-        pickle.dump({'model': ckpt['model'], 'x': partial(print, 'pwned')}, f)
-    with pytest.raises(CheckpointError, match=r"refused to load .*evil.pkl.*global "
-                                              r"functools.partial is not allowed"):
-        load_vit_pretrained(dst, str(evil))
-
-
 def _mmpretrain_layout(ref) -> dict:
     """A timm ViT's weights as mmpretrain saves them (backbone.-prefixed, ln1/ln2/ffn names)."""
     renames = ((r'^patch_embed\.proj\.', 'patch_embed.projection.'),
@@ -352,27 +262,6 @@ def test_mmpretrain_mae_layout(tmp_path):
     assert torch.equal(model.blocks[1].norm2.bias, ref.blocks[1].norm2.bias)
     assert torch.equal(model.patch_embed.proj.weight, ref.patch_embed.proj.weight)
     assert torch.equal(model.pos_embed, ref.pos_embed)
-
-
-def test_detectron2_to_mmdet_detector_with_neck():
-    """A detectron2 ViTDet checkpoint -> backbone.* + neck.* of an mmdet detector whose neck
-    is ViTSimpleFPN (strides 4..64)."""
-    from vitdet_plugin.weights.vit import convert_vitdet_to_mmdet
-    src = ours(pyramid=dict(out_channels=16))
-    ckpt = d2_checkpoint(src)
-    plain = ViTBackbone(**ARCH, img_size=128, pretrain_img_size=128)
-    neck = ViTSimpleFPN(in_channels=64, out_channels=16)
-    det, dropped = convert_vitdet_to_mmdet(ckpt, vit_target_shapes(plain),
-                                           pos_grid=plain.pretrain_grid)
-    assert sorted(dropped) == ['proposal_generator.rpn_head.conv.weight',
-                               'roi_heads.box_predictor.cls_score.weight']
-    plain.load_state_dict({k[9:]: v for k, v in det.items() if k.startswith('backbone.')})
-    neck.load_state_dict({k[5:]: v for k, v in det.items() if k.startswith('neck.')})
-    for k, v in src.state_dict().items():
-        if k.startswith('pyramid.'):
-            assert torch.equal(neck.state_dict()[k[len('pyramid.'):]], v), k
-        else:
-            assert torch.equal(plain.state_dict()[k], v), k
 
 
 @pytest.mark.parametrize('pretrain, use_cls', [((96, 128), True), ((96, 160), False),
@@ -415,16 +304,6 @@ def test_init_cfg_pretrained_as_dict_or_list(tmp_path, as_list):
     model.init_weights()
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
                                                  src.state_dict().values()))
-
-
-def test_own_pyramid_keys_dropped_and_reported_for_a_backbone_without_pyramid():
-    """As a detectron2 simfp_* pyramid is: the backbone loads, the pyramid keys are reported."""
-    src = ours(pyramid=dict(out_channels=16))
-    dst = ViTBackbone(**ARCH, img_size=128, pretrain_img_size=128).eval()
-    dropped = load_vit_pretrained(dst, {'state_dict': src.state_dict()})
-    assert dropped and all(k.startswith('pyramid.') for k in dropped)
-    assert {k for k in src.state_dict() if k.startswith('pyramid.')} == set(dropped)
-    assert torch.equal(dst.blocks[1].attn.qkv.weight, src.blocks[1].attn.qkv.weight)
 
 
 def test_checkpoint_for_other_global_blocks_is_refused():

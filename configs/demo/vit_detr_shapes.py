@@ -24,10 +24,16 @@ model = dict(
         pretrain_img_size=image_size,
         pretrain_use_cls_token=False,
         drop_path_rate=0.0,
-        out_indices=(-1, ),
-        # the simple pyramid inside the backbone: strides 8, 16, 32 for the head
-        pyramid=dict(out_channels=pyramid_channels, scale_factors=(2.0, 1.0, 0.5),
-                     norm_cfg=dict(type='GN', num_groups=16, requires_grad=True))),
+        out_indices=(-1, )),
+    neck=dict(  # the simple pyramid: strides 8, 16, 32 for the head
+        _delete_=True,
+        type='ViTSimpleFPN',
+        in_channels=vit_dims,
+        in_stride=16,
+        out_channels=pyramid_channels,
+        scale_factors=(2.0, 1.0, 0.5),
+        num_outs=3,
+        norm_cfg=dict(type='GN', num_groups=16, requires_grad=True)),
     bbox_head=dict(in_channels=[pyramid_channels] * 3))
 
 # no weight decay on the backbone's no_weight_decay() parameters (position embedding, rel-pos

@@ -2,8 +2,7 @@
 
 Our layout is timm / SAM / detectron2's ViT naming (``patch_embed.proj``, ``pos_embed`` as
 ``(1, [1 +] gh * gw, C)``, ``blocks.{i}.{norm1, attn.qkv, attn.proj, attn.rel_pos_h,
-attn.rel_pos_w, norm2, mlp.fc1, mlp.fc2, residual.*}``, ``pyramid.*`` for the optional
-in-backbone simple pyramid). Accepted sources (:data:`VIT_FORMATS`):
+attn.rel_pos_w, norm2, mlp.fc1, mlp.fc2, residual.*}``). Accepted sources (:data:`VIT_FORMATS`):
 
 * ``timm_vit``: timm ``VisionTransformer`` / DeiT (``cls_token``, ``dist_token``,
   ``pos_embed (1, prefix + 14*14, C)``, ``norm``, ``fc_norm``, ``head`` dropped);
@@ -12,9 +11,8 @@ in-backbone simple pyramid). Accepted sources (:data:`VIT_FORMATS`):
 * ``sam``: Segment Anything (``image_encoder.``-prefixed, ``pos_embed (1, 64, 64, C)``, rel-pos
   tables, ``mlp.lin1/lin2``; ``neck``, prompt encoder and mask decoder dropped);
 * ``timm_samvit``: timm ``samvit_*`` (SAM names without the prefix, ``mlp.fc1/fc2``);
-* ``detectron2``: ViTDet detectors (``backbone.net.*``; the ``backbone.simfp_*`` pyramid maps
-  exactly onto :class:`ViTSimpleFPN` names), as ``.pth`` or model-zoo ``.pkl`` (numpy arrays,
-  read by a restricted unpickler);
+* ``detectron2``: ViTDet detectors (``backbone.net.*``), as ``.pth`` or model-zoo ``.pkl``
+  (numpy arrays, read by a restricted unpickler);
 * ``mmpretrain``: mmpretrain ``VisionTransformer`` / MAE (``patch_embed.projection``,
   ``layers.{i}.{ln1, attn, ln2, ffn.layers.0.0, ffn.layers.1}``, final ``ln1``; possibly
   ``backbone.``-prefixed with ``neck`` / ``head`` keys);
@@ -22,6 +20,14 @@ in-backbone simple pyramid). Accepted sources (:data:`VIT_FORMATS`):
 
 Position embeddings are resized bicubically to the target grid and relative-position tables
 linearly to the target lengths.
+
+The simple feature pyramid is the neck (``ViTSimpleFPN``), so its weights are not the
+backbone's: :func:`simple_fpn_part` reads them from detectron2 ViTDet checkpoints (whose
+``backbone.simfp_*`` modules map exactly onto ``ViTSimpleFPN``'s names) and from our detector
+checkpoints (``neck.*``; ``backbone.pyramid.*`` where the pyramid sat inside the backbone
+before), :func:`load_simple_fpn_pretrained` loads them into the neck, and
+:func:`convert_vitdet_to_mmdet` writes a whole ``backbone.*`` + ``neck.*`` detector checkpoint
+for ``load_from``.
 """
 import logging
 import math
@@ -40,13 +46,21 @@ logger = logging.getLogger('vitdet_plugin')
 
 VIT_FORMATS = ('timm_vit', 'mae', 'sam', 'timm_samvit', 'detectron2', 'mmpretrain', 'ours')
 
-#: Classification / pretraining-only keys (after prefixes are removed).
+#: Keys that are not the ViT's (after prefixes are removed): classification / pretraining heads
+#: and tokens, necks, and the simple pyramid inside our backbone before it was the neck.
 _NON_BACKBONE = (r'^cls_token$', r'^dist_token$', r'^reg_token$', r'^mask_token$', r'^norm\.',
                  r'^fc_norm\.', r'^head(_dist)?\.', r'^pre_logits\.', r'^attn_pool\.',
-                 r'^decoder_', r'^neck\.')
+                 r'^decoder_', r'^neck\.', r'^pyramid\.')
 #: Layers of each simple-pyramid scale before its 1x1 conv (detectron2 ``simfp_*`` layout).
 _RESAMPLE_LAYERS = {4.0: 4, 2.0: 1, 1.0: 0, 0.5: 1}
 _SIMFP = re.compile(r'^simfp_(\d+)\.(\d+)\.(.+)$')
+#: Simple-pyramid keys as a backbone conversion reports them (dropped): detectron2's and ours.
+_PYRAMID_KEY = re.compile(r'^(backbone\.)?(simfp_\d+\.|pyramid\.)')
+#: Prefixes of the pyramid in our checkpoints: the neck of a detector, and where it sat inside
+#: the backbone before it was the neck (a detector's or a backbone's own checkpoint).
+_OWN_PYRAMID_PREFIXES = ('neck.', 'backbone.pyramid.', 'pyramid.')
+#: ``ViTSimpleFPN``'s own parameter names (a bare neck state dict).
+_SIMPLE_FPN_KEY = re.compile(r'^(scales|lateral_convs|output_convs)\.\d+\.')
 _REL_POS = re.compile(r'^blocks\.\d+\.attn\.rel_pos_[hw]$')
 _RESIDUAL = re.compile(r'^blocks\.\d+\.residual\.')
 
@@ -220,32 +234,28 @@ def _check_global_blocks(src: Mapping[str, int], dst: Mapping[str, int]) -> None
 def convert_vit(sd: Mapping[str, Tensor],
                 target_shapes: Optional[Mapping[str, Sequence[int]]] = None,
                 pos_grid: Optional[Tuple[int, int]] = None,
-                src_format: Optional[str] = None,
-                in_stride: int = 16) -> Tuple[StateDict, List[str]]:
+                src_format: Optional[str] = None) -> Tuple[StateDict, List[str]]:
     """Convert a ViT state dict of any supported layout to ours.
 
     Args:
         sd: the checkpoint or its state dict (wrappers ``model`` / ``state_dict`` removed).
         target_shapes: ``{name: shape}`` of the target model (see :func:`vit_target_shapes`):
             ``pos_embed`` is resized (bicubic) to its grid and cls slot, rel-pos tables
-            (linear) to its lengths, and the detectron2 pyramid is kept only if the target has
-            ``pyramid.*`` keys. ``None`` only renames.
+            (linear) to its lengths. ``None`` only renames.
         pos_grid: the target's position grid ``(gh, gw)`` (inferred as square if omitted).
         src_format: skip auto-detection (one of :data:`VIT_FORMATS`).
-        in_stride: backbone stride, to place detectron2 pyramid levels.
 
     Returns:
         the converted state dict and the names of the source keys dropped (classification
         heads and norms, cls/dist tokens, MAE decoder, SAM neck / prompt encoder / mask
-        decoder, detector necks and heads, an unwanted pyramid).
+        decoder, detector necks and heads, and the simple pyramid: detectron2's
+        ``backbone.simfp_*``, our ``pyramid.*``; :func:`simple_fpn_part` reads those).
     """
     sd = unwrap_state_dict(sd)
     fmt = src_format or detect_vit_format(sd)
     if fmt not in VIT_FORMATS:
         raise ValueError(f'src_format={fmt!r} is not a ViT format; one of {VIT_FORMATS}')
     dropped: List[str] = []
-    pyramid: StateDict = {}
-    pyramid_src: List[str] = []
     prefixes = {'sam': 'image_encoder.', 'detectron2': 'backbone.'}
     prefix = prefixes.get(fmt)
     if prefix is None and fmt in ('ours', 'mmpretrain') and any(
@@ -254,11 +264,8 @@ def convert_vit(sd: Mapping[str, Tensor],
     if prefix is not None and any(k.startswith(prefix) for k in sd):
         dropped += [k for k in sd if not k.startswith(prefix)]
         sd = select_prefix(sd, prefix)
-    if fmt == 'detectron2':
-        pyramid_src = [prefixes['detectron2'] + k for k in sd if k.startswith('simfp_')]
-        pyramid = convert_simple_fpn({k: v for k, v in sd.items() if k.startswith('simfp_')},
-                                     in_stride)
-        dropped += [k for k in sd if not k.startswith(('net.', 'simfp_'))]
+    if fmt == 'detectron2':  # the ViT is backbone.net; backbone.simfp_* is the neck's
+        dropped += [prefixes['detectron2'] + k for k in sd if not k.startswith('net.')]
         sd = select_prefix({k: v for k, v in sd.items() if k.startswith('net.')}, 'net.')
     if fmt == 'sam':
         sd = {re.sub(r'\.mlp\.lin([12])\.', r'.mlp.fc\1.', k): v for k, v in sd.items()}
@@ -273,14 +280,6 @@ def convert_vit(sd: Mapping[str, Tensor],
         num_prefix += sd['reg_token'].shape[1]
     sd, dropped_now = drop_keys(sd, _NON_BACKBONE)
     dropped += dropped_now
-
-    if target_shapes is not None and any(k.startswith('pyramid.') for k in target_shapes):
-        sd.update({f'pyramid.{k}': v for k, v in pyramid.items()})
-    else:
-        dropped += pyramid_src
-        if target_shapes is not None:  # our own in-backbone pyramid, for a target without one
-            sd, dropped_now = drop_keys(sd, (r'^pyramid\.', ))
-            dropped += dropped_now
 
     if 'pos_embed' in sd:
         if target_shapes is not None and 'pos_embed' not in target_shapes:
@@ -327,24 +326,51 @@ def convert_vit(sd: Mapping[str, Tensor],
     return sd, dropped
 
 
+def simple_fpn_part(sd: Mapping[str, Tensor], in_stride: int = 16) -> Tuple[StateDict, List[str]]:
+    """The simple-pyramid weights of a checkpoint under ``ViTSimpleFPN``'s names, and the source
+    keys they came from.
+
+    Read, in this order: detectron2's ``[backbone.]simfp_*`` (levels placed by ``in_stride``,
+    the backbone stride), our ``neck.*`` / ``backbone.pyramid.*`` / ``pyramid.*``, or a bare
+    ``ViTSimpleFPN`` state dict. :class:`CheckpointError` when none is there.
+    """
+    sd = unwrap_state_dict(sd)
+    for prefix in ('backbone.', ''):
+        simfp = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix + 'simfp_')}
+        if simfp:
+            return convert_simple_fpn(simfp, in_stride), [prefix + k for k in simfp]
+    for prefix in _OWN_PYRAMID_PREFIXES:
+        own = [k for k in sd if k.startswith(prefix)]
+        if own:
+            return {k[len(prefix):]: sd[k] for k in own}, own
+    if sd and all(_SIMPLE_FPN_KEY.match(k) for k in sd):
+        return dict(sd), list(sd)
+    raise CheckpointError(
+        'no simple-pyramid weights in the checkpoint: expected detectron2 ViTDet keys '
+        "('backbone.simfp_2.0.weight'), a detector of ours ('neck.lateral_convs.0.conv.weight' "
+        "or 'backbone.pyramid.lateral_convs.0.conv.weight') or ViTSimpleFPN names "
+        f"('lateral_convs.0.conv.weight'); first keys: {list(sd)[:5]}")
+
+
 def convert_vitdet_to_mmdet(sd: Mapping[str, Tensor],
                             target_shapes: Optional[Mapping[str, Sequence[int]]] = None,
                             pos_grid: Optional[Tuple[int, int]] = None,
                             in_stride: int = 16) -> Tuple[StateDict, List[str]]:
     """A ViT checkpoint (any format) -> ``backbone.*`` keys of an mmdet detector built with
-    ``ViTBackbone`` and, for detectron2 checkpoints, ``neck.*`` keys of a ``ViTSimpleFPN``
-    neck (the ``simfp_*`` pyramid). ``target_shapes`` describe the backbone (unprefixed).
+    ``ViTBackbone`` and, when it has a simple pyramid (detectron2's ``simfp_*``, our
+    ``backbone.pyramid.*``), ``neck.*`` keys of its ``ViTSimpleFPN`` neck: a file for
+    ``load_from``. ``target_shapes`` describe the backbone (unprefixed).
 
     Returns the detector state dict and the dropped source keys (detectron2's RPN / ROI heads
     are not converted).
     """
     sd = unwrap_state_dict(sd)
-    backbone, dropped = convert_vit(sd, target_shapes, pos_grid, in_stride=in_stride)
+    backbone, dropped = convert_vit(sd, target_shapes, pos_grid)
     out = {f'backbone.{k}': v for k, v in backbone.items()}
-    simfp = {k[len('backbone.'):]: v for k, v in sd.items() if k.startswith('backbone.simfp_')}
-    if simfp and not any(k.startswith('pyramid.') for k in backbone):
-        out.update({f'neck.{k}': v for k, v in convert_simple_fpn(simfp, in_stride).items()})
-        dropped = [k for k in dropped if not k.startswith('backbone.simfp_')]
+    if any(_PYRAMID_KEY.match(k) for k in dropped):
+        neck, _ = simple_fpn_part(sd, in_stride)
+        out.update({f'neck.{k}': v for k, v in neck.items()})
+        dropped = [k for k in dropped if not _PYRAMID_KEY.match(k)]
     return out, dropped
 
 
@@ -360,23 +386,51 @@ def load_vit_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Te
     Strict: shape mismatches, missing backbone weights and leftover keys raise
     :class:`CheckpointError` naming them. Parts the source format does not have keep their
     init and are logged: relative-position tables (zero init, as ViTDet fine-tuning from
-    MAE), residual conv blocks and the in-backbone pyramid.
+    MAE) and residual conv blocks. A simple pyramid in the checkpoint (detectron2 ViTDet's
+    ``simfp_*``) is the neck's: a warning names its keys and how to load them.
 
     Returns the names of the dropped checkpoint keys.
     """
     sd = checkpoint_state_dict(checkpoint, prefix)
     converted, dropped = convert_vit(sd, vit_target_shapes(model),
-                                     pos_grid=getattr(model, 'pretrain_grid', None),
-                                     in_stride=getattr(model, 'patch_size', 16))
-    if dropped:
+                                     pos_grid=getattr(model, 'pretrain_grid', None))
+    pyramid = [k for k in dropped if _PYRAMID_KEY.match(k)]
+    others = [k for k in dropped if not _PYRAMID_KEY.match(k)]
+    if pyramid:
+        source = repr(checkpoint) if isinstance(checkpoint, str) else 'the same checkpoint'
+        logger.warning('ViT checkpoint: its %d simple-pyramid keys (%s) are the weights of the '
+                       "neck, not of the backbone: load them with the neck's init_cfg=dict("
+                       "type='Pretrained', checkpoint=%s) (ViTSimpleFPN reads this layout), or "
+                       'convert the file with vitdet_plugin.weights.vit.convert_vitdet_to_mmdet '
+                       'into a backbone.* + neck.* checkpoint for load_from',
+                       len(pyramid), ', '.join(pyramid[:3]) + (', ...' if len(pyramid) > 3
+                                                                else ''), source)
+    if others:
         logger.info('ViT checkpoint: ignored %d keys not used by the backbone (e.g. %s)',
-                    len(dropped), ', '.join(dropped[:5]))
+                    len(others), ', '.join(others[:5]))
     allow = []
     if not any(_REL_POS.match(k) for k in converted):
         allow.append(_REL_POS.pattern)
     if not any(_RESIDUAL.match(k) for k in converted):
         allow.append(_RESIDUAL.pattern)
-    if not any(k.startswith('pyramid.') for k in converted):
-        allow.append(r'^pyramid\.')
     load_state_dict_checked(model, converted, allow_missing=allow, source='ViT checkpoint')
     return dropped
+
+
+def load_simple_fpn_pretrained(neck: nn.Module, checkpoint: Union[str, Mapping[str, Tensor]],
+                               prefix: Optional[str] = None) -> List[str]:
+    """Load the simple pyramid of a checkpoint (see :func:`simple_fpn_part`) into a
+    ``ViTSimpleFPN``, strictly (:class:`CheckpointError` naming missing, unexpected or
+    mis-shaped keys: e.g. a checkpoint with other ``scale_factors`` or channels).
+
+    Returns the names of the checkpoint keys that are not the pyramid's (the ViT, heads).
+    """
+    sd = checkpoint_state_dict(checkpoint, prefix)
+    part, used = simple_fpn_part(sd, getattr(neck, 'in_stride', 16))
+    load_state_dict_checked(neck, part, source='simple-pyramid checkpoint')
+    taken = set(used)
+    others = [k for k in sd if k not in taken]
+    if others:
+        logger.info('simple-pyramid checkpoint: loaded %d keys; %d others are not the neck\'s '
+                    '(e.g. %s)', len(used), len(others), ', '.join(others[:3]))
+    return others

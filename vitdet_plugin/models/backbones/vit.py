@@ -4,9 +4,11 @@ Li et al., *Exploring Plain Vision Transformer Backbones for Object Detection* (
 non-hierarchical ViT with a 16x16 patch embedding, an absolute position embedding stored at the
 pretraining grid and bicubically resized to the input, blocks with window attention (14x14)
 except a few global-attention blocks, decomposed relative positions (MViTv2) and optional
-residual conv blocks; it outputs one stride-16 map (or, with ``pyramid``, the simple feature
-pyramid). Numerically it equals detectron2's ``ViT``, SAM's ``ImageEncoderViT`` trunk and
-timm's ``VisionTransformerSAM`` blocks.
+residual conv blocks; it outputs the plain stride-16 map of its last block (or of each
+``out_indices`` block). Numerically it equals detectron2's ``ViT``, SAM's ``ImageEncoderViT``
+trunk and timm's ``VisionTransformerSAM`` blocks. The multi-scale pyramid of ViTDet is a neck,
+:class:`~vitdet_plugin.models.necks.ViTSimpleFPN`, chosen in the config as any neck (detectron2:
+``SimpleFeaturePyramid(net=ViT(...))``).
 
 Parameter names follow timm / SAM / detectron2 (``patch_embed.proj``, ``pos_embed``,
 ``blocks.{i}.{norm1, attn.qkv, attn.proj, attn.rel_pos_h, attn.rel_pos_w, norm2, mlp.fc1,
@@ -17,7 +19,6 @@ from functools import partial
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
-import torch.utils.checkpoint as cp
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmdet.registry import MODELS
 from mmengine.model import BaseModule
@@ -31,11 +32,9 @@ from ..accel import check_accel
 from ..layers import (Attention, ConvStem, DropPath, Mlp, PatchEmbed, ResBottleneckBlock,
                       check_flags, check_rates, int_arg, int_tuple, linear_drop_path_rates,
                       positive_int, positive_number, to_2tuple)
-from ..necks.simple_fpn import ViTSimpleFPN
 from .archs import VIT_ARCHS, ViTArch, index_list  # noqa: F401  (VIT_ARCHS: re-exported)
 from .base import (TRUNC_NORMAL_STD, BackboneContract, init_cfg_from_pretrained,
-                   init_transformer_weights_, pretrained_init_cfg)
-
+                   init_transformer_weights_, pretrained_init_cfg, run_blocks)
 
 
 class ViTAttention(Attention):
@@ -158,9 +157,8 @@ class ViTBackbone(BackboneContract, BaseModule):
         fused_attn: attention through ``F.scaled_dot_product_attention`` (False: eager).
         accel: ``'auto'`` (default): on the CPU, training MLPs recompute their GELU in
             backward; ``'off'``: the plain path everywhere (see :mod:`..accel`).
-        pyramid: build a :class:`ViTSimpleFPN` inside the backbone (e.g.
-            ``dict(out_channels=256)``; ``True`` for the defaults) so it outputs strides
-            4/8/16/32 like a hierarchical backbone.
+        pyramid: no longer accepted (the simple pyramid is the neck ``ViTSimpleFPN``); giving
+            it raises an error that spells out the equivalent ``neck`` config.
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads timm ViT / DeiT / MAE,
             SAM, timm ``samvit``, detectron2 ViTDet or our own checkpoints (format detected,
             ``weights_only=True``, strict with a report).
@@ -208,6 +206,8 @@ class ViTBackbone(BackboneContract, BaseModule):
         self.global_attn_indexes: Tuple[int, ...] = spec.global_attn_indexes or ()
         self.residual_block_indexes = index_list('residual_block_indexes',
                                                   residual_block_indexes, self.depth)
+        if pyramid:
+            raise ValueError(_pyramid_moved_message(pyramid, self.embed_dims, patch_size))
         self.window_size = to_2tuple(window_size, 'window_size')
         if min(self.window_size) <= 0:
             raise ValueError(f'window_size must be positive, got {window_size!r}; for global '
@@ -260,37 +260,16 @@ class ViTBackbone(BackboneContract, BaseModule):
                 rel_size, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, rates[i], norm_cfg,
                 act_cfg, i in self.residual_block_indexes, fused_attn, accel))
 
-        self.pyramid = self._build_pyramid(pyramid)
-        if self.pyramid is not None:
-            self.out_channels = self.pyramid.out_channels
-            self.out_strides = self.pyramid.out_strides
-        else:
-            self.out_channels = (self.embed_dims,) * len(self.out_indices)
-            self.out_strides = (patch_size,) * len(self.out_indices)
+        self.out_channels = (self.embed_dims,) * len(self.out_indices)
+        self.out_strides = (patch_size,) * len(self.out_indices)
         self.num_layers = self.depth
         self._init_vit_weights()
         self._freeze_stages()
 
-    def _build_pyramid(self, pyramid: Union[bool, dict, None]) -> Optional[ViTSimpleFPN]:
-        if not pyramid:
-            return None
-        if len(self.out_indices) != 1:
-            raise ValueError(f'pyramid needs a single backbone output, got out_indices='
-                             f'{self.out_indices}')
-        cfg = dict(pyramid) if isinstance(pyramid, dict) else {}
-        cfg.pop('type', None)
-        derived = sorted({'in_channels', 'in_stride'} & set(cfg))
-        if derived:
-            raise ValueError(f'pyramid={pyramid!r} sets {derived}, which the backbone gives '
-                             f'it (embed_dims={self.embed_dims}, patch_size={self.patch_size}); '
-                             'leave them out of the pyramid dict')
-        cfg.setdefault('num_outs', len(cfg.get('scale_factors', (4.0, 2.0, 1.0, 0.5))))
-        return ViTSimpleFPN(in_channels=self.embed_dims, in_stride=self.patch_size, **cfg)
-
     # ------------------------------------------------------------------ contract
     def layer_id(self, name: str) -> int:
-        """detectron2's rule: embeddings 0, block ``i`` ``i + 1``; residual conv blocks, the
-        pyramid and everything else ``num_layers + 1``."""
+        """detectron2's rule: embeddings 0, block ``i`` ``i + 1``; residual conv blocks and
+        everything else ``num_layers + 1``."""
         if name.startswith(('patch_embed.', 'pos_embed', 'cls_token')):
             return 0
         m = re.match(r'^blocks\.(\d+)\.', name)
@@ -337,20 +316,28 @@ class ViTBackbone(BackboneContract, BaseModule):
         return resize_pos_grid(grid.permute(0, 3, 1, 2), hw).permute(0, 2, 3, 1)
 
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
-        """``(B, C_in, H, W)`` -> ``(B, C, ceil(H / 16), ceil(W / 16))`` per output index, or
-        the pyramid levels ``(B, C_out, ...)`` at :attr:`out_strides`."""
+        """``(B, C_in, H, W)`` -> ``(B, C, ceil(H / 16), ceil(W / 16))`` per output index (at
+        :attr:`out_strides`, the patch size)."""
         x = self.patch_embed(x)                                      # (B, h, w, C)
         if self.pos_embed is not None:
             x = x + self.abs_pos_embed((x.shape[1], x.shape[2]))
         outs = []
-        use_cp = self.with_cp and self.training and torch.is_grad_enabled()
-        for i, block in enumerate(self.blocks):
-            if use_cp and i >= self.frozen_stages:
-                x = cp.checkpoint(block, x, use_reentrant=False)
-            else:
-                x = block(x)
-            if i in self.out_indices:
-                outs.append(x.permute(0, 3, 1, 2).contiguous())    # (B, C, h, w)
-        if self.pyramid is not None:
-            return self.pyramid(outs[-1])
+        start = 0
+        for end in self.out_indices:  # sorted: the blocks up to each output, in turn
+            x = run_blocks(self.blocks[start:end + 1], x, self.with_cp, self.training)
+            outs.append(x.permute(0, 3, 1, 2).contiguous())        # (B, C, h, w)
+            start = end + 1
         return tuple(outs)
+
+
+def _pyramid_moved_message(pyramid: Union[bool, dict], embed_dims: int, patch_size: int) -> str:
+    """The error for the removed ``pyramid`` argument, with the ``neck`` config that builds the
+    same pyramid (the in-backbone pyramid had no extra max-pooled level)."""
+    cfg = dict(pyramid) if isinstance(pyramid, dict) else {}
+    cfg.pop('type', None)
+    scales = tuple(cfg.pop('scale_factors', (4.0, 2.0, 1.0, 0.5)))
+    neck = dict(type='ViTSimpleFPN', in_channels=embed_dims, in_stride=patch_size,
+                scale_factors=scales, num_outs=len(scales), **cfg)
+    return (f'ViTBackbone(pyramid={pyramid!r}): the backbone no longer builds the simple '
+            f'feature pyramid, it is the neck ViTSimpleFPN; remove pyramid and set '
+            f'model.neck={neck!r} (the heads keep their in_channels)')

@@ -7,9 +7,16 @@ scale 0.5: 2x2 max-pool), then ``1x1 conv + norm`` and ``3x3 conv + norm``. Extr
 levels are taken with a stride-2 1x1 max-pool of the last level (detectron2's
 ``LastLevelMaxPool``, mmdet ``FPN``'s extra outputs without convs).
 
-The same module serves as an mmdet neck (``dict(type='ViTSimpleFPN', ...)``) and inside
-:class:`~vitdet_plugin.models.backbones.ViTBackbone` (``pyramid=dict(...)``) for configs built
-around hierarchical backbones.
+It is the neck of a :class:`~vitdet_plugin.models.backbones.ViTBackbone` in a config, as
+detectron2's ``SimpleFeaturePyramid(net=ViT(...))``::
+
+    backbone=dict(type='ViTBackbone', arch='base'),      # one stride-16 map, 768 channels
+    neck=dict(type='ViTSimpleFPN', in_channels=768, in_stride=16, out_channels=256,
+              scale_factors=(4.0, 2.0, 1.0, 0.5), num_outs=5),  # strides 4, 8, 16, 32, 64
+
+and declares its outputs (``out_channels`` / ``out_strides``) for the heads. Pretrained weights
+(detectron2 ViTDet's ``simfp_*`` modules, or a detector checkpoint of ours) load through
+``init_cfg=dict(type='Pretrained', checkpoint=...)`` (see :meth:`ViTSimpleFPN.init_weights`).
 """
 import math
 from types import MappingProxyType
@@ -21,6 +28,7 @@ from mmdet.registry import MODELS
 from mmengine.model import BaseModule
 from torch import Tensor, nn
 
+from ...weights.vit import load_simple_fpn_pretrained
 from ..layers import LayerNorm2d, int_arg
 
 #: Scale factors with a defined resampling (output stride = ``in_stride / scale``).
@@ -99,6 +107,11 @@ class ViTSimpleFPN(BaseModule):
             (``dict(type='LN2d', eps=1e-6)``: detectron2's LayerNorm; ``None``: no norm, convs
             with bias).
         act_cfg: activation between the two deconvs of the scale-4 level.
+        init_cfg: ``dict(type='Pretrained', checkpoint=PATH[, prefix=...])`` loads the pyramid
+            of a detectron2 ViTDet checkpoint (``backbone.simfp_*``) or of a detector
+            checkpoint of ours (``neck.*``; also ``backbone.pyramid.*``, where the pyramid
+            sat before it was the neck), strictly (see :meth:`init_weights`); other
+            ``init_cfg`` entries go to mmengine.
 
     Attributes:
         out_channels: channels of each output (tuple).
@@ -160,6 +173,17 @@ class ViTSimpleFPN(BaseModule):
             strides.append(strides[-1] * 2)
         self.out_channels: Tuple[int, ...] = (out_channels,) * num_outs
         self.out_strides: Tuple[int, ...] = tuple(strides)
+
+    def init_weights(self) -> None:
+        """Load ``init_cfg``'s pretrained pyramid (format detected, ``weights_only``, strict:
+        missing, unexpected or mis-shaped keys raise naming them), or keep the constructor
+        init (detectron2's: c2-xavier convs, PyTorch's deconvs)."""
+        cfg = self.init_cfg
+        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
+            load_simple_fpn_pretrained(self, cfg['checkpoint'], prefix=cfg.get('prefix'))
+            self._is_init = True
+            return
+        super().init_weights()
 
     @property
     def level_names(self) -> Tuple[str, ...]:
