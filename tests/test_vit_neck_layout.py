@@ -5,8 +5,8 @@ the moved keys, and its detector has the same parameters (``backbone.pyramid.*``
 
 The "before" side (:data:`BEFORE`) was recorded from the code before the move by running this
 file there (``python tests/test_vit_neck_layout.py --record OUT.json``; every helper below reads
-both layouts): the resolved ``model`` / ``optim_wrapper`` of every ViT config and, for the two configs
-whose pyramid sat in the backbone, a shrunk detector's parameter shapes, its optimizer's
+both layouts): the resolved ``model`` / ``optim_wrapper`` of every ViT config and, for the two
+configs whose pyramid sat in the backbone, a shrunk detector's parameter shapes, its optimizer's
 (lr, weight decay) per backbone parameter and a fingerprint of its outputs, with every weight
 filled from its parameter name.
 """
