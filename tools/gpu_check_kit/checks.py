@@ -175,7 +175,7 @@ def _train_and_infer(name: str, model: Any, optim_wrapper: 'OptimWrapper', data:
 def check_detector(config: str, device: str) -> str:
     """One bf16 (AMP) training step at 800x1216, batch 2, then one inference step (NMS and,
     for Mask R-CNN, RoIAlign on the device)."""
-    from vitdet_plugin.datasets import load_config
+    from vitdet_plugin.config import load_config
     cfg = load_config(str(ROOT / config))
     cfg.model.backbone.init_cfg = None  # no weights on the machine: random init
     model = _build(cfg.model, device)
@@ -187,7 +187,7 @@ def check_detector(config: str, device: str) -> str:
 
 def dino_model_cfg() -> Tuple[Any, Any]:
     """configs/swin_dino.py's model (shrunk) and optimizer wrapper."""
-    from vitdet_plugin.datasets import load_config
+    from vitdet_plugin.config import load_config
     cfg = load_config(str(ROOT / DINO_CONFIG))
     m = copy.deepcopy(cfg.model)
     m.backbone.arch = dict(DINO_SWIN)
