@@ -1,4 +1,4 @@
-"""The functional GPU checks, by group (``tools/gpu_check.py checks GROUP``):
+"""The functional GPU checks, by group (``tools/env/gpu_check.py checks GROUP``):
 
 * ``ops``: mmcv's ops on the compile-free backend, CUDA vs CPU (:mod:`.op_checks`);
 * ``backbones``: SwinBackbone / ViTBackbone CUDA vs CPU in fp32 (TF32 off), bf16 autocast;
@@ -25,7 +25,7 @@ from .results import (CHECKS_PREFIX, Result, error_line, publish, results_json, 
 if TYPE_CHECKING:
     from mmengine.optim import OptimWrapper
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 Check = Tuple[str, Callable[[], str]]
 #: CUDA vs CPU, fp32 (TF32 off): max |cuda - cpu| / max |cpu| of the outputs and input grads.
 PARITY_TOL = 1e-4
