@@ -7,7 +7,7 @@ MMCV ?= lite
 .PHONY: env lint test test-all demo demo-seg benchmark clean-env gpu-wheels
 
 env:            ## build .venv: torch 2.14.1, mmcv-lite 2.1.0 (MMCV=compiled: with ops), mmdet 3.3.0, plugin
-	MMCV=$(MMCV) bash tools/setup_env.sh
+	MMCV=$(MMCV) bash tools/env/setup_env.sh
 
 lint: env       ## ruff (package, tools, tests, configs) + mypy (package, tools); ruff.toml, mypy.ini
 	$(PY) -m ruff check vitdet_plugin tools tests configs
@@ -31,8 +31,8 @@ demo-seg: env   ## the same for segmentation: Panoptic FPN on the stem Swin (seg
 benchmark: env  ## ours vs mmdet vs timm, printed as ratios
 	$(PY) tools/benchmark.py
 
-gpu-wheels:     ## .whl/: the wheels (CPython 3.12, ~7 MiB; nothing is built there) tools/gpu_check.sh installs on a lent GPU
-	bash tools/gpu_wheels.sh
+gpu-wheels:     ## .whl/: the wheels (CPython 3.12, ~7 MiB; nothing is built there) tools/env/gpu_check.sh installs on a lent GPU
+	bash tools/env/gpu_wheels.sh
 
 clean-env:
 	rm -rf .venv

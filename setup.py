@@ -97,7 +97,7 @@ setup(
         'lite': ['mmcv-lite==2.1.0'],
         # `make lint` pins its checkers: a new release may flag code that passed.
         # The tests (and mmdet's CocoPanopticDataset / CocoPanopticMetric) also need
-        # panopticapi: `make env` installs panopticapi-lite with --no-deps (tools/setup_env.sh),
+        # panopticapi: `make env` installs panopticapi-lite with --no-deps (tools/env/setup_env.sh),
         # as its numpy<2 pin would make pip downgrade numpy, opencv-python and ml_dtypes here;
         # elsewhere: pip install --no-deps panopticapi-lite==0.2.0
         'tests': ['pytest>=7', 'pytest-xdist>=3.5', 'timm>=1.0.9', 'ruff==0.17.6', 'mypy==2.4.1'],

@@ -4,6 +4,7 @@
 # ImageNet weights: set
 #   model.backbone.init_cfg=dict(type='Pretrained', checkpoint='swin_tiny_patch4_window7_224.pth')
 _base_ = [
+    './_base_/models/swin-t.py',
     './_base_/datasets/coco_detection.py',
     './_base_/schedules/adamw_1x.py',
     './_base_/default_runtime.py',
@@ -19,16 +20,8 @@ model = dict(
         std=[58.395, 57.12, 57.375],
         bgr_to_rgb=True,
         pad_size_divisor=32),
-    backbone=dict(
-        type='SwinBackbone',
-        arch='tiny',
-        window_size=7,
-        drop_path_rate=0.2,
-        out_indices=(1, 2, 3),  # strides 8 / 16 / 32, channels 192 / 384 / 768
-        with_cp=False,
-        # init_cfg: left out so a child config or --cfg-options can add
-        # init_cfg=dict(type='Pretrained', checkpoint=...) (see the header)
-    ),
+    # strides 8 / 16 / 32, channels 192 / 384 / 768
+    backbone=dict(_base_.swin_t, out_indices=(1, 2, 3)),
     neck=None,
     bbox_head=dict(
         type='SdpaDETRHead',

@@ -5,22 +5,12 @@
 # CUDA fp32; no bf16, unreliable in fp16). configs/swin_detr.py is the SDPA-only alternative.
 # ImageNet weights: set
 #   model.backbone.init_cfg=dict(type='Pretrained', checkpoint='swin_tiny_patch4_window7_224.pth')
-_base_ = 'mmdet::dino/dino-4scale_r50_8xb2-12e_coco.py'
+_base_ = ['mmdet::dino/dino-4scale_r50_8xb2-12e_coco.py', './_base_/models/swin-t.py']
 
 custom_imports = dict(imports=['vitdet_plugin'], allow_failed_imports=False)
 
 model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='SwinBackbone',
-        arch='tiny',
-        window_size=7,
-        drop_path_rate=0.2,
-        out_indices=(1, 2, 3),
-        with_cp=False,
-        # init_cfg: left out so a child config or --cfg-options can add
-        # init_cfg=dict(type='Pretrained', checkpoint=...) (see the header)
-    ),
+    backbone=dict(_base_.swin_t, _delete_=True, out_indices=(1, 2, 3)),
     neck=dict(in_channels=[192, 384, 768]))
 
 # the 'backbone' key would decay our norms and biases: NoDecayOptimWrapperConstructor keeps the

@@ -26,32 +26,18 @@
 # ImageNet weights (the official Swin-T checkpoint, as the stock config; timm / mmdet /
 # mmpretrain layouts and local paths work too, detected without convert_weights): set
 #   model.backbone.init_cfg=dict(type='Pretrained', checkpoint='https://github.com/SwinTransformer/storage/releases/download/v1.0.0/swin_tiny_patch4_window7_224.pth')
-_base_ = 'mmdet::mask2former/mask2former_swin-t-p4-w7-224_8xb2-lsj-50e_coco-panoptic.py'
+_base_ = [
+    'mmdet::mask2former/mask2former_swin-t-p4-w7-224_8xb2-lsj-50e_coco-panoptic.py',
+    './_base_/models/swin-t.py',
+]
 
 custom_imports = dict(imports=['vitdet_plugin'], allow_failed_imports=False)
 
 num_things_classes = 80
 num_stuff_classes = 53
 model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='SwinBackbone',
-        arch='tiny',  # embed 96, depths [2, 2, 6, 2], heads [3, 6, 12, 24]
-        window_size=7,
-        mlp_ratio=4,
-        qkv_bias=True,
-        qk_scale=None,
-        drop_rate=0.,
-        attn_drop_rate=0.,
-        drop_path_rate=0.3,
-        patch_norm=True,
-        out_indices=(0, 1, 2, 3),  # strides 4 / 8 / 16 / 32
-        with_cp=False,
-        convert_weights=True,  # accepted for mmdet configs; checkpoint layouts are detected
-        frozen_stages=-1,
-        # init_cfg: left out so a child config or --cfg-options can add
-        # init_cfg=dict(type='Pretrained', checkpoint=...) (see the header)
-    ),
+    # all four stages (strides 4 / 8 / 16 / 32), drop path 0.3 as stock
+    backbone=dict(_base_.swin_t, _delete_=True, drop_path_rate=0.3),
     panoptic_head=dict(in_channels=[96, 192, 384, 768]),
     panoptic_fusion_head=dict(
         type='SemanticMaskFormerFusionHead',

@@ -17,14 +17,9 @@ _base_ = [
 ]
 model = dict(
     backbone=dict(
-        _delete_=True,
-        type='SwinV2Backbone',
-        arch='tiny',
+        type='SwinV2Backbone',  # over the base's Swin-T: arch, drop path, all four stages
         window_size=16,
-        pretrained_window_sizes=(8, 8, 8, 8),
-        drop_path_rate=0.2,
-        out_indices=(0, 1, 2, 3),  # FPN in_channels [96, 192, 384, 768] from the base
-        with_cp=False))
+        pretrained_window_sizes=(8, 8, 8, 8)))
 # as the official Swin V2 recipe: no weight decay on norms, biases (q_bias / v_bias included),
 # the logit scales and the position-bias MLP: the backbone's no_weight_decay()
 optim_wrapper = dict(constructor='NoDecayOptimWrapperConstructor')

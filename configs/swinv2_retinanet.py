@@ -12,13 +12,8 @@ _base_ = [
 ]
 model = dict(
     backbone=dict(
-        _delete_=True,
-        type='SwinV2Backbone',
-        arch='tiny',
-        window_size=8,
-        drop_path_rate=0.2,
-        out_indices=(1, 2, 3),  # only the levels the FPN uses (unused ones break DDP)
-        with_cp=False))
+        type='SwinV2Backbone',  # over the base's Swin-T: arch, drop path, out_indices 1-3
+        window_size=8))
 # as the official Swin V2 recipe: no weight decay on norms, biases (q_bias / v_bias included),
 # the logit scales and the position-bias MLP: the backbone's no_weight_decay()
 optim_wrapper = dict(constructor='NoDecayOptimWrapperConstructor')

@@ -1,4 +1,4 @@
-"""tools/benchmark.py (package tools/bench/): per-device plans, the CUDA timing path chosen
+"""tools/benchmark.py (its code in tools/bench/): per-device plans, the CUDA timing path chosen
 without a GPU, option resolution for both models, memory measures, table lines."""
 import os.path as osp
 import re
@@ -14,10 +14,16 @@ ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 def bench(monkeypatch):
     """The ``bench`` package as ``python tools/benchmark.py`` sees it (tools/ on the path)."""
     monkeypatch.syspath_prepend(osp.join(ROOT, 'tools'))
-    import bench.cli
     import bench.plan
     import bench.rows
     return bench
+
+
+@pytest.fixture
+def cli(bench):
+    """tools/benchmark.py, the command line, as a module (``bench`` beside it on the path)."""
+    import benchmark
+    return benchmark
 
 
 def test_cuda_plan_without_a_gpu(bench):
@@ -86,8 +92,7 @@ def test_bf16_autocast_context_per_device(bench):
     assert ctx.device == 'cuda'
 
 
-def test_options_resolve_per_device_and_model(bench):
-    cli = bench.cli
+def test_options_resolve_per_device_and_model(bench, cli):
     args = cli.resolve(cli.build_parser(), ['--device', 'cuda'])
     assert (args.arch, args.sizes, args.train_size, args.batch, args.dtypes, args.repeats,
             args.warmup, args.processes, args.timer.synchronize) == (
@@ -112,9 +117,9 @@ def test_options_resolve_per_device_and_model(bench):
     (['--sizes', '12y'], "size '12y' is not N or HxW"),
     (['--device', 'cuda', '--clock', 'cpu'], '--clock cpu does not measure work on cuda'),
 ])
-def test_bad_options_are_argument_errors(bench, capsys, argv, message):
+def test_bad_options_are_argument_errors(cli, capsys, argv, message):
     with pytest.raises(SystemExit) as e:
-        bench.cli.resolve(bench.cli.build_parser(), argv)
+        cli.resolve(cli.build_parser(), argv)
     assert e.value.code == 2 and message in capsys.readouterr().err
 
 
@@ -141,13 +146,13 @@ def test_row_lines_are_ratios_per_reference(bench):
         '              | mem MB: ours with_cp 10 / mmdet without 100 = 0.10x')
 
 
-def test_vit_row_runs_with_every_option(tmp_path, bench):
+def test_vit_row_runs_with_every_option(tmp_path, cli):
     """ViT-B vs timm samvit through the same code as Swin: the CPU clock, batch, warm-up and
     JSON options reach it, and the weights really are shared (the parity check passes)."""
     import json
-    rows = bench.cli.main(['--model', 'vit', '--sizes', '64', '--train-size', '32x48',
-                           '--repeats', '1', '--warmup', '0', '--batch', '1', '--clock', 'cpu',
-                           '--same-process', '--json', str(tmp_path / 'vit.json')])
+    rows = cli.main(['--model', 'vit', '--sizes', '64', '--train-size', '32x48',
+                     '--repeats', '1', '--warmup', '0', '--batch', '1', '--clock', 'cpu',
+                     '--same-process', '--json', str(tmp_path / 'vit.json')])
     (row, ) = rows
     assert set(row['fwd']) == {'ours', 'timm'} and row['parity'] < 0.1  # exact at 1024 only
     assert (row['size'], row['train_size'], len(row['fwd']['ours'])) == ('64x64', '32x48', 1)
@@ -157,8 +162,8 @@ def test_vit_row_runs_with_every_option(tmp_path, bench):
 
 def test_benchmark_script_has_no_path_edits():
     for path in [osp.join(ROOT, 'tools', 'benchmark.py')] + [
-            osp.join(ROOT, 'tools', 'bench', f) for f in ('cli.py', 'models.py', 'plan.py',
-                                                          'rows.py')]:
+            osp.join(ROOT, 'tools', 'bench', f) for f in ('compiled.py', 'models.py', 'ops.py',
+                                                          'plan.py', 'rows.py')]:
         text = open(path).read()
         assert not re.search(r'sys\.path\.(insert|append)', text), path
     assert not osp.exists(osp.join(ROOT, 'tools', 'benchmark_vit.py'))

@@ -324,7 +324,7 @@ def test_mmengine_compile_option_trains_demo_config(shapes_root, tmp_path, monke
 
     from mmengine.runner import Runner
 
-    from vitdet_plugin.datasets import load_config
+    from vitdet_plugin.config import load_config
     root = osp.dirname(osp.dirname(osp.abspath(__file__)))
     cfg = load_config(osp.join(root, 'configs', 'demo', 'swin_retinanet_shapes.py'),
                       dict(data_root=shapes_root + '/'))

@@ -18,7 +18,7 @@ from mmengine.runner import Runner
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.checks import ConfigCheckError, check_config, config_problems, preflight
-from vitdet_plugin.datasets import DatasetNotFoundError, load_config
+from vitdet_plugin.config import DatasetNotFoundError, load_config
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs', '*.py'))

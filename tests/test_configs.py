@@ -10,8 +10,7 @@ import pytest
 import torch
 
 import vitdet_plugin  # noqa: F401
-from vitdet_plugin.datasets import (DatasetNotFoundError, check_data, data_root_paths,
-                                    load_config)
+from vitdet_plugin.config import DatasetNotFoundError, check_data, data_root_paths, load_config
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = sorted(p for p in glob.glob(osp.join(ROOT, 'configs', '**', '*.py'), recursive=True)

@@ -13,7 +13,8 @@ from PIL import Image
 from vitdet_plugin.checks import data as data_checks
 from vitdet_plugin.checks.data import (DataCheckError, DataSummary, check_annotations,
                                        resized_size)
-from vitdet_plugin.datasets import CLASSES, ShapesSpec, apply_cfg_options, generate_split
+from vitdet_plugin.config import apply_cfg_options
+from vitdet_plugin.datasets import CLASSES, ShapesSpec, generate_split
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = 'train_dataloader.dataset'

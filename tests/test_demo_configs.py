@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import vitdet_plugin  # noqa: F401
-from vitdet_plugin.datasets import generate_dataset, load_config
+from vitdet_plugin.config import load_config
+from vitdet_plugin.datasets import generate_dataset
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMOS = ['vit_retinanet_shapes.py', 'swin_panoptic_fpn_shapes.py', 'swin_mask_rcnn_shapes.py']

@@ -10,8 +10,7 @@ import torch
 from mmengine.runner.checkpoint import load_checkpoint
 
 import vitdet_plugin  # noqa: F401
-from vitdet_plugin.engine.checkpoint import TRUST_ENV, safe_load_from_local
-from vitdet_plugin.weights.common import CheckpointError
+from vitdet_plugin.weights.checkpoint_io import TRUST_ENV, CheckpointError, safe_load_from_local
 
 
 def _namespace_checkpoint(path) -> torch.nn.Linear:

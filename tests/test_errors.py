@@ -16,7 +16,7 @@ from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
 import vitdet_plugin  # noqa: F401
-from vitdet_plugin.datasets import DatasetNotFoundError, check_data
+from vitdet_plugin.config import DatasetNotFoundError, check_data
 from vitdet_plugin.engine.hooks import NonFiniteCheckHook, NonFiniteError
 from vitdet_plugin.models.backbones.swin import SwinBackbone
 from vitdet_plugin.models.backbones.vit import ViTBackbone

@@ -118,7 +118,7 @@ def test_parts_that_cannot_be_exported_are_named():
 
 
 def test_mismatched_checkpoint_is_named(tmp_path):
-    from vitdet_plugin.weights.common import CheckpointError
+    from vitdet_plugin.weights.checkpoint_io import CheckpointError
     path = tmp_path / 'other.pth'
     torch.save({'state_dict': {'backbone.nothing': torch.zeros(1)}}, path)
     config = osp.join(ROOT, 'configs', 'swin_retinanet.py')

@@ -1,5 +1,5 @@
 """The GPU check kit on CPU: the wheel list against the installed stack and its dependency
-closure, the dry run of tools/gpu_check.sh, the runner's step skipping, budget and kill logic
+closure, the dry run of tools/env/gpu_check.sh, the runner's step skipping, budget and kill logic
 (the real runner with stub commands: ``--fake``, ``GPU_CHECK_FAKE_FAIL``), the incremental
 result writing of checks and benchmark rows, the report table, the CLI."""
 import importlib.metadata as md
@@ -17,7 +17,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
-TOOLS = ROOT / 'tools'
+TOOLS = ROOT / 'tools' / 'env'  # the environment and GPU kits
 SCRIPT = TOOLS / 'gpu_check.sh'
 KIT = TOOLS / 'gpu_check.py'
 STEPS = ['environment', 'install-wheels', 'install-plugin', 'checks-ops', 'checks-backbones',
@@ -45,12 +45,18 @@ OUT_FILES = ['gpu_check.json', 'gpu_check.log', 'gpu_check.md']
 def kit(monkeypatch):
     monkeypatch.syspath_prepend(str(TOOLS))
     import gpu_check_kit.bench
-    import gpu_check_kit.cli
     import gpu_check_kit.env
     import gpu_check_kit.report
     import gpu_check_kit.results
     import gpu_check_kit.steps
     return gpu_check_kit
+
+
+@pytest.fixture
+def cli(kit):
+    """tools/env/gpu_check.py, the command line, as a module (tools/env/ on the path)."""
+    import gpu_check
+    return gpu_check
 
 
 def _pins() -> Dict[str, str]:
@@ -83,7 +89,7 @@ def test_wheel_list_pins_the_installed_stack():
         assert md.version(name) == version, f'{name}: list {version}, .venv {md.version(name)}'
     assert int(pins['setuptools'].split('.')[0]) < 81, 'mmengine needs pkg_resources'
     assert not {n for n in pins if _on_machine(n)}, 'the GPU machine has these already'
-    assert 'mmcv' not in pins and not (ROOT / 'tools' / 'gpu_check_kit' / 'mmcv_ops.py').exists()
+    assert 'mmcv' not in pins and not (TOOLS / 'gpu_check_kit' / 'mmcv_ops.py').exists()
 
 
 def test_wheel_list_is_the_dependency_closure_less_the_machine():
@@ -346,8 +352,7 @@ def test_report_table(kit):
     assert 'checks: no results' in empty and 'benchmark: no results' in empty
 
 
-def test_cli_arguments(kit, monkeypatch, tmp_path):
-    cli = kit.cli
+def test_cli_arguments(kit, cli, monkeypatch, tmp_path):
     parse = cli.build_parser().parse_args
     args = parse(['run', '--dry-run', '--only', 'checks-ops,report', '--budget', '100'])
     monkeypatch.setenv('OUT', str(tmp_path / 'o'))

@@ -27,7 +27,7 @@ from mmengine.structures import InstanceData, PixelData
 from torch import Tensor, nn
 
 import vitdet_plugin  # noqa: F401
-from vitdet_plugin.datasets import load_config
+from vitdet_plugin.config import load_config
 from vitdet_plugin.models.heads import SemanticMaskFormerFusionHead, semantic_inference
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))

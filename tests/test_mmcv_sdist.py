@@ -1,6 +1,6 @@
 """`make env MMCV=compiled`'s cold path on the real mmcv 2.1.0 sdist from PyPI, short of
 compiling: the build tools, the download, the C++20 patch and the extension's configuration
-under this torch (tools/mmcv_sdist.sh, the functions tools/setup_env.sh runs)."""
+under this torch (tools/env/mmcv_sdist.sh, the functions tools/env/setup_env.sh runs)."""
 import subprocess
 import sys
 import tarfile
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LIB = ROOT / 'tools' / 'mmcv_sdist.sh'
+LIB = ROOT / 'tools' / 'env' / 'mmcv_sdist.sh'
 VERSION = '2.1.0'
 #: mmcv 2.1.0's setup.py passes '-std=c++17' in three places on Linux (pytorch cxx, MPS, nvcc).
 CXX17_FLAGS_IN_SDIST = 3

@@ -23,9 +23,15 @@ OP_MODULES = ('mmcv.ops.nms', 'mmcv.ops.roi_align', 'mmcv.ops.focal_loss',
 def bench(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     """The ``bench`` package as ``python tools/benchmark.py`` sees it (tools/ on the path)."""
     monkeypatch.syspath_prepend(osp.join(ROOT, 'tools'))
-    import bench.cli
     import bench.ops
     return bench
+
+
+def _cli() -> types.ModuleType:
+    """tools/benchmark.py, the command line, as a module (the ``bench`` fixture puts tools/ on
+    the path)."""
+    import benchmark
+    return benchmark
 
 
 @pytest.fixture
@@ -102,7 +108,7 @@ def test_compiled_ext_tells_ours_from_compiled(bench: types.ModuleType,
 
 def test_model_ops_arguments(bench: types.ModuleType, monkeypatch: pytest.MonkeyPatch,
                              tmp_path: Any) -> None:
-    cli = bench.cli
+    cli = _cli()
     args = cli.resolve(cli.build_parser(), ['--model', 'ops', '--repeats', '2', '--warmup',
                                             '0', '--json', str(tmp_path / 'o.json')])
     assert (args.model, args.repeats, args.warmup, args.device) == ('ops', 2, 0, 'cpu')
@@ -117,7 +123,8 @@ def test_model_ops_arguments(bench: types.ModuleType, monkeypatch: pytest.Monkey
 
 def _args(bench: types.ModuleType, repeats: int, warmup: int,
           device: str = 'cpu') -> argparse.Namespace:
-    return bench.cli.resolve(bench.cli.build_parser(), [
+    cli = _cli()
+    return cli.resolve(cli.build_parser(), [
         '--model', 'ops', '--repeats', str(repeats), '--warmup', str(warmup), '--device', device])
 
 
@@ -158,7 +165,7 @@ def test_benchmark_without_compiled_mmcv_says_so(bench: types.ModuleType,
     ops = bench.ops
     monkeypatch.setattr(ops, 'compiled_ext', lambda: None)
     monkeypatch.setattr(ops, 'cases', lambda: [ops.box_case('nms', 50)])
-    rows = bench.cli.main(['--model', 'ops', '--repeats', '1', '--warmup', '0'])
+    rows = _cli().main(['--model', 'ops', '--repeats', '1', '--warmup', '0'])
     out = capsys.readouterr().out
     assert 'nms 50 boxes' in out and ops.COMPILED_MISSING in out and FIX in out
     assert 'ref' not in rows[0] and rows[0]['ours'] > 0

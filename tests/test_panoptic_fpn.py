@@ -6,7 +6,7 @@ import torch
 from mmengine.structures import InstanceData
 
 import vitdet_plugin  # noqa: F401
-from vitdet_plugin.datasets import load_config
+from vitdet_plugin.config import load_config
 from vitdet_plugin.models.detectors.panoptic_fpn import IGNORE_INDEX
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))

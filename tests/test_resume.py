@@ -10,7 +10,7 @@ from mmengine.runner import Runner
 import vitdet_plugin  # noqa: F401
 from dist_worker import make_data, tiny_cfg
 from vitdet_plugin.engine.hooks import RNG_STATE_KEY, get_rng_state, set_rng_state
-from vitdet_plugin.weights.common import CheckpointError
+from vitdet_plugin.weights.checkpoint_io import CheckpointError
 
 N_ITERS, K_ITERS = 6, 3
 
@@ -63,7 +63,7 @@ def test_checkpoint_written_by_either_numpy_loads_weights_only(tmp_path, numpy_m
 
     from mmengine.logging import MessageHub
 
-    from vitdet_plugin.engine.checkpoint import safe_load_from_local
+    from vitdet_plugin.weights.checkpoint_io import safe_load_from_local
     hub = MessageHub.get_instance('numpy-names')
     hub.update_scalar('train/loss', 1.5)
     written = tmp_path / 'written.pth'
@@ -236,7 +236,7 @@ def test_load_from_url_refuses_malicious_checkpoint(tmp_path, monkeypatch):
 
     import mmengine.runner.checkpoint as mmengine_checkpoint
     from mmengine.runner.checkpoint import load_checkpoint
-    from vitdet_plugin.engine.checkpoint import safe_load_from_http
+    from vitdet_plugin.weights.checkpoint_io import safe_load_from_http
 
     served = tmp_path / 'served'
     served.mkdir()

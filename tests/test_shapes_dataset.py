@@ -130,7 +130,7 @@ def test_mmdet_coco_dataset_reads_it(dataset):
     from mmengine.registry import init_default_scope
     from mmdet.registry import DATASETS
 
-    from vitdet_plugin.datasets import load_config
+    from vitdet_plugin.config import load_config
 
     cfg = load_config(str(Path(__file__).parents[1] / 'configs/_base_/datasets/'
                           'shapes_instance.py'), {'data_root': str(dataset) + '/'})

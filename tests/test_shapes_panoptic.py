@@ -217,7 +217,7 @@ def test_images_and_instances_unchanged_and_old_dataset_upgraded(dataset, tmp_pa
 
 # ----------------------------------------------------------------------------- mmdet
 def _cfg(root: Path, thing_classes=None):
-    from vitdet_plugin.datasets import load_config
+    from vitdet_plugin.config import load_config
 
     options: dict = {'data_root': str(root) + '/'}
     if thing_classes is not None:

@@ -428,7 +428,7 @@ def test_config_builds_and_runs_one_loss_step(config):
     from mmdet.testing import demo_mm_inputs
     from mmengine.optim import build_optim_wrapper
 
-    from vitdet_plugin.datasets import load_config
+    from vitdet_plugin.config import load_config
 
     cfg = load_config(osp.join(ROOT, config))
     bb = cfg.model.backbone

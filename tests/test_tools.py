@@ -76,7 +76,7 @@ def test_get_flops(capsys):
     tool = _tool('analysis/get_flops')
     flops, params = tool.main([DEMO, '--shape', '256', '256'])
     from mmdet.registry import MODELS
-    from vitdet_plugin.datasets import load_config
+    from vitdet_plugin.config import load_config
     model = MODELS.build(load_config(DEMO).model).eval()
     assert params == sum(p.numel() for p in model.parameters())
     out = capsys.readouterr().out

@@ -24,7 +24,7 @@ from mmdet.registry import MODELS
 from torch import Tensor, nn
 
 import vitdet_plugin  # noqa: F401
-from vitdet_plugin.datasets import load_config
+from vitdet_plugin.config import load_config
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 BEFORE = osp.join(ROOT, 'tests', 'fixtures', 'vit_pyramid_before_neck.json')

@@ -18,7 +18,7 @@ import vitdet_plugin  # noqa: F401
 from vitdet_plugin.models.backbones import ViTBackbone
 from vitdet_plugin.models.layers import resize_rel_pos
 from vitdet_plugin.models.necks import ViTSimpleFPN
-from vitdet_plugin.weights.common import CheckpointError
+from vitdet_plugin.weights.checkpoint_io import CheckpointError
 from vitdet_plugin.weights.vit import (convert_vit, detect_vit_format, load_vit_pretrained,
                                        simple_fpn_to_detectron2, vit_target_shapes)
 
@@ -279,7 +279,7 @@ def test_own_checkpoint_with_a_non_square_position_grid_round_trips(pretrain, us
 
 
 def test_position_resizing_keeps_float64_precision():
-    from vitdet_plugin.weights.common import resize_pos_grid
+    from vitdet_plugin.functional import resize_pos_grid
     g = torch.Generator().manual_seed(0)
     table = torch.randn(13, 8, generator=g, dtype=torch.float64)
     grid = torch.randn(1, 8, 5, 7, generator=g, dtype=torch.float64)

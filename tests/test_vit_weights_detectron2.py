@@ -22,7 +22,7 @@ from helpers import assert_close_rel, randomize_
 from test_vit_weights import ARCH, d2_checkpoint, ours, samvit
 from vitdet_plugin.models.backbones import ViTBackbone
 from vitdet_plugin.models.necks import ViTSimpleFPN
-from vitdet_plugin.weights.common import CheckpointError
+from vitdet_plugin.weights.checkpoint_io import CheckpointError
 from vitdet_plugin.weights.vit import (convert_simple_fpn, convert_vit, convert_vitdet_to_mmdet,
                                        load_simple_fpn_pretrained, load_vit_pretrained,
                                        simple_fpn_part, simple_fpn_to_detectron2,

@@ -1,7 +1,211 @@
 #!/usr/bin/env python
-"""Speed and memory of our backbones vs mmdet / timm, as ratios: ``python tools/benchmark.py
---help``. The code lives in the ``bench`` package beside this script (``tools/bench/``)."""
-from bench.cli import main
+"""Command line of ``tools/benchmark.py``: ours vs the reference implementations, as ratios.
+
+Same config, same weights, the models interleaved on every repeat; results as ratios
+(ours / reference, < 1 is better).
+
+    python tools/benchmark.py                       # Swin-T vs mmdet and timm, CPU
+    python tools/benchmark.py --model vit           # ViT-B vs timm samvit_base_patch16
+    python tools/benchmark.py --model swinv2        # Swin V2-T vs timm swinv2_tiny_window8_256
+    python tools/benchmark.py --device cuda         # GPU: 800x1216 batch 2, fp32 and bf16
+    python tools/benchmark.py --model vit --device cuda --json vit.json
+    python tools/benchmark.py --model ops           # compile-free mmcv ops vs compiled mmcv
+
+Swin: ours vs mmdet's ``SwinTransformer`` and timm's swin. ViT: ours vs timm's samvit (its
+features before the neck). Every option applies to both models.
+
+CPU (default): sizes 224, 800x1216, 1024 (ViT: 1024), batch 1, fp32; each table row (size,
+with_cp, dtype) runs in ``--processes`` fresh processes (default 3) holding all compared
+models, their repeats pooled and the per-process ratios printed under the row: on a shared
+2-core VM the references' forward moved by up to 30% between processes. Memory column: the
+distinct storages autograd saves for backward in a training forward (parameters excluded).
+
+CUDA: 800x1216 (ViT: 1024x1024), batch 2, fp32 and bf16 autocast, forward and training step
+(forward + backward) at the same size, median of at least 10 runs after 3 warm-up calls,
+``torch.cuda.synchronize`` around every timed call, one process per row. Memory column: the
+peak CUDA allocation of a training forward + backward above the model's own footprint.
+
+``--compile``: the training step only (CPU: 512x512, batch 2), ours compiled vs the reference
+eager and compiled the same way (and ours eager): ``tools/bench/compiled.py``.
+
+Columns: ``fwd`` forward seconds (eval, no grad); ``fwd+bwd`` training forward + backward
+seconds; ``mem MB`` as above. Before timing, ours is checked against mmdet (Swin) or timm
+(ViT) on the same input.
+
+This file is the command line; the measuring code is the ``bench`` package beside it
+(``tools/bench/``: plan, models, rows, compiled, ops; no entry point of its own), imported with
+``tools/`` on the path, which running this script gives.
+"""
+import argparse
+import json
+import os
+import sys
+import warnings
+from typing import Callable, List, Optional, Sequence
+
+import torch
+
+from bench.compiled import (compile_row_specs, format_compiled_row,
+                            measure_compiled_row, resolve_compile)
+from bench.ops import run_ops
+from bench.plan import (CLOCKS, DEFAULT_ARCH, DTYPES, MODELS, DevicePlan,
+                        check_repeats, make_timer, parse_size, plan_for)
+from bench.rows import (Row, RowSettings, RowSpec, format_row, measure_row,
+                        pool_rows, run_row_in_child, with_cp_line)
+
+
+def _size(text: str) -> tuple:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog='tools/benchmark.py', description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--model', choices=MODELS, default='swin')
+    p.add_argument('--arch', default=None,
+                   help='swin: tiny/small/base/large (default tiny); vit: base/large/huge '
+                        '(default base)')
+    p.add_argument('--device', default='cpu', help='cpu, cuda or cuda:N')
+    p.add_argument('--sizes', nargs='+', type=_size, default=None,
+                   help='forward sizes, N or HxW (default: see above)')
+    p.add_argument('--train-size', type=_size, default=None,
+                   help='size of the training step and memory columns (CPU default 512; CUDA '
+                        'default: the forward size)')
+    p.add_argument('--batch', type=int, default=None, help='images per batch (CPU 1, CUDA 2)')
+    p.add_argument('--dtypes', nargs='+', choices=DTYPES, default=None,
+                   help='precisions (CPU fp32; CUDA fp32 bf16); bf16 = autocast')
+    p.add_argument('--repeats', type=int, default=None,
+                   help='timed runs per model and measurement (CPU 5; CUDA 10, the minimum)')
+    p.add_argument('--warmup', type=int, default=None,
+                   help='untimed calls per model first (CPU 1, CUDA 3)')
+    p.add_argument('--threads', type=int, default=None, help='torch CPU threads')
+    p.add_argument('--with-cp', action='store_true',
+                   help='also measure with activation checkpointing (ours and mmdet with_cp, '
+                        'timm set_grad_checkpointing)')
+    p.add_argument('--skip-backward', action='store_true', help='no training-step timing')
+    p.add_argument('--compile', action='store_true',
+                   help='the training step under torch.compile (inductor): ours compiled vs '
+                        'the reference eager and compiled the same way, at --train-size '
+                        '(default batch 2); see tools/bench/compiled.py')
+    p.add_argument('--clock', choices=CLOCKS, default='wall',
+                   help="'cpu': process CPU time (all threads), robust on a shared machine; "
+                        'CPU only')
+    p.add_argument('--same-process', action='store_true',
+                   help='measure every row in this process (default on CPU: each row in fresh '
+                        'processes; the models stay interleaved within a row)')
+    p.add_argument('--processes', type=int, default=None,
+                   help='fresh processes per row, repeats pooled (CPU 3, CUDA 1)')
+    p.add_argument('--json', default=None, metavar='PATH', help='also write the rows as JSON')
+    p.add_argument('--row', default=None, help=argparse.SUPPRESS)  # internal: one child row
+    return p
+
+
+def resolve(p: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """Parse ``argv`` and fill every default from the device's plan; errors name the option."""
+    args = p.parse_args(argv)
+    try:
+        plan = plan_for(args.device, args.model)
+        args.repeats = check_repeats(plan, args.repeats)
+        args.timer = make_timer(plan, args.clock)
+    except ValueError as e:
+        p.error(str(e))
+    args.plan = plan
+    args.arch = args.arch or DEFAULT_ARCH[args.model]
+    args.sizes = args.sizes or list(plan.sizes)
+    args.train_size = args.train_size or plan.train_size
+    args.dtypes = args.dtypes or list(plan.dtypes)
+    for name, least in (('batch', 1), ('warmup', 0), ('processes', 1), ('threads', 1)):
+        value = getattr(args, name)
+        if value is not None and value < least:
+            p.error(f'--{name} must be at least {least}, got {value}')
+    if args.compile:
+        resolve_compile(p, args)
+    args.batch = args.batch or plan.batch
+    args.warmup = plan.warmup if args.warmup is None else args.warmup
+    args.processes = args.processes or plan.processes
+    return args
+
+
+def row_specs(args: argparse.Namespace) -> List[RowSpec]:
+    """The rows of a run, in order: per size, per dtype, without then with checkpointing."""
+    if args.compile:
+        return compile_row_specs(args)
+    cps = [False, True] if args.with_cp else [False]
+    return [RowSpec(size, cp, dtype) for size in args.sizes for dtype in args.dtypes
+            for cp in cps]
+
+
+#: What ours is compared with, per ``--model`` (the header line).
+REFERENCES = {'swin': 'mmdet SwinTransformer, timm swin', 'swinv2': 'timm swinv2',
+              'vit': 'timm samvit'}
+
+
+def settings_of(args: argparse.Namespace) -> RowSettings:
+    return RowSettings(model=args.model, arch=args.arch, plan=args.plan, timer=args.timer,
+                       train_size=args.train_size, batch=args.batch, repeats=args.repeats,
+                       warmup=args.warmup, skip_backward=args.skip_backward)
+
+
+def header(args: argparse.Namespace) -> str:
+    plan: DevicePlan = args.plan
+    device = args.device
+    if plan.synchronize:
+        device += f' ({torch.cuda.get_device_name(args.device)})'
+    refs = REFERENCES[args.model] + (' (--compile: training step)' if args.compile else '')
+    return (f'{args.model}-{args.arch} vs {refs} | device={device} batch={args.batch} '
+            f'train={args.train_size[0]}x{args.train_size[1]} repeats={args.repeats} '
+            f'warmup={args.warmup} clock={args.clock} threads={torch.get_num_threads()} '
+            f'torch={torch.__version__} load={os.getloadavg()[0]:.1f}')
+
+
+def measure_of(args: argparse.Namespace) -> Callable[[RowSettings, RowSpec], Row]:
+    """How one row is measured: the eager comparison, or ``--compile``'s."""
+    return measure_compiled_row if args.compile else measure_row
+
+
+def run(args: argparse.Namespace, argv: Sequence[str]) -> List[Row]:
+    rows: List[Row] = []
+    settings = settings_of(args)
+    for spec in row_specs(args):
+        if args.same_process:
+            row = measure_of(args)(settings, spec)
+        else:
+            row = pool_rows([run_row_in_child(argv, spec) for _ in range(args.processes)])
+        plain = rows[-1] if rows else None
+        rows.append(row)
+        for line in (format_compiled_row if args.compile else format_row)(row):
+            print(line, flush=True)
+        extra = with_cp_line(row, plain)
+        if extra:
+            print(extra, flush=True)
+    return rows
+
+
+def main(argv: Optional[Sequence[str]] = None) -> List[Row]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = resolve(build_parser(), argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    # mmdet's SwinTransformer(with_cp=True) calls checkpoint() without use_reentrant
+    warnings.filterwarnings('ignore', message='torch.utils.checkpoint: the use_reentrant')
+    torch.manual_seed(0)
+    if args.model == 'ops':  # tools/bench/ops.py: its own rows, in this process
+        return run_ops(args)
+    if args.row is not None:  # child process: one row, as JSON on the last stdout line
+        print(json.dumps(measure_of(args)(settings_of(args), RowSpec.parse(args.row))),
+              flush=True)
+        return []
+    print(header(args), flush=True)
+    rows = run(args, argv)
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(dict(model=args.model, arch=args.arch, device=args.device, rows=rows),
+                      f, indent=1)
+    return rows
+
 
 if __name__ == '__main__':
     main()

@@ -60,7 +60,7 @@ FEATURES="$WORK/visualize/features_val_000000.png"
 say "4/4 feature maps of ${DATA}val/000000.png with $CKPT"
 # the neck's maps too when the model has one (the DETR demos feed the backbone to the head)
 NECK=()
-if "$PY" -c "import sys; from vitdet_plugin.datasets import load_config
+if "$PY" -c "import sys; from vitdet_plugin.config import load_config
 sys.exit(0 if load_config(sys.argv[1]).model.get('neck') else 1)" "$CONFIG"; then
     NECK=(--neck)
 fi

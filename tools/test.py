@@ -28,7 +28,7 @@ if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not 
 import vitdet_plugin  # noqa: F401  (registers our modules, torch/mmengine resume fix)
 from vitdet_plugin.checks import (ConfigCheckError, DataCheckError, drop_preflight_hook,
                                   preflight)
-from vitdet_plugin.datasets import DatasetNotFoundError, load_config
+from vitdet_plugin.config import DatasetNotFoundError, load_config
 from vitdet_plugin.engine.dist import prepare_cpu_distributed
 
 GRID_TILE = 384  # px, longest side of one tile in --grid

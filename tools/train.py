@@ -26,7 +26,7 @@ if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not 
 import vitdet_plugin  # noqa: F401  (registers our modules, torch/mmengine resume fix)
 from vitdet_plugin.checks import (ConfigCheckError, DataCheckError, drop_preflight_hook,
                                   preflight)
-from vitdet_plugin.datasets import DatasetNotFoundError, load_config
+from vitdet_plugin.config import DatasetNotFoundError, load_config
 from vitdet_plugin.engine.dist import prepare_cpu_distributed
 from vitdet_plugin.engine.dist_faults import DistributedFaultError, train_with_fault_report
 

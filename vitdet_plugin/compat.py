@@ -1,29 +1,36 @@
-"""Runtime compatibility checks and fixes, applied once when ``vitdet_plugin`` is imported.
+"""Every change ``import vitdet_plugin`` makes to other libraries, applied by one function,
+:func:`apply` (called from ``vitdet_plugin/__init__.py``; idempotent). Importing this module
+changes nothing. In order:
 
-* The supported stack is checked (mmcv, mmengine, mmdet versions, and that ``mmcv.ops`` loads:
-  on mmcv's compiled extension or on the compile-free ops of :mod:`vitdet_plugin.ops`); a broken
-  one raises :class:`UnsupportedEnvironmentError` naming the fix (``make env``) instead of
-  failing later deep inside a model build.
-* torch >= 2.6 loads checkpoints with ``weights_only=True`` by default, and mmengine 0.10.7's
-  resume then fails on the objects its checkpoints carry (``HistoryBuffer`` in the message hub,
-  its statistics methods, numpy arrays and scalars; mmengine#1655). We allow-list exactly
-  those with
-  :func:`torch.serialization.add_safe_globals`; ``weights_only`` stays on, so a checkpoint
-  carrying any other object is still refused.
-* mmcv 2.1's compiled ``nms`` and ``roi_align`` have no bfloat16 kernels (CPU: float only;
-  CUDA: float and half), so bf16 autocast (``AmpOptimWrapper(dtype='bfloat16')``, and CPU
-  autocast, which is bf16) fails in two-stage detectors' RPN NMS and RoI feature extraction.
-  With the compiled extension, :func:`patch_mmcv_bf16_ops` runs those two ops in float32 for
-  bf16 inputs and casts the result back; other dtypes go to mmcv's kernels unchanged. The
-  compile-free ops take bf16 themselves, so nothing is patched on them.
+1. The compile-free mmcv ops are put in place where mmcv has no compiled extension
+   (:func:`vitdet_plugin.ops.startup.install`; the package's .pth hook does the same at
+   interpreter start), before anything imports ``mmcv.ops``.
+2. The supported stack is checked (mmcv, mmengine, mmdet versions, and that ``mmcv.ops`` loads:
+   on mmcv's compiled extension or on the compile-free ops of :mod:`vitdet_plugin.ops`); a broken
+   one raises :class:`UnsupportedEnvironmentError` naming the fix (``make env``) instead of
+   failing later deep inside a model build.
+3. Safe checkpoint loading (:mod:`vitdet_plugin.weights.checkpoint_io`): mmengine's checkpoint
+   objects allow-listed for ``torch.load(weights_only=True)`` (mmengine#1655), and mmengine's
+   loaders for local files and URLs routed through the weights_only reader with its trust list.
+4. mmcv 2.1's compiled ``nms`` and ``roi_align`` have no bfloat16 kernels (CPU: float only;
+   CUDA: float and half), so bf16 autocast (``AmpOptimWrapper(dtype='bfloat16')``, and CPU
+   autocast, which is bf16) fails in two-stage detectors' RPN NMS and RoI feature extraction.
+   With the compiled extension, :func:`patch_mmcv_bf16_ops` runs those two ops in float32 for
+   bf16 inputs and casts the result back; other dtypes go to mmcv's kernels unchanged. The
+   compile-free ops take bf16 themselves, so nothing is patched on them.
+
+Registering our modules in mmdet's and mmengine's registries is separate: importing
+:mod:`vitdet_plugin.models`, :mod:`vitdet_plugin.engine` and :mod:`vitdet_plugin.checks` does it.
 """
 import functools
 import importlib
 import os
-import pickle
-from typing import Any, Callable, List, Tuple, Union
+from typing import Callable
 
 import torch
+
+from .ops import startup as ops_startup
+from .weights.checkpoint_io import install_safe_checkpoint_loader, register_safe_globals
 
 MMCV_RANGE = ('2.0.0rc4', '2.2.0')
 MMENGINE_RANGE = ('0.10.0', '0.11.0')
@@ -74,72 +81,6 @@ def ops_backend() -> str:
     return str(getattr(ext, 'BACKEND', COMPILED_BACKEND))
 
 
-_HISTORY_BUFFER_STATISTICS = ('min', 'max', 'mean', 'current')
-
-
-def _history_buffer_getattr(obj: object, name: str) -> object:
-    """``getattr`` restricted to what mmengine's ``HistoryBuffer`` pickles.
-
-    A ``HistoryBuffer`` carries its statistics methods (``min``, ``max``, ``mean``,
-    ``current`` and custom registered ones), which pickle writes as
-    ``builtins.getattr(HistoryBuffer, 'min')``. Allow-listing the real ``getattr`` would let a
-    checkpoint fetch any attribute of any allowed object, so only those lookups are served.
-    """
-    from mmengine.logging import HistoryBuffer
-
-    # the class-level registry fills lazily, so the built-ins are listed explicitly (read
-    # before ``obj is HistoryBuffer``, which narrows the untyped class to ``object`` for mypy)
-    registered = HistoryBuffer._statistics_methods
-    if obj is HistoryBuffer and (name in _HISTORY_BUFFER_STATISTICS or name in registered):
-        return getattr(obj, name)
-    raise pickle.UnpicklingError(
-        f'refused builtins.getattr({obj!r}, {name!r}) while loading a checkpoint: only '
-        f'HistoryBuffer statistics methods may be looked up')
-
-
-#: What ``torch.serialization.add_safe_globals`` takes: a class or ``(callable, its name)``.
-SafeGlobal = Union[type, Tuple[Callable[..., Any], str]]
-
-
-def mmengine_safe_globals() -> List[SafeGlobal]:
-    """The classes mmengine checkpoints carry besides tensors and builtins."""
-    import numpy as np
-    from mmengine.logging import HistoryBuffer
-
-    safe: List[SafeGlobal] = [HistoryBuffer, np.ndarray, np.dtype,
-                              (_history_buffer_getattr, 'builtins.getattr')]
-    # numpy pickles arrays through ``_reconstruct`` and scalars through ``scalar``; the module
-    # moved from numpy.core to numpy._core in numpy 2, and a checkpoint names the module of the
-    # numpy that wrote it: allow both names, whichever numpy is installed
-    multiarray = None
-    for modname in ('numpy._core.multiarray', 'numpy.core.multiarray'):
-        try:
-            multiarray = __import__(modname, fromlist=['_reconstruct', 'scalar'])
-            break
-        except ImportError:
-            continue
-    if multiarray is not None:
-        safe += [(getattr(multiarray, fn), f'{modname}.multiarray.{fn}')
-                 for modname in ('numpy._core', 'numpy.core') for fn in ('_reconstruct', 'scalar')]
-    # dtypes are pickled by their class (numpy >= 1.25: numpy.dtypes.Float64DType, ...)
-    dtypes = getattr(np, 'dtypes', None)
-    if dtypes is not None:
-        safe += [getattr(dtypes, n) for n in dir(dtypes) if n.endswith('DType')
-                 and isinstance(getattr(dtypes, n), type)]
-    return safe
-
-
-def register_safe_globals() -> Tuple[str, ...]:
-    """Allow-list mmengine's checkpoint classes for ``torch.load(weights_only=True)``."""
-    add = getattr(torch.serialization, 'add_safe_globals', None)
-    if add is None:  # torch < 2.4 has no weights_only default to fix
-        return ()
-    safe = mmengine_safe_globals()
-    add(safe)
-    return tuple(s[1] if isinstance(s, tuple) else f'{s.__module__}.{s.__qualname__}'
-                 for s in safe)
-
-
 _BF16_PATCHED = '_vitdet_bf16_via_fp32'
 
 
@@ -184,8 +125,11 @@ def patch_mmcv_bf16_ops() -> None:
 
 
 def apply() -> None:
-    """Check the stack and install the fixes (idempotent)."""
+    """Apply the import-time patches listed in the module docstring, in that order
+    (idempotent)."""
+    ops_startup.install()  # before anything below imports mmcv.ops
     check_stack()
     register_safe_globals()
+    install_safe_checkpoint_loader()
     if ops_backend() == COMPILED_BACKEND:
         patch_mmcv_bf16_ops()

@@ -27,7 +27,6 @@ model = dict(
         type='SwinBackbone',
         arch=dict(embed_dims=48, depths=[2, 2, 2, 2], num_heads=[3, 6, 12, 24]),
         window_size=8,  # 256 px input: 64/32/16/8 token maps, no window padding
-        drop_path_rate=0.1,
         out_indices=(1, 2, 3)),  # strides 8/16/32, channels 96/192/384
     neck=None,
     bbox_head=dict(

@@ -23,7 +23,7 @@ if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not 
     sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 import vitdet_plugin  # noqa: F401  (registers our modules)
-from vitdet_plugin.datasets import load_config
+from vitdet_plugin.config import load_config
 from vitdet_plugin.models.layers import eager_attention
 
 if TYPE_CHECKING:

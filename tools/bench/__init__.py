@@ -1,8 +1,9 @@
-"""Benchmark of our backbones against the reference implementations (``tools/benchmark.py``).
+"""Benchmark of our backbones against the reference implementations: the measuring code of
+``tools/benchmark.py`` (the command line, which holds the argument parser and ``main``).
 
 Modules: :mod:`.plan` (per-device defaults, timer, precision, memory measure; no device
 touched), :mod:`.models` (the compared models with the same weights, through public APIs),
-:mod:`.rows` (one measured row, pooling, printing), :mod:`.cli` (the command line).
-Imported as ``bench`` with ``tools/`` on the path, which running ``python tools/benchmark.py``
-gives.
+:mod:`.rows` (one measured row, pooling, printing), :mod:`.compiled` (``--compile``),
+:mod:`.ops` (``--model ops``). Not an entry point: imported as ``bench`` with ``tools/`` on the
+path, which running ``python tools/benchmark.py`` gives.
 """

@@ -298,7 +298,7 @@ def shapes_batch(num: int, size: int, seed: int = SEED) -> dict:
 
 
 def model_config(path: str) -> Any:
-    from vitdet_plugin.datasets import load_config  # the config, its _base_ files resolved
+    from vitdet_plugin.config import load_config  # the config, its _base_ files resolved
     return load_config(str(REPO / path)).model
 
 

@@ -32,7 +32,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..datasets.checks import LOADER_KEYS, _datasets
+from ..config import LOADER_KEYS, _datasets
 
 #: side of the square meta-device input the backbone / neck are probed with (divisible by every
 #: stride up to 128, so strides are exact)

@@ -70,7 +70,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from mmengine.config import Config
 
-from ..datasets.checks import LOADER_KEYS, _datasets, _is_remote
+from ..config import LOADER_KEYS, _datasets, _is_remote
 from .coco_scan import Problems, ScanResult, ScanSettings, scan
 
 #: with a color_type that keeps the file's channels, image headers read at most (per dataset)
@@ -383,7 +383,7 @@ def check_annotations(cfg: Config, stages: Sequence[str] = ('train',),
     """Check the annotations of the COCO-style datasets of ``stages`` (see the module docstring).
 
     Args:
-        cfg: the config; ``stages`` as in :data:`vitdet_plugin.datasets.checks.LOADER_KEYS`.
+        cfg: the config; ``stages`` as in :data:`vitdet_plugin.config.LOADER_KEYS`.
         min_image_side: refuse kept images whose short side (after the pipeline's resize) is
             below it; pass the backbone's largest stride. None: not checked.
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, List, Optional, Sequence
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
-from ..datasets.checks import check_data
+from ..config import check_data
 from .config import backbone_maps, config_problems, raise_problems
 from .data import DataSummary, check_annotations
 

@@ -101,8 +101,9 @@ def build_detector_part(config: str, checkpoint: Optional[str] = None, part: str
     from mmdet.registry import MODELS
     from mmengine.logging import MMLogger
 
-    from ..datasets import load_config
-    from ..weights.common import CheckpointError, checkpoint_state_dict
+    from ..config import load_config
+    from ..weights.checkpoint_io import CheckpointError
+    from ..weights.common import checkpoint_state_dict
 
     cfg = load_config(config, cfg_options)
     model = MODELS.build(cfg.model)

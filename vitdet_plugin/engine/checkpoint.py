@@ -12,34 +12,17 @@ the same way, and only then removes checkpoints beyond ``max_keep_ckpts``. At ev
 previous checkpoint and the ``last_checkpoint`` pointing at it stay complete and loadable.
 Remote backends (``backend_args`` / ``out_dir`` URIs) fall back to the stock behaviour.
 
-:func:`install_safe_checkpoint_loader` (applied on import, for every OpenMMLab library in the
-process) makes mmengine's loaders for local files and for URLs (``http(s)://``, and through it
-``modelzoo://``, ``torchvision://``, ``open-mmlab://``, ``mmcls://``), used by ``Runner.resume``
-(``tools/train.py --resume``), ``load_from`` and ``load_checkpoint``, read with an explicit
-``torch.load(weights_only=True)`` and refuse a checkpoint carrying arbitrary Python objects with
-a :class:`CheckpointError` that names the file, the refused object and the way to trust it
-(nothing is executed). mmengine's own URL loader goes through torch hub's
-``load_state_dict_from_url``, which unpickles anything. A file you trust (e.g. a training
-checkpoint holding an ``argparse.Namespace``) is read with full unpickling only when its path
-or URL is listed in the environment variable ``VITDET_TRUSTED_CHECKPOINTS`` (``os.pathsep``
-separated); there is no switch that turns safe loading off for all files. Only unpickling and
-file-format errors become "cannot read" errors; out-of-memory or device errors propagate.
+Reading checkpoints (safe loading, the trust list, mmengine's loaders) is
+:mod:`vitdet_plugin.weights.checkpoint_io`.
 """
 import os
 import os.path as osp
 from collections import deque
-from typing import Any, Deque, Optional
+from typing import Deque, Optional
 
-import mmengine.runner.checkpoint as mmengine_checkpoint
-import torch.distributed
-from mmengine.dist import get_dist_info, is_main_process
+from mmengine.dist import is_main_process
 from mmengine.hooks import CheckpointHook
 from mmengine.registry import HOOKS
-from mmengine.runner.checkpoint import CheckpointLoader
-
-from ..weights.common import (TRUST_ENV, CheckpointError, is_trusted,  # noqa: F401
-                              load_trusted_or_weights_only, resolve_checkpoint_path,
-                              trusted_checkpoints)
 
 #: suffix of the partial file a save writes before the atomic rename
 TMP_SUFFIX = '.tmp'
@@ -175,41 +158,3 @@ class AtomicCheckpointHook(CheckpointHook):
             old = osp.join(self.out_dir, self.filename_tmpl.format(stale))
             if osp.isfile(old):
                 os.remove(old)
-
-
-# ----------------------------------------------------------------------------- safe loading
-def safe_load_from_local(filename: str, map_location: Any = None) -> Any:
-    """mmengine's local-file checkpoint loader, through :func:`load_trusted_or_weights_only`."""
-    path = resolve_checkpoint_path(filename, source='--resume / load_from / the checkpoint path')
-    return load_trusted_or_weights_only(path, map_location, filename)
-
-
-def safe_load_from_http(filename: str, map_location: Any = None,
-                        model_dir: Optional[str] = None, progress: bool = False) -> Any:
-    """mmengine's URL checkpoint loader (same signature) with ``weights_only=True``.
-
-    As mmengine does, rank 0 downloads first (into ``model_dir``, default torch hub's
-    checkpoint cache) while the other ranks wait, then read the cached file."""
-    del progress  # downloads are quiet, as in weights.common
-    rank, world_size = get_dist_info()
-    path = resolve_checkpoint_path(filename, model_dir) if rank == 0 else None
-    if world_size > 1:
-        torch.distributed.barrier()
-        if rank > 0:
-            path = resolve_checkpoint_path(filename, model_dir)
-    assert path is not None  # every rank resolved it
-    return load_trusted_or_weights_only(path, map_location, filename)
-
-
-def install_safe_checkpoint_loader() -> None:
-    """Route mmengine's loading of local checkpoint files and URLs through
-    :func:`safe_load_from_local` / :func:`safe_load_from_http` (idempotent)."""
-    CheckpointLoader.register_scheme(prefixes='', force=True)(safe_load_from_local)
-    CheckpointLoader.register_scheme(prefixes=('http://', 'https://'),
-                                     force=True)(safe_load_from_http)
-    # modelzoo://, torchvision://, open-mmlab:// and mmcls:// resolve to a URL and call the
-    # module-level load_from_http directly, not through the registry
-    mmengine_checkpoint.load_from_http = safe_load_from_http
-
-
-install_safe_checkpoint_loader()

@@ -23,7 +23,8 @@ from torch import Tensor, nn
 
 from ..functional import (bias_table_size, interpolation_dtype, relative_position_index,
                           resize_pos_grid)
-from .common import (CheckpointError, StateDict, backbone_part, checkpoint_state_dict, hw_pair,
+from .checkpoint_io import CheckpointError
+from .common import (StateDict, backbone_part, checkpoint_state_dict, hw_pair,
                      load_state_dict_checked)
 
 logger = logging.getLogger('vitdet_plugin')

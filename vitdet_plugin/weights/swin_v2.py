@@ -23,8 +23,8 @@ from typing import Any, Iterable, List, Mapping, Optional, Tuple, Union
 from torch import Tensor, nn
 
 from ..functional.cpb import CPB_COORD_RANGE
-from .common import (CheckpointError, StateDict, backbone_part, checkpoint_state_dict,
-                     load_state_dict_checked)
+from .checkpoint_io import CheckpointError
+from .common import StateDict, backbone_part, checkpoint_state_dict, load_state_dict_checked
 from .swin import _OUTPUT_NORM, drop_unused_output_norms, from_mmdet_names, from_timm_layout
 
 logger = logging.getLogger('vitdet_plugin')

@@ -38,9 +38,9 @@ import torch
 from torch import Tensor, nn
 
 from ..functional import resize_pos_grid, resize_rel_pos
-from .common import (CheckpointError, StateDict, checkpoint_state_dict, drop_keys, hw_pair,
+from .checkpoint_io import CheckpointError
+from .common import (StateDict, checkpoint_state_dict, drop_keys, hw_pair,
                      load_state_dict_checked, select_prefix, unwrap_state_dict)
-from .common import load_numpy_pickle  # noqa: F401  (its home before common.py; still importable)
 
 logger = logging.getLogger('vitdet_plugin')
 

@@ -1,5 +1,6 @@
 # Mask R-CNN with a Swin-T backbone (vitdet_plugin's SwinBackbone) and FPN, as in mmdet's
 # mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py: all four stages (strides 4-32) feed the FPN.
+_base_ = ['./swin-t.py']
 model = dict(
     type='MaskRCNN',
     data_preprocessor=dict(
@@ -9,23 +10,7 @@ model = dict(
         bgr_to_rgb=True,
         pad_mask=True,
         pad_size_divisor=32),
-    backbone=dict(
-        type='SwinBackbone',
-        arch='tiny',
-        window_size=7,
-        mlp_ratio=4,
-        qkv_bias=True,
-        qk_scale=None,
-        drop_rate=0.,
-        attn_drop_rate=0.,
-        drop_path_rate=0.2,
-        patch_norm=True,
-        out_indices=(0, 1, 2, 3),
-        with_cp=False,
-        convert_weights=True,
-        # init_cfg: left out so a child config or --cfg-options can add
-        # init_cfg=dict(type='Pretrained', checkpoint=...) (see the header)
-    ),
+    backbone=_base_.swin_t,  # all four stages (the default out_indices)
     neck=dict(
         type='FPN',
         in_channels=[96, 192, 384, 768],  # Swin-T channels at out_indices (0, 1, 2, 3)

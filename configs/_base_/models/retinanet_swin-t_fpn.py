@@ -1,6 +1,7 @@
 # RetinaNet with a Swin-T backbone (vitdet_plugin's SwinBackbone) and FPN, as in mmdet's
 # retinanet_swin-t-p4-w7_fpn_1x_coco.py: P3-P5 from the backbone (out_indices 1-3, strides
 # 8/16/32), P6-P7 added by the FPN on its input.
+_base_ = ['./swin-t.py']
 model = dict(
     type='RetinaNet',
     data_preprocessor=dict(
@@ -9,23 +10,8 @@ model = dict(
         std=[58.395, 57.12, 57.375],
         bgr_to_rgb=True,
         pad_size_divisor=32),
-    backbone=dict(
-        type='SwinBackbone',
-        arch='tiny',
-        window_size=7,
-        mlp_ratio=4,
-        qkv_bias=True,
-        qk_scale=None,
-        drop_rate=0.,
-        attn_drop_rate=0.,
-        drop_path_rate=0.2,
-        patch_norm=True,
-        out_indices=(1, 2, 3),  # only the levels the FPN uses (unused ones break DDP)
-        with_cp=False,
-        convert_weights=True,
-        # init_cfg: left out so a child config or --cfg-options can add
-        # init_cfg=dict(type='Pretrained', checkpoint=...) (see the header)
-    ),
+    # only the levels the FPN uses (unused ones break DDP)
+    backbone=dict(_base_.swin_t, out_indices=(1, 2, 3)),
     neck=dict(
         type='FPN',
         in_channels=[192, 384, 768],  # Swin-T channels at out_indices (1, 2, 3)

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from feature_shapes import pad_size_divisor, padded_shape
 from vis_kit import VisualizeError
-from vitdet_plugin.datasets import load_config
+from vitdet_plugin.config import load_config
 from vitdet_plugin.weights import checkpoint_state_dict, load_state_dict_checked
 
 #: Transforms of a test pipeline that need annotations; an image given alone has none.

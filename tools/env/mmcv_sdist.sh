@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# The compiled-mmcv build (`make env MMCV=compiled`, tools/setup_env.sh), shared with
+# The compiled-mmcv build (`make env MMCV=compiled`, tools/env/setup_env.sh), shared with
 # tests/test_mmcv_sdist.py, which runs these steps on the real PyPI sdist short of compiling.
 # Source it; it defines:
 #

@@ -1,13 +1,16 @@
-"""Dataset location handling for configs: one ``data_root`` override, clear missing-data errors.
+"""Config tooling for vitdet_plugin's tools: loading a config, one ``data_root`` override,
+where a config's datasets lie and clear missing-data errors.
 
 Our configs define one top-level ``data_root`` from which every dataloader's
 ``dataset.data_root`` and every evaluator's ``ann_file`` are derived. mmengine resolves such
 variables when the file is loaded, so ``--cfg-options data_root=X`` alone would only change the
-top-level key. :func:`apply_cfg_options` (used by ``tools/train.py`` / ``tools/test.py``)
-merges the options and, when ``data_root`` changed, moves every value derived from the old root
-to the new one (:func:`propagate_data_root`). :func:`check_data` raises
+top-level key. :func:`apply_cfg_options` (used by :func:`load_config`, i.e. ``tools/train.py`` /
+``tools/test.py``) merges the options and, when ``data_root`` changed, moves every value derived
+from the old root to the new one (:func:`propagate_data_root`). :func:`check_data` raises
 :class:`DatasetNotFoundError` before any model is built, naming the missing paths, where the
-data is expected and the exact override that points the config elsewhere.
+data is expected and the exact override that points the config elsewhere. The dataset walk
+(:data:`LOADER_KEYS`, ``_datasets``) is shared with the preflight checks of
+:mod:`vitdet_plugin.checks`.
 """
 import os
 import os.path as osp

@@ -20,15 +20,15 @@
 #   MAX_JOBS            parallel compile jobs for mmcv     (default: number of cores)
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VENV="${VITDET_VENV:-$ROOT/.venv}"
 PY_BOOT="${VITDET_PYTHON:-python3.11}"
 WHEELS="${VITDET_WHEEL_CACHE:-$HOME/.cache/vitdet_plugin/wheels}"
 MMCV="${MMCV:-lite}"
 TORCH_SPEC=(torch==2.14.1 torchvision==0.29.1)
 # MMCV_VERSION and the compiled-mmcv build steps
-# shellcheck source=tools/mmcv_sdist.sh
-source "$ROOT/tools/mmcv_sdist.sh"
+# shellcheck source=tools/env/mmcv_sdist.sh
+source "$ROOT/tools/env/mmcv_sdist.sh"
 export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
 START=$SECONDS
 

@@ -1,4 +1,4 @@
-"""The functional GPU checks, by group (``tools/gpu_check.py checks GROUP``):
+"""The functional GPU checks, by group (``tools/env/gpu_check.py checks GROUP``):
 
 * ``ops``: mmcv's ops on the compile-free backend, CUDA vs CPU (:mod:`.op_checks`);
 * ``backbones``: SwinBackbone / ViTBackbone CUDA vs CPU in fp32 (TF32 off), bf16 autocast;
@@ -25,7 +25,7 @@ from .results import (CHECKS_PREFIX, Result, error_line, publish, results_json, 
 if TYPE_CHECKING:
     from mmengine.optim import OptimWrapper
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 Check = Tuple[str, Callable[[], str]]
 #: CUDA vs CPU, fp32 (TF32 off): max |cuda - cpu| / max |cpu| of the outputs and input grads.
 PARITY_TOL = 1e-4
@@ -175,7 +175,7 @@ def _train_and_infer(name: str, model: Any, optim_wrapper: 'OptimWrapper', data:
 def check_detector(config: str, device: str) -> str:
     """One bf16 (AMP) training step at 800x1216, batch 2, then one inference step (NMS and,
     for Mask R-CNN, RoIAlign on the device)."""
-    from vitdet_plugin.datasets import load_config
+    from vitdet_plugin.config import load_config
     cfg = load_config(str(ROOT / config))
     cfg.model.backbone.init_cfg = None  # no weights on the machine: random init
     model = _build(cfg.model, device)
@@ -187,7 +187,7 @@ def check_detector(config: str, device: str) -> str:
 
 def dino_model_cfg() -> Tuple[Any, Any]:
     """configs/swin_dino.py's model (shrunk) and optimizer wrapper."""
-    from vitdet_plugin.datasets import load_config
+    from vitdet_plugin.config import load_config
     cfg = load_config(str(ROOT / DINO_CONFIG))
     m = copy.deepcopy(cfg.model)
     m.backbone.arch = dict(DINO_SWIN)

@@ -1,6 +1,7 @@
-"""``tools/gpu_check.py bench NAME -- <tools/benchmark.py arguments>``: the benchmark's rows,
-measured by tools/bench's own code (argument defaults, models, parity check, timing, memory),
-one row at a time in this process, each written to disk as soon as it is measured.
+"""``tools/env/gpu_check.py bench NAME -- <tools/benchmark.py arguments>``: the benchmark's
+rows, measured by the benchmark's own code (tools/benchmark.py and tools/bench/: argument
+defaults, models, parity check, timing, memory), one row at a time in this process, each
+written to disk as soon as it is measured.
 
 This differs from ``tools/benchmark.py`` in three ways, all for the GPU check: ``import
 vitdet_plugin`` comes first (the compile-free mmcv ops must be in place before mmdet's Swin
@@ -45,7 +46,9 @@ def main(name: str, argv: Sequence[str], results: Path, out: Optional[Path]) -> 
     import vitdet_plugin  # noqa: F401  (first: the compile-free ops, before mmdet's imports)
 
     import torch
-    from bench.cli import build_parser, header, measure_of, resolve, row_specs, settings_of
+    # tools/benchmark.py (the command line) and its bench package: tools/ is on the steps'
+    # PYTHONPATH (steps.child_env)
+    from benchmark import build_parser, header, measure_of, resolve, row_specs, settings_of
     from bench.plan import size_text
     from bench.rows import format_row
 

@@ -1,6 +1,8 @@
-"""``python tools/gpu_check.py run | environment | wheels | stack | checks | bench | report``.
+#!/usr/bin/env python
+"""``python tools/env/gpu_check.py run | environment | wheels | stack | checks | bench | report``.
 
-``run`` (what ``bash tools/gpu_check.sh`` calls) goes through every step (:mod:`.steps`); the
+``run`` (what ``bash tools/env/gpu_check.sh`` calls) goes through every step
+(``gpu_check_kit/steps.py``); the
 other commands are the steps' own, run by it in fresh interpreters. Imports stay lazy: ``run``,
 ``wheels`` and ``report`` need the standard library only.
 """
@@ -10,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import FrozenSet, List, Optional, Sequence, Tuple
 
-from .steps import (BENCH_REPEATS, BENCH_WARMUP, CHECK_GROUPS, DEFAULT_BUDGET_S,
-                    DEFAULT_RESERVE_S, DEFAULT_WORK, Settings, run_all)
+from gpu_check_kit.steps import (BENCH_REPEATS, BENCH_WARMUP, CHECK_GROUPS, DEFAULT_BUDGET_S,
+                                 DEFAULT_RESERVE_S, DEFAULT_WORK, Settings, run_all)
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH_NAMES = ('swin', 'vit')
@@ -46,10 +48,10 @@ def _add_io(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog='tools/gpu_check.py', description=__doc__,
+    p = argparse.ArgumentParser(prog='tools/env/gpu_check.py', description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest='command', required=True)
-    run = sub.add_parser('run', help='every step (tools/gpu_check.sh)', epilog=RUN_EPILOG,
+    run = sub.add_parser('run', help='every step (tools/env/gpu_check.sh)', epilog=RUN_EPILOG,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument('--dry-run', action='store_true', help="print every step's commands")
     run.add_argument('--only', default=None,
@@ -70,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help='comma-separated steps whose stub hangs (implies --fake)')
     env = sub.add_parser('environment', help='GPU, driver, torch stack versions')
     _add_io(env)
-    wheels = sub.add_parser('wheels', help='the wheel folder matches tools/gpu_wheels.txt')
+    wheels = sub.add_parser('wheels', help='the wheel folder matches tools/env/gpu_wheels.txt')
     wheels.add_argument('--wheels', type=Path, required=True)
     stack = sub.add_parser('stack', help='the installed OpenMMLab stack and the ops backend')
     stack.add_argument('--site', type=Path, required=True, help='the target site')
@@ -126,21 +128,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
     if args.command == 'wheels':
-        from .env import wheels_main
+        from gpu_check_kit.env import wheels_main
         return wheels_main(args.wheels)
     if args.command == 'report':
-        from .results import publish
-        from .report import render
+        from gpu_check_kit.results import publish
+        from gpu_check_kit.report import render
         print(render(publish(args.results, args.out)))
         return 0
     if args.command == 'environment':
-        from .env import environment_main
+        from gpu_check_kit.env import environment_main
         return environment_main(args.results, args.out)
     if args.command == 'stack':
-        from .env import stack_main
+        from gpu_check_kit.env import stack_main
         return stack_main(args.site, args.results, args.out)
     if args.command == 'checks':
-        from .checks import main as checks_main
+        from gpu_check_kit.checks import main as checks_main
         return checks_main(args.group, args.device, args.results, args.out)
-    from .bench import main as bench_main
+    from gpu_check_kit.bench import main as bench_main
     return bench_main(args.name, extra, args.results, args.out)
+
+
+if __name__ == '__main__':
+    sys.exit(main())
