@@ -4,7 +4,8 @@ accel sits below the model layers in the import graph (``tests/test_import_graph
 cannot import the blocks it runs; it declares here what it reads of them instead. The model
 modules check that their classes conform (``if TYPE_CHECKING:`` assignments next to
 ``SwinBlock`` and ``SwinV2Block``), so mypy ties both sides together. Members are read-only
-properties: a block may store a narrower type (``nn.LayerNorm`` for ``nn.Module``).
+properties where a block stores a narrower type than declared (its own ``Mlp`` for
+:class:`MlpParts`), as a protocol's plain attributes are invariant.
 """
 from typing import Callable, Iterable, Optional, Protocol, Tuple
 
@@ -17,14 +18,9 @@ BlockFn = Callable[[nn.Module, Tensor], Tensor]
 class MlpParts(Protocol):
     """``layers.Mlp``: ``fc1 -> act -> drop -> fc2 -> drop``."""
 
-    @property
-    def fc1(self) -> nn.Linear: ...
-
-    @property
-    def act(self) -> nn.Module: ...
-
-    @property
-    def fc2(self) -> nn.Linear: ...
+    fc1: nn.Linear
+    act: nn.Module
+    fc2: nn.Linear
 
     @property
     def drop(self) -> nn.Module: ...
@@ -35,23 +31,12 @@ class MlpParts(Protocol):
 class WindowAttentionParts(Protocol):
     """``layers.window_attention.WindowedAttention`` (Swin V1 and V2 window attention)."""
 
-    @property
-    def qkv(self) -> nn.Linear: ...
-
-    @property
-    def proj(self) -> nn.Linear: ...
-
-    @property
-    def dim(self) -> int: ...
-
-    @property
-    def num_heads(self) -> int: ...
-
-    @property
-    def scale(self) -> float: ...
-
-    @property
-    def fused(self) -> bool: ...
+    qkv: nn.Linear
+    proj: nn.Linear
+    dim: int
+    num_heads: int
+    scale: float
+    fused: bool
 
     @property
     def dropout_p(self) -> float: ...
@@ -73,8 +58,7 @@ class WindowAttentionParts(Protocol):
 class BiasTableAttentionParts(WindowAttentionParts, Protocol):
     """``layers.WindowAttention`` (Swin V1): a learned relative-position bias table."""
 
-    @property
-    def relative_position_bias_table(self) -> nn.Parameter: ...
+    relative_position_bias_table: nn.Parameter
 
     @property
     def window_tokens(self) -> int: ...
@@ -82,75 +66,48 @@ class BiasTableAttentionParts(WindowAttentionParts, Protocol):
     def relative_position_bias(self) -> Tensor: ...
 
 
-class SwinBlockParts(Protocol):
+class ResidualBlockParts(Protocol):
+    """What every transformer block has: two norms, an MLP, stochastic depth."""
+
+    norm1: nn.Module
+    norm2: nn.Module
+
+    @property
+    def mlp(self) -> MlpParts: ...
+
+    @property
+    def drop_path(self) -> nn.Module: ...
+
+
+class SwinBlockParts(ResidualBlockParts, Protocol):
     """``backbones.swin.SwinBlock``: pre-norm (shifted) window attention, then the MLP."""
 
-    @property
-    def window_size(self) -> Tuple[int, int]: ...
-
-    @property
-    def shift_size(self) -> Tuple[int, int]: ...
+    window_size: Tuple[int, int]
+    shift_size: Tuple[int, int]
 
     @property
     def shifted(self) -> bool: ...
 
     @property
-    def norm1(self) -> nn.Module: ...
-
-    @property
     def attn(self) -> BiasTableAttentionParts: ...
 
-    @property
-    def drop_path(self) -> nn.Module: ...
 
-    @property
-    def norm2(self) -> nn.Module: ...
+class SwinV2BlockParts(ResidualBlockParts, Protocol):
+    """``backbones.swin_v2.SwinV2Block``: residual post-norm window attention, then the MLP
+    (and every few blocks a final ``norm3``)."""
 
-    @property
-    def mlp(self) -> MlpParts: ...
-
-
-class SwinV2BlockParts(Protocol):
-    """``backbones.swin_v2.SwinV2Block``: residual post-norm window attention, then the MLP."""
-
-    @property
-    def window_size(self) -> Tuple[int, int]: ...
-
-    @property
-    def norm1(self) -> nn.Module: ...
+    window_size: Tuple[int, int]
 
     @property
     def attn(self) -> WindowAttentionParts: ...
 
-    @property
-    def drop_path(self) -> nn.Module: ...
-
-    @property
-    def norm2(self) -> nn.Module: ...
-
-    @property
-    def norm3(self) -> Optional[nn.Module]: ...
-
-    @property
-    def mlp(self) -> MlpParts: ...
+    norm3: Optional[nn.Module]
 
     def shift_for(self, hw: Tuple[int, int]) -> Tuple[int, int]: ...
 
 
-class ViTBlockParts(Protocol):
+class ViTBlockParts(ResidualBlockParts, Protocol):
     """``backbones.vit.ViTBlock``: pre-norm window or global attention, MLP, residual conv."""
-
-    @property
-    def norm1(self) -> nn.Module: ...
-
-    @property
-    def drop_path(self) -> nn.Module: ...
-
-    @property
-    def norm2(self) -> nn.Module: ...
-
-    @property
-    def mlp(self) -> MlpParts: ...
 
     def attention(self, x: Tensor) -> Tensor: ...
 
@@ -160,8 +117,7 @@ class ViTBlockParts(Protocol):
 class MergeParts(Protocol):
     """``layers.PatchMerging``: ``(B, H, W, C)`` -> ``(B, ceil(H/2), ceil(W/2), out_dim)``."""
 
-    @property
-    def out_dim(self) -> int: ...
+    out_dim: int
 
     def __call__(self, x: Tensor) -> Tensor: ...
 

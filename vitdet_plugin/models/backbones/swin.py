@@ -72,6 +72,7 @@ class SwinBlock(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``(B, H, W, C)`` -> ``(B, H, W, C)``."""
+        # pad to whole windows, roll by -shift (SW-MSA), partition: (B * nW, N, C)
         windows, grid = to_windows(self.norm1(x), self.window_size, self.shift_size)
         windows = self.attn(windows, grid.shift_mask(x.device, x.dtype))  # (B * nW, N, C)
         x = x + self.drop_path(from_windows(windows, grid))          # (B, H, W, C)
