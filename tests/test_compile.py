@@ -198,11 +198,9 @@ def test_inductor_training_step_matches_eager(name):
 
 
 def _record_cpu_kernels(monkeypatch) -> List[str]:
-    """Names of the CPU kernels the Swin modules reach from now on ('chunked', 'attention',
-    'gelu'), in call order."""
-    from vitdet_plugin.models.backbones import swin as swin_module
-    from vitdet_plugin.models.layers import mlp as mlp_module
-    from vitdet_plugin.models.layers import window_attention as wa_module
+    """Names of the CPU kernels the Swin accel runners reach from now on ('chunked',
+    'attention', 'gelu', 'padding_free'), in call order."""
+    from vitdet_plugin.models.accel import runners, swin_inference
 
     calls: List[str] = []
 
@@ -212,13 +210,12 @@ def _record_cpu_kernels(monkeypatch) -> List[str]:
             return real(*args, **kwargs)
         return wrapper
 
-    monkeypatch.setattr(swin_module, 'swin_chunked_inference',
-                        record('chunked', swin_module.swin_chunked_inference))
-    monkeypatch.setattr(wa_module, 'recompute_attention',
-                        record('attention', wa_module.recompute_attention))
-    monkeypatch.setattr(mlp_module, 'gelu_linear', record('gelu', mlp_module.gelu_linear))
-    monkeypatch.setattr(swin_module, 'padding_free_window_attention',
-                        record('padding_free', swin_module.padding_free_window_attention))
+    monkeypatch.setattr(swin_inference, '_stage_', record('chunked', swin_inference._stage_))
+    monkeypatch.setattr(runners, 'recompute_attention',
+                        record('attention', runners.recompute_attention))
+    monkeypatch.setattr(runners, 'gelu_linear', record('gelu', runners.gelu_linear))
+    monkeypatch.setattr(runners, 'padding_free_window_attention',
+                        record('padding_free', runners.padding_free_window_attention))
     return calls
 
 

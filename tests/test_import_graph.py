@@ -75,5 +75,5 @@ def test_the_graph_is_read_correctly():
     graph = _graph()
     assert 'vitdet_plugin.functional' in graph['vitdet_plugin.weights.swin']
     assert 'vitdet_plugin.weights.swin' in graph['vitdet_plugin.models.backbones.swin']
-    assert 'vitdet_plugin.models.accel' in graph['vitdet_plugin.models.layers.window_attention']
+    assert 'vitdet_plugin.models.accel' in graph['vitdet_plugin.models.backbones.swin']
     assert 'vitdet_plugin.weights.vit' in graph['vitdet_plugin.models.necks.simple_fpn']

@@ -1,4 +1,4 @@
-"""Pure tensor functions: windowing, shift masks, relative-position math, grid resizing.
+"""Pure functions: windowing, shift masks, window sizes, relative positions, grid resizing.
 
 A leaf of the package: it imports nothing of ours, so the weight converters (``weights/``) and
 the models (``models/``) can both use it without importing each other (``tests/
@@ -11,16 +11,18 @@ from .rel_pos import (bias_table_size, decomposed_rel_pos_bias, decomposed_rel_p
                       interpolation_dtype, relative_position_index, resize_pos_grid,
                       resize_rel_pos)
 from .size_cache import SizeCache, builds_cache
+from .sizes import ArgumentError, stage_windows, to_2tuple, window_pair
 from .symbolic import known_equal, known_zero
-from .window import (MASKED_LOGIT, pad_to_multiple, padded_size, shifted_window_mask,
-                     window_bias, window_partition, window_reverse, window_shift_mask)
+from .window import (MASKED_LOGIT, WindowGrid, from_windows, pad_to_multiple, padded_size,
+                     shifted_window_mask, to_windows, window_bias, window_partition,
+                     window_reverse)
 
 __all__ = [
     'attend',
     'bias_table_size', 'decomposed_rel_pos_bias', 'decomposed_rel_pos_channels',
     'decomposed_rel_pos_embeddings', 'decomposed_rel_pos_terms', 'interpolation_dtype',
     'relative_position_index', 'resize_pos_grid', 'resize_rel_pos', 'SizeCache', 'builds_cache',
-    'known_equal', 'known_zero',
-    'MASKED_LOGIT', 'pad_to_multiple', 'padded_size', 'shifted_window_mask', 'window_partition',
-    'window_bias', 'window_reverse', 'window_shift_mask',
+    'ArgumentError', 'stage_windows', 'to_2tuple', 'window_pair', 'known_equal', 'known_zero',
+    'MASKED_LOGIT', 'WindowGrid', 'from_windows', 'pad_to_multiple', 'padded_size',
+    'shifted_window_mask', 'to_windows', 'window_bias', 'window_partition', 'window_reverse',
 ]

@@ -1,5 +1,9 @@
-"""Window partition / reverse, padding and the shifted-window attention mask."""
-from typing import Optional, Tuple
+"""The window flow of window attention (Swin V1, V2, ViT): pad, shift, partition and back.
+
+:func:`to_windows` / :func:`from_windows` are the one implementation every model's plain path
+uses (the ViT with no shift); :func:`shifted_window_mask` is the one (cached) shift mask.
+"""
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -85,17 +89,11 @@ def _region_labels(length: SizeLike, window: int, shift: int,
     return (pos >= length - window).long() + (pos >= length - shift).long()
 
 
-def shifted_window_mask(hw: Tuple[SizeLike, SizeLike], window_size: Tuple[int, int],
-                        shift_size: Tuple[int, int], device: Optional[torch.device] = None,
-                        dtype: torch.dtype = torch.float32) -> Tensor:
-    """Additive mask ``(nW, N, N)`` for shifted-window attention on a padded ``(Hp, Wp)`` map.
-
-    After the cyclic shift by ``-shift_size``, windows on the bottom/right border mix tokens
-    from up to four image regions; tokens may only attend within their own region (others get
-    :data:`MASKED_LOGIT`). Region layout as in the Swin detection code: ``[0, -w)``,
-    ``[-w, -s)``, ``[-s, end)`` per axis. Built from the sizes with tensor ops only (no
-    in-place slice writes, no branch on the sizes), so symbolic sizes trace into one graph.
-    """
+def _build_shift_mask(hw: Tuple[SizeLike, SizeLike], window_size: Tuple[int, int],
+                      shift_size: Tuple[int, int], device: Optional[torch.device],
+                      dtype: torch.dtype) -> Tensor:
+    """The mask of :func:`shifted_window_mask`, built from the sizes with tensor ops only (no
+    in-place slice writes, no branch on the sizes), so symbolic sizes trace into one graph."""
     hp, wp = hw
     rows = _region_labels(hp, window_size[0], shift_size[0], device)      # (Hp,)
     cols = _region_labels(wp, window_size[1], shift_size[1], device)      # (Wp,)
@@ -106,13 +104,64 @@ def shifted_window_mask(hw: Tuple[SizeLike, SizeLike], window_size: Tuple[int, i
         different, MASKED_LOGIT)
 
 
-def window_shift_mask(hw: Tuple[int, int], window_size: Tuple[int, int],
-                      shift_size: Tuple[int, int], device: torch.device,
-                      dtype: torch.dtype) -> Tensor:
-    """:func:`shifted_window_mask`, cached per (size, window, shift, device, dtype)."""
+def shifted_window_mask(hw: Tuple[SizeLike, SizeLike], window_size: Tuple[int, int],
+                        shift_size: Tuple[int, int], device: Optional[torch.device] = None,
+                        dtype: torch.dtype = torch.float32) -> Tensor:
+    """Additive mask ``(nW, N, N)`` for shifted-window attention on a padded ``(Hp, Wp)`` map,
+    cached per (size, window, shift, device, dtype); do not write into it.
+
+    After the cyclic shift by ``-shift_size``, windows on the bottom/right border mix tokens
+    from up to four image regions; tokens may only attend within their own region (others get
+    :data:`MASKED_LOGIT`). Region layout as in the Swin detection code: ``[0, -w)``,
+    ``[-w, -s)``, ``[-s, end)`` per axis.
+    """
     key = (tuple(hw), tuple(window_size), tuple(shift_size), device, dtype)
-    return _SHIFT_MASKS.get(key, lambda: shifted_window_mask(hw, window_size, shift_size,
-                                                             device, dtype))
+    return _SHIFT_MASKS.get(key, lambda: _build_shift_mask(hw, window_size, shift_size,
+                                                           device, dtype))
+
+
+class WindowGrid(NamedTuple):
+    """How :func:`to_windows` cut a ``(B, H, W, C)`` map: what :func:`from_windows` and the
+    shift mask need."""
+    window: Tuple[int, int]                 # (wh, ww)
+    shift: Tuple[int, int]                  # cyclic shift (0, 0): plain windows
+    size: Tuple[int, int]                   # (H, W) of the map (symbolic when traced)
+    padded: Tuple[int, int]                 # (Hp, Wp): whole windows
+
+    def shift_mask(self, device: torch.device, dtype: torch.dtype) -> Optional[Tensor]:
+        """The ``(nW, N, N)`` :func:`shifted_window_mask` of a shifted grid, None unshifted."""
+        if not any(self.shift):
+            return None
+        return shifted_window_mask(self.padded, self.window, self.shift, device, dtype)
+
+
+def to_windows(x: Tensor, window_size: Tuple[int, int], shift_size: Tuple[int, int] = (0, 0),
+               fill: Optional[Tensor] = None) -> Tuple[Tensor, WindowGrid]:
+    """The one window flow: pad at the bottom/right to whole windows (zeros, or the channel
+    vector ``fill``), roll by ``-shift_size`` (when non-zero), partition.
+
+    ``(B, H, W, C)`` -> windows ``(B * nW, wh * ww, C)`` and the :class:`WindowGrid` that
+    :func:`from_windows` reverses. Detection semantics: a shifted grid always shifts, also
+    when the map is a single window.
+    """
+    h, w = x.shape[1:3]
+    x = pad_to_multiple(x, window_size, fill)                       # (B, Hp, Wp, C)
+    hp, wp = x.shape[1:3]
+    if any(shift_size):
+        x = torch.roll(x, (-shift_size[0], -shift_size[1]), dims=(1, 2))
+    grid = WindowGrid(window_size, shift_size, (h, w), (hp, wp))
+    return window_partition(x, window_size), grid                   # (B * nW, N, C)
+
+
+def from_windows(windows: Tensor, grid: WindowGrid) -> Tensor:
+    """Inverse of :func:`to_windows`: reverse the partition, roll back, crop.
+
+    ``(B * nW, wh * ww, C)`` -> ``(B, H, W, C)`` (a view of the padded map when it was padded).
+    """
+    x = window_reverse(windows, grid.window, grid.padded)           # (B, Hp, Wp, C)
+    if any(grid.shift):
+        x = torch.roll(x, grid.shift, dims=(1, 2))
+    return x[:, :grid.size[0], :grid.size[1]]                       # (B, H, W, C)
 
 
 def window_bias(bias: Tensor, mask: Optional[Tensor]) -> Tensor:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..functional import (bias_table_size, interpolation_dtype, relative_position_index,
-                          resize_pos_grid)
+                          resize_pos_grid, window_pair)
 from .checkpoint_io import CheckpointError
 from .common import (StateDict, backbone_part, checkpoint_state_dict, hw_pair,
                      load_state_dict_checked)
@@ -259,8 +259,8 @@ def convert_swin(sd: Mapping[str, Tensor], window_size: Optional[Tuple[int, int]
                 ww, wh)
         for k in tables:
             sd[k] = resize_rel_pos_bias_table(
-                sd[k], hw_pair(window_size, 'window_size'),
-                hw_pair(src_window_size, 'src_window_size') if src_window_size is not None
+                sd[k], window_pair(window_size, 'window_size'),
+                window_pair(src_window_size, 'src_window_size') if src_window_size is not None
                 else None)
     return sd, dropped
 
@@ -272,7 +272,7 @@ def _source_window(sd: Mapping[str, Tensor],
     index = next((v for k, v in sd.items() if k.endswith('relative_position_index')), None)
     found = window_from_index(index) if index is not None else None
     if found is None:
-        return hw_pair(given, 'src_window_size') if given is not None else None
+        return window_pair(given, 'src_window_size') if given is not None else None
     if given is not None and tuple(given) != found:
         raise CheckpointError(
             f'src_window_size={tuple(given)} contradicts the checkpoint, whose '

@@ -7,9 +7,9 @@ while ``torch.export`` / an ONNX exporter / ``torch.jit.trace`` records a graph)
 plain path runs: ``F.scaled_dot_product_attention`` with the bias as ``attn_mask``, no
 chunking, no host syncs. Under ``torch.compile`` on the CPU the plan says ``compiled``: the
 attention training kernel (a custom op, :mod:`.recompute`) stays in the compiled graphs, the
-window projections skip padding tokens (:mod:`.padding_free`) and the GELU recompute is a
-checkpointed region; the chunked inference loop (in-place writes into one buffer) does not
-run, the compiler fuses the plain inference path itself. The parity tests
+window projections skip padding tokens (:func:`.runners.padding_free_window_attention`) and
+the GELU recompute is a checkpointed region; the chunked inference loop (in-place writes into
+one buffer) does not run, the compiler fuses the plain inference path itself. The parity tests
 (``tests/test_accel.py``, ``tests/test_compile.py``) are the contract between the paths.
 """
 from typing import NamedTuple
@@ -41,8 +41,9 @@ class AccelPlan(NamedTuple):
     ``recompute_gelu``: an MLP whose backward recomputes its GELU instead of keeping it;
     ``compiled``: ``torch.compile`` is tracing the forward, so formulations the compiler fuses
     better are used (window attention projects only the image tokens,
-    :mod:`.padding_free`; the GELU recompute is a checkpointed region the compiler
-    rematerialises inside its fused backward kernel, not the eager kernel's custom op).
+    :func:`.runners.padding_free_window_attention`; the GELU recompute is a checkpointed
+    region the compiler rematerialises inside its fused backward kernel, not the eager
+    kernel's custom op).
     """
     chunked_inference: bool
     recompute_attention: bool

@@ -9,11 +9,10 @@ back (the residual), padding tokens never enter the ``qkv`` / ``proj`` GEMMs, an
 over row chunks with ``fc2`` accumulated straight into the buffer. Same values as the plain
 path (``tests/test_accel.py``); used only where :mod:`.dispatch` says so.
 
-The functions take the modules of ``backbones/swin.py`` (``SwinBackbone``, its stages, blocks,
-``WindowAttention``, ``Mlp``, ``PatchMerging``), typed ``Any``: accel sits below the model
-layers in the import graph and reads only their public attributes.
+:func:`chunked_stage` is a stage runner (:mod:`.runners`): it reads the stage's blocks
+through the typed :mod:`.protocols`, as accel sits below the model layers in the import graph.
 """
-from typing import Any, NamedTuple, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Tuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +20,7 @@ from torch import Tensor, nn
 
 from ...functional import SizeCache, attend, padded_size, shifted_window_mask
 from .chunking import chunk_slices, map_height_chunks, rows_per_chunk
+from .protocols import BiasTableAttentionParts, MergeParts, SwinBlockParts, WindowStageParts
 from .torch_private import gelu_
 from .window_plan import WindowPlan, window_plan, window_sources
 
@@ -55,7 +55,7 @@ def stage_plans(hw: Tuple[int, int], batch: int, window: Tuple[int, int],
                       build)
 
 
-def _attend_tokens(attn: Any, x: Tensor, real: Optional[Tensor], windows: int,
+def _attend_tokens(attn: BiasTableAttentionParts, x: Tensor, real: Optional[Tensor], windows: int,
                    bias: Tensor) -> Tensor:
     """Window attention of the image tokens ``x`` ``(R, C)`` (normalised, window order) of
     ``windows`` windows; ``real``: their positions among the ``windows * N`` window tokens
@@ -91,7 +91,7 @@ def _act_(act: nn.Module, h: Tensor) -> Tensor:
     return act(h)
 
 
-def _block_(block: Any, tokens: Tensor, plan: WindowPlan,
+def _block_(block: SwinBlockParts, tokens: Tensor, plan: WindowPlan,
             shift_masks: Optional[Tensor]) -> None:
     """Apply a Swin block to the flat token buffer ``tokens`` ``(B * H * W, C)`` in place."""
     attn = block.attn
@@ -114,15 +114,17 @@ def _block_(block: Any, tokens: Tensor, plan: WindowPlan,
             rows.add_(mlp.fc2.bias)
 
 
-def _stage_(stage: Any, x: Tensor) -> Tensor:
+def _stage_(stage: WindowStageParts, x: Tensor) -> Tensor:
     """A stage's blocks on ``x`` ``(B, H, W, C)``, overwritten in place and returned."""
     b, h, w, c = x.shape
-    attn = stage.blocks[0].attn
+    blocks: List[SwinBlockParts] = [cast(SwinBlockParts, blk) for blk in stage.blocks]
+    attn = blocks[0].attn
+    shift = next((blk.shift_size for blk in blocks if blk.shifted), (0, 0))
     step = rows_per_chunk(3 * c * attn.window_tokens, x.element_size())
-    plans = stage_plans((h, w), b, stage.window_size, stage.shift_size, step,
+    plans = stage_plans((h, w), b, blocks[0].window_size, shift, step,
                         attn.relative_position_bias_table.dtype)
     tokens = x.view(-1, c)                                           # (B * H * W, C)
-    for block in stage.blocks:
+    for block in blocks:
         if block.shifted and plans.shifted is not None:
             _block_(block, tokens, plans.shifted, plans.shift_masks)
         else:
@@ -130,7 +132,7 @@ def _stage_(stage: Any, x: Tensor) -> Tensor:
     return x
 
 
-def _norm_to_nchw(norm: Any, x: Tensor) -> Tensor:
+def norm_to_nchw(norm: nn.Module, x: Tensor) -> Tensor:
     """``norm`` over channels of ``(B, H, W, C)``, written in row chunks straight into a
     contiguous ``(B, C, H, W)`` result."""
     b, h, w, c = x.shape
@@ -139,7 +141,7 @@ def _norm_to_nchw(norm: Any, x: Tensor) -> Tensor:
     return out
 
 
-def _merge(merge: Any, x: Tensor) -> Tensor:
+def _merge(merge: MergeParts, x: Tensor) -> Tensor:
     """Patch merging of ``(B, H, W, C)`` over bands of output rows written into one result (no
     full-size ``4C`` temporaries); same values as ``merge(x)``."""
     b, h, w, c = x.shape
@@ -151,15 +153,10 @@ def _merge(merge: Any, x: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def swin_chunked_inference(backbone: Any, x: Tensor) -> Tuple[Tensor, ...]:
-    """The outputs of ``backbone`` (a ``SwinBackbone`` in eval mode) for images ``x``."""
-    x = backbone.embed(x).contiguous()                               # (B, H, W, C), ours
-    out_indices: Sequence[int] = backbone.out_indices
-    outs = []
-    for i, stage in enumerate(backbone.layers):
-        x = _stage_(stage, x)
-        if i in out_indices:
-            outs.append(_norm_to_nchw(getattr(backbone, f'norm{i}'), x))
-        if stage.downsample is not None:
-            x = _merge(stage.downsample, x)
-    return tuple(outs)
+def chunked_stage(stage: WindowStageParts, x: Tensor) -> Tuple[Tensor, Tensor]:
+    """A Swin stage in inference (eval, no autograd) on ``x`` ``(B, H, W, C)``: (the stage
+    output, the input of the next stage), as ``stage(x)``. ``x`` is overwritten: the backbone
+    forward owns it (its embedding or the previous stage's merge output)."""
+    out = _stage_(stage, x.contiguous())
+    merge = stage.downsample
+    return out, (_merge(cast(MergeParts, merge), out) if merge is not None else out)

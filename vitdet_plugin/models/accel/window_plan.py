@@ -8,7 +8,7 @@ from typing import List, NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ...functional import pad_to_multiple, window_partition
+from ...functional import to_windows
 from .chunking import chunk_slices
 
 
@@ -39,14 +39,12 @@ class WindowPlan(NamedTuple):
 def window_sources(hw: Tuple[int, int], window_size: Tuple[int, int],
                    shift_size: Tuple[int, int]) -> Tensor:
     """``(nW, N)``: the flat ``H * W`` position of every token of every window of
-    ``window_partition(roll(pad(grid), -shift))``, ``-1`` for padding (zeros at the
-    bottom/right, as the plain path pads)."""
+    :func:`~vitdet_plugin.functional.to_windows` (the plain path's window flow), ``-1`` for
+    padding."""
     h, w = hw
     grid = torch.arange(h * w).view(1, h, w, 1) + 1                 # 0 marks padding
-    grid = pad_to_multiple(grid, window_size)
-    if any(shift_size):
-        grid = torch.roll(grid, shifts=(-shift_size[0], -shift_size[1]), dims=(1, 2))
-    return window_partition(grid, window_size).squeeze(-1) - 1     # (nW, N)
+    windows, _ = to_windows(grid, window_size, shift_size)          # (nW, N, 1)
+    return windows.squeeze(-1) - 1                                  # (nW, N)
 
 
 def window_plan(sources: Tensor, batch: int, windows_per_chunk: int,

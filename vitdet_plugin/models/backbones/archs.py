@@ -42,7 +42,6 @@ class SwinArch(ArchSpec):
                                  f'num_heads={h}; choose heads that divide embed_dims * 2**stage')
 
 
-SWIN_ARCHS = SwinArch.PRESETS
 #: The Swin presets (embed dims, depths, heads of the published models).
 SWIN_ARCHS = SwinArch.PRESETS
 

@@ -10,8 +10,8 @@ The contract (:class:`BackboneContract`) is what configs, necks, optimizers and 
   embeddings and tables).
 """
 import dataclasses
-from typing import (Any, ClassVar, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Type,
-                    TypeVar)
+from typing import (Any, Callable, ClassVar, Dict, Iterable, List, Mapping, Optional, Set, Tuple,
+                    Type, TypeVar)
 
 import torch
 import torch.utils.checkpoint as cp
@@ -62,12 +62,18 @@ def init_transformer_weights_(module: nn.Module) -> None:
             nn.init.zeros_(m.bias)
 
 
-def run_blocks(blocks: Iterable[nn.Module], x: Tensor, with_cp: bool, training: bool) -> Tensor:
-    """``x`` through ``blocks`` in turn; with ``with_cp`` in a training forward that records a
-    graph, each block's activations are recomputed in backward (non-reentrant checkpointing)."""
+def run_blocks(blocks: Iterable[nn.Module], x: Tensor, with_cp: bool, training: bool,
+               block_fn: Optional[Callable[[nn.Module, Tensor], Tensor]] = None) -> Tensor:
+    """``x`` through ``blocks`` in turn (``block_fn(block, x)``, e.g. an accel runner, or
+    ``block(x)``); with ``with_cp`` in a training forward that records a graph, each block's
+    activations are recomputed in backward (non-reentrant checkpointing)."""
     checkpoint = with_cp and training and torch.is_grad_enabled()
     for block in blocks:
-        x = cp.checkpoint(block, x, use_reentrant=False) if checkpoint else block(x)
+        if block_fn is None:
+            x = cp.checkpoint(block, x, use_reentrant=False) if checkpoint else block(x)
+        else:
+            x = (cp.checkpoint(block_fn, block, x, use_reentrant=False) if checkpoint
+                 else block_fn(block, x))
     return x
 
 

@@ -18,27 +18,24 @@ at the end of stage ``i``); timm and mmpretrain layouts are converted by
 import dataclasses
 import numbers
 from functools import partial
-from typing import ClassVar, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, ClassVar, Optional, Sequence, Tuple, Type, Union
 
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmdet.registry import MODELS
-from mmengine.model import BaseModule
 from torch import Tensor, nn
 
+from ...functional import from_windows, stage_windows, to_windows
+from ...functional.sizes import Window, WindowArg
 from ...weights.swin_v2 import load_swin_v2_pretrained
-from ..accel import check_accel, padding_free_window_attention, plan_for_tensor
-from ..layers import (DropPath, Mlp, PatchEmbed, PatchMerging, check_flag, check_rate,
-                      int_tuple, linear_drop_path_rates, positive_int)
+from ..accel import StageRunner, plan_for_tensor, swin_v2_runner
+from ..layers import DropPath, Mlp, PatchMerging
 from ..layers.cosine_window_attention import LOGIT_SCALE_INIT, CosineWindowAttention
-from ..layers.shifted_windows import shifted_window_attention
 from .archs import SwinArch
-from .base import (BackboneContract, init_cfg_from_pretrained, init_transformer_weights_,
-                   pretrained_init_cfg)
-from .swin import SwinBackbone, WindowStage
+from .base import init_cfg_from_pretrained, init_transformer_weights_, pretrained_init_cfg
+from .hierarchical import WindowBackbone
 
-#: A window: an int (square) or ``(h, w)``; per stage: one of those, or a sequence of them.
-WindowArg = Union[int, Sequence[int], Sequence[Union[int, Sequence[int]]]]
-Window = Tuple[int, int]
+if TYPE_CHECKING:  # the block has what the accel runners read (mypy checks it here)
+    from ..accel.protocols import SwinV2BlockParts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,39 +61,6 @@ class SwinV2Arch(SwinArch):
             raise ValueError(f'extra_norm_every_n_blocks must be an int >= 0 (0: none), got {n!r}')
 
 
-def _is_int(v: object) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def _pair(value: object) -> Optional[Window]:
-    """``7 -> (7, 7)``, ``(7, 9) -> (7, 9)``, anything else None."""
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return (int(value), int(value))
-    if isinstance(value, (tuple, list)) and len(value) == 2 and all(map(_is_int, value)):
-        return (int(value[0]), int(value[1]))
-    return None
-
-
-def stage_windows(value: WindowArg, num_stages: int, name: str, minimum: int,
-                  pair_for_all: bool = True) -> Tuple[Window, ...]:
-    """One ``(h, w)`` per stage from an int, one int / ``(h, w)`` per stage, or (with
-    ``pair_for_all``) a pair of ints: one ``(h, w)`` for all stages, as in timm."""
-    windows: List[Optional[Window]] = [_pair(value)] * num_stages
-    if isinstance(value, (tuple, list)):
-        one_pair = pair_for_all and len(value) == 2 and all(map(_is_int, value))
-        if not one_pair:
-            windows = [_pair(v) for v in value] if len(value) == num_stages else [None]
-    found = [w for w in windows if w is not None]
-    if len(found) != num_stages:
-        form = 'an int or a pair (h, w), or' if pair_for_all else 'an int or'
-        raise ValueError(f'{name} must be {form} one int or (h, w) pair per stage (the model '
-                         f'has {num_stages} stages), got {value!r}')
-    if any(min(w) < minimum for w in found):
-        bound = 'positive' if minimum > 0 else f'>= {minimum} (0: the stage\'s own window)'
-        raise ValueError(f'{name} must be {bound}, got {value!r}')
-    return tuple(found)
-
-
 class SwinV2Block(nn.Module):
     """One Swin V2 block on ``(B, H, W, C)``: post-norm cosine window attention, then MLP.
 
@@ -112,19 +76,18 @@ class SwinV2Block(nn.Module):
                  pretrained_window_size: Window, shift: bool, pad_small_map: bool = True,
                  extra_norm: bool = False, mlp_ratio: float = 4.0, qkv_bias: bool = True,
                  drop: float = 0.0, attn_drop: float = 0.0, drop_path: float = 0.0,
-                 norm_cfg: Optional[dict] = None, act_cfg: Optional[dict] = None,
-                 fused_attn: bool = True, accel: str = 'off') -> None:
+                 norm_cfg: Optional[dict] = None, act_cfg: Optional[dict] = None) -> None:
         super().__init__()
         norm_cfg = norm_cfg or dict(type='LN')
         self.window_size = window_size
         self.shift_size = (window_size[0] // 2, window_size[1] // 2) if shift else (0, 0)
         self.pad_small_map = pad_small_map
         self.attn = CosineWindowAttention(dim, num_heads, window_size, pretrained_window_size,
-                                          qkv_bias, attn_drop, drop, fused_attn, accel)
+                                          qkv_bias, attn_drop, drop)
         self.norm1 = build_norm_layer(norm_cfg, dim)[1]
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         act = partial(build_activation_layer, act_cfg or dict(type='GELU'))
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act, drop=drop, accel=accel)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act, drop=drop)
         self.norm2 = build_norm_layer(norm_cfg, dim)[1]
         self.norm3 = build_norm_layer(norm_cfg, dim)[1] if extra_norm else None
 
@@ -143,37 +106,21 @@ class SwinV2Block(nn.Module):
         return self.shift_size
 
     def forward(self, x: Tensor) -> Tensor:
+        """``(B, H, W, C)`` -> ``(B, H, W, C)``: residual post-norm attention, then MLP."""
         shift = self.shift_for((x.shape[1], x.shape[2]))
-        attention = (padding_free_window_attention  # see accel.padding_free
-                     if plan_for_tensor(x, self.attn.accel).compiled else shifted_window_attention)
-        out = attention(x, self.attn, self.window_size, shift,
-                        self.attn.logit_scale.dtype)                 # (B, H, W, C)
-        x = x + self.drop_path(self.norm1(out))
+        windows, grid = to_windows(x, self.window_size, shift)       # (B * nW, N, C)
+        windows = self.attn(windows, grid.shift_mask(x.device, x.dtype))  # (B * nW, N, C)
+        x = x + self.drop_path(self.norm1(from_windows(windows, grid)))  # (B, H, W, C)
         x = x + self.drop_path(self.norm2(self.mlp(x)))
         return self.norm3(x) if self.norm3 is not None else x
 
 
-class SwinV2Stage(WindowStage):
-    """``depth`` blocks alternating W-MSA / SW-MSA, then optional (post-norm) patch merging."""
-
-    def __init__(self, dim: int, depth: int, num_heads: int, window_size: Window,
-                 drop_paths: Sequence[float], downsample: bool, norm_cfg: dict,
-                 with_cp: bool = False, extra_norm_every_n_blocks: int = 0,
-                 **block_kwargs) -> None:
-        super().__init__()
-        self.with_cp = with_cp
-        every = extra_norm_every_n_blocks
-        self.blocks = nn.ModuleList([
-            SwinV2Block(dim, num_heads, window_size, shift=(j % 2 == 1),
-                        extra_norm=bool(every) and (j + 1) % every == 0,
-                        drop_path=drop_paths[j], norm_cfg=norm_cfg, **block_kwargs)
-            for j in range(depth)])
-        self.downsample = PatchMerging(dim, build_norm_layer(norm_cfg, 2 * dim)[1],
-                                       post_norm=True) if downsample else None
+if TYPE_CHECKING:
+    _SWIN_V2_BLOCK: Type[SwinV2BlockParts] = SwinV2Block
 
 
 @MODELS.register_module()
-class SwinV2Backbone(BackboneContract, BaseModule):
+class SwinV2Backbone(WindowBackbone):
     """Swin Transformer V2 for detection: multi-scale NCHW maps with a declared contract.
 
     Args:
@@ -202,16 +149,6 @@ class SwinV2Backbone(BackboneContract, BaseModule):
     #: No weight decay (besides norms and biases): the logit scales and the q / v biases.
     NO_DECAY_PARAMS = ('logit_scale', 'q_bias', 'v_bias', 'cpb_mlp')
 
-    depths: Tuple[int, ...]
-    out_indices: Tuple[int, ...]
-    patch_embed: PatchEmbed
-    drop_after_pos: nn.Module
-    layers: nn.ModuleList
-
-    # the same rules and attribute names as V1 (layers.{i}.blocks.{j}, downsample at the end)
-    layer_id = SwinBackbone.layer_id
-    frozen_modules = SwinBackbone.frozen_modules
-
     def __init__(self,
                  arch: Union[str, dict, None] = 'tiny',
                  embed_dims: Optional[int] = None,
@@ -238,67 +175,40 @@ class SwinV2Backbone(BackboneContract, BaseModule):
                  act_cfg: Optional[dict] = None,
                  pretrained: Optional[str] = None,
                  init_cfg: Optional[dict] = None) -> None:
-        super().__init__(init_cfg=init_cfg_from_pretrained(pretrained, init_cfg))
+        init_cfg = init_cfg_from_pretrained(pretrained, init_cfg)
         spec = SwinV2Arch.resolve(arch, embed_dims=embed_dims, depths=depths,
                                   num_heads=num_heads)
-        self.embed_dims, self.depths, self.num_heads = spec.embed_dims, spec.depths, spec.num_heads
-        num_stages = len(self.depths)
-        dims = [self.embed_dims * 2**i for i in range(num_stages)]
-        self.in_channels = positive_int(in_channels, 'in_channels')
-        positive_int(patch_size, 'patch_size', ' (the first output stride)')
+        num_stages = len(spec.depths)
         self.window_sizes = stage_windows(window_size, num_stages, 'window_size', 1)
         self.pretrained_window_sizes = stage_windows(
             pretrained_window_sizes, num_stages, 'pretrained_window_sizes', 0,
             pair_for_all=False)
-        out_indices = int_tuple(out_indices, 'out_indices')
-        if not out_indices or any(not 0 <= i < num_stages for i in out_indices) \
-                or len(set(out_indices)) != len(out_indices):
-            raise ValueError(f'out_indices={out_indices} must be a non-empty subset of stage '
-                             f'indices 0..{num_stages - 1} without duplicates')
-        self.out_indices = tuple(sorted(out_indices))
-        if not isinstance(frozen_stages, int) or isinstance(frozen_stages, bool) \
-                or not -1 <= frozen_stages <= num_stages:
-            raise ValueError(f'frozen_stages={frozen_stages!r} must be in -1..{num_stages} '
-                             '(-1: train all, 0: patch embedding, k: also the first k stages)')
-        if not isinstance(mlp_ratio, numbers.Real) or isinstance(mlp_ratio, bool) \
-                or mlp_ratio <= 0:
-            raise ValueError(f'mlp_ratio must be positive, got {mlp_ratio!r}')
-        for name, rate in (('drop_rate', drop_rate), ('attn_drop_rate', attn_drop_rate),
-                           ('drop_path_rate', drop_path_rate)):
-            check_rate(rate, name)
-        for name, flag in (('qkv_bias', qkv_bias), ('patch_norm', patch_norm),
-                           ('pad_small_map', pad_small_map), ('norm_eval', norm_eval),
-                           ('with_cp', with_cp), ('fused_attn', fused_attn)):
-            check_flag(flag, name)
-        self.accel = check_accel(accel)
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
-        norm_cfg = norm_cfg or dict(type='LN')
+        self._extra_norm_every = spec.extra_norm_every_n_blocks
+        self._block = partial(SwinV2Block, pad_small_map=pad_small_map, mlp_ratio=mlp_ratio,
+                              qkv_bias=qkv_bias, drop=drop_rate, attn_drop=attn_drop_rate,
+                              norm_cfg=norm_cfg or dict(type='LN'), act_cfg=act_cfg)
+        super().__init__(
+            spec, in_channels=in_channels, patch_size=patch_size, out_indices=out_indices,
+            frozen_stages=frozen_stages, mlp_ratio=mlp_ratio, drop_rate=drop_rate,
+            attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate, patch_norm=patch_norm,
+            norm_eval=norm_eval, with_cp=with_cp, fused_attn=fused_attn, accel=accel,
+            norm_cfg=norm_cfg, init_cfg=init_cfg, qkv_bias=qkv_bias, pad_small_map=pad_small_map)
 
-        patch_norm_layer = build_norm_layer(norm_cfg, self.embed_dims)[1] if patch_norm else None
-        self.patch_embed = PatchEmbed(patch_size, in_channels, self.embed_dims, patch_norm_layer)
-        self.drop_after_pos = nn.Dropout(drop_rate) if drop_rate > 0 else nn.Identity()
-        rates = linear_drop_path_rates(drop_path_rate, sum(self.depths))
-        self.layers = nn.ModuleList()
-        for i, depth in enumerate(self.depths):
-            start = sum(self.depths[:i])
-            self.layers.append(SwinV2Stage(
-                dims[i], depth, self.num_heads[i], self.window_sizes[i],
-                drop_paths=rates[start:start + depth], downsample=i < num_stages - 1,
-                norm_cfg=norm_cfg, with_cp=with_cp,
-                extra_norm_every_n_blocks=spec.extra_norm_every_n_blocks,
-                pretrained_window_size=self.pretrained_window_sizes[i],
-                pad_small_map=pad_small_map, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
-                drop=drop_rate, attn_drop=attn_drop_rate, act_cfg=act_cfg,
-                fused_attn=fused_attn, accel=accel))
-        for i in self.out_indices:
-            self.add_module(f'norm{i}', build_norm_layer(norm_cfg, dims[i])[1])
+    def make_block(self, stage: int, index: int, dim: int, num_heads: int,
+                   drop_path: float) -> nn.Module:
+        """W-MSA and SW-MSA blocks in turn; a final norm every ``extra_norm_every_n_blocks``."""
+        every = self._extra_norm_every
+        return self._block(dim, num_heads, self.window_sizes[stage],
+                           self.pretrained_window_sizes[stage], shift=index % 2 == 1,
+                           extra_norm=bool(every) and (index + 1) % every == 0,
+                           drop_path=drop_path)
 
-        self.num_features: Tuple[int, ...] = tuple(dims)
-        self.out_channels = tuple(dims[i] for i in self.out_indices)
-        self.out_strides = tuple(patch_size * 2**i for i in self.out_indices)
-        self.num_layers = sum(self.depths)
-        self._freeze_stages()
+    def make_merge(self, dim: int, norm_cfg: dict) -> nn.Module:
+        """Concat 2x2 -> linear ``4C -> 2C`` -> norm (post-norm)."""
+        return PatchMerging(dim, build_norm_layer(norm_cfg, 2 * dim)[1], post_norm=True)
+
+    def stage_runner(self, x: Tensor) -> Optional[StageRunner]:
+        return swin_v2_runner(plan_for_tensor(x, self.accel))
 
     def init_weights(self) -> None:
         """Load ``init_cfg.checkpoint`` through the converters, or initialise as the official
@@ -324,14 +234,3 @@ class SwinV2Backbone(BackboneContract, BaseModule):
                         nn.init.zeros_(norm.weight)
                         nn.init.zeros_(norm.bias)
         self._is_init = True
-
-    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
-        """``(B, C_in, H, W)`` -> maps ``(B, C_i, ceil(H / s_i), ceil(W / s_i))``."""
-        x = self.drop_after_pos(self.patch_embed(x))                 # (B, H/p, W/p, C)
-        outs: List[Tensor] = []
-        for i, stage in enumerate(self.layers):
-            out, x = stage(x)                                        # (B, H_i, W_i, C_i)
-            if i in self.out_indices:
-                norm = getattr(self, f'norm{i}')
-                outs.append(norm(out).permute(0, 3, 1, 2).contiguous())  # (B, C_i, H_i, W_i)
-        return tuple(outs)

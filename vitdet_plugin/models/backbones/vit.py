@@ -16,7 +16,7 @@ mlp.fc2, residual.*}``); :mod:`vitdet_plugin.weights.vit` converts the checkpoin
 """
 import re
 from functools import partial
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Type, Union
 
 import torch
 from mmcv.cnn import build_activation_layer, build_norm_layer
@@ -26,15 +26,19 @@ from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor, nn
 
 from ...functional import (attend, decomposed_rel_pos_bias, decomposed_rel_pos_channels,
-                           pad_to_multiple, resize_pos_grid, window_partition, window_reverse)
+                           from_windows, resize_pos_grid, to_windows, window_pair)
 from ...weights.vit import load_vit_pretrained
-from ..accel import check_accel
+from ..accel import check_accel, plan_for_tensor, vit_block_runner
 from ..layers import (Attention, ConvStem, DropPath, Mlp, PatchEmbed, ResBottleneckBlock,
                       check_flags, check_rates, int_arg, int_tuple, linear_drop_path_rates,
                       positive_int, positive_number, to_2tuple)
 from .archs import VIT_ARCHS, ViTArch, index_list  # noqa: F401  (VIT_ARCHS: re-exported)
 from .base import (TRUNC_NORMAL_STD, BackboneContract, init_cfg_from_pretrained,
                    init_transformer_weights_, pretrained_init_cfg, run_blocks)
+
+if TYPE_CHECKING:
+    from ..accel.protocols import ViTBlockParts
+
 
 
 class ViTAttention(Attention):
@@ -92,7 +96,7 @@ class ViTBlock(nn.Module):
                  qkv_bias: bool = True, drop: float = 0.0, attn_drop: float = 0.0,
                  drop_path: float = 0.0, norm_cfg: Optional[dict] = None,
                  act_cfg: Optional[dict] = None, residual: bool = False,
-                 fused_attn: bool = True, accel: str = 'off') -> None:
+                 fused_attn: bool = True) -> None:
         super().__init__()
         norm_cfg = norm_cfg or dict(type='LN', eps=1e-6)
         act_layer = partial(build_activation_layer, act_cfg or dict(type='GELU'))
@@ -102,29 +106,36 @@ class ViTBlock(nn.Module):
                                  rel_pos_size)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = build_norm_layer(norm_cfg, dim)[1]
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=drop, accel=accel)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=drop)
         self.residual = ResBottleneckBlock(dim, dim // 2, act_layer) if residual else None
 
     def forward(self, x: Tensor) -> Tensor:
-        b, h, w, c = x.shape                                         # (B, H, W, C)
-        out = self.norm1(x)
-        if self.window_size is not None:
-            out = pad_to_multiple(out, self.window_size)             # (B, Hp, Wp, C), zeros
-            hp, wp = out.shape[1:3]
-            out = window_partition(out, self.window_size)            # (B * nW, N, C)
-            out = out.view(-1, *self.window_size, c)                 # (B * nW, wh, ww, C)
-            out = self.attn(out)
-            out = window_reverse(out.flatten(1, 2), self.window_size, (hp, wp))[:, :h, :w]
-        else:
-            out = self.attn(out)
-        x = x + self.drop_path(out)
+        """``(B, H, W, C)`` -> ``(B, H, W, C)``."""
+        x = x + self.drop_path(self.attention(self.norm1(x)))
         x = x + self.drop_path(self.mlp(self.norm2(x)))
-        if self.residual is not None:
-            x = self.residual(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)  # via (B, C, H, W)
-        return x
+        return self.residual_conv(x)
+
+    def attention(self, x: Tensor) -> Tensor:
+        """Window attention (zero-padded to whole windows, no shift) or global attention of
+        the normalised map ``(B, H, W, C)``."""
+        if self.window_size is None:
+            return self.attn(x)
+        windows, grid = to_windows(x, self.window_size)             # (B * nW, N, C)
+        windows = self.attn(windows.view(-1, *self.window_size, x.shape[-1]))  # (.., wh, ww, C)
+        return from_windows(windows.flatten(1, 2), grid)            # (B, H, W, C)
+
+    def residual_conv(self, x: Tensor) -> Tensor:
+        """The residual bottleneck conv block, if any, on ``(B, H, W, C)`` via NCHW."""
+        if self.residual is None:
+            return x
+        return self.residual(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
 
     def extra_repr(self) -> str:
         return f'window_size={self.window_size}'
+
+
+if TYPE_CHECKING:  # the block has what the accel runner reads (mypy checks it here)
+    _VIT_BLOCK: Type[ViTBlockParts] = ViTBlock
 
 
 @MODELS.register_module()
@@ -208,10 +219,8 @@ class ViTBackbone(BackboneContract, BaseModule):
                                                   residual_block_indexes, self.depth)
         if pyramid:
             raise ValueError(_pyramid_moved_message(pyramid, self.embed_dims, patch_size))
-        self.window_size = to_2tuple(window_size, 'window_size')
-        if min(self.window_size) <= 0:
-            raise ValueError(f'window_size must be positive, got {window_size!r}; for global '
-                             'attention in every block list all blocks in global_attn_indexes')
+        self.window_size = window_pair(window_size, 'window_size', '; for global attention in '
+                                       'every block list all blocks in global_attn_indexes')
         self.patch_size = positive_int(patch_size, 'patch_size')
         self.in_channels = positive_int(in_channels, 'in_channels')
         out_indices = int_tuple(out_indices, 'out_indices')
@@ -258,7 +267,7 @@ class ViTBackbone(BackboneContract, BaseModule):
             self.blocks.append(ViTBlock(
                 self.embed_dims, self.num_heads, None if is_global else self.window_size,
                 rel_size, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, rates[i], norm_cfg,
-                act_cfg, i in self.residual_block_indexes, fused_attn, accel))
+                act_cfg, i in self.residual_block_indexes, fused_attn))
 
         self.out_channels = (self.embed_dims,) * len(self.out_indices)
         self.out_strides = (patch_size,) * len(self.out_indices)
@@ -322,9 +331,10 @@ class ViTBackbone(BackboneContract, BaseModule):
         if self.pos_embed is not None:
             x = x + self.abs_pos_embed((x.shape[1], x.shape[2]))
         outs = []
+        run = vit_block_runner(plan_for_tensor(x, self.accel))      # accel, once per forward
         start = 0
         for end in self.out_indices:  # sorted: the blocks up to each output, in turn
-            x = run_blocks(self.blocks[start:end + 1], x, self.with_cp, self.training)
+            x = run_blocks(self.blocks[start:end + 1], x, self.with_cp, self.training, run)
             outs.append(x.permute(0, 3, 1, 2).contiguous())        # (B, C, h, w)
             start = end + 1
         return tuple(outs)

@@ -6,34 +6,16 @@ refuse anything but an integral value, naming the argument and what was given.
 import numbers
 from typing import Tuple
 
+from ...functional.sizes import ArgumentError, is_int, to_2tuple
 
-class ArgumentError(ValueError, AssertionError):
-    """A constructor argument of the wrong value or form.
-
-    A ``ValueError``, and also an ``AssertionError``: mmdet checks these arguments with
-    ``assert``, so code written against mmdet's backbones (its own test suite's
-    ``pytest.raises(AssertionError)``) catches ours the same way."""
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def to_2tuple(value, name: str = 'value') -> Tuple[int, int]:
-    """``7 -> (7, 7)``; ``(7, 9) -> (7, 9)``; anything else (floats, strings, other lengths)
-    raises a ``ValueError`` naming what was given."""
-    if _is_int(value):
-        return (int(value), int(value))
-    if isinstance(value, (tuple, list)) and len(value) == 2 and all(map(_is_int, value)):
-        return (int(value[0]), int(value[1]))
-    raise ArgumentError(f'{name} must be an int or a pair of ints (h, w), got {value!r} '
-                     f'({type(value).__name__})')
+__all__ = ['ArgumentError', 'check_flag', 'check_flags', 'check_rate', 'check_rates', 'int_arg',
+           'int_tuple', 'positive_int', 'positive_number', 'to_2tuple']
 
 
 def int_arg(value, name: str = 'value') -> int:
     """``value`` as an int; floats, strings or bools (which ``int()`` would silently truncate
     or parse) raise a ``ValueError`` naming what was given."""
-    if not _is_int(value):
+    if not is_int(value):
         raise ArgumentError(f'{name} must be an int, got {value!r} ({type(value).__name__})')
     return int(value)
 
@@ -41,7 +23,7 @@ def int_arg(value, name: str = 'value') -> int:
 def positive_int(value, name: str = 'value', detail: str = '') -> int:
     """``value`` as an int > 0; anything else raises a ``ValueError`` naming ``name`` (with
     ``detail``, e.g. what the argument means, after "a positive int")."""
-    if not _is_int(value) or value <= 0:
+    if not is_int(value) or value <= 0:
         raise ArgumentError(f'{name} must be a positive int{detail}, got {value!r}')
     return int(value)
 
@@ -49,12 +31,12 @@ def positive_int(value, name: str = 'value', detail: str = '') -> int:
 def int_tuple(values, name: str = 'value') -> Tuple[int, ...]:
     """An int or a sequence of ints as a tuple; floats, strings or bools (which ``int()``
     would silently truncate or parse) raise a ``ValueError`` naming what was given."""
-    if _is_int(values):
+    if is_int(values):
         return (int(values), )
     if isinstance(values, (str, bytes)) or not hasattr(values, '__iter__'):
         raise ArgumentError(f'{name} must be an int or a sequence of ints, got {values!r}')
     values = tuple(values)
-    bad = [v for v in values if not _is_int(v)]
+    bad = [v for v in values if not is_int(v)]
     if bad:
         raise ArgumentError(f'{name}={values!r} must hold ints only, not {bad!r}')
     return tuple(int(v) for v in values)

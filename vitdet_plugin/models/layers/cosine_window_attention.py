@@ -15,7 +15,6 @@ from torch import Tensor, nn
 
 from ...functional import SizeCache, relative_position_index
 from ...functional.cpb import log_spaced_relative_coords
-from ..accel import check_accel
 from .window_attention import WindowedAttention
 
 #: ``logit_scale`` starts at ``log(10)``: cosine similarities are multiplied by 10 at first.
@@ -49,20 +48,16 @@ class CosineWindowAttention(WindowedAttention):
             normalised by it (``(0, 0)``: by the window itself).
         qkv_bias: learn ``q_bias`` and ``v_bias``.
         attn_drop, proj_drop, fused: see :class:`Attention`.
-        accel: ``'auto'`` recomputes the attention in backward on the CPU; ``'off'``: the
-            plain path everywhere (see :mod:`~vitdet_plugin.models.accel`).
     """
 
     def __init__(self, dim: int, num_heads: int, window_size: Tuple[int, int],
                  pretrained_window_size: Tuple[int, int] = (0, 0), qkv_bias: bool = True,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0, fused: bool = True,
-                 accel: str = 'off') -> None:
+                 attn_drop: float = 0.0, proj_drop: float = 0.0, fused: bool = True) -> None:
         super().__init__(dim, num_heads, qkv_bias=False, attn_drop=attn_drop,
                          proj_drop=proj_drop, fused=fused, scale=1.0)  # scale is in q
         self.window_size: Tuple[int, int] = (int(window_size[0]), int(window_size[1]))
         self.pretrained_window_size: Tuple[int, int] = (int(pretrained_window_size[0]),
                                                         int(pretrained_window_size[1]))
-        self.accel = check_accel(accel)
         self.logit_scale = nn.Parameter(torch.full((num_heads, 1, 1), LOGIT_SCALE_INIT))
         self.cpb_mlp = nn.Sequential(nn.Linear(2, CPB_HIDDEN), nn.ReLU(inplace=True),
                                      nn.Linear(CPB_HIDDEN, num_heads, bias=False))

@@ -7,7 +7,6 @@ from torch import Tensor, nn
 
 from ...functional import (SizeCache, attend, bias_table_size, relative_position_index,
                            window_bias)
-from ..accel import check_accel, plan_for_tensor, recompute_attention
 from .attention import Attention
 
 #: Flattened relative-position indices per (window, device); a function of sizes alone.
@@ -17,10 +16,7 @@ _INDEX: SizeCache[Tensor] = SizeCache()
 class WindowedAttention(Attention):
     """Attention within windows, as Swin V1 and V2 share it: subclasses give the terms of the
     logits (:meth:`window_logit_terms`); this class splits the heads, folds the windows into
-    the heads under a shift mask and runs the attention (the CPU training kernel where
-    :mod:`~vitdet_plugin.models.accel` plans it)."""
-
-    accel: str
+    the heads under a shift mask and runs the attention."""
 
     def window_logit_terms(self, q: Tensor, k: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """``q, k`` ``(B * nW, heads, N, d)`` -> ``(q', k', bias)``: the logits are
@@ -34,21 +30,32 @@ class WindowedAttention(Attention):
     def attend_windows(self, qkv: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         """Attention of projected windows ``qkv`` ``(B * nW, N, 3C)`` -> ``(B * nW, N, C)``
         (before ``proj``); ``mask``: ``(nW, N, N)`` shift mask or None."""
-        bw, n, c3 = qkv.shape
-        heads, d = self.num_heads, self.head_dim
+        q, k, v, bias = self.window_heads(qkv, mask)
+        out = attend(q, k, v, window_bias(bias, mask), self.dropout_p, self.fused,
+                     self.scale)                                     # as q
+        return self.merge_window_heads(out, qkv.shape[0])
+
+    def window_heads(self, qkv: Tensor, mask: Optional[Tensor]
+                     ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``qkv`` ``(B * nW, N, 3C)`` -> ``q, k, v`` and the ``(1, heads, N, N)`` bias.
+
+        Without a mask ``q, k, v`` are ``(B * nW, heads, N, d)``; with one, the windows are
+        folded into the heads, ``(B, nW * heads, N, d)``, so that the bias + mask of one image
+        broadcasts over the batch (:func:`~vitdet_plugin.functional.window_bias`)."""
+        bw, n, _ = qkv.shape
         q, k, v = self.split_heads(qkv)                              # (B * nW, heads, N, d)
         q, k, bias = self.window_logit_terms(q, k)                   # bias (1, heads, N, N)
         if mask is not None:
-            # windows folded into the heads: the bias + mask of one image broadcasts over B
             nw = mask.shape[0]
-            q, k, v = (t.reshape(bw // nw, nw * heads, n, d) for t in (q, k, v))
-        if (bias.requires_grad and self.fused and self.dropout_p == 0
-                and plan_for_tensor(q, self.accel).recompute_attention):
-            out = recompute_attention(q, k, v, bias, mask, self.scale)
-        else:
-            out = attend(q, k, v, window_bias(bias, mask), self.dropout_p, self.fused,
-                         self.scale)                                 # as q
-        return out.reshape(bw, heads, n, d).transpose(1, 2).reshape(bw, n, c3 // 3)
+            q, k, v = (t.reshape(bw // nw, nw * self.num_heads, n, self.head_dim)
+                       for t in (q, k, v))                           # (B, nW * heads, N, d)
+        return q, k, v, bias
+
+    def merge_window_heads(self, out: Tensor, windows: int) -> Tensor:
+        """The attention output of :meth:`window_heads`' layout -> ``(B * nW, N, C)``."""
+        n = out.shape[-2]
+        out = out.reshape(windows, self.num_heads, n, self.head_dim)  # (B * nW, heads, N, d)
+        return out.transpose(1, 2).reshape(windows, n, self.dim)
 
 
 class WindowAttention(WindowedAttention):
@@ -61,18 +68,14 @@ class WindowAttention(WindowedAttention):
         qkv_bias, attn_drop, proj_drop, fused: see :class:`Attention`.
         qk_scale: override of the ``head_dim ** -0.5`` logit scale (mmdet's ``qk_scale``;
             as there and in the official code, ``None`` or ``0`` mean the default).
-        accel: ``'auto'`` recomputes the attention in backward on the CPU (see
-            :mod:`~vitdet_plugin.models.accel`); ``'off'``: the plain path everywhere.
     """
 
     def __init__(self, dim: int, num_heads: int, window_size: Tuple[int, int],
                  qkv_bias: bool = True, qk_scale: Optional[float] = None,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0, fused: bool = True,
-                 accel: str = 'off') -> None:
+                 attn_drop: float = 0.0, proj_drop: float = 0.0, fused: bool = True) -> None:
         super().__init__(dim, num_heads, qkv_bias, attn_drop, proj_drop, fused,
                          qk_scale or None)  # `qk_scale or head_dim ** -0.5` upstream
         self.window_size: Tuple[int, int] = (int(window_size[0]), int(window_size[1]))
-        self.accel = check_accel(accel)
         self.relative_position_bias_table = nn.Parameter(
             torch.zeros(int(math.prod(bias_table_size(self.window_size))), num_heads))
 

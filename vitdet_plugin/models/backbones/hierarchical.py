@@ -1,0 +1,215 @@
+"""The hierarchical window backbone that Swin V1 and V2 share.
+
+:class:`WindowBackbone` owns what does not depend on the block: the argument checks, the patch
+embedding (optional convolutional stem and absolute position embedding), the stage loop with
+patch merging between stages, a norm per output, layer ids, freezing, ``with_cp`` and the
+``accel`` switch. A subclass gives its block (:meth:`WindowBackbone.make_block`), its patch
+merging (:meth:`WindowBackbone.make_merge`), its arch spec and its weight loader.
+
+Parameter names follow the official Microsoft layout: ``patch_embed.*``,
+``absolute_pos_embed``, ``layers.{i}.blocks.{j}.*``, ``layers.{i}.downsample.*`` (at the end of
+stage ``i``) and ``norm{i}`` per output.
+
+On the CPU, ``accel='auto'`` runs the stages through a runner of :mod:`..accel`, chosen once
+per forward; everywhere else (and with ``'off'``) the stages' plain forward runs.
+"""
+import re
+import warnings
+from typing import List, Optional, Sequence, Tuple, cast
+
+import torch
+import torch.nn.functional as F
+from mmcv.cnn import build_norm_layer
+from mmengine.model import BaseModule
+from torch import Tensor, nn
+
+from ..accel import BlockFn, StageRunner, check_accel
+from ..layers import (ConvStem, PatchEmbed, check_flags, check_rates, int_tuple,
+                      linear_drop_path_rates, positive_int, positive_number,
+                      set_fused_attention, to_2tuple)
+from .archs import SwinArch
+from .base import BackboneContract, run_blocks
+
+
+class WindowStage(nn.Module):
+    """A stage: its blocks in turn, then optional patch merging.
+
+    ``blocks`` and ``downsample`` keep the official names (``layers.{i}.blocks.{j}``,
+    ``layers.{i}.downsample``); the stage itself has no parameters.
+    """
+
+    def __init__(self, blocks: Sequence[nn.Module], downsample: Optional[nn.Module],
+                 with_cp: bool) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.downsample = downsample
+        self.with_cp = with_cp
+
+    def forward(self, x: Tensor, block_fn: Optional[BlockFn] = None) -> Tuple[Tensor, Tensor]:
+        """``(B, H, W, C)`` -> (stage output ``(B, H, W, C)``, input of the next stage);
+        ``block_fn(block, x)``: how to run a block (an accel runner), else ``block(x)``."""
+        x = run_blocks(self.blocks, x, self.with_cp, self.training, block_fn)
+        return x, (self.downsample(x) if self.downsample is not None else x)
+
+
+class WindowBackbone(BackboneContract, BaseModule):
+    """Patch embedding, stages of window blocks, a norm per output: see the module docstring.
+
+    A subclass sets what :meth:`make_block` / :meth:`make_merge` read, then calls this
+    constructor with its resolved arch spec and the common arguments (documented at
+    :class:`~.swin.SwinBackbone`).
+    """
+
+    depths: Tuple[int, ...]
+    out_indices: Tuple[int, ...]
+    frozen_stages: int
+    accel: str
+    use_abs_pos_embed: bool
+    absolute_pos_embed: nn.Parameter
+    patch_embed: PatchEmbed
+    drop_after_pos: nn.Module
+    layers: nn.ModuleList
+
+    def __init__(self, spec: SwinArch, *, in_channels: int, patch_size: int,
+                 out_indices: Sequence[int], frozen_stages: int, mlp_ratio: float,
+                 drop_rate: float, attn_drop_rate: float, drop_path_rate: float,
+                 patch_norm: bool, norm_eval: bool, with_cp: bool, fused_attn: bool,
+                 accel: str, norm_cfg: Optional[dict], stem_channels: Sequence[int] = (),
+                 stem_norm_cfg: Optional[dict] = None, use_abs_pos_embed: bool = False,
+                 pretrain_img_size: object = 224, init_cfg: Optional[dict] = None,
+                 **flags: bool) -> None:
+        super().__init__(init_cfg=init_cfg)
+        self.embed_dims, self.depths, self.num_heads = spec.embed_dims, spec.depths, spec.num_heads
+        num_stages = len(self.depths)
+        dims = [self.embed_dims * 2**i for i in range(num_stages)]
+        self.in_channels = positive_int(in_channels, 'in_channels')
+        positive_int(patch_size, 'patch_size', ' (the first output stride)')
+        self.out_indices = self._check_out_indices(out_indices, num_stages)
+        if not isinstance(frozen_stages, int) or isinstance(frozen_stages, bool):
+            raise TypeError(f'frozen_stages must be an int in -1..{num_stages}, got '
+                            f'{frozen_stages!r}')
+        if not -1 <= frozen_stages <= num_stages:
+            raise ValueError(f'frozen_stages={frozen_stages} must be in -1..{num_stages} '
+                             '(-1: train all, 0: patch embedding, k: also the first k stages)')
+        positive_number(mlp_ratio, 'mlp_ratio')
+        check_rates(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
+                    drop_path_rate=drop_path_rate)
+        check_flags(**flags, use_abs_pos_embed=use_abs_pos_embed, patch_norm=patch_norm,
+                    norm_eval=norm_eval, with_cp=with_cp, fused_attn=fused_attn)
+        self.accel = check_accel(accel)
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        norm_cfg = norm_cfg or dict(type='LN')
+
+        stem = ConvStem(in_channels, stem_channels, stem_norm_cfg) if len(stem_channels) else None
+        patch_norm_layer = build_norm_layer(norm_cfg, self.embed_dims)[1] if patch_norm else None
+        self.patch_embed = PatchEmbed(patch_size, in_channels, self.embed_dims, patch_norm_layer,
+                                      stem=stem)
+        self.use_abs_pos_embed = use_abs_pos_embed
+        pretrain_hw = to_2tuple(pretrain_img_size, 'pretrain_img_size')  # checked either way
+        if use_abs_pos_embed:
+            grid = tuple(s // patch_size for s in pretrain_hw)
+            self.absolute_pos_embed = nn.Parameter(torch.zeros(1, self.embed_dims, *grid))
+        self.drop_after_pos = nn.Dropout(drop_rate) if drop_rate > 0 else nn.Identity()
+
+        rates = linear_drop_path_rates(drop_path_rate, sum(self.depths))
+        self.layers = nn.ModuleList()
+        for i, depth in enumerate(self.depths):
+            start = sum(self.depths[:i])
+            blocks = [self.make_block(i, j, dims[i], self.num_heads[i], rates[start + j])
+                      for j in range(depth)]
+            merge = self.make_merge(dims[i], norm_cfg) if i < num_stages - 1 else None
+            self.layers.append(WindowStage(blocks, merge, with_cp))
+        for i in self.out_indices:
+            self.add_module(f'norm{i}', build_norm_layer(norm_cfg, dims[i])[1])
+
+        self.num_features: Tuple[int, ...] = tuple(dims)
+        self.out_channels = tuple(dims[i] for i in self.out_indices)
+        self.out_strides = tuple(patch_size * 2**i for i in self.out_indices)
+        self.num_layers = sum(self.depths)
+        if not fused_attn:
+            warnings.warn('fused_attn=False is deprecated: `accel` is the one switch of the '
+                          'attention kernels; for the eager reference formula use '
+                          'vitdet_plugin.models.layers.eager_attention(model)',
+                          DeprecationWarning, stacklevel=3)
+            set_fused_attention(self, False)
+        self._freeze_stages()
+
+    @staticmethod
+    def _check_out_indices(out_indices: Sequence[int], num_stages: int) -> Tuple[int, ...]:
+        indices = int_tuple(out_indices, 'out_indices')
+        if not indices or any(not 0 <= i < num_stages for i in indices):
+            raise ValueError(f'out_indices={indices} must be a non-empty subset of stage '
+                             f'indices 0..{num_stages - 1}')
+        if len(set(indices)) != len(indices):
+            raise ValueError(f'out_indices={indices} has duplicates')
+        return tuple(sorted(indices))  # stage order, as mmdet's outputs
+
+    # ------------------------------------------------------------------ what a subclass gives
+    def make_block(self, stage: int, index: int, dim: int, num_heads: int,
+                   drop_path: float) -> nn.Module:
+        """Block ``index`` of stage ``stage`` (``(B, H, W, dim)`` -> the same)."""
+        raise NotImplementedError
+
+    def make_merge(self, dim: int, norm_cfg: dict) -> nn.Module:
+        """The patch merging at the end of a stage of ``dim`` channels."""
+        raise NotImplementedError
+
+    def stage_runner(self, x: Tensor) -> Optional[StageRunner]:
+        """The accel runner of this forward (None: the plain path); asked once per forward."""
+        return None
+
+    # ------------------------------------------------------------------ contract
+    def layer_id(self, name: str) -> int:
+        """mmpretrain's rule: embeddings 0, ``layers.i.blocks.j`` ``sum(depths[:i]) + j + 1``,
+        a stage's downsample with its last block, everything else ``num_layers + 1``."""
+        if name.startswith(('patch_embed.', 'absolute_pos_embed')):
+            return 0
+        m = re.match(r'^layers\.(\d+)\.(blocks\.(\d+)|downsample)\.', name)
+        if m is None:
+            return self.num_layers + 1
+        stage = int(m.group(1))
+        if m.group(3) is None:
+            return sum(self.depths[:stage + 1])
+        return sum(self.depths[:stage]) + int(m.group(3)) + 1
+
+    # ------------------------------------------------------------------ freezing
+    def frozen_modules(self) -> List[nn.Module]:
+        mods: List[nn.Module] = []
+        if self.frozen_stages >= 0:
+            mods += [self.patch_embed, self.drop_after_pos]
+        for i in range(self.frozen_stages):
+            mods.append(self.layers[i])
+            if i in self.out_indices:
+                mods.append(getattr(self, f'norm{i}'))
+        return mods
+
+    def frozen_parameters(self) -> List[nn.Parameter]:
+        if self.frozen_stages >= 0 and self.use_abs_pos_embed:
+            return [self.absolute_pos_embed]
+        return []
+
+    # ------------------------------------------------------------------ forward
+    def embed(self, x: Tensor) -> Tensor:
+        """Images ``(B, C_in, H, W)`` -> tokens ``(B, H/p, W/p, C)`` (+ position embedding)."""
+        x = self.patch_embed(x)                                      # (B, h, w, C)
+        if self.use_abs_pos_embed:
+            pos = F.interpolate(self.absolute_pos_embed, size=x.shape[1:3], mode='bicubic',
+                                align_corners=False)                 # (1, C, h, w)
+            x = x + pos.permute(0, 2, 3, 1)
+        return self.drop_after_pos(x)
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """``(B, C_in, H, W)`` -> maps ``(B, C_i, ceil(H / s_i), ceil(W / s_i))``."""
+        runner = self.stage_runner(x)                                # once per forward
+        x = self.embed(x)                                            # (B, H/p, W/p, C)
+        outs = []
+        for i, stage in enumerate(self.layers):
+            out, x = stage(x) if runner is None else runner.run_stage(cast(WindowStage, stage), x)
+            if i in self.out_indices:                                # out: (B, H_i, W_i, C_i)
+                norm = getattr(self, f'norm{i}')
+                if runner is not None and runner.norm_to_nchw is not None:
+                    outs.append(runner.norm_to_nchw(norm, out))
+                else:
+                    outs.append(norm(out).permute(0, 3, 1, 2).contiguous())  # (B, C_i, H_i, W_i)
+        return tuple(outs)
