@@ -20,7 +20,7 @@ from vitdet_plugin.models.accel import (PLAIN, AccelPlan, check_accel, chunking,
                                         recompute_attention, swin_inference, torch_private)
 from vitdet_plugin.models.accel.window_plan import window_plan, window_sources
 from vitdet_plugin.models.backbones import SwinBackbone, ViTBackbone
-from vitdet_plugin.models.layers import WindowAttention
+from vitdet_plugin.models.backbones.swin import WindowAttention
 from vitdet_plugin.models.layers.cosine_window_attention import CosineWindowAttention
 
 SMALL = dict(arch=dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4)))

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from vis_kit import VisualizeError
 from vitdet_plugin.functional import decomposed_rel_pos_bias
 from vitdet_plugin.models.backbones.vit import ViTAttention
-from vitdet_plugin.models.layers import WindowAttention
+from vitdet_plugin.models.backbones.swin import WindowAttention
 from vitdet_plugin.models.layers.cosine_window_attention import (LOGIT_SCALE_MAX,
                                                                  CosineWindowAttention)
 

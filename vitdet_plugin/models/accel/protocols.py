@@ -56,7 +56,7 @@ class WindowAttentionParts(Protocol):
 
 
 class BiasTableAttentionParts(WindowAttentionParts, Protocol):
-    """``layers.WindowAttention`` (Swin V1): a learned relative-position bias table."""
+    """``backbones.swin.WindowAttention`` (Swin V1): a learned relative-position bias table."""
 
     relative_position_bias_table: nn.Parameter
 

@@ -14,19 +14,24 @@ This file holds the block and what is Swin V1's own; the stages, embedding, outp
 freezing are :class:`~.hierarchical.WindowBackbone`'s. On the CPU, ``accel='auto'`` runs the
 stages through :mod:`..accel`'s runners (chunked in-place inference, recomputing backwards).
 """
+import math
 import numbers
 from functools import partial
 from typing import TYPE_CHECKING, Optional, Sequence, Tuple, Type, Union
 
+import torch
+import torch.nn.functional as F
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmdet.registry import MODELS
 from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor, nn
 
-from ...functional import ArgumentError, from_windows, to_windows, window_pair
+from ...functional import (ArgumentError, SizeCache, attend, bias_table_size, from_windows,
+                           relative_position_index, to_windows, window_pair)
 from ...weights.swin import load_swin_pretrained
 from ..accel import StageRunner, plan_for_tensor, swin_runner
-from ..layers import DropPath, Mlp, PatchMerging, WindowAttention
+from ..layers import DropPath, Mlp, PatchMerging
+from ..layers.window_attention import WindowedAttention
 from .archs import SWIN_ARCHS, SwinArch  # noqa: F401  (SWIN_ARCHS: re-exported)
 from .base import (TRUNC_NORMAL_STD, init_cfg_from_pretrained, init_transformer_weights_,
                    pretrained_init_cfg)
@@ -34,6 +39,80 @@ from .hierarchical import WindowBackbone
 
 if TYPE_CHECKING:  # the block has what the accel runners read (mypy checks it here)
     from ..accel.protocols import SwinBlockParts
+
+#: Flattened relative-position indices per (window, device); a function of sizes alone.
+_INDEX: SizeCache[Tensor] = SizeCache()
+
+
+class WindowAttention(WindowedAttention):
+    """Multi-head attention inside ``wh x ww`` windows with a learned relative-position bias.
+
+    Its :meth:`forward` is the whole plain path in one method; the accel runners use the
+    :class:`~..layers.window_attention.WindowedAttention` steps (``window_heads``, ...), which
+    compute the same.
+
+    Args:
+        dim: token channels.
+        num_heads: attention heads.
+        window_size: ``(wh, ww)``.
+        qkv_bias, attn_drop, proj_drop, fused: see :class:`~..layers.Attention`.
+        qk_scale: override of the ``head_dim ** -0.5`` logit scale (mmdet's ``qk_scale``;
+            as there and in the official code, ``None`` or ``0`` mean the default).
+    """
+
+    def __init__(self, dim: int, num_heads: int, window_size: Tuple[int, int],
+                 qkv_bias: bool = True, qk_scale: Optional[float] = None,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0, fused: bool = True) -> None:
+        super().__init__(dim, num_heads, qkv_bias, attn_drop, proj_drop, fused,
+                         qk_scale or None)  # `qk_scale or head_dim ** -0.5` upstream
+        self.window_size: Tuple[int, int] = (int(window_size[0]), int(window_size[1]))
+        self.relative_position_bias_table = nn.Parameter(
+            torch.zeros(int(math.prod(bias_table_size(self.window_size))), num_heads))
+
+    @property
+    def window_tokens(self) -> int:
+        return self.window_size[0] * self.window_size[1]
+
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        """``x``: windows ``(B * nW, N, C)``; ``mask``: ``(nW, N, N)`` shift mask or None.
+
+        ``softmax(q k^T * scale + bias (+ mask)) v``, then ``proj``."""
+        bw, n, c = x.shape
+        heads, d = self.num_heads, self.head_dim
+        qkv = self.qkv(x).view(bw, n, 3, heads, d)                   # (B * nW, N, 3, heads, d)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)               # (B * nW, heads, N, d)
+        bias = self.relative_position_bias()                         # (1, heads, N, N)
+        if mask is not None:
+            # windows folded into the heads: one image's bias + mask broadcasts over the batch
+            nw = mask.shape[0]
+            q, k, v = (t.reshape(bw // nw, nw * heads, n, d)
+                       for t in (q, k, v))                           # (B, nW * heads, N, d)
+            bias = (bias + mask.unsqueeze(1)).reshape(1, nw * heads, n, n)  # (1, nW*heads, N, N)
+        dropout_p = self.attn_drop if self.training else 0.0
+        if self.fused:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype),
+                                                 dropout_p=dropout_p, scale=self.scale)
+        else:  # the explicit formula: the reference of the parity tests
+            out = attend(q, k, v, bias, dropout_p, fused=False, scale=self.scale)  # as q
+        out = out.reshape(bw, heads, n, d).transpose(1, 2)           # (B * nW, N, heads, d)
+        return self.proj_drop(self.proj(out.reshape(bw, n, c)))      # (B * nW, N, C)
+
+    def relative_position_bias(self) -> Tensor:
+        """The ``(1, heads, N, N)`` bias of one window, gathered from the table."""
+        n, table = self.window_tokens, self.relative_position_bias_table
+        # the index is derived from window_size per device (not a buffer: a model built on
+        # the meta device and materialised with to_empty() would index with garbage)
+        index = _INDEX.get((self.window_size, table.device), lambda: relative_position_index(
+            self.window_size).view(-1).to(table.device))
+        return table[index].view(n, n, -1).permute(2, 0, 1).unsqueeze(0)  # (1, heads, N, N)
+
+    def window_logit_terms(self, q: Tensor, k: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """For the accel runners' ``window_heads``: ``q``, ``k`` as they are (``scale`` is
+        ``head_dim ** -0.5`` or ``qk_scale``) and the relative-position bias."""
+        return q, k, self.relative_position_bias()
+
+    def extra_repr(self) -> str:
+        return f'window_size={self.window_size}, ' + super().extra_repr()
 
 
 class SwinBlock(nn.Module):
@@ -44,7 +123,7 @@ class SwinBlock(nn.Module):
         window_size: ``(wh, ww)``.
         shift: shift the windows by half a window (SW-MSA) instead of W-MSA.
         mlp_ratio: MLP hidden width / ``dim``.
-        qkv_bias, qk_scale, attn_drop: see :class:`~..layers.WindowAttention`.
+        qkv_bias, qk_scale, attn_drop: see :class:`WindowAttention`.
         drop: dropout after the projections.
         drop_path: stochastic-depth rate of this block.
         norm_cfg, act_cfg: mmcv config dicts for the norms and the MLP activation.

@@ -9,19 +9,17 @@ from .arguments import (check_flag, check_flags, check_rate, check_rates, int_ar
 from .attention import Attention, eager_attention, register_fusable_attention, set_fused_attention
 from .conv_stem import ConvStem
 from .cross_attention import MultiheadCrossAttention
-from .drop_path import DropPath, drop_path, linear_drop_path_rates
-from .mlp import Mlp
+from .mlp import DropPath, Mlp, linear_drop_path_rates
 from .norm import LayerNorm2d, masked_group_norm
 from .patch_embed import PatchEmbed
 from .patch_merging import PatchMerging
 from .res_bottleneck import ResBottleneckBlock
-from .window_attention import WindowAttention
 
 __all__ = [
     'MASKED_LOGIT', 'Attention', 'attend', 'eager_attention', 'register_fusable_attention',
-    'set_fused_attention', 'ConvStem', 'MultiheadCrossAttention', 'DropPath', 'drop_path',
+    'set_fused_attention', 'ConvStem', 'MultiheadCrossAttention', 'DropPath',
     'linear_drop_path_rates', 'Mlp', 'LayerNorm2d', 'masked_group_norm', 'PatchEmbed',
-    'PatchMerging', 'ResBottleneckBlock', 'WindowAttention',
+    'PatchMerging', 'ResBottleneckBlock',
     'check_flag', 'check_flags', 'check_rate', 'check_rates', 'int_arg', 'int_tuple',
     'positive_int', 'positive_number', 'to_2tuple',
     # pure functions, re-exported from vitdet_plugin.functional
