@@ -99,7 +99,7 @@ class WindowAttention(WindowedAttention):
 
     def relative_position_bias(self) -> Tensor:
         """The ``(1, heads, N, N)`` bias of one window, gathered from the table."""
-        n, table = self.window_tokens, self.relative_position_bias_table
+        n, table = self.window_size[0] * self.window_size[1], self.relative_position_bias_table
         # the index is derived from window_size per device (not a buffer: a model built on
         # the meta device and materialised with to_empty() would index with garbage)
         index = _INDEX.get((self.window_size, table.device), lambda: relative_position_index(
