@@ -28,7 +28,7 @@ import copy
 import os
 import os.path as osp
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -195,17 +195,30 @@ def _check_dense_inputs(model: dict, maps: FeatureMaps, source: str) -> List[str
     return problems
 
 
-def check_model_structure(model: dict) -> List[str]:
-    """Backbone -> neck -> heads: channel, level and stride mismatches, one line each."""
+def probe_backbone(model: dict) -> Union[FeatureMaps, str, None]:
+    """The maps of ``model.backbone`` (:func:`backbone_maps`, with the data preprocessor's
+    input channels), the problem line when it cannot be probed, or None without a backbone."""
     backbone = model.get('backbone')
     if not isinstance(backbone, dict):
-        return []
+        return None
     in_channels = int((model.get('data_preprocessor') or {}).get('in_channels', 3) or 3)
     try:
-        maps = backbone_maps(backbone, in_channels)
+        return backbone_maps(backbone, in_channels)
     except Exception as e:  # a backbone that does not build is reported by mmdet's own error
-        return [f'model.backbone ({_type_name(backbone)}) could not be probed: '
-                f'{type(e).__name__}: {e}']
+        return (f'model.backbone ({_type_name(backbone)}) could not be probed: '
+                f'{type(e).__name__}: {e}')
+
+
+def check_model_structure(model: dict,
+                          probed: Union[FeatureMaps, str, None] = None) -> List[str]:
+    """Backbone -> neck -> heads: channel, level and stride mismatches, one line each;
+    ``probed``: :func:`probe_backbone`'s result when the caller has it already."""
+    maps = probe_backbone(model) if probed is None else probed
+    if maps is None:
+        return []
+    if isinstance(maps, str):
+        return [maps]
+    backbone = model['backbone']
     source = f'the backbone ({_type_name(backbone)}: {maps.describe()})'
     neck, neck_key = _first_neck(model)
     if not isinstance(neck, dict):
@@ -337,12 +350,12 @@ def check_checkpoint_files(cfg: Any) -> List[str]:
 
 
 # ----------------------------------------------------------------------------- entry
-def config_problems(cfg: Any, stages: Sequence[str] = ('train',),
-                    weights: bool = True) -> List[str]:
+def config_problems(cfg: Any, stages: Sequence[str] = ('train',), weights: bool = True,
+                    probed: Union[FeatureMaps, str, None] = None) -> List[str]:
     """Every problem :func:`check_config` would report, one line each (``weights``: also the
-    checkpoint files training would load)."""
+    checkpoint files training would load; ``probed``: see :func:`check_model_structure`)."""
     model = cfg.get('model')
-    problems = check_model_structure(model) if isinstance(model, dict) else []
+    problems = check_model_structure(model, probed) if isinstance(model, dict) else []
     problems += check_num_classes(cfg, stages)
     return problems + (check_checkpoint_files(cfg) if weights else [])
 

@@ -13,21 +13,12 @@ from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
 from ..config import check_data
-from .config import backbone_maps, config_problems, raise_problems
+from .config import FeatureMaps, config_problems, probe_backbone, raise_problems
 from .data import DataSummary, check_annotations
 
 #: type name of the hook, as configs write it
 HOOK_TYPE = 'PreflightCheckHook'
 
-
-def _largest_stride(cfg: Any) -> Optional[int]:
-    backbone = (cfg.get('model') or {}).get('backbone')
-    if not isinstance(backbone, dict):
-        return None
-    try:
-        return max(backbone_maps(backbone).strides)
-    except Exception:  # reported by config_problems
-        return None
 
 
 def batch_problems(cfg: Any, summaries: Sequence[DataSummary]) -> List[str]:
@@ -61,8 +52,11 @@ def preflight(cfg: Any, stages: Sequence[str] = ('train', 'val'),
     from mmengine.registry import init_default_scope
     init_default_scope(cfg.get('default_scope') or 'mmdet')
     check_data(cfg, stages, config_path=config_path, tool=tool)
-    raise_problems(config_problems(cfg, stages, weights), cfg, config_path)
-    summaries = check_annotations(cfg, stages, min_image_side=_largest_stride(cfg))
+    model = cfg.get('model')
+    probed = probe_backbone(model) if isinstance(model, dict) else None  # built once, on meta
+    raise_problems(config_problems(cfg, stages, weights, probed), cfg, config_path)
+    largest = max(probed.strides) if isinstance(probed, FeatureMaps) else None
+    summaries = check_annotations(cfg, stages, min_image_side=largest)
     if 'train' in stages:
         raise_problems(batch_problems(cfg, summaries), cfg, config_path)
     for s in summaries:
