@@ -9,7 +9,7 @@ top-level key. :func:`apply_cfg_options` (used by :func:`load_config`, i.e. ``to
 from the old root to the new one (:func:`propagate_data_root`). :func:`check_data` raises
 :class:`DatasetNotFoundError` before any model is built, naming the missing paths, where the
 data is expected and the exact override that points the config elsewhere. The dataset walk
-(:data:`LOADER_KEYS`, ``_datasets``) is shared with the preflight checks of
+(:data:`LOADER_KEYS`, :func:`iter_datasets`) is shared with the preflight checks of
 :mod:`vitdet_plugin.checks`.
 """
 import os
@@ -128,7 +128,7 @@ def _lookup(cfg: Config, dotted: str) -> Any:
 
 
 # ----------------------------------------------------------------------------- existence check
-def _datasets(node: Any, path: str) -> Iterator[Tuple[dict, str]]:
+def iter_datasets(node: Any, path: str) -> Iterator[Tuple[dict, str]]:
     """Leaf dataset dicts (with an ``ann_file`` or ``data_root``) below a dataloader cfg."""
     if isinstance(node, dict):
         if 'ann_file' in node or ('data_root' in node and 'type' in node):
@@ -136,10 +136,10 @@ def _datasets(node: Any, path: str) -> Iterator[Tuple[dict, str]]:
             return
         for key in ('dataset', 'datasets'):
             if key in node:
-                yield from _datasets(node[key], f'{path}.{key}')
+                yield from iter_datasets(node[key], f'{path}.{key}')
     elif isinstance(node, (list, tuple)):
         for i, item in enumerate(node):
-            yield from _datasets(item, f'{path}.{i}')
+            yield from iter_datasets(item, f'{path}.{i}')
 
 
 def _dataset_paths(ds: dict) -> List[Tuple[str, str]]:
@@ -159,7 +159,7 @@ def _dataset_paths(ds: dict) -> List[Tuple[str, str]]:
     return needed
 
 
-def _is_remote(path: str) -> bool:
+def is_remote(path: str) -> bool:
     return '://' in path
 
 
@@ -171,16 +171,16 @@ def missing_data(cfg: Config, stages: Sequence[str] = ('train', 'val')) -> List[
             loader = cfg.get(key)
             if not loader:
                 continue
-            for ds, path in _datasets(loader.get('dataset'), f'{key}.dataset'):
+            for ds, path in iter_datasets(loader.get('dataset'), f'{key}.dataset'):
                 for what, p in _dataset_paths(ds):
-                    if not _is_remote(p) and not osp.exists(p):
+                    if not is_remote(p) and not osp.exists(p):
                         missing.append(f'{path}.{what}: {p}')
         for key in EVALUATOR_KEYS[stage]:
             evaluators = cfg.get(key)
             evaluators = evaluators if isinstance(evaluators, list) else [evaluators]
             for i, ev in enumerate(evaluators):
                 ann = ev.get('ann_file') if isinstance(ev, dict) else None
-                if isinstance(ann, str) and not _is_remote(ann) and not osp.exists(ann):
+                if isinstance(ann, str) and not is_remote(ann) and not osp.exists(ann):
                     where = key if len(evaluators) == 1 else f'{key}.{i}'
                     missing.append(f'{where}.ann_file: {ann}')
     return list(dict.fromkeys(missing))

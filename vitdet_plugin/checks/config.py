@@ -32,7 +32,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ..config import LOADER_KEYS, _datasets
+from ..config import LOADER_KEYS, iter_datasets
 
 #: side of the square meta-device input the backbone / neck are probed with (divisible by every
 #: stride up to 128, so strides are exact)
@@ -249,7 +249,7 @@ def dataset_classes(cfg: Any, stage: str = 'train') -> Optional[Tuple[str, Dict[
         loader = cfg.get(key)
         if not loader:
             continue
-        for ds, path in _datasets(loader.get('dataset'), f'{key}.dataset'):
+        for ds, path in iter_datasets(loader.get('dataset'), f'{key}.dataset'):
             ds_type = ds.get('type')
             cls = DATASETS.get(ds_type) if isinstance(ds_type, str) else ds_type
             meta = dict(getattr(cls, 'METAINFO', None) or {})

@@ -70,7 +70,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from mmengine.config import Config
 
-from ..config import LOADER_KEYS, _datasets, _is_remote
+from ..config import LOADER_KEYS, is_remote, iter_datasets
 from .coco_scan import Problems, ScanResult, ScanSettings, scan
 
 #: with a color_type that keeps the file's channels, image headers read at most (per dataset)
@@ -283,7 +283,7 @@ def _file_checks(ds: dict, key: str, res: ScanResult, panoptic: bool,
               "without it); set data_prefix=dict(img='<image folder>/')")
         return
     img_dir = _join(root, img)
-    if _is_remote(img_dir):
+    if is_remote(img_dir):
         return
     present = []
     for im in res.kept:
@@ -297,7 +297,7 @@ def _file_checks(ds: dict, key: str, res: ScanResult, panoptic: bool,
                   "restore the files, or correct data_prefix.img / the images' file_name, or "
                   'remove those images from the json')
     seg = prefix.get('seg') if isinstance(prefix, dict) else None
-    if panoptic and isinstance(seg, str) and seg and not _is_remote(_join(root, seg)):
+    if panoptic and isinstance(seg, str) and seg and not is_remote(_join(root, seg)):
         seg_dir = _join(root, seg)
         for im in res.kept:
             name = im.file_name.replace('.jpg', '.png')  # CocoPanopticDataset's rule
@@ -354,7 +354,7 @@ def _check_dataset(ds: dict, key: str, cls: type, pipelines: List[Tuple[str, lis
     from mmdet.datasets import CocoPanopticDataset
     ann = ds.get('ann_file')
     ann_file = _join(ds.get('data_root') or '', ann) if isinstance(ann, str) else ''
-    if not ann_file or _is_remote(ann_file) or not osp.isfile(ann_file):
+    if not ann_file or is_remote(ann_file) or not osp.isfile(ann_file):
         return None, Problems(), ann_file
     panoptic = issubclass(cls, CocoPanopticDataset)
     try:
@@ -399,7 +399,7 @@ def check_annotations(cfg: Config, stages: Sequence[str] = ('train',),
             if top is None:
                 continue
             top_key = f'{loader_key}.dataset'
-            for ds, key in _datasets(top, top_key):
+            for ds, key in iter_datasets(top, top_key):
                 cls = _coco_class(ds.get('type'))
                 if cls is None:
                     continue
