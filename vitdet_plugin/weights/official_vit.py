@@ -277,8 +277,10 @@ def eva02_rope_grids(sd: Mapping[str, Tensor],
         raise CheckpointError(f'EVA-02 checkpoint: {key!r} {tuple(cos.shape)} is not a rope '
                               'table of a square grid (grid**2, head_dim) with its freqs_sin; '
                               'the file is not an EVA-02 checkpoint, or incomplete')
-    # position (h=0, w=1), first w channel (frequency 1): the angle is ref_grid / grid
-    step = math.atan2(float(sin[1, cos.shape[1] // 2]), float(cos[1, cos.shape[1] // 2]))
+    # position (h=0, w=1), first w channel (frequency 1): the angle is ref_grid / grid, in
+    # (0, pi) for any practical grids; read from the cosine alone, so that a wrong sine table
+    # is named as such by the check
+    step = math.acos(max(-1.0, min(1.0, float(cos[1, cos.shape[1] // 2]))))
     return grid, round(step * grid, 3)
 
 
