@@ -26,6 +26,7 @@ from helpers import max_rel_err, randomize_
 from vitdet_plugin.weights import (OFFICIAL_VIT_LAYOUTS, detect_official_vit_layout,
                                    official_to_timm, resample_patch_kernel)
 from vitdet_plugin.weights.checkpoint_io import CheckpointError
+from vitdet_plugin.weights.official_vit import eva02_det_window_blocks
 
 TINY = dict(depth=2, embed_dim=64, num_heads=4, num_classes=0, pretrained=False)
 HEAD_DIM = TINY['embed_dim'] // TINY['num_heads']
@@ -264,16 +265,47 @@ def test_eva02_official_to_timm(name, kwargs, mim):
     assert all(torch.equal(theirs[k], converted[k]) for k in theirs)
 
 
+def test_eva02_det_backbone_to_timm():
+    """EVA-02/det ViT (detectron2/modeling/backbone/vit.py): backbone.net.*, no cls token,
+    block 0 windowed (rope_win: a 2x2 window on the 16x16 pretraining grid's scale), block 1
+    global (rope_glb: the 4x4 grid), the pyramid and heads next to it."""
+    ref = tiny('eva02_base_patch14_224', 56)
+    net = eva02_official(ref.state_dict(), grid=4, ref_grid=16, mim=False)
+    net.pop('cls_token')
+    for name, grid in (('rope_win.', 2), ('rope_glb.', 4)):
+        net.update({name + k: v for k, v in eva02_rope_official(grid, 16, HEAD_DIM).items()})
+    net.update({'blocks.0.attn.rope.' + k: v for k, v in net.items() if k.startswith('rope_win.')
+                for k in [k[len('rope_win.'):]]})
+    net = {k: v for k, v in net.items() if not k.startswith('rope.')}  # the det ViT has none
+    det = {'backbone.net.' + k: v for k, v in net.items()}
+    det.update({'backbone.simfp_2.0.weight': randn(8, 8), 'roi_heads.box_head.fc1.weight':
+                randn(8, 8)})
+    assert detect_official_vit_layout({'model': det}) == 'eva02_det'
+    assert eva02_det_window_blocks(det) == [0]
+    converted, dropped = official_to_timm({'model': det}, 'eva02_det')
+    assert sorted(dropped) == sorted(['backbone.simfp_2.0.weight', 'roi_heads.box_head.fc1.weight']
+                                     + [k for k in det if '.freqs_' in k])
+    fresh = timm.create_model('eva02_base_patch14_224', img_size=56, **TINY).eval()
+    missing, unexpected = fresh.load_state_dict(converted, strict=False)
+    assert missing == ['cls_token'] and unexpected == []
+    assert all(torch.equal(converted[k], v) for k, v in ref.state_dict().items()
+               if k != 'cls_token')
+    with pytest.raises(CheckpointError) as e:
+        official_to_timm(net, 'eva02_det')
+    assert str(e.value).startswith("eva02_det checkpoint: no key starts with 'backbone.net.' ")
+
+
 def test_eva02_refuses_other_rope_tables():
     official = eva02_official(tiny('eva02_tiny_patch14_224', 56).state_dict(), 4, 4)
     other = eva02_rope_official(4, 4, HEAD_DIM)['freqs_sin'] * 0.5
     with pytest.raises(CheckpointError) as e:
         official_to_timm(dict(official, **{'blocks.1.attn.rope.freqs_sin': other}), 'eva02')
     assert str(e.value) == (
-        "EVA-02 checkpoint: 'blocks.1.attn.rope.freqs_sin' is not the table of EVA-02's "
-        'VisionRotaryEmbeddingFast (theta 10000, grid 4, pretraining grid 4); timm\'s eva02 '
-        'layout rebuilds rope from those settings, so this checkpoint (other rope settings) '
-        'cannot be converted: use the model code it was trained with')
+        "EVA-02 checkpoint: the rope table 'blocks.1.attn.rope.freqs_cos' / "
+        "'blocks.1.attn.rope.freqs_sin' is not the table of EVA-02's VisionRotaryEmbeddingFast "
+        '(theta 10000) for its grid 4 and the pretraining grid its slowest frequency gives (2); '
+        "timm's eva02 layout rebuilds rope from those settings, so this checkpoint (other rope "
+        'settings) cannot be converted: use the model code it was trained with')
 
 
 # ---------------------------------------------------------------------------- layouts

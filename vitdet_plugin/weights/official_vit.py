@@ -10,7 +10,12 @@ converter takes timm's layout to ours. The key maps are written from the referen
   training checkpoints with ``block_chunks`` nesting, ``blocks.{chunk}.{i}``);
 * ``dinov3``: facebookresearch/dinov3 ``dinov3_vit{s,s+,b,l,h+}16_pretrain_*.pth``;
 * ``eva02``: baaivision/EVA EVA-02 MIM checkpoints ``eva02_{Ti,S,B,L}_pt_*_p14.pt`` and their
-  fine-tuned ``eva02_*_p14*.pt`` (and EVA-02-CLIP's vision tower names, ``inner_attn_ln``).
+  fine-tuned ``eva02_*_p14*.pt`` (and EVA-02-CLIP's vision tower names, ``inner_attn_ln``);
+* ``eva02_det``: the ViT of EVA-02's ViTDet detectors (EVA-02/det, detectron2
+  ``backbone.net.*``; the pyramid ``backbone.simfp_*`` and the heads are dropped). Its ViT has
+  no cls token (``pos_embed`` keeps the pretraining cls slot), so the converted dict has no
+  ``cls_token``; its per-block rope tables are window-local (``rope_win``) or global
+  (``rope_glb``), see :func:`eva02_det_window_blocks`.
 
 Buffers the timm layout has no place for are checked, then dropped: DINOv3's rope periods
 must be the ones its rope base gives, its k-bias mask must mask exactly the k third; EVA-02's
@@ -27,7 +32,9 @@ from torch import Tensor
 from .checkpoint_io import CheckpointError
 from .common import StateDict, unwrap_state_dict
 
-OFFICIAL_VIT_LAYOUTS = ('dinov2', 'dinov3', 'eva02')
+OFFICIAL_VIT_LAYOUTS = ('dinov2', 'dinov3', 'eva02', 'eva02_det')
+#: Where EVA-02's detectron2 detectors (EVA-02/det) keep their ViT.
+EVA02_DET_PREFIX = 'backbone.net.'
 
 #: DINOv3's rope base (``pos_embed_rope_base`` of every hub ViT in dinov3/hub/backbones.py;
 #: timm's ``rope_temperature`` of its dinov3 models).
@@ -45,7 +52,7 @@ _CHUNKED_BLOCK = re.compile(r'^blocks\.\d+\.(\d+)\.')
 _DINOV2_SWIGLU = re.compile(r'^(blocks\.\d+\.mlp\.)(w12|w3|w1|w2)\.(weight|bias)$')
 _EVA02_BLOCK = re.compile(r'^blocks\.\d+\.(attn\.(q_bias|v_bias|inner_attn_ln\.)|'
                           r'mlp\.(w1|w2|w3|w12|ffn_ln)\.)')
-_EVA02_ROPE = re.compile(r'(^|\.)rope\.freqs_(cos|sin)$')
+_EVA02_ROPE = re.compile(r'(^|\.)rope(_win|_glb)?\.freqs_(cos|sin)$')
 
 
 def _layouts_hint() -> str:
@@ -76,6 +83,11 @@ def detect_official_vit_layout(sd: Mapping[str, Tensor]) -> Optional[str]:
                       or any(_DINOV2_SWIGLU.match(k) for k in sd)) \
             and not any(k.endswith('.attn.q_bias') for k in sd):
         return 'dinov2'
+    # EVA-02/det detectron2/modeling/backbone/vit.py ViT: backbone.net.*, rope_win / rope_glb
+    net = {k[len(EVA02_DET_PREFIX):]: v for k, v in sd.items() if k.startswith(EVA02_DET_PREFIX)}
+    if net and ('rope_win.freqs_cos' in net or 'rope_glb.freqs_cos' in net
+                or any(_EVA02_BLOCK.match(k) for k in net)):
+        return 'eva02_det'
     # EVA-02/asuka modeling_pretrain / modeling_finetune: q_bias / v_bias, mlp.w1 w2 w3 (or
     # xformers' packed w12), ffn_ln, inner_attn_ln (EVA-02-CLIP), rope freqs buffers, lm_head
     if any(_EVA02_BLOCK.match(k) for k in sd) and (
@@ -277,10 +289,12 @@ def eva02_rope_grids(sd: Mapping[str, Tensor],
         raise CheckpointError(f'EVA-02 checkpoint: {key!r} {tuple(cos.shape)} is not a rope '
                               'table of a square grid (grid**2, head_dim) with its freqs_sin; '
                               'the file is not an EVA-02 checkpoint, or incomplete')
-    # position (h=0, w=1), first w channel (frequency 1): the angle is ref_grid / grid, in
-    # (0, pi) for any practical grids; read from the cosine alone, so that a wrong sine table
-    # is named as such by the check
-    step = math.acos(max(-1.0, min(1.0, float(cos[1, cos.shape[1] // 2]))))
+    # position (h=0, w=1), last column: the w half's slowest frequency f, whose angle
+    # f * ref_grid / grid is far below pi for any grids (atan2 of a small angle is exact to
+    # float32's relative precision)
+    half = cos.shape[1] // 2
+    slowest = EVA02_ROPE_THETA ** (-2 * (half // 2 - 1) / half)
+    step = math.atan2(float(sin[1, -1]), float(cos[1, -1])) / slowest
     return grid, round(step * grid, 3)
 
 
@@ -294,14 +308,15 @@ def _check_eva02_rope(sd: StateDict) -> List[str]:
         grid, ref = grids
         cos, sin = eva02_rope_table(grid, ref, sd[key].shape[1])
         sin_key = key[:-len('cos')] + 'sin'
-        for name, want in ((key, cos), (sin_key, sin)):
-            if not torch.allclose(sd[name].double(), want, atol=ROPE_TABLE_ATOL, rtol=0.0):
-                raise CheckpointError(
-                    f'EVA-02 checkpoint: {name!r} is not the table of EVA-02\'s '
-                    f'VisionRotaryEmbeddingFast (theta {EVA02_ROPE_THETA:g}, grid {grid}, '
-                    f'pretraining grid {ref:g}); timm\'s eva02 layout rebuilds rope from '
-                    'those settings, so this checkpoint (other rope settings) cannot be '
-                    'converted: use the model code it was trained with')
+        if not (torch.allclose(sd[key].double(), cos, atol=ROPE_TABLE_ATOL, rtol=0.0)
+                and torch.allclose(sd[sin_key].double(), sin, atol=ROPE_TABLE_ATOL, rtol=0.0)):
+            raise CheckpointError(
+                f'EVA-02 checkpoint: the rope table {key!r} / {sin_key!r} is not the table of '
+                f"EVA-02's VisionRotaryEmbeddingFast (theta {EVA02_ROPE_THETA:g}) for its grid "
+                f'{grid} and the pretraining grid its slowest frequency gives ({ref:g}); '
+                "timm's eva02 layout rebuilds rope from those settings, so this checkpoint "
+                '(other rope settings) cannot be converted: use the model code it was trained '
+                'with')
     if any(k.endswith('sin') and k[:-len('sin')] + 'cos' not in sd for k in keys):
         raise CheckpointError('EVA-02 checkpoint: a rope freqs_sin has no freqs_cos next to it '
                               f'({keys[:3]}); the file is incomplete, save it again')
@@ -374,5 +389,36 @@ def official_to_timm(sd: Mapping[str, Tensor], layout: str, *,
         return _dinov2_to_timm(tensors)
     if layout == 'dinov3':
         return _dinov3_to_timm(tensors, rope_base, qkv_bias)
+    if layout == 'eva02_det':
+        net, others = _eva02_det_net(tensors)
+        converted, dropped = _eva02_to_timm(net)
+        return converted, others + [EVA02_DET_PREFIX + k for k in dropped]
     return _eva02_to_timm(tensors)
+
+
+def _eva02_det_net(sd: StateDict) -> Tuple[StateDict, List[str]]:
+    """The ViT of an EVA-02 detector (``backbone.net.*``, un-prefixed) and the other keys
+    (the simple pyramid ``backbone.simfp_*``, RPN / ROI heads)."""
+    net = {k[len(EVA02_DET_PREFIX):]: v for k, v in sd.items() if k.startswith(EVA02_DET_PREFIX)}
+    if not net:
+        raise CheckpointError(f'eva02_det checkpoint: no key starts with {EVA02_DET_PREFIX!r} '
+                              f'(first keys: {list(sd)[:3]}); give the detector checkpoint of '
+                              "EVA-02/det, or layout='eva02' for a MIM / fine-tuned ViT")
+    return net, [k for k in sd if not k.startswith(EVA02_DET_PREFIX)]
+
+
+def eva02_det_window_blocks(sd: Mapping[str, Tensor]) -> List[int]:
+    """The blocks of an EVA-02 detector's ViT that attend in windows: each block stores the
+    rope table it uses (the shared ``rope_win`` on window-local coordinates, or ``rope_glb``
+    on the whole grid), so the windowed ones are those whose table equals ``rope_win``'s."""
+    net, _ = _eva02_det_net(unwrap_state_dict(sd))
+    window = net.get('rope_win.freqs_cos')
+    if window is None:
+        raise CheckpointError('eva02_det checkpoint: no backbone.net.rope_win.freqs_cos to tell '
+                              'window blocks from global ones; give global_attn_indexes '
+                              'yourself')
+    found = (re.match(r'^blocks\.(\d+)\.attn\.rope\.freqs_cos$', k) for k in net)
+    return sorted(int(m.group(1)) for m in found
+                  if m and net[m.group(0)].shape == window.shape
+                  and torch.equal(net[m.group(0)], window))
 
