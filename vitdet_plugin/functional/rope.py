@@ -4,18 +4,17 @@ Both rotate channel pairs of the queries and keys of the patch tokens by angles
 ``coordinate * frequency``, a quarter of the head channels per axis (rows first, then columns),
 so a query-key logit depends on the tokens' relative position only. They differ in three ways:
 
-============  ===========================================  ======================================
-              EVA-02 (``'eva02'``; timm ``RotaryEmbeddingCat``,  DINOv3 (``'dinov3'``; timm
-              EVA's ``VisionRotaryEmbeddingFast``)              ``RotaryEmbeddingDinoV3``, DINOv3's
-                                                                ``RopePositionEmbedding``)
-============  ===========================================  ======================================
-frequencies   ``temperature ** (-i / (d / 4))``, i < d / 4    ``2 pi / temperature ** (2i / (d / 2))``
-              (temperature 10000)                          (periods, temperature 100)
-coordinates   token index ``0..s-1`` rescaled onto the      token centres ``(i + 0.5) / s`` mapped
-              pretraining grid: ``i / s * ref`` per axis    to ``[-1, 1]`` per axis (any grid
-                                                           spans the same range)
-rotation      interleaved pairs ``(x0, x1), (x2, x3) ...``  halves ``(x_j, x_{j + d/2})``
-============  ===========================================  ======================================
+* frequencies: EVA-02 ``temperature ** (-i / (d / 4))`` for ``i < d / 4`` (temperature
+  10000); DINOv3 ``2 pi / temperature ** (2i / (d / 2))`` (its periods; temperature 100);
+* coordinates: EVA-02 the token index ``0..s-1`` rescaled onto the pretraining grid,
+  ``i / s * ref`` per axis; DINOv3 the token centres ``(i + 0.5) / s`` mapped to ``[-1, 1]``
+  per axis (any grid spans the same range);
+* rotation: EVA-02 interleaved pairs ``(x0, x1), (x2, x3), ...``; DINOv3 halves
+  ``(x_j, x_{j + d/2})``.
+
+References: EVA-02's ``VisionRotaryEmbeddingFast`` (baaivision/EVA, EVA-02/asuka and det) and
+timm's ``RotaryEmbeddingCat``; DINOv3's ``RopePositionEmbedding`` (facebookresearch/dinov3) and
+timm's ``RotaryEmbeddingDinoV3``.
 
 :func:`rope_tables` gives the ``(sin, cos)`` tables ``(N, d)`` of a grid (cached per grid,
 settings, device and dtype); :func:`apply_rope` rotates ``(..., N, d)`` tensors with them.
@@ -120,9 +119,9 @@ def rope_tables(spec: RopeSpec, grid: Tuple[int, int], extent: Optional[Tuple[in
     (``(h, w)``) map, or of its ``extent`` (``(Hp, Wp)`` >= grid: a padded map), in the layout
     :func:`apply_rope` expects for ``spec``. Cached per (spec, grid, extent, device, dtype);
     do not write into them."""
-    extent = tuple(grid) if extent is None else tuple(extent)  # type: ignore[assignment]
-    key = (spec, tuple(grid), extent, device, dtype)
-    return _TABLES.get(key, lambda: _build_tables(spec, grid, extent, device, dtype))
+    full = (grid[0], grid[1]) if extent is None else (extent[0], extent[1])
+    key = (spec, tuple(grid), full, device, dtype)
+    return _TABLES.get(key, lambda: _build_tables(spec, grid, full, device, dtype))
 
 
 def rotate_pairs(x: Tensor) -> Tensor:

@@ -17,6 +17,7 @@ The position grid is resized to the model's stored grid (bicubic, antialiased: t
 ``checkpoint_filter_fn``).
 """
 import logging
+import math
 import re
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -75,7 +76,7 @@ def detect_vit_family(sd: Mapping[str, Tensor]) -> Optional[Tuple[str, str]]:
 
 
 def _is_square(n: int) -> bool:
-    root = int(round(n ** 0.5))
+    root = math.isqrt(n)
     return root * root == n
 
 
@@ -143,7 +144,7 @@ def _pos_embed_with_cls_slot(pos: Tensor, has_regs: bool,
     folded = has_regs and _is_square(n)  # timm's no_embed_class layout (DINOv2 + registers)
     slot = pos.new_zeros(1, 1, pos.shape[-1]) if folded else pos[:, :1]
     cells = pos if folded else pos[:, 1:]
-    side = int(round(cells.shape[1] ** 0.5))
+    side = math.isqrt(cells.shape[1])
     if side * side != cells.shape[1]:
         raise CheckpointError(f'pos_embed {tuple(pos.shape)}: expected a cls slot and a square '
                               'grid (timm / DINOv2 / EVA-02 checkpoints)')

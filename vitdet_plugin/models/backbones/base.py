@@ -187,8 +187,8 @@ class BackboneContract(FreezeMixin):
 
     def no_weight_decay(self) -> Set[str]:
         """Names (relative to the backbone) of the parameters without weight decay: every
-        parameter of a norm layer, every bias (:data:`BIAS_NAMES`) and every parameter with a :attr:`NO_DECAY_PARAMS`
-        component in its name."""
+        parameter of a norm layer, every bias (:data:`BIAS_NAMES`) and every parameter with a
+        :attr:`NO_DECAY_PARAMS` component in its name."""
         names: Set[str] = set()
         tables = set(self.NO_DECAY_PARAMS)
         for mod_name, module in self.named_modules():  # type: ignore[attr-defined]

@@ -32,7 +32,7 @@ random weights, DINOv3 and EVA-02 tiny, windows + 2 global blocks): the patch fe
 ``'keep'`` stay closer to the all-global model with the same weights than ``'drop'``'s; the
 numbers are in that test's output and the issue report.
 """
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import ClassVar, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
 import torch
 from mmdet.registry import MODELS
@@ -46,7 +46,7 @@ from ...weights.vit_families import load_vit_family_pretrained
 from ..layers import (PatchEmbed, check_flags, check_rates, int_arg, int_tuple,
                       linear_drop_path_rates, positive_int, positive_number, to_2tuple)
 from .archs import index_list
-from .base import (TRUNC_NORMAL_STD, ArchSpec, BackboneContract, init_cfg_from_pretrained,
+from .base import (TRUNC_NORMAL_STD, BackboneContract, init_cfg_from_pretrained,
                    init_transformer_weights_, pretrained_init_cfg, run_blocks)
 from .plain_vit_block import PlainViTBlock, RopeTables, TokenLayout
 from .vit_family_archs import DINOv2Arch, DINOv3Arch, EVA02Arch, PlainViTArch
@@ -88,7 +88,7 @@ class PlainViTBackbone(BackboneContract, BaseModule):
             our checkpoint of this family (:func:`load_vit_family_pretrained`).
     """
 
-    ARCH: type = PlainViTArch
+    ARCH: ClassVar[Type[PlainViTArch]] = PlainViTArch
     FAMILY = ''
     DEFAULT_PATCH = 16
     DEFAULT_WINDOW = 14
@@ -98,7 +98,7 @@ class PlainViTBackbone(BackboneContract, BaseModule):
     FINAL_NORM = True
     #: Rotary formulation (None: no rope) and its default settings.
     ROPE_FORMULATION: Optional[str] = None
-    ROPE: Optional[dict] = None
+    ROPE: ClassVar[Optional[Mapping]] = None
     NO_DECAY_PARAMS = ('pos_embed', 'cls_token', 'reg_token', 'gamma')
 
     def __init__(self,
@@ -128,7 +128,7 @@ class PlainViTBackbone(BackboneContract, BaseModule):
                  pretrained: Optional[str] = None,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg_from_pretrained(pretrained, init_cfg))
-        if not issubclass(self.ARCH, ArchSpec) or not self.FAMILY:
+        if not self.FAMILY:
             raise TypeError('PlainViTBackbone is the shared base: build DINOv2Backbone, '
                             'DINOv3Backbone or EVA02Backbone')
         if mlp_ratio is not None:
@@ -206,10 +206,9 @@ class PlainViTBackbone(BackboneContract, BaseModule):
         self._init_family_weights()
         self._freeze_stages()
 
-    def _rope_spec(self, rope: Union[dict, str, None]) -> Optional[RopeSpec]:
+    def _rope_spec(self, rope_arg: Union[dict, str, None]) -> Optional[RopeSpec]:
         name, family = type(self).__name__, self.ROPE
-        if rope == FAMILY_DEFAULT:
-            rope = family
+        rope = family if rope_arg == FAMILY_DEFAULT else rope_arg
         if self.ROPE_FORMULATION is None or family is None:
             if rope is not None:
                 raise ValueError(f'{name} has no rotary position embedding ({self.FAMILY} '
@@ -302,7 +301,7 @@ class PlainViTBackbone(BackboneContract, BaseModule):
         x = self.patch_embed(x)                                      # (B, h, w, C)
         b, h, w, c = x.shape
         x = x.reshape(b, h * w, c)                                   # (B, h * w, C)
-        cls = self.cls_token
+        cls: Tensor = self.cls_token
         if self.pos_embed is not None:
             cls_pos, grid_pos = self.abs_pos_embed((h, w))
             x, cls = x + grid_pos, cls + cls_pos
@@ -368,7 +367,7 @@ class DINOv3Backbone(PlainViTBackbone):
     DEFAULT_PATCH = 16
     USE_ABS_POS = False
     ROPE_FORMULATION = 'dinov3'
-    ROPE = dict(temperature=100.0)
+    ROPE: ClassVar[Optional[Mapping]] = {'temperature': 100.0}
 
 
 @MODELS.register_module()
@@ -383,4 +382,4 @@ class EVA02Backbone(PlainViTBackbone):
     DEFAULT_WINDOW = 16
     ROPE_FORMULATION = 'eva02'
     FINAL_NORM = False  # EVA-02-det has none, timm's EVA-02 normalises after pooling only
-    ROPE = dict(temperature=10000.0, ref_grid=(16, 16))
+    ROPE: ClassVar[Optional[Mapping]] = {'temperature': 10000.0, 'ref_grid': (16, 16)}
