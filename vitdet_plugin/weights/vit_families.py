@@ -40,6 +40,8 @@ FAMILY_LAYOUTS = ('timm', 'ours')
 _NON_BACKBONE = (r'^head\.', r'^fc_norm\.', r'^attn_pool\.', r'^mask_token$', r'^rope\.',
                  r'^head_drop\.', r'^neck\.', r'^(rpn|roi|bbox|mask)_head\.')
 _LAYER_SCALE = re.compile(r'^blocks\.\d+\.(ls1\.gamma|gamma_1)$')
+_BLOCK = re.compile(r'^blocks\.(\d+)\.')
+_QV_BIAS = re.compile(r'^blocks\.(\d+)\.attn\.(q_bias|q_proj\.weight)$')
 _SPLIT_QKV = re.compile(r'^(blocks\.\d+\.attn\.)q_proj\.weight$')
 #: Keys only the official (non-timm) layouts have; they go through ``weights.official_vit``.
 _OFFICIAL_MARKERS = ('register_tokens', 'storage_tokens', 'rope_embed.periods', '.mlp.w12.',
@@ -57,19 +59,22 @@ def detect_vit_family(sd: Mapping[str, Tensor]) -> Optional[Tuple[str, str]]:
     :data:`FAMILY_LAYOUTS`; None when it is none of them (e.g. a plain ViT)."""
     sd = _inner(sd)
     keys = list(sd)
-    if not any(k.startswith('blocks.') for k in keys):
+    blocks = {m.group(1) for m in map(_BLOCK.match, keys) if m}
+    if not blocks:
         return None
     layer_scale = [k for k in keys if _LAYER_SCALE.match(k)]
+    # a family marker in every block: a stray key in another ViT's checkpoint is not one
+    scaled = {k.split('.')[1] for k in layer_scale} == blocks
+    qv = {m.group(1) for m in map(_QV_BIAS.match, keys) if m} == blocks
     has_pos = 'pos_embed' in sd
     timm_only = any(k.startswith(('head.', 'fc_norm.')) for k in keys)
-    if layer_scale and not has_pos and 'reg_token' in sd:
+    if scaled and not has_pos and 'reg_token' in sd:
         timm = any(k.endswith('gamma_1') for k in layer_scale)
         return 'DINOv3', 'timm' if timm or timm_only else 'ours'
-    if layer_scale and has_pos and any(k.endswith('ls1.gamma') for k in layer_scale):
+    if scaled and has_pos and any(k.endswith('ls1.gamma') for k in layer_scale):
         no_slot = 'reg_token' in sd and _is_square(sd['pos_embed'].shape[1])
         return 'DINOv2', 'timm' if no_slot or timm_only else 'ours'
-    if has_pos and not layer_scale and any(
-            re.match(r'^blocks\.0\.attn\.(q_bias|q_proj\.weight)$', k) for k in keys):
+    if has_pos and not layer_scale and qv:
         split = any(_SPLIT_QKV.match(k) for k in keys)
         return 'EVA-02', 'timm' if split or timm_only else 'ours'
     return None
