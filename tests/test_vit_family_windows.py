@@ -51,8 +51,9 @@ def attention(sd, pre, x, heads, rope, rotate, num_prefix):
     q, k, v = F.linear(x, w, bias).reshape(t, 3, heads, c // heads).permute(1, 2, 0, 3)
     if rope is not None:
         sin, cos = rope
-        q = torch.cat([q[:, :num_prefix], q[:, num_prefix:] * cos + rotate(q[:, num_prefix:]) * sin], 1)
-        k = torch.cat([k[:, :num_prefix], k[:, num_prefix:] * cos + rotate(k[:, num_prefix:]) * sin], 1)
+        n = num_prefix
+        q = torch.cat([q[:, :n], q[:, n:] * cos + rotate(q[:, n:]) * sin], 1)
+        k = torch.cat([k[:, :n], k[:, n:] * cos + rotate(k[:, n:]) * sin], 1)
     attn = (q * (c // heads) ** -0.5) @ k.transpose(-2, -1)
     out = (attn.softmax(-1) @ v).transpose(0, 1).reshape(t, c)
     if pre + 'norm.weight' in sd:  # sub-LN
@@ -86,7 +87,7 @@ def reference(model, x, rope_global, rope_window, rotate):
                       stride=patch)                                  # (B, C, h, w)
     c, h, w = tokens.shape[1:]
     tokens = tokens.flatten(2).transpose(1, 2)
-    cls = sd['cls_token'][0]
+    p = model.num_prefix
     if 'pos_embed' in sd:
         gh, gw = model.pretrain_grid
         grid = sd['pos_embed'][:, 1:].reshape(1, gh, gw, c).permute(0, 3, 1, 2)
@@ -96,9 +97,10 @@ def reference(model, x, rope_global, rope_window, rotate):
         grid = F.interpolate(grid, size=(h, w), mode='bicubic', align_corners=False,
                              antialias=True)
         tokens = tokens + grid.flatten(2).transpose(1, 2)
-        cls = cls + sd['pos_embed'][0, :1]
-    prefix = [cls] + ([sd['reg_token'][0]] if 'reg_token' in sd else [])
-    p = 0 if model.prefix_tokens == 'drop' else sum(len(t) for t in prefix)
+    prefix = []
+    if p:  # cls (+ its position slot), then the registers
+        cls = sd['cls_token'][0] + (sd['pos_embed'][0, :1] if 'pos_embed' in sd else 0)
+        prefix = [cls] + ([sd['reg_token'][0]] if 'reg_token' in sd else [])
     outs = []
     for i in range(b):
         seq = torch.cat(prefix + [tokens[i]]) if p else tokens[i]    # (P + h * w, C)

@@ -114,9 +114,10 @@ def convert_vit_family(sd: Mapping[str, Tensor], family: str,
                        ) -> Tuple[StateDict, List[str]]:
     """A timm (or our) ``family`` state dict -> our layout, and the dropped source keys.
 
-    ``target_shapes`` (the model's state dict shapes): keys the model lacks among ``norm.*``
-    are dropped too. ``pos_grid``: the model's stored position grid (the position embedding is
-    resized to it).
+    ``target_shapes`` (the model's state dict shapes): the final norm and the cls / register
+    tokens are dropped too when the model was built without them (``final_norm=False``,
+    ``prefix_tokens='drop'``). ``pos_grid``: the model's stored position grid (the position
+    embedding is resized to it).
     """
     if family not in FAMILY_BACKBONES:
         raise ValueError(f'family={family!r} is not one of {sorted(FAMILY_BACKBONES)}')
@@ -124,9 +125,13 @@ def convert_vit_family(sd: Mapping[str, Tensor], family: str,
     dropped = [k for k in sd if not k.startswith('backbone.')] if prefixed else []
     kept, dropped_now = drop_keys(_inner(sd), _NON_BACKBONE)
     dropped += dropped_now
-    if target_shapes is not None and 'norm.weight' not in target_shapes:
-        kept, no_norm = drop_keys(kept, [r'^norm\.'])
-        dropped += no_norm
+    if target_shapes is not None:  # parts the model was built without
+        absent = [pattern for key, pattern in (('norm.weight', r'^norm\.'),
+                                               ('cls_token', r'^cls_token$'),
+                                               ('reg_token', r'^reg_token$'))
+                  if key not in target_shapes]
+        kept, not_built = drop_keys(kept, absent)
+        dropped += not_built
     out: StateDict = {}
     for k, v in kept.items():
         out[re.sub(r'\.gamma_([12])$', r'.ls\1.gamma', k)] = v

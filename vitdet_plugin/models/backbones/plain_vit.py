@@ -172,11 +172,15 @@ class PlainViTBackbone(BackboneContract, BaseModule):
 
         dims = self.embed_dims
         self.patch_embed = PatchEmbed(self.patch_size, in_channels, dims)
-        self.num_prefix = 1 + spec.num_reg_tokens
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, dims))
+        # 'drop': no cls / register parameters (they would get no gradient: DDP waits for
+        # them); the loader reports the checkpoint's as dropped
+        keep = prefix_tokens == 'keep'
+        self.num_prefix = 1 + spec.num_reg_tokens if keep else 0
+        self.cls_token: Optional[nn.Parameter] = (
+            nn.Parameter(torch.zeros(1, 1, dims)) if keep else None)
         self.reg_token: Optional[nn.Parameter] = (
-            nn.Parameter(torch.zeros(1, spec.num_reg_tokens, dims)) if spec.num_reg_tokens
-            else None)
+            nn.Parameter(torch.zeros(1, spec.num_reg_tokens, dims))
+            if keep and spec.num_reg_tokens else None)
         self.pos_embed: Optional[nn.Parameter] = None
         self.pretrain_grid: Optional[Tuple[int, int]] = None
         if self.USE_ABS_POS:
@@ -277,8 +281,7 @@ class PlainViTBackbone(BackboneContract, BaseModule):
     def token_layout(self, hw: Tuple[int, int], device: torch.device,
                      dtype: torch.dtype) -> TokenLayout:
         """The grid, prefix count and rotary tables every block of this forward uses."""
-        num_prefix = self.num_prefix if self.prefix_tokens == 'keep' else 0
-        spec = self.rope_spec
+        num_prefix, spec = self.num_prefix, self.rope_spec
         if spec is None:
             return TokenLayout(hw, num_prefix, None, None)
         table_dtype = dtype if dtype == torch.float64 else torch.float32
@@ -301,12 +304,12 @@ class PlainViTBackbone(BackboneContract, BaseModule):
         x = self.patch_embed(x)                                      # (B, h, w, C)
         b, h, w, c = x.shape
         x = x.reshape(b, h * w, c)                                   # (B, h * w, C)
-        cls: Tensor = self.cls_token
         if self.pos_embed is not None:
             cls_pos, grid_pos = self.abs_pos_embed((h, w))
-            x, cls = x + grid_pos, cls + cls_pos
-        if self.prefix_tokens == 'drop':
+            x = x + grid_pos
+        if self.cls_token is None:  # prefix_tokens='drop'
             return x, (h, w)
+        cls = self.cls_token if self.pos_embed is None else self.cls_token + cls_pos
         prefix = [cls.expand(b, -1, -1)]                             # (B, 1, C)
         if self.reg_token is not None:
             prefix.append(self.reg_token.expand(b, -1, -1))          # (B, R, C)

@@ -100,24 +100,23 @@ class PlainViTArch(ArchSpec):
         return hidden + (-hidden % self.mlp_align if self.mlp_align else 0)
 
 
-_DINOV2 = dict(layer_scale=DINO_LAYER_SCALE, qkv_bias='qkv', norm_eps=EPS_VIT)
-_DINOV3 = dict(layer_scale=DINO_LAYER_SCALE, qkv_bias='none', norm_eps=EPS_DINOV3,
-               num_reg_tokens=4)
-_DINOV3_SWIGLU = dict(_DINOV3, mlp='swiglu', mlp_align=DINOV3_MLP_ALIGN)
-_EVA02 = dict(qkv_bias='qv', norm_eps=EPS_VIT, mlp_ratio=EVA02_MLP_RATIO)
+_DINOV3_SWIGLU = dict(mlp='swiglu', mlp_align=DINOV3_MLP_ALIGN)
+_EVA02_PACKED = dict(mlp='swiglu_packed', mlp_sub_ln=False)
 
 
 @dataclasses.dataclass(frozen=True)
 class DINOv2Arch(PlainViTArch):
     """DINOv2 presets (``vit_{small,base,large,giant}_patch14_dinov2``; registers: give
-    ``num_reg_tokens=4``)."""
+    ``num_reg_tokens=4``); custom arch dicts default to DINOv2's block options."""
+
+    layer_scale: Optional[float] = DINO_LAYER_SCALE
 
     NAME: ClassVar[str] = 'DINOv2'
     PRESETS: ClassVar = {
-        'small': dict(_DINOV2, embed_dims=384, depth=12, num_heads=6, drop_path_rate=0.1),
-        'base': dict(_DINOV2, embed_dims=768, depth=12, num_heads=12, drop_path_rate=0.1),
-        'large': dict(_DINOV2, embed_dims=1024, depth=24, num_heads=16, drop_path_rate=0.4),
-        'giant': dict(_DINOV2, embed_dims=1536, depth=40, num_heads=24, mlp='swiglu_packed',
+        'small': dict(embed_dims=384, depth=12, num_heads=6, drop_path_rate=0.1),
+        'base': dict(embed_dims=768, depth=12, num_heads=12, drop_path_rate=0.1),
+        'large': dict(embed_dims=1024, depth=24, num_heads=16, drop_path_rate=0.4),
+        'giant': dict(embed_dims=1536, depth=40, num_heads=24, mlp='swiglu_packed',
                       mlp_ratio=DINOV2_GIANT_MLP_RATIO, drop_path_rate=0.5),
     }
 
@@ -125,15 +124,21 @@ class DINOv2Arch(PlainViTArch):
 @dataclasses.dataclass(frozen=True)
 class DINOv3Arch(PlainViTArch):
     """DINOv3 presets (``vit_{small,small_plus,base,large,huge_plus}_patch16_dinov3``; the
-    ``*_qkvb`` checkpoints: give ``qkv_bias='qv'``). 7B is left out (see the module)."""
+    ``*_qkvb`` checkpoints: give ``qkv_bias='qv'``). 7B is left out (see the module); custom
+    arch dicts default to DINOv3's block options."""
+
+    qkv_bias: str = 'none'
+    layer_scale: Optional[float] = DINO_LAYER_SCALE
+    num_reg_tokens: int = 4
+    norm_eps: float = EPS_DINOV3
 
     NAME: ClassVar[str] = 'DINOv3'
     PRESETS: ClassVar = {
-        'small': dict(_DINOV3, embed_dims=384, depth=12, num_heads=6, drop_path_rate=0.1),
+        'small': dict(embed_dims=384, depth=12, num_heads=6, drop_path_rate=0.1),
         'small_plus': dict(_DINOV3_SWIGLU, embed_dims=384, depth=12, num_heads=6,
                            drop_path_rate=0.1),
-        'base': dict(_DINOV3, embed_dims=768, depth=12, num_heads=12, drop_path_rate=0.1),
-        'large': dict(_DINOV3, embed_dims=1024, depth=24, num_heads=16, drop_path_rate=0.4),
+        'base': dict(embed_dims=768, depth=12, num_heads=12, drop_path_rate=0.1),
+        'large': dict(embed_dims=1024, depth=24, num_heads=16, drop_path_rate=0.4),
         'huge_plus': dict(_DINOV3_SWIGLU, embed_dims=1280, depth=32, num_heads=20,
                           drop_path_rate=0.5),
     }
@@ -142,16 +147,18 @@ class DINOv3Arch(PlainViTArch):
 @dataclasses.dataclass(frozen=True)
 class EVA02Arch(PlainViTArch):
     """EVA-02 presets (``eva02_{tiny,small,base,large}_patch14_224``): packed SwiGLU for T/S,
-    SwiGLU with sub-LN for B/L; q and v biases."""
+    SwiGLU with sub-LN for B/L; q and v biases. Custom arch dicts default to B / L's block
+    options."""
+
+    mlp: str = 'swiglu'
+    mlp_ratio: float = EVA02_MLP_RATIO
+    mlp_sub_ln: bool = True
+    qkv_bias: str = 'qv'
 
     NAME: ClassVar[str] = 'EVA-02'
     PRESETS: ClassVar = {
-        'tiny': dict(_EVA02, embed_dims=192, depth=12, num_heads=3, mlp='swiglu_packed',
-                     drop_path_rate=0.1),
-        'small': dict(_EVA02, embed_dims=384, depth=12, num_heads=6, mlp='swiglu_packed',
-                      drop_path_rate=0.1),
-        'base': dict(_EVA02, embed_dims=768, depth=12, num_heads=12, mlp='swiglu',
-                     mlp_sub_ln=True, drop_path_rate=0.1),
-        'large': dict(_EVA02, embed_dims=1024, depth=24, num_heads=16, mlp='swiglu',
-                      mlp_sub_ln=True, drop_path_rate=0.4),
+        'tiny': dict(_EVA02_PACKED, embed_dims=192, depth=12, num_heads=3, drop_path_rate=0.1),
+        'small': dict(_EVA02_PACKED, embed_dims=384, depth=12, num_heads=6, drop_path_rate=0.1),
+        'base': dict(embed_dims=768, depth=12, num_heads=12, drop_path_rate=0.1),
+        'large': dict(embed_dims=1024, depth=24, num_heads=16, drop_path_rate=0.4),
     }
