@@ -269,3 +269,16 @@ def test_patch_grid_maps_any_size():
         outs = model(torch.randn(2, 3, 61, 45))
     assert [tuple(o.shape) for o in outs] == [(2, 32, math.ceil(61 / 16), math.ceil(45 / 16))] * 2
     assert model.out_strides == (16, 16) and model.out_channels == (32, 32)
+
+
+def test_detector_checkpoint_of_ours_and_dropped_tokens_are_reported():
+    """Our layout under ``backbone.`` (a detector checkpoint): neck / head keys and, for a
+    model built with prefix_tokens='drop', the cls / register tokens are returned as dropped."""
+    src = DINOv3Backbone(**OURS, arch='small')
+    sd = {f'backbone.{k}': v for k, v in src.state_dict().items()}
+    sd['neck.conv.weight'] = torch.zeros(1)
+    assert detect_vit_family(sd) == ('DINOv3', 'ours')
+    model = DINOv3Backbone(**OURS, arch='small', prefix_tokens='drop')
+    dropped = load_vit_family_pretrained(model, sd)
+    assert sorted(dropped) == ['cls_token', 'neck.conv.weight', 'reg_token']
+    assert torch.equal(model.blocks[0].attn.qkv.weight, src.blocks[0].attn.qkv.weight)
