@@ -43,7 +43,38 @@ TINY: Dict[str, Dict[str, dict]] = {
                          stem_channels=(8, 16), img_size=64, window_size=4,
                          global_attn_indexes=(1,)),
     },
+    'DINOv2Backbone': {
+        'dinov2-reg': dict(arch=dict(embed_dims=32, depth=3, num_heads=2, num_reg_tokens=2,
+                                     layer_scale=1e-5, global_attn_indexes=(1,)),
+                           patch_size=8, window_size=3, pretrain_img_size=48,
+                           out_indices=(1, 2), drop_path_rate=0.1),
+    },
+    'DINOv3Backbone': {
+        'dinov3': dict(arch=dict(embed_dims=32, depth=3, num_heads=2, qkv_bias='qv',
+                                 global_attn_indexes=(2,), num_reg_tokens=1,
+                                 layer_scale=1e-5), patch_size=8, window_size=(3, 4),
+                       rope_coords='global', drop_path_rate=0.1),
+    },
+    'EVA02Backbone': {
+        'eva02': dict(arch=dict(embed_dims=32, depth=2, num_heads=2, mlp='swiglu',
+                                mlp_sub_ln=True, attn_sub_ln=True, global_attn_indexes=(1,)),
+                      patch_size=8, window_size=4, pretrain_img_size=48,
+                      rope=dict(temperature=1e4, ref_grid=(6, 6))),
+        'eva02-drop-packed': dict(arch=dict(embed_dims=32, depth=2, num_heads=2,
+                                            mlp='swiglu_packed', mlp_sub_ln=False,
+                                            global_attn_indexes=(1,)),
+                                  patch_size=8, window_size=3, prefix_tokens='drop',
+                                  final_norm=True),
+    },
 }
+#: Arguments the ViT families take in another form: their qkv bias is a mode (None: the
+#: arch's), they have no accel runners (the SDPA plain path is theirs). BAD_ARGUMENTS key ->
+#: the families' bad value and expected error.
+FAMILY_ARGUMENTS = {
+    'qkv_bias': (dict(qkv_bias=True), r"qkv_bias=True is not one of \['qkv', 'qv', 'none'\]"),
+    'accel': (dict(accel='fast'), r"got an unexpected keyword argument 'accel'"),
+}
+FAMILIES = ('DINOv2Backbone', 'DINOv3Backbone', 'EVA02Backbone')
 #: Necks: registered name -> kwargs (``in_channels``, ``in_stride``: the map it takes).
 TINY_NECKS = {'ViTSimpleFPN': dict(in_channels=32, out_channels=16, in_stride=16)}
 NECK_VARIANTS = {'ViTSimpleFPN': [dict(), dict(scale_factors=(2.0, 1.0, 0.5), num_outs=3,
@@ -116,7 +147,7 @@ def test_layer_ids_and_no_decay_names(cls, variant):
              mod.named_parameters(recurse=False)
              if isinstance(mod, (torch.nn.LayerNorm, torch.nn.GroupNorm,
                                  torch.nn.modules.batchnorm._BatchNorm))}
-    biases = {n for n in names if n.endswith('.bias')}
+    biases = {n for n in names if n.endswith(('.bias', '.q_bias', '.v_bias'))}
     tables = {n for n in names if set(n.split('.')) & set(model.NO_DECAY_PARAMS)}
     assert no_decay == norms | biases | tables
     assert all(names[n].dim() > 1 for n in set(names) - no_decay)  # only weights decay
@@ -218,6 +249,9 @@ BAD_ARGUMENTS = [
 def test_bad_arguments_fail_at_construction_naming_the_argument(cls, kw, match):
     variant = next(iter(TINY[cls]))
     cfg = copy.deepcopy(TINY[cls][variant])
+    if cls in FAMILIES and set(kw) & set(FAMILY_ARGUMENTS):
+        kw, match = FAMILY_ARGUMENTS[next(iter(kw))]
+        cfg['arch'].pop('qkv_bias', None)
     if 'arch' in kw:
         cfg.pop('arch')
     with pytest.raises((ValueError, TypeError), match=match):

@@ -10,6 +10,8 @@ from .rel_pos import (bias_table_size, decomposed_rel_pos_bias, decomposed_rel_p
                       decomposed_rel_pos_embeddings, decomposed_rel_pos_terms,
                       interpolation_dtype, relative_position_index, resize_pos_grid,
                       resize_rel_pos)
+from .rope import (ROPE_FORMULATIONS, RopeSpec, apply_rope, check_rope_spec,
+                   rope_axis_coords, rope_frequencies, rope_tables)
 from .size_cache import SizeCache, builds_cache
 from .sizes import ArgumentError, stage_windows, to_2tuple, window_pair
 from .symbolic import known_equal, known_zero
@@ -22,6 +24,8 @@ __all__ = [
     'bias_table_size', 'decomposed_rel_pos_bias', 'decomposed_rel_pos_channels',
     'decomposed_rel_pos_embeddings', 'decomposed_rel_pos_terms', 'interpolation_dtype',
     'relative_position_index', 'resize_pos_grid', 'resize_rel_pos', 'SizeCache', 'builds_cache',
+    'ROPE_FORMULATIONS', 'RopeSpec', 'apply_rope', 'check_rope_spec', 'rope_axis_coords',
+    'rope_frequencies', 'rope_tables',
     'ArgumentError', 'stage_windows', 'to_2tuple', 'window_pair', 'known_equal', 'known_zero',
     'MASKED_LOGIT', 'WindowGrid', 'from_windows', 'pad_to_multiple', 'padded_size',
     'shifted_window_mask', 'to_windows', 'window_bias', 'window_partition', 'window_reverse',

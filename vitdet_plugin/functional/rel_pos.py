@@ -153,10 +153,17 @@ def decomposed_rel_pos_channels(q: Tensor, k: Tensor, v: Tensor, rel_pos_h: Tens
     return q, k, v
 
 
-def resize_pos_grid(pos: Tensor, size: Tuple[int, int], mode: str = 'bicubic') -> Tensor:
+def resize_pos_grid(pos: Tensor, size: Tuple[int, int], mode: str = 'bicubic',
+                    antialias: bool = False) -> Tensor:
     """Resize a ``(1, C, H, W)`` position grid to ``size`` (dtype preserved; fp16 / bf16 are
-    interpolated in fp32, fp32 / fp64 in their own precision)."""
+    interpolated in fp32, fp32 / fp64 in their own precision).
+
+    ``antialias``: ``F.interpolate(antialias=True)``, as timm resizes the DINOv2 / EVA-02
+    position embeddings: low-passed when shrinking, and PyTorch's antialiased bicubic uses
+    another cubic kernel (a = -0.5) than plain bicubic (a = -0.75), so it differs when
+    enlarging too."""
     if known_equal(pos.shape[-2], size[0]) and known_equal(pos.shape[-1], size[1]):
         return pos  # symbolic sizes resize (maybe to the same size, which is exact)
-    out = F.interpolate(interpolation_dtype(pos), size=size, mode=mode, align_corners=False)
+    out = F.interpolate(interpolation_dtype(pos), size=size, mode=mode, align_corners=False,
+                        antialias=antialias)
     return out.to(pos.dtype)

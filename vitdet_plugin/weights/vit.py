@@ -66,7 +66,15 @@ _RESIDUAL = re.compile(r'^blocks\.\d+\.residual\.')
 
 
 def detect_vit_format(sd: Mapping[str, Tensor]) -> str:
-    """Name the layout of a ViT state dict (one of :data:`VIT_FORMATS`)."""
+    """Name the layout of a ViT state dict (one of :data:`VIT_FORMATS`); a DINOv2 / DINOv3 /
+    EVA-02 checkpoint raises :class:`CheckpointError` naming the backbone that loads it."""
+    from .vit_families import FAMILY_BACKBONES, detect_vit_family  # imports this module
+    family = detect_vit_family(sd)
+    if family is not None:
+        raise CheckpointError(
+            f'the checkpoint is a {family[0]} checkpoint ({family[1]} layout), which '
+            f"ViTBackbone does not load (LayerScale / registers / rotary embedding): build "
+            f"type='{FAMILY_BACKBONES[family[0]]}'")
     keys = list(sd)
     if any(k.startswith('image_encoder.') or '.mlp.lin1.' in k for k in keys):
         return 'sam'  # also the encoder alone (prefix removed), named by SAM's MLP layers

@@ -20,6 +20,9 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 _NORMS = (nn.LayerNorm, nn.GroupNorm, _BatchNorm)
+#: Parameter names that are biases: ``bias`` and the separate q / v biases of attention
+#: without a k bias (EVA-02, DINOv3 ``*_qkvb``: ``attn.q_bias``, ``attn.v_bias``).
+BIAS_NAMES = ('bias', 'q_bias', 'v_bias')
 #: Standard deviation of the truncated-normal init of transformer weights (Swin, ViT, timm).
 TRUNC_NORMAL_STD = 0.02
 
@@ -184,14 +187,14 @@ class BackboneContract(FreezeMixin):
 
     def no_weight_decay(self) -> Set[str]:
         """Names (relative to the backbone) of the parameters without weight decay: every
-        parameter of a norm layer, every bias and every parameter with a :attr:`NO_DECAY_PARAMS`
-        component in its name."""
+        parameter of a norm layer, every bias (:data:`BIAS_NAMES`) and every parameter with a
+        :attr:`NO_DECAY_PARAMS` component in its name."""
         names: Set[str] = set()
         tables = set(self.NO_DECAY_PARAMS)
         for mod_name, module in self.named_modules():  # type: ignore[attr-defined]
             for p_name, _ in module.named_parameters(recurse=False):
                 full = f'{mod_name}.{p_name}' if mod_name else p_name
-                if (isinstance(module, _NORMS) or p_name == 'bias'
+                if (isinstance(module, _NORMS) or p_name in BIAS_NAMES
                         or not tables.isdisjoint(full.split('.'))):
                     names.add(full)
         return names

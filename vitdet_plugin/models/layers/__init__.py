@@ -9,17 +9,19 @@ from .arguments import (check_flag, check_flags, check_rate, check_rates, int_ar
 from .attention import Attention, eager_attention, register_fusable_attention, set_fused_attention
 from .conv_stem import ConvStem
 from .cross_attention import MultiheadCrossAttention
+from .layer_scale import LayerScale
 from .mlp import DropPath, Mlp, linear_drop_path_rates
 from .norm import LayerNorm2d, masked_group_norm
 from .patch_embed import PatchEmbed
 from .patch_merging import PatchMerging
 from .res_bottleneck import ResBottleneckBlock
+from .swiglu import SwiGLU, SwiGLUPacked
 
 __all__ = [
     'MASKED_LOGIT', 'Attention', 'attend', 'eager_attention', 'register_fusable_attention',
     'set_fused_attention', 'ConvStem', 'MultiheadCrossAttention', 'DropPath',
     'linear_drop_path_rates', 'Mlp', 'LayerNorm2d', 'masked_group_norm', 'PatchEmbed',
-    'PatchMerging', 'ResBottleneckBlock',
+    'PatchMerging', 'ResBottleneckBlock', 'LayerScale', 'SwiGLU', 'SwiGLUPacked',
     'check_flag', 'check_flags', 'check_rate', 'check_rates', 'int_arg', 'int_tuple',
     'positive_int', 'positive_number', 'to_2tuple',
     # pure functions, re-exported from vitdet_plugin.functional

@@ -1,0 +1,391 @@
+"""DINOv2, DINOv3 and EVA-02 as ViTDet-style backbones: one block, one forward.
+
+``x -> patch_embed -> [+ pos_embed] -> [cls, registers, patches] -> blocks -> norm -> maps``:
+the patch tokens of the ``out_indices`` blocks as ``(B, C, h, w)`` maps at stride
+``patch_size`` (for the simple pyramid neck ``ViTSimpleFPN``, as :class:`~.vit.ViTBackbone`).
+
+Family features (presets in :mod:`.vit_family_archs`; parameter names are timm's, see
+:mod:`vitdet_plugin.weights.vit_families`):
+
+* absolute position embedding with a cls slot (DINOv2, EVA-02), stored at the pretraining grid
+  and resized to the input grid as timm does (bicubic, antialiased); rotary embedding (EVA-02,
+  DINOv3: :mod:`vitdet_plugin.functional.rope`); cls and register tokens;
+* q / k / v bias modes, EVA-02's sub-LN, LayerScale, SwiGLU MLPs, per-family LayerNorm eps.
+
+Window attention runs in every block but ``global_attn_indexes`` (ViTDet / EVA-02-det), on
+windows zero-padded at the bottom/right. Two choices are ours:
+
+``rope_coords`` (rope families): ``'window'`` builds each window block's table on the
+window's own grid (EVA-02-det: ``ft_seq_len=window_size`` rescaled onto the pretraining grid,
+the global blocks on the full grid); ``'global'`` partitions the full grid's table with the
+tokens, so window blocks see the same relative positions as the global blocks. Default
+``'window'`` for both: for EVA-02 it is the reference detection code (its published detectors
+were trained with it); DINOv3's coordinates are normalised to ``[-1, 1]`` per grid, so a
+window table is exactly what the model saw on a pretraining image of the window's size (the
+default window, 14, is DINOv3's 224 / 16 pretraining grid).
+
+``prefix_tokens``: ``'keep'`` (default) carries the cls / register tokens through every block;
+in window blocks every window attends to them as extra tokens and their outputs are averaged
+over the windows of the image. ``'drop'`` removes them after the embedding (ViTDet /
+EVA-02-det drop the cls token; the model then has no ``cls_token`` / ``reg_token``, a
+checkpoint's are reported as dropped). Measured (``tests/test_vit_family_windows.py::
+test_prefix_token_choice_measured``: random weights, 4 blocks of which 2 global, window 3 on a
+5 x 7 grid, relative L2 distance of the patch features to the all-global model with the same
+weights): DINOv3 keep 0.0008 / drop 0.0011, EVA-02 keep 0.0267 / drop 0.0286. Keeping them is
+the closer one in both families (and registers exist to take the high-norm artefacts off the
+patch tokens), hence the default.
+"""
+from typing import ClassVar, List, Mapping, Optional, Sequence, Tuple, Type, Union
+
+import torch
+from mmdet.registry import MODELS
+from mmengine.model import BaseModule
+from mmengine.model.weight_init import trunc_normal_
+from torch import Tensor, nn
+
+from ...functional import (RopeSpec, SizeCache, check_rope_spec, resize_pos_grid, rope_tables,
+                           window_pair, window_partition)
+from ...weights.vit_families import load_vit_family_pretrained
+from ..layers import (PatchEmbed, check_flags, check_rates, int_arg, int_tuple,
+                      linear_drop_path_rates, positive_int, positive_number, to_2tuple)
+from .archs import index_list
+from .base import (TRUNC_NORMAL_STD, BackboneContract, init_cfg_from_pretrained,
+                   init_transformer_weights_, pretrained_init_cfg, run_blocks)
+from .plain_vit_block import PlainViTBlock, RopeTables, TokenLayout
+from .vit_family_archs import DINOv2Arch, DINOv3Arch, EVA02Arch, PlainViTArch
+
+#: Where window blocks take their rotary coordinates from (see the module docstring).
+ROPE_COORDS = ('window', 'global')
+#: What happens to the cls / register tokens (see the module docstring).
+PREFIX_TOKENS = ('keep', 'drop')
+#: ``rope=FAMILY_DEFAULT``: the family's rotary settings (:attr:`PlainViTBackbone.ROPE`).
+FAMILY_DEFAULT = 'family'
+_WINDOW_TABLES: SizeCache[RopeTables] = SizeCache()
+
+
+class PlainViTBackbone(BackboneContract, BaseModule):
+    """The shared DINOv2 / DINOv3 / EVA-02 backbone (see the module docstring); use the
+    registered family classes.
+
+    Args:
+        arch: a preset of the family (:attr:`ARCH`) or a dict of :class:`PlainViTArch`
+            fields; ``embed_dims``, ``depth``, ``num_heads``, ``global_attn_indexes``,
+            ``drop_path_rate``, ``num_reg_tokens``, ``qkv_bias``, ``mlp_ratio`` override it.
+        global_attn_indexes: blocks with global attention (``range(depth)``: all).
+        patch_size: any patch size (a 14-patch checkpoint loads into 16 with its kernel
+            resampled); default the family's.
+        window_size: the window of the window blocks (int or ``(h, w)``).
+        pretrain_img_size: image size of the stored position grid (``// patch_size``).
+        rope: ``dict(temperature=..., ref_grid=(h, w))`` (``ref_grid``: EVA-02's pretraining
+            token grid), default the family's; None only for a family without rope.
+        rope_coords: ``'window'`` or ``'global'`` rotary coordinates in window blocks.
+        prefix_tokens: ``'keep'`` or ``'drop'`` the cls / register tokens.
+        out_indices: blocks whose patch tokens are returned (default: the last).
+        final_norm: apply a final norm (timm's ``forward_features``) to every output; default
+            the family's (DINOv2 / DINOv3: yes; EVA-02: no, as EVA-02-det and timm's
+            ``forward_features``, whose EVA-02 norm comes after the pooling, ``fc_norm``).
+        frozen_stages: ``-1`` trains all; ``0`` freezes the embeddings and tokens; ``k``
+            also the first ``k`` blocks.
+        with_cp: activation checkpointing per block; fused_attn: SDPA (False: eager).
+        init_cfg: ``dict(type='Pretrained', checkpoint=PATH[, prefix=...])`` loads a timm or
+            our checkpoint of this family (:func:`load_vit_family_pretrained`).
+    """
+
+    ARCH: ClassVar[Type[PlainViTArch]] = PlainViTArch
+    FAMILY = ''
+    DEFAULT_PATCH = 16
+    DEFAULT_WINDOW = 14
+    DEFAULT_PRETRAIN_IMG = 224
+    USE_ABS_POS = True
+    #: Final norm on the outputs by default (timm's ``forward_features`` has one).
+    FINAL_NORM = True
+    #: Rotary formulation (None: no rope) and its default settings.
+    ROPE_FORMULATION: Optional[str] = None
+    ROPE: ClassVar[Optional[Mapping]] = None
+    NO_DECAY_PARAMS = ('pos_embed', 'cls_token', 'reg_token', 'gamma')
+
+    def __init__(self,
+                 arch: Union[str, dict, None] = 'base',
+                 embed_dims: Optional[int] = None,
+                 depth: Optional[int] = None,
+                 num_heads: Optional[int] = None,
+                 global_attn_indexes: Optional[Sequence[int]] = None,
+                 drop_path_rate: Optional[float] = None,
+                 num_reg_tokens: Optional[int] = None,
+                 qkv_bias: Optional[str] = None,
+                 mlp_ratio: Optional[float] = None,
+                 in_channels: int = 3,
+                 patch_size: Optional[int] = None,
+                 window_size: Union[int, Tuple[int, int], None] = None,
+                 pretrain_img_size: Union[int, Tuple[int, int], None] = None,
+                 rope: Union[dict, str, None] = FAMILY_DEFAULT,
+                 rope_coords: str = 'window',
+                 prefix_tokens: str = 'keep',
+                 out_indices: Sequence[int] = (-1,),
+                 final_norm: Optional[bool] = None,
+                 drop_rate: float = 0.0,
+                 attn_drop_rate: float = 0.0,
+                 frozen_stages: int = -1,
+                 with_cp: bool = False,
+                 fused_attn: bool = True,
+                 pretrained: Optional[str] = None,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg_from_pretrained(pretrained, init_cfg))
+        if not self.FAMILY:
+            raise TypeError('PlainViTBackbone is the shared base: build DINOv2Backbone, '
+                            'DINOv3Backbone or EVA02Backbone')
+        if mlp_ratio is not None:
+            positive_number(mlp_ratio, 'mlp_ratio')
+        spec: PlainViTArch = self.ARCH.resolve(
+            arch, embed_dims=embed_dims, depth=depth, num_heads=num_heads,
+            global_attn_indexes=global_attn_indexes, drop_path_rate=drop_path_rate,
+            num_reg_tokens=num_reg_tokens, qkv_bias=qkv_bias, mlp_ratio=mlp_ratio)
+        self.arch = spec
+        self.embed_dims, self.depth, self.num_heads = spec.embed_dims, spec.depth, spec.num_heads
+        self.global_attn_indexes: Tuple[int, ...] = spec.global_attn_indexes or ()
+        self.patch_size = positive_int(self.DEFAULT_PATCH if patch_size is None else patch_size,
+                                       'patch_size')
+        self.in_channels = positive_int(in_channels, 'in_channels')
+        self.window_size = window_pair(
+            self.DEFAULT_WINDOW if window_size is None else window_size, 'window_size',
+            '; for global attention in every block give global_attn_indexes=range(depth)')
+        self.rope_spec = self._rope_spec(rope)
+        if rope_coords not in ROPE_COORDS:
+            raise ValueError(f'rope_coords={rope_coords!r} is not one of {list(ROPE_COORDS)} '
+                             "('window': each window its own grid, as EVA-02-det; 'global': "
+                             'the full grid partitioned into windows)')
+        if prefix_tokens not in PREFIX_TOKENS:
+            raise ValueError(f'prefix_tokens={prefix_tokens!r} is not one of '
+                             f"{list(PREFIX_TOKENS)} ('keep': every window attends to the cls "
+                             "/ register tokens; 'drop': removed after the embedding)")
+        self.rope_coords, self.prefix_tokens = rope_coords, prefix_tokens
+        out_indices = int_tuple(out_indices, 'out_indices')
+        if not out_indices:
+            raise ValueError('out_indices is empty; give at least one block index (-1: the '
+                             'last block)')
+        self.out_indices = index_list('out_indices', out_indices, self.depth, negative=True)
+        if not -1 <= int_arg(frozen_stages, 'frozen_stages') <= self.depth:
+            raise ValueError(f'frozen_stages={frozen_stages} must be in -1..{self.depth} '
+                             '(-1: train all, 0: embeddings and tokens, k: also the first k '
+                             'blocks)')
+        check_rates(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate)
+        final_norm = self.FINAL_NORM if final_norm is None else final_norm
+        check_flags(final_norm=final_norm, with_cp=with_cp, fused_attn=fused_attn)
+        self.frozen_stages, self.with_cp, self.final_norm = frozen_stages, with_cp, final_norm
+
+        dims = self.embed_dims
+        self.patch_embed = PatchEmbed(self.patch_size, in_channels, dims)
+        # 'drop': no cls / register parameters (they would get no gradient: DDP waits for
+        # them); the loader reports the checkpoint's as dropped
+        keep = prefix_tokens == 'keep'
+        self.num_prefix = 1 + spec.num_reg_tokens if keep else 0
+        self.cls_token: Optional[nn.Parameter] = (
+            nn.Parameter(torch.zeros(1, 1, dims)) if keep else None)
+        self.reg_token: Optional[nn.Parameter] = (
+            nn.Parameter(torch.zeros(1, spec.num_reg_tokens, dims))
+            if keep and spec.num_reg_tokens else None)
+        self.pos_embed: Optional[nn.Parameter] = None
+        self.pretrain_grid: Optional[Tuple[int, int]] = None
+        if self.USE_ABS_POS:
+            size = to_2tuple(self.DEFAULT_PRETRAIN_IMG if pretrain_img_size is None
+                             else pretrain_img_size, 'pretrain_img_size')
+            if min(size) < self.patch_size:
+                raise ValueError(f'pretrain_img_size={size!r} is smaller than patch_size='
+                                 f'{self.patch_size}: the stored position grid would be '
+                                 'empty; give the pretraining image size')
+            self.pretrain_grid = (size[0] // self.patch_size, size[1] // self.patch_size)
+            n = 1 + self.pretrain_grid[0] * self.pretrain_grid[1]   # cls slot first
+            self.pos_embed = nn.Parameter(torch.zeros(1, n, dims))
+        elif pretrain_img_size is not None:
+            raise ValueError(f'{type(self).__name__} has no absolute position embedding '
+                             '(rotary only): remove pretrain_img_size')
+
+        rates = linear_drop_path_rates(spec.drop_path_rate, self.depth)
+        rotate_half = self.rope_spec is not None and self.rope_spec.rotate_half
+        self.blocks = nn.ModuleList(
+            PlainViTBlock(spec, None if i in self.global_attn_indexes else self.window_size,
+                          rotate_half, drop_rate, attn_drop_rate, rates[i], fused_attn)
+            for i in range(self.depth))
+        self.norm = nn.LayerNorm(dims, eps=spec.norm_eps) if final_norm else None
+        self.out_channels = (dims,) * len(self.out_indices)
+        self.out_strides = (self.patch_size,) * len(self.out_indices)
+        self.num_layers = self.depth
+        self._init_family_weights()
+        self._freeze_stages()
+
+    def _rope_spec(self, rope_arg: Union[dict, str, None]) -> Optional[RopeSpec]:
+        name, family = type(self).__name__, self.ROPE
+        rope = family if rope_arg == FAMILY_DEFAULT else rope_arg
+        if self.ROPE_FORMULATION is None or family is None:
+            if rope is not None:
+                raise ValueError(f'{name} has no rotary position embedding ({self.FAMILY} '
+                                 f'uses an absolute one): remove rope={rope!r}')
+            return None
+        keys = sorted(family)
+        if not isinstance(rope, dict) or sorted(rope) != keys:
+            raise ValueError(f'{name} needs its rotary settings: rope={rope!r} must be a dict '
+                             f'with exactly {keys} ({self.FAMILY} checkpoints: rope={family!r})')
+        ref = rope.get('ref_grid')
+        spec = RopeSpec(self.ROPE_FORMULATION, self.embed_dims // self.num_heads,
+                        float(positive_number(rope['temperature'], 'rope temperature')),
+                        None if ref is None else to_2tuple(ref, 'rope ref_grid'))
+        return check_rope_spec(spec)
+
+    # ------------------------------------------------------------------ contract
+    def layer_id(self, name: str) -> int:
+        """Embeddings and tokens 0, block ``i`` ``i + 1``, the final norm ``num_layers + 1``."""
+        if name.startswith(('patch_embed.', 'pos_embed', 'cls_token', 'reg_token')):
+            return 0
+        if name.startswith('blocks.'):
+            return int(name.split('.')[1]) + 1
+        return self.num_layers + 1
+
+    # ------------------------------------------------------------------ weights
+    def _init_family_weights(self) -> None:
+        """timm's init: trunc-normal(0.02) linears, tokens and position embedding."""
+        init_transformer_weights_(self.blocks)
+        for p in (self.pos_embed, self.cls_token, self.reg_token):
+            if p is not None:
+                trunc_normal_(p, std=TRUNC_NORMAL_STD)
+
+    def init_weights(self) -> None:
+        """Load ``init_cfg.checkpoint`` (timm or our layout of this family) or keep the
+        constructor init."""
+        pretrained = pretrained_init_cfg(self.init_cfg)
+        if pretrained is not None:
+            load_vit_family_pretrained(self, pretrained['checkpoint'],
+                                       prefix=pretrained.get('prefix'))
+            self._is_init = True
+            return
+        super().init_weights()
+
+    # ------------------------------------------------------------------ freezing
+    def frozen_modules(self) -> List[nn.Module]:
+        mods: List[nn.Module] = [self.patch_embed] if self.frozen_stages >= 0 else []
+        return mods + list(self.blocks[:max(self.frozen_stages, 0)])
+
+    def frozen_parameters(self) -> List[nn.Parameter]:
+        if self.frozen_stages < 0:
+            return []
+        params = (self.pos_embed, self.cls_token, self.reg_token)
+        return [p for p in params if p is not None]
+
+    # ------------------------------------------------------------------ forward
+    def abs_pos_embed(self, hw: Tuple[int, int]) -> Tuple[Tensor, Tensor]:
+        """The cls slot ``(1, 1, C)`` and the grid ``(1, h * w, C)`` of the position
+        embedding for an ``hw`` token grid (timm: bicubic, antialiased, from the stored
+        grid)."""
+        assert self.pos_embed is not None and self.pretrain_grid is not None
+        gh, gw = self.pretrain_grid
+        grid = self.pos_embed[:, 1:].reshape(1, gh, gw, -1).permute(0, 3, 1, 2)  # (1, C, gh, gw)
+        grid = resize_pos_grid(grid, hw, antialias=True)             # (1, C, h, w)
+        return self.pos_embed[:, :1], grid.flatten(2).transpose(1, 2)
+
+    def token_layout(self, hw: Tuple[int, int], device: torch.device,
+                     dtype: torch.dtype) -> TokenLayout:
+        """The grid, prefix count and rotary tables every block of this forward uses."""
+        num_prefix, spec = self.num_prefix, self.rope_spec
+        if spec is None:
+            return TokenLayout(hw, num_prefix, None, None)
+        table_dtype = dtype if dtype == torch.float64 else torch.float32
+        sin, cos = rope_tables(spec, hw, device=device, dtype=table_dtype)  # (h * w, d)
+        rope_global = (sin[None], cos[None])                         # (1, h * w, d)
+        window = self.window_size
+        if len(self.global_attn_indexes) == self.depth:
+            rope_window = None
+        elif self.rope_coords == 'window':
+            sin_w, cos_w = rope_tables(spec, window, device=device, dtype=table_dtype)
+            rope_window = (sin_w[None], cos_w[None])                 # (1, wh * ww, d)
+        else:
+            rope_window = _WINDOW_TABLES.get(
+                (spec, hw, window, device, table_dtype),
+                lambda: _partitioned_tables(spec, hw, window, device, table_dtype))
+        return TokenLayout(hw, num_prefix, rope_global, rope_window)
+
+    def embed(self, x: Tensor) -> Tuple[Tensor, Tuple[int, int]]:
+        """Image ``(B, C_in, H, W)`` -> tokens ``(B, P + h * w, C)`` and the grid ``(h, w)``."""
+        x = self.patch_embed(x)                                      # (B, h, w, C)
+        b, h, w, c = x.shape
+        x = x.reshape(b, h * w, c)                                   # (B, h * w, C)
+        if self.pos_embed is not None:
+            cls_pos, grid_pos = self.abs_pos_embed((h, w))
+            x = x + grid_pos
+        if self.cls_token is None:  # prefix_tokens='drop'
+            return x, (h, w)
+        cls = self.cls_token if self.pos_embed is None else self.cls_token + cls_pos
+        prefix = [cls.expand(b, -1, -1)]                             # (B, 1, C)
+        if self.reg_token is not None:
+            prefix.append(self.reg_token.expand(b, -1, -1))          # (B, R, C)
+        return torch.cat(prefix + [x], dim=1), (h, w)               # (B, P + h * w, C)
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """``(B, C_in, H, W)`` -> ``(B, C, ceil(H / p), ceil(W / p))`` per output index."""
+        x, (h, w) = self.embed(x)                                    # (B, P + h * w, C)
+        layout = self.token_layout((h, w), x.device, x.dtype)
+
+        def block_fn(block: nn.Module, tokens: Tensor) -> Tensor:
+            return block(tokens, layout)
+
+        outs = []
+        start = 0
+        for end in self.out_indices:  # sorted: the blocks up to each output, in turn
+            x = run_blocks(self.blocks[start:end + 1], x, self.with_cp, self.training, block_fn)
+            patches = x[:, layout.num_prefix:]                       # (B, h * w, C)
+            if self.norm is not None:
+                patches = self.norm(patches)
+            outs.append(patches.transpose(1, 2).reshape(x.shape[0], -1, h, w))  # (B, C, h, w)
+            start = end + 1
+        return tuple(outs)
+
+
+def _partitioned_tables(spec: RopeSpec, hw: Tuple[int, int], window: Tuple[int, int],
+                        device: torch.device, dtype: torch.dtype) -> RopeTables:
+    """The full grid's rotary tables over the padded map, cut into windows like the tokens:
+    ``(nW, wh * ww, d)`` each (``rope_coords='global'``)."""
+    padded = ((hw[0] + window[0] - 1) // window[0] * window[0],
+              (hw[1] + window[1] - 1) // window[1] * window[1])
+    sin, cos = rope_tables(spec, hw, padded, device, dtype)          # (Hp * Wp, d)
+    d = sin.shape[-1]
+    return (window_partition(sin.reshape(1, *padded, d), window),
+            window_partition(cos.reshape(1, *padded, d), window))    # (nW, N, d)
+
+
+@MODELS.register_module()
+class DINOv2Backbone(PlainViTBackbone):
+    """DINOv2 (with registers: ``num_reg_tokens=4``): patch 14, position grid 518 / 14 = 37,
+    LayerScale, fused qkv bias; no rotary embedding. Presets: small / base / large / giant."""
+
+    ARCH = DINOv2Arch
+    FAMILY = 'DINOv2'
+    DEFAULT_PATCH = 14
+    DEFAULT_PRETRAIN_IMG = 518
+    ROPE = None
+
+
+@MODELS.register_module()
+class DINOv3Backbone(PlainViTBackbone):
+    """DINOv3: patch 16, 4 register tokens, DINOv3 rope (temperature 100, half rotation), no
+    absolute position embedding, LayerScale; ``qkv_bias='qv'`` for the ``*_qkvb`` checkpoints.
+    Presets: small / small_plus / base / large / huge_plus (7B left out)."""
+
+    ARCH = DINOv3Arch
+    FAMILY = 'DINOv3'
+    DEFAULT_PATCH = 16
+    USE_ABS_POS = False
+    ROPE_FORMULATION = 'dinov3'
+    ROPE: ClassVar[Optional[Mapping]] = {'temperature': 100.0}
+
+
+@MODELS.register_module()
+class EVA02Backbone(PlainViTBackbone):
+    """EVA-02: patch 14, position grid 224 / 14 = 16, EVA-02 rope (temperature 1e4 on the 16 x
+    16 pretraining grid, interleaved pairs), q / v biases, SwiGLU (sub-LN for B / L); window 16
+    as EVA-02-det. Presets: tiny / small / base / large."""
+
+    ARCH = EVA02Arch
+    FAMILY = 'EVA-02'
+    DEFAULT_PATCH = 14
+    DEFAULT_WINDOW = 16
+    ROPE_FORMULATION = 'eva02'
+    FINAL_NORM = False  # EVA-02-det has none, timm's EVA-02 normalises after pooling only
+    ROPE: ClassVar[Optional[Mapping]] = {'temperature': 10000.0, 'ref_grid': (16, 16)}

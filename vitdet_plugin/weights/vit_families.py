@@ -1,0 +1,215 @@
+"""DINOv2 / DINOv3 / EVA-02 checkpoints: family detection and timm layout -> ours, pure
+``state_dict -> state_dict`` functions, and the strict, reported loader.
+
+Our layout is timm's ``VisionTransformer`` naming (see ``docs`` / the backbone module), which
+timm's DINOv2 checkpoints already use; the differences to the timm layouts:
+
+* DINOv2 with registers (timm ``no_embed_class``): ``pos_embed`` has no cls slot and the slot
+  is folded into ``cls_token``; ours keeps a cls slot, filled with zeros (the same sum);
+* DINOv3 (timm ``Eva``): ``gamma_1`` / ``gamma_2`` -> ``ls1.gamma`` / ``ls2.gamma``;
+* EVA-02 B / L (timm ``Eva`` with ``qkv_fused=False``): ``attn.{q,k,v}_proj.weight`` -> one
+  ``attn.qkv.weight`` (rows q, k, v), ``attn.q_proj.bias`` / ``attn.v_proj.bias`` ->
+  ``attn.q_bias`` / ``attn.v_bias`` (k has no bias);
+* classification parts (``head``, ``fc_norm``, ``attn_pool``), ``mask_token`` and timm's rope
+  buffers are dropped (reported); ``norm`` too when the model has no final norm.
+
+The position grid is resized to the model's stored grid (bicubic, antialiased: timm's
+``checkpoint_filter_fn``).
+"""
+import logging
+import math
+import re
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor, nn
+
+from ..functional import resize_pos_grid
+from .checkpoint_io import CheckpointError
+from .common import (StateDict, checkpoint_state_dict, drop_keys, load_state_dict_checked,
+                     select_prefix)
+
+logger = logging.getLogger('vitdet_plugin')
+
+#: The families and the backbone type that loads each.
+FAMILY_BACKBONES = {'DINOv2': 'DINOv2Backbone', 'DINOv3': 'DINOv3Backbone',
+                    'EVA-02': 'EVA02Backbone'}
+#: Layouts :func:`detect_vit_family` names.
+FAMILY_LAYOUTS = ('timm', 'ours')
+#: Keys of a family checkpoint that are not the backbone's (after prefixes are removed).
+_NON_BACKBONE = (r'^head\.', r'^fc_norm\.', r'^attn_pool\.', r'^mask_token$', r'^rope\.',
+                 r'^head_drop\.', r'^neck\.', r'^(rpn|roi|bbox|mask)_head\.')
+_LAYER_SCALE = re.compile(r'^blocks\.\d+\.(ls1\.gamma|gamma_1)$')
+_BLOCK = re.compile(r'^blocks\.(\d+)\.')
+_QV_BIAS = re.compile(r'^blocks\.(\d+)\.attn\.(q_bias|q_proj\.weight)$')
+_SPLIT_QKV = re.compile(r'^(blocks\.\d+\.attn\.)q_proj\.weight$')
+#: Keys only the official (non-timm) layouts have; they go through ``weights.official_vit``.
+_OFFICIAL_MARKERS = ('register_tokens', 'storage_tokens', 'rope_embed.periods', '.mlp.w12.',
+                     '.mlp.w1.', '.ffn_ln.', 'inner_attn_ln')
+
+
+def _inner(sd: Mapping[str, Tensor]) -> StateDict:
+    """The backbone's keys of a (detector) state dict: un-prefixed ``backbone.`` if present."""
+    return select_prefix(sd, 'backbone.')
+
+
+def detect_vit_family(sd: Mapping[str, Tensor]) -> Optional[Tuple[str, str]]:
+    """``(family, layout)`` of a DINOv2 / DINOv3 / EVA-02 state dict (possibly
+    ``backbone.``-prefixed): family a key of :data:`FAMILY_BACKBONES`, layout one of
+    :data:`FAMILY_LAYOUTS`; None when it is none of them (e.g. a plain ViT)."""
+    sd = _inner(sd)
+    keys = list(sd)
+    blocks = {m.group(1) for m in map(_BLOCK.match, keys) if m}
+    if not blocks:
+        return None
+    layer_scale = [k for k in keys if _LAYER_SCALE.match(k)]
+    # a family marker in every block: a stray key in another ViT's checkpoint is not one
+    scaled = {k.split('.')[1] for k in layer_scale} == blocks
+    qv = {m.group(1) for m in map(_QV_BIAS.match, keys) if m} == blocks
+    has_pos = 'pos_embed' in sd
+    timm_only = any(k.startswith(('head.', 'fc_norm.')) for k in keys)
+    if scaled and not has_pos and 'reg_token' in sd:
+        timm = any(k.endswith('gamma_1') for k in layer_scale)
+        return 'DINOv3', 'timm' if timm or timm_only else 'ours'
+    if scaled and has_pos and any(k.endswith('ls1.gamma') for k in layer_scale):
+        no_slot = 'reg_token' in sd and _is_square(sd['pos_embed'].shape[1])
+        return 'DINOv2', 'timm' if no_slot or timm_only else 'ours'
+    if has_pos and not layer_scale and qv:
+        split = any(_SPLIT_QKV.match(k) for k in keys)
+        return 'EVA-02', 'timm' if split or timm_only else 'ours'
+    return None
+
+
+def _is_square(n: int) -> bool:
+    root = math.isqrt(n)
+    return root * root == n
+
+
+def official_layout_hint(sd: Mapping[str, Tensor]) -> Optional[str]:
+    """The first key that marks an official (facebookresearch / baaivision) layout, or None."""
+    return next((k for k in sd for m in _OFFICIAL_MARKERS if m in k), None)
+
+
+def _merge_split_qkv(sd: StateDict) -> StateDict:
+    """timm EVA-02 B / L: separate q / k / v projections -> fused ``qkv`` + q / v biases."""
+    out: StateDict = {}
+    for k, v in sd.items():
+        m = _SPLIT_QKV.match(k)
+        if m:
+            base = m.group(1)
+            out[base + 'qkv.weight'] = torch.cat(
+                [v, sd[base + 'k_proj.weight'], sd[base + 'v_proj.weight']], dim=0)
+            for name in ('q', 'v'):
+                if base + f'{name}_proj.bias' in sd:
+                    out[base + f'{name}_bias'] = sd[base + f'{name}_proj.bias']
+        elif not re.match(r'^blocks\.\d+\.attn\.[kv]_proj\.weight$', k) and not re.match(
+                r'^blocks\.\d+\.attn\.[qkv]_proj\.bias$', k):
+            out[k] = v
+    return out
+
+
+def convert_vit_family(sd: Mapping[str, Tensor], family: str,
+                       target_shapes: Optional[Mapping[str, Sequence[int]]] = None,
+                       pos_grid: Optional[Tuple[int, int]] = None
+                       ) -> Tuple[StateDict, List[str]]:
+    """A timm (or our) ``family`` state dict -> our layout, and the dropped source keys.
+
+    ``target_shapes`` (the model's state dict shapes): the final norm and the cls / register
+    tokens are dropped too when the model was built without them (``final_norm=False``,
+    ``prefix_tokens='drop'``). ``pos_grid``: the model's stored position grid (the position
+    embedding is resized to it).
+    """
+    if family not in FAMILY_BACKBONES:
+        raise ValueError(f'family={family!r} is not one of {sorted(FAMILY_BACKBONES)}')
+    prefixed = any(k.startswith('backbone.') for k in sd)
+    dropped = [k for k in sd if not k.startswith('backbone.')] if prefixed else []
+    kept, dropped_now = drop_keys(_inner(sd), _NON_BACKBONE)
+    dropped += dropped_now
+    if target_shapes is not None:  # parts the model was built without
+        absent = [pattern for key, pattern in (('norm.weight', r'^norm\.'),
+                                               ('cls_token', r'^cls_token$'),
+                                               ('reg_token', r'^reg_token$'))
+                  if key not in target_shapes]
+        kept, not_built = drop_keys(kept, absent)
+        dropped += not_built
+    out: StateDict = {}
+    for k, v in kept.items():
+        out[re.sub(r'\.gamma_([12])$', r'.ls\1.gamma', k)] = v
+    if any(_SPLIT_QKV.match(k) for k in out):
+        out = _merge_split_qkv(out)
+    target_pos = None if target_shapes is None else target_shapes.get('pos_embed')
+    if 'pos_embed' in out and (target_pos is None
+                               or tuple(target_pos) != tuple(out['pos_embed'].shape)):
+        out['pos_embed'] = _pos_embed_with_cls_slot(out['pos_embed'], 'reg_token' in out,
+                                                     pos_grid)
+    return out, dropped
+
+
+def _pos_embed_with_cls_slot(pos: Tensor, has_regs: bool,
+                             grid: Optional[Tuple[int, int]]) -> Tensor:
+    """``(1, [1 +] gh * gw, C)`` (a square source grid) -> ``(1, 1 + th * tw, C)`` with the
+    cls slot first (zeros where the source folded it into the cls token) and the grid resized
+    to ``grid`` (bicubic, antialiased)."""
+    n = pos.shape[1]
+    folded = has_regs and _is_square(n)  # timm's no_embed_class layout (DINOv2 + registers)
+    slot = pos.new_zeros(1, 1, pos.shape[-1]) if folded else pos[:, :1]
+    cells = pos if folded else pos[:, 1:]
+    side = math.isqrt(cells.shape[1])
+    if side * side != cells.shape[1]:
+        raise CheckpointError(f'pos_embed {tuple(pos.shape)}: expected a cls slot and a square '
+                              'grid (timm / DINOv2 / EVA-02 checkpoints)')
+    src = cells.reshape(1, side, side, -1).permute(0, 3, 1, 2)       # (1, C, s, s)
+    target = (side, side) if grid is None else grid
+    resized = resize_pos_grid(src, target, antialias=True)           # (1, C, th, tw)
+    return torch.cat([slot, resized.flatten(2).transpose(1, 2)], dim=1).contiguous()
+
+
+def _family_of(model: nn.Module) -> str:
+    family = getattr(model, 'FAMILY', '')
+    if family not in FAMILY_BACKBONES:
+        raise TypeError(f'{type(model).__name__} is not a DINOv2 / DINOv3 / EVA-02 backbone; '
+                        f'build one of {sorted(FAMILY_BACKBONES.values())}')
+    return family
+
+
+def load_vit_family_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Tensor]],
+                               prefix: Optional[str] = None) -> List[str]:
+    """Load a timm-layout (or our) checkpoint of the model's family, strictly.
+
+    A checkpoint of another family raises :class:`CheckpointError` naming the backbone type
+    that loads it; a patch-size change raises until the kernel resampler is wired. Returns the
+    dropped checkpoint keys (also logged).
+    """
+    family = _family_of(model)
+    sd = checkpoint_state_dict(checkpoint, prefix)
+    # TODO(merge): official -- layout = detect_official_vit_layout(sd); if layout: sd, notes = official_to_timm(sd, layout)  # noqa: E501
+    found = detect_vit_family(sd)
+    if found is None:
+        hint = official_layout_hint(sd)
+        detail = (f' (key {hint!r} is of an official layout: convert it to the timm layout '
+                  'first)' if hint else '')
+        raise CheckpointError(
+            f'not a DINOv2 / DINOv3 / EVA-02 checkpoint in the timm layout or ours{detail}: '
+            f'expected blocks with LayerScale (DINOv2 / DINOv3) or q / v biases (EVA-02); '
+            f'first keys: {list(sd)[:5]}')
+    got, layout = found
+    name = type(model).__name__
+    if got != family:
+        raise CheckpointError(f'the checkpoint is a {got} checkpoint ({layout} layout); {name} '
+                              f"loads {family} checkpoints: build type='{FAMILY_BACKBONES[got]}'")
+    shapes: Dict[str, torch.Size] = {k: v.shape for k, v in model.state_dict().items()}
+    converted, dropped = convert_vit_family(sd, family, shapes,
+                                            getattr(model, 'pretrain_grid', None))
+    kernel = converted.get('patch_embed.proj.weight')
+    want = shapes.get('patch_embed.proj.weight')
+    if kernel is not None and want is not None and kernel.shape[-2:] != want[-2:]:
+        # TODO(merge): resample_patch_kernel -- converted['patch_embed.proj.weight'] = resample_patch_kernel(kernel, tuple(want[-2:]))  # noqa: E501
+        raise CheckpointError(
+            f'the checkpoint has {tuple(kernel.shape[-2:])} patches, {name} was built with '
+            f'patch_size={tuple(want[-2:])}: resampling the patch kernel is not available yet; '
+            f'build {name}(patch_size={kernel.shape[-1]}) for now')
+    if dropped:
+        logger.info('%s checkpoint (%s layout): ignored %d keys not used by the backbone (e.g. '
+                    '%s)', family, layout, len(dropped), ', '.join(dropped[:5]))
+    load_state_dict_checked(model, converted, source=f'{family} checkpoint')
+    return dropped
