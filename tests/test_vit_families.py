@@ -216,16 +216,6 @@ def test_checkpoint_of_another_family_names_the_backbone():
         load_vit_pretrained(vit, sd)
 
 
-def test_patch_size_change_is_refused_until_the_resampler_is_wired():
-    ref = timm_model(*CASES['dinov2'][:1], **CASES['dinov2'][1])
-    model = DINOv2Backbone(**OURS, arch='small', patch_size=16, pretrain_img_size=64)
-    with pytest.raises(CheckpointError, match=r'the checkpoint has \(14, 14\) patches, '
-                                              r'DINOv2Backbone was built with patch_size=\(16, '
-                                              r'16\): resampling .* build DINOv2Backbone\('
-                                              r'patch_size=14\) for now'):
-        load_vit_family_pretrained(model, ref.state_dict())
-
-
 BAD = [
     (EVA02Backbone, dict(rope=None), r"^EVA02Backbone needs its rotary settings: rope=None "
      r"must be a dict with exactly \['ref_grid', 'temperature'\] \(EVA-02 checkpoints: "
@@ -235,7 +225,7 @@ BAD = [
     (DINOv2Backbone, dict(rope=dict(temperature=1.0)), r"^DINOv2Backbone has no rotary "
      r"position embedding \(DINOv2 uses an absolute one\): remove rope="),
     (DINOv3Backbone, dict(pretrain_img_size=224), r'^DINOv3Backbone has no absolute position '
-     r'embedding \(rotary only\): remove pretrain_img_size$'),
+     r'embedding \(rotary only\): remove pretrain_img_size / pretrain_patch_size$'),
     (DINOv3Backbone, dict(rope_coords='local'), r"^rope_coords='local' is not one of "
      r"\['window', 'global'\]"),
     (EVA02Backbone, dict(prefix_tokens='average'), r"^prefix_tokens='average' is not one of "
@@ -248,7 +238,7 @@ BAD = [
     (EVA02Backbone, dict(arch='huge'), r"^unknown EVA-02 arch 'huge'; choose one of \['base', "
      r"'large', 'small', 'tiny'\]"),
     (DINOv2Backbone, dict(pretrain_img_size=10), r'^pretrain_img_size=\(10, 10\) is smaller '
-     r'than patch_size=14'),
+     r'than pretrain_patch_size=14: the stored position grid would be empty'),
 ]
 
 

@@ -27,7 +27,9 @@ from torch import Tensor, nn
 from ..functional import resize_pos_grid
 from .checkpoint_io import CheckpointError
 from .common import (StateDict, checkpoint_state_dict, drop_keys, load_state_dict_checked,
-                     select_prefix)
+                     select_prefix, unwrap_state_dict)
+from .official_vit import detect_official_vit_layout, eva02_rope_grids, official_to_timm
+from .patch_resample import resample_patch_kernel
 
 logger = logging.getLogger('vitdet_plugin')
 
@@ -174,15 +176,24 @@ def _family_of(model: nn.Module) -> str:
 
 def load_vit_family_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Tensor]],
                                prefix: Optional[str] = None) -> List[str]:
-    """Load a timm-layout (or our) checkpoint of the model's family, strictly.
+    """Load an official, timm-layout or our checkpoint of the model's family, strictly.
 
-    A checkpoint of another family raises :class:`CheckpointError` naming the backbone type
-    that loads it; a patch-size change raises until the kernel resampler is wired. Returns the
-    dropped checkpoint keys (also logged).
+    Official layouts (facebookresearch/dinov2, facebookresearch/dinov3, baaivision/EVA EVA-02
+    and EVA-02/det) go through :func:`~.official_vit.official_to_timm` first. A checkpoint of
+    another family raises :class:`CheckpointError` naming the backbone type that loads it; a
+    patch-size change resamples the patch kernel (FlexiViT,
+    :func:`~.patch_resample.resample_patch_kernel`). Returns the dropped checkpoint keys (also
+    logged).
     """
     family = _family_of(model)
     sd = checkpoint_state_dict(checkpoint, prefix)
-    # TODO(merge): official -- layout = detect_official_vit_layout(sd); if layout: sd, notes = official_to_timm(sd, layout)  # noqa: E501
+    official = detect_official_vit_layout(sd)
+    official_dropped: List[str] = []
+    if official is not None:  # facebookresearch / baaivision layouts -> timm's, then ours
+        _check_official_fits(model, official)
+        _check_eva02_rope_grid(model, sd, official)
+        sd, official_dropped = official_to_timm(sd, official, **_official_options(model,
+                                                                                  official))
     found = detect_vit_family(sd)
     if found is None:
         hint = official_layout_hint(sd)
@@ -203,13 +214,71 @@ def load_vit_family_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[
     kernel = converted.get('patch_embed.proj.weight')
     want = shapes.get('patch_embed.proj.weight')
     if kernel is not None and want is not None and kernel.shape[-2:] != want[-2:]:
-        # TODO(merge): resample_patch_kernel -- converted['patch_embed.proj.weight'] = resample_patch_kernel(kernel, tuple(want[-2:]))  # noqa: E501
-        raise CheckpointError(
-            f'the checkpoint has {tuple(kernel.shape[-2:])} patches, {name} was built with '
-            f'patch_size={tuple(want[-2:])}: resampling the patch kernel is not available yet; '
-            f'build {name}(patch_size={kernel.shape[-1]}) for now')
+        # FlexiViT resize: the checkpoint's patch size -> the model's (e.g. 14 -> 16)
+        logger.info('%s checkpoint: patch kernel %s resampled to %s', family,
+                    tuple(kernel.shape[-2:]), tuple(want[-2:]))
+        converted['patch_embed.proj.weight'] = resample_patch_kernel(kernel, tuple(want[-2:]))
+    dropped = official_dropped + dropped
+    if official is not None:
+        layout = f'{official} official'
     if dropped:
         logger.info('%s checkpoint (%s layout): ignored %d keys not used by the backbone (e.g. '
                     '%s)', family, layout, len(dropped), ', '.join(dropped[:5]))
-    load_state_dict_checked(model, converted, source=f'{family} checkpoint')
+    load_state_dict_checked(model, converted, source=f'{family} checkpoint ({layout} layout)')
     return dropped
+
+
+#: The family of each official layout (:data:`~.official_vit.OFFICIAL_VIT_LAYOUTS`).
+OFFICIAL_FAMILIES = {'dinov2': 'DINOv2', 'dinov3': 'DINOv3', 'eva02': 'EVA-02',
+                     'eva02_det': 'EVA-02'}
+
+
+def _check_official_fits(model: nn.Module, layout: str) -> None:
+    """Refuse an official checkpoint of another family, or EVA-02-det's (no cls token) in a
+    model that keeps the prefix tokens, naming the fix."""
+    family, name = _family_of(model), type(model).__name__
+    got = OFFICIAL_FAMILIES[layout]
+    if got != family:
+        raise CheckpointError(f'the checkpoint is a {got} checkpoint ({layout} official '
+                              f"layout); {name} loads {family} checkpoints: build "
+                              f"type='{FAMILY_BACKBONES[got]}'")
+    if layout == 'eva02_det' and getattr(model, 'cls_token', None) is not None:
+        raise CheckpointError(f"the checkpoint is an EVA-02 detector's ViT (EVA-02/det "
+                              f"backbone.net.*), which has no cls token; build "
+                              f"{name}(prefix_tokens='drop') as EVA-02-det does")
+
+
+#: The stored EVA-02 rope table that fixes the pretraining grid, per official layout.
+_EVA02_ROPE_KEYS = {'eva02': 'rope.freqs_cos', 'eva02_det': 'backbone.net.rope_glb.freqs_cos'}
+
+
+def _check_eva02_rope_grid(model: nn.Module, sd: Mapping[str, Tensor], layout: str) -> None:
+    """An official EVA-02 checkpoint's rope tables are scaled to its pretraining grid
+    (``pt_seq_len``); the model's ``rope['ref_grid']`` must be that grid, else its rotary
+    positions would differ from the checkpoint's training."""
+    key = _EVA02_ROPE_KEYS.get(layout)
+    spec = getattr(model, 'rope_spec', None)
+    grids = eva02_rope_grids(unwrap_state_dict(sd), key) if key else None
+    if grids is None or spec is None:
+        return
+    side = round(grids[1])
+    want = (side, side)
+    if tuple(spec.ref_grid or ()) != want:
+        name = type(model).__name__
+        raise CheckpointError(
+            f"the checkpoint's rotary tables are scaled to a {want[0]} x {want[1]} pretraining "
+            f'grid, {name} was built with rope ref_grid={spec.ref_grid}; build '
+            f"{name}(rope=dict(temperature={spec.temperature:g}, ref_grid={want}))")
+
+
+def _official_options(model: nn.Module, layout: str) -> Dict[str, object]:
+    """DINOv3: the rope base and whether the model has q / v biases (a model without them
+    takes an official checkpoint only if its biases are zero)."""
+    if layout != 'dinov3':
+        return {}
+    spec = getattr(model, 'rope_spec', None)
+    arch = getattr(model, 'arch', None)
+    options: Dict[str, object] = {'qkv_bias': getattr(arch, 'qkv_bias', 'none') != 'none'}
+    if spec is not None:
+        options['rope_base'] = spec.temperature
+    return options

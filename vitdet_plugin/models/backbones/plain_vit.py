@@ -75,7 +75,10 @@ class PlainViTBackbone(BackboneContract, BaseModule):
         patch_size: any patch size (a 14-patch checkpoint loads into 16 with its kernel
             resampled); default the family's.
         window_size: the window of the window blocks (int or ``(h, w)``).
-        pretrain_img_size: image size of the stored position grid (``// patch_size``).
+        pretrain_img_size, pretrain_patch_size: the stored position grid is
+            ``pretrain_img_size // pretrain_patch_size`` (the checkpoint's: default the
+            family's pretraining image and patch size, e.g. DINOv2 518 / 14 = 37, also when
+            the model runs at another ``patch_size``).
         rope: ``dict(temperature=..., ref_grid=(h, w))`` (``ref_grid``: EVA-02's pretraining
             token grid), default the family's; None only for a family without rope.
         rope_coords: ``'window'`` or ``'global'`` rotary coordinates in window blocks.
@@ -118,6 +121,7 @@ class PlainViTBackbone(BackboneContract, BaseModule):
                  patch_size: Optional[int] = None,
                  window_size: Union[int, Tuple[int, int], None] = None,
                  pretrain_img_size: Union[int, Tuple[int, int], None] = None,
+                 pretrain_patch_size: Optional[int] = None,
                  rope: Union[dict, str, None] = FAMILY_DEFAULT,
                  rope_coords: str = 'window',
                  prefix_tokens: str = 'keep',
@@ -189,16 +193,20 @@ class PlainViTBackbone(BackboneContract, BaseModule):
         if self.USE_ABS_POS:
             size = to_2tuple(self.DEFAULT_PRETRAIN_IMG if pretrain_img_size is None
                              else pretrain_img_size, 'pretrain_img_size')
-            if min(size) < self.patch_size:
-                raise ValueError(f'pretrain_img_size={size!r} is smaller than patch_size='
-                                 f'{self.patch_size}: the stored position grid would be '
-                                 'empty; give the pretraining image size')
-            self.pretrain_grid = (size[0] // self.patch_size, size[1] // self.patch_size)
+            # the checkpoint's grid, whatever patch this model runs with (a DINOv2 checkpoint
+            # at patch 16 keeps its 37 x 37 grid, resized to the input in the forward)
+            stored_patch = positive_int(self.DEFAULT_PATCH if pretrain_patch_size is None
+                                        else pretrain_patch_size, 'pretrain_patch_size')
+            if min(size) < stored_patch:
+                raise ValueError(f'pretrain_img_size={size!r} is smaller than '
+                                 f'pretrain_patch_size={stored_patch}: the stored position '
+                                 'grid would be empty; give the pretraining image size')
+            self.pretrain_grid = (size[0] // stored_patch, size[1] // stored_patch)
             n = 1 + self.pretrain_grid[0] * self.pretrain_grid[1]   # cls slot first
             self.pos_embed = nn.Parameter(torch.zeros(1, n, dims))
-        elif pretrain_img_size is not None:
+        elif pretrain_img_size is not None or pretrain_patch_size is not None:
             raise ValueError(f'{type(self).__name__} has no absolute position embedding '
-                             '(rotary only): remove pretrain_img_size')
+                             '(rotary only): remove pretrain_img_size / pretrain_patch_size')
 
         rates = linear_drop_path_rates(spec.drop_path_rate, self.depth)
         rotate_half = self.rope_spec is not None and self.rope_spec.rotate_half
