@@ -7,12 +7,16 @@ Same config, same weights, the models interleaved on every repeat; results as ra
     python tools/benchmark.py                       # Swin-T vs mmdet and timm, CPU
     python tools/benchmark.py --model vit           # ViT-B vs timm samvit_base_patch16
     python tools/benchmark.py --model swinv2        # Swin V2-T vs timm swinv2_tiny_window8_256
+    python tools/benchmark.py --model eva02         # EVA-02-B vs timm eva02 (also dinov2, dinov3)
     python tools/benchmark.py --device cuda         # GPU: 800x1216 batch 2, fp32 and bf16
     python tools/benchmark.py --model vit --device cuda --json vit.json
     python tools/benchmark.py --model ops           # compile-free mmcv ops vs compiled mmcv
 
 Swin: ours vs mmdet's ``SwinTransformer`` and timm's swin. ViT: ours vs timm's samvit (its
-features before the neck). Every option applies to both models.
+features before the neck). DINOv2 / DINOv3 / EVA-02 (``--model dinov2|dinov3|eva02``): ours
+with global attention in every block vs timm's model (same weights, patch 16, timm's
+``forward_intermediates`` of the last block), and ours windowed (the detection configuration)
+as a third column. Every option applies to all compared models.
 
 CPU (default): sizes 224, 800x1216, 1024 (ViT: 1024), batch 1, fp32; each table row (size,
 with_cp, dtype) runs in ``--processes`` fresh processes (default 3) holding all compared
@@ -66,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--model', choices=MODELS, default='swin')
     p.add_argument('--arch', default=None,
-                   help='swin: tiny/small/base/large (default tiny); vit: base/large/huge '
-                        '(default base)')
+                   help='swin: tiny/small/base/large (default tiny); vit: base/large/huge; '
+                        'dinov2 / dinov3 / eva02: their presets (small, base, large, ...; '
+                        'default base)')
     p.add_argument('--device', default='cpu', help='cpu, cuda or cuda:N')
     p.add_argument('--sizes', nargs='+', type=_size, default=None,
                    help='forward sizes, N or HxW (default: see above)')
@@ -140,7 +145,8 @@ def row_specs(args: argparse.Namespace) -> List[RowSpec]:
 
 #: What ours is compared with, per ``--model`` (the header line).
 REFERENCES = {'swin': 'mmdet SwinTransformer, timm swin', 'swinv2': 'timm swinv2',
-              'vit': 'timm samvit'}
+              'vit': 'timm samvit', 'dinov2': 'timm dinov2 (reg4), ours windowed',
+              'dinov3': 'timm dinov3, ours windowed', 'eva02': 'timm eva02, ours windowed'}
 
 
 def settings_of(args: argparse.Namespace) -> RowSettings:

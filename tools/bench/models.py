@@ -192,6 +192,56 @@ def build_swinv2(arch: str, size: Size, with_cp: bool) -> Compared:
                     parity_ref='timm', parity_sizes=(size, ) if aligned else ())
 
 
+#: timm model of each ViT family (``{arch}`` filled in) and our backbone type.
+VIT_FAMILIES: Dict[str, Tuple[str, str]] = {
+    'dinov2': ('vit_{arch}_patch14_reg4_dinov2', 'DINOv2Backbone'),
+    'dinov3': ('vit_{arch}_patch16_dinov3', 'DINOv3Backbone'),
+    'eva02': ('eva02_{arch}_patch14_224', 'EVA02Backbone'),
+}
+#: Patch size of the compared family models: the detection setting (a stride-16 map, a
+#: 64 x 64 grid at 1024 px), DINOv2 / EVA-02 checkpoints resampled from 14.
+FAMILY_PATCH = 16
+
+
+def build_vit_family(family: str, arch: str, with_cp: bool) -> Compared:
+    """timm's model of ``family`` (:data:`VIT_FAMILIES`, patch :data:`FAMILY_PATCH`, any input
+    size) and ours with the same weights twice: ``'ours'`` with global attention in every block
+    (the parity pair, timm's function) and ``'windowed'``, the detection configuration (window
+    attention but in the family's ``global_attn_indexes``), so one row reports ours vs timm
+    and global vs windowed."""
+    import timm
+    _import_plugin()
+    from mmdet.registry import MODELS as MMDET_MODELS
+    from vitdet_plugin.weights.vit_families import load_vit_family_pretrained
+
+    timm_name, ours_type = VIT_FAMILIES[family]
+    ref: Any = timm.create_model(timm_name.format(arch=arch), pretrained=False, num_classes=0,
+                                 patch_size=FAMILY_PATCH, dynamic_img_size=True,
+                                 drop_path_rate=0.0)
+    _perturb_(ref)
+    ref.set_grad_checkpointing(with_cp)
+    depth = len(ref.blocks)
+    grid = tuple(ref.patch_embed.grid_size)
+    common = dict(type=ours_type, arch=arch, patch_size=FAMILY_PATCH,
+                  pretrain_img_size=tuple(g * FAMILY_PATCH for g in grid),
+                  drop_path_rate=0.0, with_cp=with_cp)
+    ours = MMDET_MODELS.build(dict(common, global_attn_indexes=tuple(range(depth))))
+    windowed = MMDET_MODELS.build(common)
+    load_vit_family_pretrained(ours, ref.state_dict())
+    windowed.load_state_dict(ours.state_dict())
+    norm = bool(ours.final_norm)
+
+    def timm_features(x: Tensor) -> List[Tensor]:
+        return feature_list(ref.forward_intermediates(x, indices=[depth - 1], norm=norm,
+                                                      intermediates_only=True))
+
+    features: Dict[str, Features] = {'ours': lambda x: feature_list(ours(x)),
+                                     'timm': timm_features,
+                                     'windowed': lambda x: feature_list(windowed(x))}
+    return Compared(models={'ours': ours, 'timm': ref, 'windowed': windowed},
+                    features=features, parity_ref='timm')
+
+
 def build(model: str, arch: str, size: Size, with_cp: bool) -> Compared:
     if model == 'swin':
         return build_swin(arch, size, with_cp)
@@ -199,4 +249,7 @@ def build(model: str, arch: str, size: Size, with_cp: bool) -> Compared:
         return build_swinv2(arch, size, with_cp)
     if model == 'vit':
         return build_vit(arch, with_cp)
-    raise ValueError(f'unknown model {model!r}; swin, swinv2 or vit')
+    if model in VIT_FAMILIES:
+        return build_vit_family(model, arch, with_cp)
+    raise ValueError(f'unknown model {model!r}; swin, swinv2, vit or one of '
+                     f'{sorted(VIT_FAMILIES)}')

@@ -14,9 +14,12 @@ Size = Tuple[int, int]
 
 #: Models the benchmark compares (ours against each reference); ``ops``: the compile-free mmcv
 #: ops against compiled mmcv (``tools/bench/ops.py``).
-MODELS = ('swin', 'swinv2', 'vit', 'ops')
+MODELS = ('swin', 'swinv2', 'vit', 'dinov2', 'dinov3', 'eva02', 'ops')
+#: Plain ViTs, benchmarked at :data:`VIT_SIZES`.
+PLAIN_VITS = ('vit', 'dinov2', 'dinov3', 'eva02')
 #: Default ``--arch`` per model.
 DEFAULT_ARCH: Dict[str, str] = {'swin': 'tiny', 'swinv2': 'tiny', 'vit': 'base',
+                                'dinov2': 'base', 'dinov3': 'base', 'eva02': 'base',
                                 'ops': 'mmcv'}
 #: Compute precisions: fp32, or the forward (and backward) under bf16 autocast.
 DTYPES = ('fp32', 'bf16')
@@ -107,13 +110,13 @@ def plan_for(device: str, model: str) -> DevicePlan:
     if model not in MODELS:
         raise ValueError(f'unknown model {model!r}; one of {MODELS}')
     if is_cuda(device):
-        size = VIT_SIZES[0] if model == 'vit' else DETECTION_SIZE
+        size = VIT_SIZES[0] if model in PLAIN_VITS else DETECTION_SIZE
         return DevicePlan(device=device, synchronize=True, memory=PEAK_CUDA, sizes=(size, ),
                           train_size=size, batch=CUDA_BATCH, dtypes=DTYPES,
                           repeats=MIN_CUDA_REPEATS, min_repeats=MIN_CUDA_REPEATS,
                           warmup=CUDA_WARMUP, processes=1, clocks=('wall', ))
     return DevicePlan(device=device, synchronize=False, memory=SAVED_ACTIVATIONS,
-                      sizes=VIT_SIZES if model == 'vit' else SWIN_CPU_SIZES,
+                      sizes=VIT_SIZES if model in PLAIN_VITS else SWIN_CPU_SIZES,
                       train_size=CPU_TRAIN_SIZE, batch=CPU_BATCH, dtypes=('fp32', ),
                       repeats=CPU_REPEATS, min_repeats=1, warmup=CPU_WARMUP,
                       processes=CPU_PROCESSES, clocks=CLOCKS)

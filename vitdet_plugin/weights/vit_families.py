@@ -28,7 +28,8 @@ from ..functional import resize_pos_grid
 from .checkpoint_io import CheckpointError
 from .common import (StateDict, checkpoint_state_dict, drop_keys, load_state_dict_checked,
                      select_prefix, unwrap_state_dict)
-from .official_vit import detect_official_vit_layout, eva02_rope_grids, official_to_timm
+from .official_vit import (DINOV3_ROPE_BASE, detect_official_vit_layout, eva02_rope_grids,
+                           official_to_timm)
 from .patch_resample import resample_patch_kernel
 
 logger = logging.getLogger('vitdet_plugin')
@@ -192,8 +193,10 @@ def load_vit_family_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[
     if official is not None:  # facebookresearch / baaivision layouts -> timm's, then ours
         _check_official_fits(model, official)
         _check_eva02_rope_grid(model, sd, official)
-        sd, official_dropped = official_to_timm(sd, official, **_official_options(model,
-                                                                                  official))
+        rope_base, qkv_bias = _dinov3_options(model)
+        sd, official_dropped = official_to_timm(sd, official, rope_base=rope_base,
+                                                qkv_bias=qkv_bias if official == 'dinov3'
+                                                else None)
     found = detect_vit_family(sd)
     if found is None:
         hint = official_layout_hint(sd)
@@ -271,14 +274,10 @@ def _check_eva02_rope_grid(model: nn.Module, sd: Mapping[str, Tensor], layout: s
             f"{name}(rope=dict(temperature={spec.temperature:g}, ref_grid={want}))")
 
 
-def _official_options(model: nn.Module, layout: str) -> Dict[str, object]:
-    """DINOv3: the rope base and whether the model has q / v biases (a model without them
-    takes an official checkpoint only if its biases are zero)."""
-    if layout != 'dinov3':
-        return {}
+def _dinov3_options(model: nn.Module) -> Tuple[float, Optional[bool]]:
+    """DINOv3's ``official_to_timm`` options for ``model``: its rope base, and whether it has
+    q / v biases (a model without them takes an official checkpoint only if they are zero)."""
     spec = getattr(model, 'rope_spec', None)
     arch = getattr(model, 'arch', None)
-    options: Dict[str, object] = {'qkv_bias': getattr(arch, 'qkv_bias', 'none') != 'none'}
-    if spec is not None:
-        options['rope_base'] = spec.temperature
-    return options
+    base = DINOV3_ROPE_BASE if spec is None else float(spec.temperature)
+    return base, getattr(arch, 'qkv_bias', 'none') != 'none'
