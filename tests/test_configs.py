@@ -37,6 +37,9 @@ TINY_BACKBONE = {
         drop_path_rate=0.0, init_cfg=None),
     'ViTBackbone': lambda full: dict(embed_dims=64, depth=2, num_heads=2, global_attn_indexes=(1,),
                                      window_size=4, init_cfg=None),
+    **{family: lambda full: dict(embed_dims=64, depth=2, num_heads=2, global_attn_indexes=(1,),
+                                 window_size=4, init_cfg=None)
+       for family in ('DINOv2Backbone', 'DINOv3Backbone', 'EVA02Backbone')},
 }
 
 

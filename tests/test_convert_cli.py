@@ -73,3 +73,31 @@ def test_convert_refuses_bad_window_arguments(tmp_path):
     res = _cli(str(tmp_path / 'ours.pth'), str(tmp_path / 'out.pth'), '--window-size', '7', '7',
                '7')
     assert res.returncode == 2 and '--window-size takes 1 or 2 values' in res.stderr
+
+
+def test_convert_official_eva02_checkpoint_to_patch16(tmp_path):
+    """An official EVA-02 MIM file (built from a random timm model by the inverse map of
+    tests/test_official_vit_layouts.py) -> ours at patch 16: the file loads strictly into a
+    patch-16 EVA02Backbone and holds timm's FlexiViT-resampled kernel."""
+    from test_official_vit_layouts import eva02_official, tiny
+    from timm.layers.patch_embed import resample_patch_embed
+
+    from vitdet_plugin.models.backbones import EVA02Backbone
+    ref = tiny('eva02_tiny_patch14_224', 56)
+    torch.save({'module': eva02_official(ref.state_dict(), grid=4, ref_grid=16)},
+               tmp_path / 'eva02_Ti_pt.pt')
+    res = _cli(str(tmp_path / 'eva02_Ti_pt.pt'), str(tmp_path / 'ours.pth'), '--patch-size', '16')
+    assert res.returncode == 0, res.stderr
+    assert "EVA02Backbone checkpoint in 'eva02 official' format" in res.stdout
+    model = EVA02Backbone(arch='tiny', embed_dims=64, depth=2, num_heads=4,
+                          global_attn_indexes=(1,), patch_size=16, pretrain_img_size=56,
+                          init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'ours.pth')))
+    model.init_weights()
+    want = resample_patch_embed(ref.patch_embed.proj.weight.detach(), [16, 16])
+    assert torch.allclose(model.patch_embed.proj.weight, want, rtol=1e-5, atol=1e-6)
+    assert torch.equal(model.blocks[1].attn.v_bias, ref.state_dict()['blocks.1.attn.v_bias'])
+    res = _cli(str(tmp_path / 'eva02_Ti_pt.pt'), str(tmp_path / 'x.pth'), '--model', 'swin',
+               '--patch-size', '16')
+    assert res.returncode == 2
+    assert res.stderr.strip().endswith('--patch-size applies to DINOv2 / DINOv3 / EVA-02 '
+                                       'checkpoints only')

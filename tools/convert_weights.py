@@ -5,10 +5,13 @@
     python tools/convert_weights.py mae_pretrain_vit_base.pth vit_b_ours.pth --model vit
     python tools/convert_weights.py ckpt.pth out.pth --window-size 12   # resize bias tables
     python tools/convert_weights.py swinv2_tiny_patch4_window8_256.pth swinv2_t_ours.pth
+    python tools/convert_weights.py dinov2_vitb14_reg4_pretrain.pth dinov2_b_ours.pth
+    python tools/convert_weights.py eva02_B_pt_in21k_p14.pt eva02_b16_ours.pth --patch-size 16
 
 The source format is detected (official Microsoft Swin, Swin detection repo, timm, mmdet /
 mmpretrain for Swin; official, timm, mmpretrain for Swin V2; timm / DeiT / MAE, SAM, detectron2
-ViTDet for ViT). Files are read with
+ViTDet for ViT; the official facebookresearch / baaivision files and timm's for DINOv2, DINOv3,
+EVA-02 and EVA-02/det's detectors, ``--model vit_family``). Files are read with
 ``torch.load(weights_only=True)``; the output is ``{'state_dict': sd, 'meta': {...}}``, loadable
 with ``init_cfg=dict(type='Pretrained', checkpoint=OUT)``.
 """
@@ -26,10 +29,26 @@ from vitdet_plugin.weights import (CheckpointError, checkpoint_state_dict,
 from vitdet_plugin.weights.swin import convert_swin, detect_swin_format
 from vitdet_plugin.weights.swin_v2 import convert_swin_v2, detect_swin_v2_format
 from vitdet_plugin.weights.vit import convert_vit, detect_vit_format
+from vitdet_plugin.weights.vit_families import (FAMILY_BACKBONES, convert_vit_family_checkpoint,
+                                                detect_vit_family)
+from vitdet_plugin.weights.official_vit import detect_official_vit_layout
 
 
+def detect_vit_family_format(sd) -> str:
+    """The layout of a DINOv2 / DINOv3 / EVA-02 state dict (official or timm / ours)."""
+    official = detect_official_vit_layout(sd)
+    if official is not None:
+        return f'{official} official'
+    found = detect_vit_family(sd)
+    if found is None:
+        raise CheckpointError(f'not a DINOv2 / DINOv3 / EVA-02 checkpoint (families: '
+                              f'{sorted(FAMILY_BACKBONES)})')
+    return f'{found[0]} {found[1]}'
+
+
+# the family detector first: the plain-ViT one refuses their checkpoints, naming them
 DETECTORS = {'swin': detect_swin_format, 'swinv2': detect_swin_v2_format,
-             'vit': detect_vit_format}
+             'vit_family': detect_vit_family_format, 'vit': detect_vit_format}
 
 
 def _detect(sd) -> Tuple[str, str]:
@@ -60,6 +79,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                         'for rectangular windows of checkpoints without relative_position_index')
     p.add_argument('--pos-grid', type=int, nargs=2, default=None, metavar=('H', 'W'),
                    help='target absolute position grid (h w)')
+    p.add_argument('--patch-size', type=int, default=None, metavar='P',
+                   help='DINOv2 / DINOv3 / EVA-02: resample the patch kernel to P x P '
+                        '(FlexiViT; e.g. 14 -> 16 for a stride-16 pyramid)')
     args = p.parse_args(argv)
     window = None
     if args.window_size:
@@ -67,11 +89,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             p.error(f'--window-size takes 1 or 2 values (h [w]), got {args.window_size}')
         window = tuple(args.window_size * (3 - len(args.window_size)))
     pos_grid = tuple(args.pos_grid) if args.pos_grid else None
+    if args.patch_size is not None and args.model not in ('auto', 'vit_family'):
+        p.error('--patch-size applies to DINOv2 / DINOv3 / EVA-02 checkpoints only')
 
     try:
         sd = checkpoint_state_dict(load_checkpoint_file(args.src), args.prefix)
         model, fmt = (_detect(sd) if args.model == 'auto'
                       else (args.model, DETECTORS[args.model](sd)))
+        if args.patch_size is not None and model != 'vit_family':
+            p.error('--patch-size applies to DINOv2 / DINOv3 / EVA-02 checkpoints only')
         if model == 'swin':
             converted, dropped = convert_swin(
                 sd, window_size=window, pos_grid=pos_grid, src_format=fmt,
@@ -82,6 +108,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             if pos_grid:
                 p.error('--pos-grid does not apply to Swin V2 checkpoints')
             converted, dropped = convert_swin_v2(sd, src_format=fmt)
+        elif model == 'vit_family':
+            family, fmt, converted, dropped = convert_vit_family_checkpoint(
+                sd, pos_grid=pos_grid, patch_size=args.patch_size)
+            model = FAMILY_BACKBONES[family]
         else:
             converted, dropped = convert_vit(sd, pos_grid=pos_grid, src_format=fmt)
     except (CheckpointError, FileNotFoundError) as e:

@@ -128,7 +128,9 @@ def convert_vit_family(sd: Mapping[str, Tensor], family: str,
     dropped = [k for k in sd if not k.startswith('backbone.')] if prefixed else []
     kept, dropped_now = drop_keys(_inner(sd), _NON_BACKBONE)
     dropped += dropped_now
+    has_regs = 'reg_token' in kept
     if target_shapes is not None:  # parts the model was built without
+        _check_registers(kept, target_shapes)
         absent = [pattern for key, pattern in (('norm.weight', r'^norm\.'),
                                                ('cls_token', r'^cls_token$'),
                                                ('reg_token', r'^reg_token$'))
@@ -143,9 +145,21 @@ def convert_vit_family(sd: Mapping[str, Tensor], family: str,
     target_pos = None if target_shapes is None else target_shapes.get('pos_embed')
     if 'pos_embed' in out and (target_pos is None
                                or tuple(target_pos) != tuple(out['pos_embed'].shape)):
-        out['pos_embed'] = _pos_embed_with_cls_slot(out['pos_embed'], 'reg_token' in out,
-                                                     pos_grid)
+        out['pos_embed'] = _pos_embed_with_cls_slot(out['pos_embed'], has_regs, pos_grid)
     return out, dropped
+
+
+def _check_registers(sd: Mapping[str, Tensor], target_shapes: Mapping[str, Sequence[int]]
+                     ) -> None:
+    """The model's register tokens must be the checkpoint's (unless the model drops all
+    prefix tokens, ``prefix_tokens='drop'``: then it has no cls token either)."""
+    if 'cls_token' not in target_shapes:
+        return
+    have = int(sd['reg_token'].shape[1]) if 'reg_token' in sd else 0
+    want = int(target_shapes['reg_token'][1]) if 'reg_token' in target_shapes else 0
+    if have != want:
+        raise CheckpointError(f'the checkpoint has {have} register tokens, the model was built '
+                              f'with num_reg_tokens={want}: build it with num_reg_tokens={have}')
 
 
 def _pos_embed_with_cls_slot(pos: Tensor, has_regs: bool,
@@ -281,3 +295,32 @@ def _dinov3_options(model: nn.Module) -> Tuple[float, Optional[bool]]:
     arch = getattr(model, 'arch', None)
     base = DINOV3_ROPE_BASE if spec is None else float(spec.temperature)
     return base, getattr(arch, 'qkv_bias', 'none') != 'none'
+
+
+def convert_vit_family_checkpoint(sd: Mapping[str, Tensor],
+                                  pos_grid: Optional[Tuple[int, int]] = None,
+                                  patch_size: Optional[int] = None
+                                  ) -> Tuple[str, str, StateDict, List[str]]:
+    """Any DINOv2 / DINOv3 / EVA-02 layout (official, timm or ours) -> ours, without a model
+    (``tools/convert_weights.py``): ``(family, layout, converted, dropped keys)``.
+
+    ``pos_grid``: resize the position grid to it; ``patch_size``: resample the patch kernel
+    to it. DINOv3's q / v biases are kept when the checkpoint has them (build the backbone with
+    ``qkv_bias='qv'``); the loader instead fits them to the model it loads into.
+    """
+    official = detect_official_vit_layout(sd)
+    official_dropped: List[str] = []
+    if official is not None:
+        sd, official_dropped = official_to_timm(sd, official)
+    found = detect_vit_family(sd)
+    if found is None:
+        raise CheckpointError(f'not a DINOv2 / DINOv3 / EVA-02 checkpoint (official, timm or '
+                              f'our layout); first keys: {list(sd)[:5]}')
+    family, layout = found
+    converted, dropped = convert_vit_family(sd, family, pos_grid=pos_grid)
+    kernel = converted.get('patch_embed.proj.weight')
+    if patch_size is not None and kernel is not None:
+        converted['patch_embed.proj.weight'] = resample_patch_kernel(kernel,
+                                                                     (patch_size, patch_size))
+    return (family, f'{official} official' if official else layout, converted,
+            official_dropped + dropped)
