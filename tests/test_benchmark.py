@@ -167,3 +167,14 @@ def test_benchmark_script_has_no_path_edits():
         text = open(path).read()
         assert not re.search(r'sys\.path\.(insert|append)', text), path
     assert not osp.exists(osp.join(ROOT, 'tools', 'benchmark_vit.py'))
+
+
+@pytest.mark.parametrize('model', ['dinov2', 'dinov3', 'eva02'])
+def test_vit_family_row_compares_timm_and_windowed(model, cli):
+    """ours (all blocks global) vs timm with the same weights (parity enforced), and ours
+    windowed beside it, in one row."""
+    rows = cli.main(['--model', model, '--arch', 'small', '--sizes', '64', '--train-size', '64',
+                     '--repeats', '1', '--warmup', '0', '--clock', 'cpu', '--same-process'])
+    (row, ) = rows
+    assert set(row['fwd']) == set(row['fwd+bwd']) == {'ours', 'timm', 'windowed'}
+    assert row['parity'] <= 1e-5

@@ -131,3 +131,16 @@ def test_eva02_rope_grid_of_the_checkpoint_must_be_the_models():
                                               r"\(rope=dict\(temperature=10000, ref_grid=\(4, 4\)"
                                               r"\)\)$"):
         load_vit_family_pretrained(model, sd)
+
+
+def test_register_count_must_match_the_checkpoint():
+    """A reg4 checkpoint in a model built without registers is refused (never silently
+    dropped); with prefix_tokens='drop' the model has no prefix tokens at all and takes it."""
+    sd = tiny('vit_small_patch14_reg4_dinov2', IMG14).state_dict()
+    kw = dict(OURS, arch='small', pretrain_img_size=IMG14)
+    with pytest.raises(CheckpointError, match=r'^the checkpoint has 4 register tokens, the model '
+                                              r'was built with num_reg_tokens=0: build it with '
+                                              r'num_reg_tokens=4$'):
+        load_vit_family_pretrained(DINOv2Backbone(**kw), sd)
+    dropped = load_vit_family_pretrained(DINOv2Backbone(**kw, prefix_tokens='drop'), sd)
+    assert {'cls_token', 'reg_token'} <= set(dropped)
