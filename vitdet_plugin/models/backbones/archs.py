@@ -4,7 +4,7 @@
 dict of fields) with the fields given as constructor arguments (see :class:`~.base.ArchSpec`).
 """
 import dataclasses
-from typing import ClassVar, Optional, Sequence, Tuple
+from typing import Any, ClassVar, Optional, Sequence, Tuple
 
 from ..layers import check_rate, int_tuple, positive_int
 from .base import ArchSpec
@@ -90,15 +90,22 @@ class ViTArch(ArchSpec):
         if dims % heads:
             raise ValueError(f'embed_dims={dims} is not divisible by num_heads={heads}; '
                              'choose a head count that divides it')
-        glob = self.global_attn_indexes
-        if glob is None:
-            n = min(NUM_GLOBAL_BLOCKS, depth)
-            glob = tuple((k + 1) * depth // n - 1 for k in range(n))
-        object.__setattr__(self, 'global_attn_indexes',
-                           index_list('global_attn_indexes', glob, depth))
-        object.__setattr__(self, 'drop_path_rate',
-                           check_rate(self.drop_path_rate, 'drop_path_rate'))
+        finish_plain_vit_arch(self, depth)
 
 
 #: The ViTDet presets.
 VIT_ARCHS = ViTArch.PRESETS
+
+
+def finish_plain_vit_arch(spec: Any, depth: int) -> None:
+    """Settle the fields a plain-ViT arch spec (frozen dataclass) shares: the global blocks
+    (default :data:`NUM_GLOBAL_BLOCKS` evenly spaced, ending at the last block) checked against
+    ``depth``, and the drop-path rate."""
+    glob = spec.global_attn_indexes
+    if glob is None:
+        n = min(NUM_GLOBAL_BLOCKS, depth)
+        glob = tuple((k + 1) * depth // n - 1 for k in range(n))
+    object.__setattr__(spec, 'global_attn_indexes', index_list('global_attn_indexes', glob,
+                                                               depth))
+    object.__setattr__(spec, 'drop_path_rate', check_rate(spec.drop_path_rate,
+                                                          'drop_path_rate'))

@@ -52,6 +52,20 @@ def init_cfg_from_pretrained(pretrained: Optional[str], init_cfg: Any) -> Any:
     return dict(type='Pretrained', checkpoint=pretrained)
 
 
+def load_init_checkpoint(module: nn.Module, loader: Callable[..., object],
+                         *options: str) -> bool:
+    """Load the ``init_cfg`` Pretrained checkpoint of ``module`` through ``loader(module,
+    checkpoint, prefix=..., **options)`` (the named ``options`` read from the same init config)
+    and mark it initialised; False (nothing loaded) when the init config names none."""
+    pretrained = pretrained_init_cfg(getattr(module, 'init_cfg', None))
+    if pretrained is None:
+        return False
+    extra = {name: pretrained.get(name) for name in options}
+    loader(module, pretrained['checkpoint'], prefix=pretrained.get('prefix'), **extra)
+    module._is_init = True  # type: ignore[assignment]  (mmengine BaseModule's flag)
+    return True
+
+
 def init_transformer_weights_(module: nn.Module) -> None:
     """The Swin / ViT / timm init of every ``nn.Linear`` and ``nn.LayerNorm`` in ``module``:
     truncated-normal weights (std :data:`TRUNC_NORMAL_STD`), zero biases, unit norms."""
@@ -158,6 +172,20 @@ class FreezeMixin:
                     if isinstance(m, _NORMS):
                         m.eval()
         return self
+
+
+class PlainViTFreezing:
+    """``frozen_stages`` of a plain ViT (``patch_embed`` + ``blocks``): ``0`` freezes the patch
+    embedding (and :meth:`~FreezeMixin.frozen_parameters`), ``k`` also the first ``k``
+    blocks. Mixed in before :class:`BackboneContract`."""
+
+    patch_embed: nn.Module
+    blocks: nn.ModuleList
+    frozen_stages: int
+
+    def frozen_modules(self) -> List[nn.Module]:
+        mods: List[nn.Module] = [self.patch_embed] if self.frozen_stages >= 0 else []
+        return mods + list(self.blocks[:max(self.frozen_stages, 0)])
 
 
 class BackboneContract(FreezeMixin):

@@ -49,8 +49,9 @@ from ...weights.vit_families import load_vit_family_pretrained
 from ..layers import (PatchEmbed, check_flags, check_rates, int_arg, int_tuple,
                       linear_drop_path_rates, positive_int, positive_number, to_2tuple)
 from .archs import index_list
-from .base import (TRUNC_NORMAL_STD, BackboneContract, init_cfg_from_pretrained,
-                   init_transformer_weights_, pretrained_init_cfg, run_blocks)
+from .base import (TRUNC_NORMAL_STD, BackboneContract, PlainViTFreezing,
+                   init_cfg_from_pretrained, init_transformer_weights_, load_init_checkpoint,
+                   run_blocks)
 from .plain_vit_block import PlainViTBlock, RopeTables, TokenLayout
 from .vit_family_archs import DINOv2Arch, DINOv3Arch, EVA02Arch, PlainViTArch
 
@@ -63,7 +64,7 @@ FAMILY_DEFAULT = 'family'
 _WINDOW_TABLES: SizeCache[RopeTables] = SizeCache()
 
 
-class PlainViTBackbone(BackboneContract, BaseModule):
+class PlainViTBackbone(PlainViTFreezing, BackboneContract, BaseModule):
     """The shared DINOv2 / DINOv3 / EVA-02 backbone (see the module docstring); use the
     registered family classes.
 
@@ -259,19 +260,10 @@ class PlainViTBackbone(BackboneContract, BaseModule):
     def init_weights(self) -> None:
         """Load ``init_cfg.checkpoint`` (timm or our layout of this family) or keep the
         constructor init."""
-        pretrained = pretrained_init_cfg(self.init_cfg)
-        if pretrained is not None:
-            load_vit_family_pretrained(self, pretrained['checkpoint'],
-                                       prefix=pretrained.get('prefix'))
-            self._is_init = True
-            return
-        super().init_weights()
+        if not load_init_checkpoint(self, load_vit_family_pretrained):
+            super().init_weights()
 
     # ------------------------------------------------------------------ freezing
-    def frozen_modules(self) -> List[nn.Module]:
-        mods: List[nn.Module] = [self.patch_embed] if self.frozen_stages >= 0 else []
-        return mods + list(self.blocks[:max(self.frozen_stages, 0)])
-
     def frozen_parameters(self) -> List[nn.Parameter]:
         if self.frozen_stages < 0:
             return []

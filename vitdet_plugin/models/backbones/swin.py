@@ -34,7 +34,7 @@ from ..layers import DropPath, Mlp, PatchMerging
 from ..layers.window_attention import WindowedAttention
 from .archs import SWIN_ARCHS, SwinArch  # noqa: F401  (SWIN_ARCHS: re-exported)
 from .base import (TRUNC_NORMAL_STD, init_cfg_from_pretrained, init_transformer_weights_,
-                   pretrained_init_cfg)
+                   load_init_checkpoint)
 from .hierarchical import WindowBackbone
 
 if TYPE_CHECKING:  # the block has what the accel runners read (mypy checks it here)
@@ -276,11 +276,7 @@ class SwinBackbone(WindowBackbone):
 
     def init_weights(self) -> None:
         """Truncated-normal init, or load ``init_cfg.checkpoint`` through the converters."""
-        pretrained = pretrained_init_cfg(self.init_cfg)
-        if pretrained is not None:
-            load_swin_pretrained(self, pretrained['checkpoint'], prefix=pretrained.get('prefix'),
-                                 src_window_size=pretrained.get('src_window_size'))
-            self._is_init = True
+        if load_init_checkpoint(self, load_swin_pretrained, 'src_window_size'):
             return
         if self.use_abs_pos_embed:
             trunc_normal_(self.absolute_pos_embed, std=TRUNC_NORMAL_STD)

@@ -31,7 +31,7 @@ from ..accel import StageRunner, plan_for_tensor, swin_v2_runner
 from ..layers import DropPath, Mlp, PatchMerging
 from ..layers.cosine_window_attention import LOGIT_SCALE_INIT, CosineWindowAttention
 from .archs import SwinArch
-from .base import init_cfg_from_pretrained, init_transformer_weights_, pretrained_init_cfg
+from .base import init_cfg_from_pretrained, init_transformer_weights_, load_init_checkpoint
 from .hierarchical import WindowBackbone
 
 if TYPE_CHECKING:  # the block has what the accel runners read (mypy checks it here)
@@ -214,11 +214,7 @@ class SwinV2Backbone(WindowBackbone):
         """Load ``init_cfg.checkpoint`` through the converters, or initialise as the official
         code: truncated-normal linears, ``logit_scale = log(10)``, zero q / v biases, and the
         blocks' post-norms at zero (each block starts as the identity)."""
-        pretrained = pretrained_init_cfg(self.init_cfg)
-        if pretrained is not None:
-            load_swin_v2_pretrained(self, pretrained['checkpoint'],
-                                    prefix=pretrained.get('prefix'))
-            self._is_init = True
+        if load_init_checkpoint(self, load_swin_v2_pretrained):
             return
         init_transformer_weights_(self)
         for m in self.modules():

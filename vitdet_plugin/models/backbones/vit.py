@@ -33,8 +33,9 @@ from ..layers import (Attention, ConvStem, DropPath, Mlp, PatchEmbed, ResBottlen
                       check_flags, check_rates, int_arg, int_tuple, linear_drop_path_rates,
                       positive_int, positive_number, to_2tuple)
 from .archs import VIT_ARCHS, ViTArch, index_list  # noqa: F401  (VIT_ARCHS: re-exported)
-from .base import (TRUNC_NORMAL_STD, BackboneContract, init_cfg_from_pretrained,
-                   init_transformer_weights_, pretrained_init_cfg, run_blocks)
+from .base import (TRUNC_NORMAL_STD, BackboneContract, PlainViTFreezing,
+                   init_cfg_from_pretrained, init_transformer_weights_, load_init_checkpoint,
+                   run_blocks)
 
 if TYPE_CHECKING:
     from ..accel.protocols import ViTBlockParts
@@ -139,7 +140,7 @@ if TYPE_CHECKING:  # the block has what the accel runner reads (mypy checks it h
 
 
 @MODELS.register_module()
-class ViTBackbone(BackboneContract, BaseModule):
+class ViTBackbone(PlainViTFreezing, BackboneContract, BaseModule):
     """Plain ViT (ViTDet) with window attention, global blocks and decomposed rel-pos.
 
     Args:
@@ -298,18 +299,10 @@ class ViTBackbone(BackboneContract, BaseModule):
 
     def init_weights(self) -> None:
         """Load ``init_cfg.checkpoint`` (any supported layout) or keep the constructor init."""
-        pretrained = pretrained_init_cfg(self.init_cfg)
-        if pretrained is not None:
-            load_vit_pretrained(self, pretrained['checkpoint'], prefix=pretrained.get('prefix'))
-            self._is_init = True
-            return
-        super().init_weights()
+        if not load_init_checkpoint(self, load_vit_pretrained):
+            super().init_weights()
 
     # ------------------------------------------------------------------ freezing
-    def frozen_modules(self) -> List[nn.Module]:
-        mods: List[nn.Module] = [self.patch_embed] if self.frozen_stages >= 0 else []
-        return mods + list(self.blocks[:max(self.frozen_stages, 0)])
-
     def frozen_parameters(self) -> List[nn.Parameter]:
         if self.frozen_stages >= 0 and self.pos_embed is not None:
             return [self.pos_embed]

@@ -10,8 +10,8 @@ here would fit it; a custom arch dict builds it (``mlp='swiglu', mlp_ratio=2, ml
 import dataclasses
 from typing import ClassVar, Optional, Tuple
 
-from ..layers import check_rate, positive_int, positive_number
-from .archs import NUM_GLOBAL_BLOCKS, index_list
+from ..layers import positive_int, positive_number
+from .archs import finish_plain_vit_arch
 from .base import ArchSpec
 
 #: MLP kinds: GELU ``fc1/fc2``; SwiGLU with separate gate / value projections
@@ -84,14 +84,7 @@ class PlainViTArch(ArchSpec):
             positive_int(self.num_reg_tokens, 'num_reg_tokens', ' (or 0: no registers)')
         if self.layer_scale is not None:
             positive_number(self.layer_scale, 'layer_scale')
-        glob = self.global_attn_indexes
-        if glob is None:
-            n = min(NUM_GLOBAL_BLOCKS, depth)
-            glob = tuple((k + 1) * depth // n - 1 for k in range(n))
-        object.__setattr__(self, 'global_attn_indexes',
-                           index_list('global_attn_indexes', glob, depth))
-        object.__setattr__(self, 'drop_path_rate',
-                           check_rate(self.drop_path_rate, 'drop_path_rate'))
+        finish_plain_vit_arch(self, depth)
 
     @property
     def mlp_hidden(self) -> int:
