@@ -62,7 +62,7 @@ def load_init_checkpoint(module: nn.Module, loader: Callable[..., object],
         return False
     extra = {name: pretrained.get(name) for name in options}
     loader(module, pretrained['checkpoint'], prefix=pretrained.get('prefix'), **extra)
-    module._is_init = True  # type: ignore[assignment]  (mmengine BaseModule's flag)
+    setattr(module, '_is_init', True)  # noqa: B010  (mmengine BaseModule's init flag)
     return True
 
 
