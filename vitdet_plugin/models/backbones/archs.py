@@ -6,7 +6,7 @@ dict of fields) with the fields given as constructor arguments (see :class:`~.ba
 import dataclasses
 from typing import Any, ClassVar, Optional, Sequence, Tuple
 
-from ..layers import check_rate, int_tuple, positive_int
+from ..layers import check_rate, int_arg, int_tuple, positive_int
 from .base import ArchSpec
 
 
@@ -84,23 +84,24 @@ class ViTArch(ArchSpec):
     }
 
     def __post_init__(self) -> None:
-        dims = positive_int(self.embed_dims, 'embed_dims')
-        depth = positive_int(self.depth, 'depth')
-        heads = positive_int(self.num_heads, 'num_heads')
-        if dims % heads:
-            raise ValueError(f'embed_dims={dims} is not divisible by num_heads={heads}; '
-                             'choose a head count that divides it')
-        finish_plain_vit_arch(self, depth)
+        check_plain_vit_arch(self)
 
 
 #: The ViTDet presets.
 VIT_ARCHS = ViTArch.PRESETS
 
 
-def finish_plain_vit_arch(spec: Any, depth: int) -> None:
-    """Settle the fields a plain-ViT arch spec (frozen dataclass) shares: the global blocks
-    (default :data:`NUM_GLOBAL_BLOCKS` evenly spaced, ending at the last block) checked against
-    ``depth``, and the drop-path rate."""
+def check_plain_vit_arch(spec: Any) -> None:
+    """Check and settle the fields every plain-ViT arch spec (a frozen dataclass: ViT and the
+    DINOv2 / DINOv3 / EVA-02 families) has: width, depth and heads (the width a multiple of the
+    heads), the global blocks (default :data:`NUM_GLOBAL_BLOCKS` evenly spaced, ending at the
+    last block) against the depth, and the drop-path rate."""
+    dims = positive_int(spec.embed_dims, 'embed_dims')
+    depth = positive_int(spec.depth, 'depth')
+    heads = positive_int(spec.num_heads, 'num_heads')
+    if dims % heads:
+        raise ValueError(f'embed_dims={dims} is not divisible by num_heads={heads}; '
+                         'choose a head count that divides it')
     glob = spec.global_attn_indexes
     if glob is None:
         n = min(NUM_GLOBAL_BLOCKS, depth)
@@ -109,3 +110,22 @@ def finish_plain_vit_arch(spec: Any, depth: int) -> None:
                                                                depth))
     object.__setattr__(spec, 'drop_path_rate', check_rate(spec.drop_path_rate,
                                                           'drop_path_rate'))
+
+
+def check_out_indices(out_indices: Sequence[int], depth: int) -> Tuple[int, ...]:
+    """The blocks a plain ViT returns: a non-empty list of indices (negative from the end) into
+    ``depth`` blocks, sorted and without duplicates."""
+    indices = int_tuple(out_indices, 'out_indices')
+    if not indices:
+        raise ValueError('out_indices is empty; give at least one block index (-1: the '
+                         'last block)')
+    return index_list('out_indices', indices, depth, negative=True)
+
+
+def check_frozen_blocks(frozen_stages: int, depth: int, stage0: str) -> int:
+    """``frozen_stages`` of a plain ViT of ``depth`` blocks: ``-1..depth`` (``stage0``: what
+    ``0`` freezes)."""
+    if not -1 <= int_arg(frozen_stages, 'frozen_stages') <= depth:
+        raise ValueError(f'frozen_stages={frozen_stages} must be in -1..{depth} (-1: train '
+                         f'all, 0: {stage0}, k: also the first k blocks)')
+    return frozen_stages

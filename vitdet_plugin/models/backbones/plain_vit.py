@@ -46,9 +46,9 @@ from torch import Tensor, nn
 from ...functional import (RopeSpec, SizeCache, check_rope_spec, resize_pos_grid, rope_tables,
                            window_pair, window_partition)
 from ...weights.vit_families import load_vit_family_pretrained
-from ..layers import (PatchEmbed, check_flags, check_rates, int_arg, int_tuple,
-                      linear_drop_path_rates, positive_int, positive_number, to_2tuple)
-from .archs import index_list
+from ..layers import (PatchEmbed, check_flags, check_rates, linear_drop_path_rates, positive_int,
+                      positive_number, to_2tuple)
+from .archs import check_frozen_blocks, check_out_indices
 from .base import (TRUNC_NORMAL_STD, BackboneContract, PlainViTFreezing,
                    init_cfg_from_pretrained, init_transformer_weights_, load_init_checkpoint,
                    run_blocks)
@@ -164,15 +164,8 @@ class PlainViTBackbone(PlainViTFreezing, BackboneContract, BaseModule):
                              f"{list(PREFIX_TOKENS)} ('keep': every window attends to the cls "
                              "/ register tokens; 'drop': removed after the embedding)")
         self.rope_coords, self.prefix_tokens = rope_coords, prefix_tokens
-        out_indices = int_tuple(out_indices, 'out_indices')
-        if not out_indices:
-            raise ValueError('out_indices is empty; give at least one block index (-1: the '
-                             'last block)')
-        self.out_indices = index_list('out_indices', out_indices, self.depth, negative=True)
-        if not -1 <= int_arg(frozen_stages, 'frozen_stages') <= self.depth:
-            raise ValueError(f'frozen_stages={frozen_stages} must be in -1..{self.depth} '
-                             '(-1: train all, 0: embeddings and tokens, k: also the first k '
-                             'blocks)')
+        self.out_indices = check_out_indices(out_indices, self.depth)
+        check_frozen_blocks(frozen_stages, self.depth, 'embeddings and tokens')
         check_rates(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate)
         final_norm = self.FINAL_NORM if final_norm is None else final_norm
         check_flags(final_norm=final_norm, with_cp=with_cp, fused_attn=fused_attn)

@@ -30,9 +30,10 @@ from ...functional import (attend, decomposed_rel_pos_bias, decomposed_rel_pos_c
 from ...weights.vit import load_vit_pretrained
 from ..accel import check_accel, plan_for_tensor, vit_block_runner
 from ..layers import (Attention, ConvStem, DropPath, Mlp, PatchEmbed, ResBottleneckBlock,
-                      check_flags, check_rates, int_arg, int_tuple, linear_drop_path_rates,
+                      check_flags, check_rates, linear_drop_path_rates,
                       positive_int, positive_number, to_2tuple)
-from .archs import VIT_ARCHS, ViTArch, index_list  # noqa: F401  (VIT_ARCHS: re-exported)
+from .archs import VIT_ARCHS  # noqa: F401  (re-exported)
+from .archs import ViTArch, check_frozen_blocks, check_out_indices, index_list
 from .base import (TRUNC_NORMAL_STD, BackboneContract, PlainViTFreezing,
                    init_cfg_from_pretrained, init_transformer_weights_, load_init_checkpoint,
                    run_blocks)
@@ -224,15 +225,8 @@ class ViTBackbone(PlainViTFreezing, BackboneContract, BaseModule):
                                        'every block list all blocks in global_attn_indexes')
         self.patch_size = positive_int(patch_size, 'patch_size')
         self.in_channels = positive_int(in_channels, 'in_channels')
-        out_indices = int_tuple(out_indices, 'out_indices')
-        if not out_indices:
-            raise ValueError('out_indices is empty; give at least one block index (-1: the '
-                             'last block)')
-        self.out_indices = index_list('out_indices', out_indices, self.depth, negative=True)
-        if not -1 <= int_arg(frozen_stages, 'frozen_stages') <= self.depth:
-            raise ValueError(f'frozen_stages={frozen_stages} must be in -1..{self.depth} '
-                             '(-1: train all, 0: patch/position embeddings, k: also the first '
-                             'k blocks)')
+        self.out_indices = check_out_indices(out_indices, self.depth)
+        check_frozen_blocks(frozen_stages, self.depth, 'patch/position embeddings')
         positive_number(mlp_ratio, 'mlp_ratio')
         check_rates(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate)
         check_flags(pretrain_use_cls_token=pretrain_use_cls_token, use_abs_pos=use_abs_pos,

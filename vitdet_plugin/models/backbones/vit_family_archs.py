@@ -11,7 +11,7 @@ import dataclasses
 from typing import ClassVar, Optional, Tuple
 
 from ..layers import positive_int, positive_number
-from .archs import finish_plain_vit_arch
+from .archs import check_plain_vit_arch
 from .base import ArchSpec
 
 #: MLP kinds: GELU ``fc1/fc2``; SwiGLU with separate gate / value projections
@@ -62,12 +62,7 @@ class PlainViTArch(ArchSpec):
     NAME: ClassVar[str] = 'plain ViT'
 
     def __post_init__(self) -> None:
-        dims = positive_int(self.embed_dims, 'embed_dims')
-        depth = positive_int(self.depth, 'depth')
-        heads = positive_int(self.num_heads, 'num_heads')
-        if dims % heads:
-            raise ValueError(f'embed_dims={dims} is not divisible by num_heads={heads}; '
-                             'choose a head count that divides it')
+        check_plain_vit_arch(self)
         if self.mlp not in MLP_KINDS:
             raise ValueError(f'mlp={self.mlp!r} is not one of {list(MLP_KINDS)}')
         if self.qkv_bias not in QKV_BIAS_MODES:
@@ -84,7 +79,6 @@ class PlainViTArch(ArchSpec):
             positive_int(self.num_reg_tokens, 'num_reg_tokens', ' (or 0: no registers)')
         if self.layer_scale is not None:
             positive_number(self.layer_scale, 'layer_scale')
-        finish_plain_vit_arch(self, depth)
 
     @property
     def mlp_hidden(self) -> int:
