@@ -30,20 +30,12 @@ from vitdet_plugin.weights.swin import convert_swin, detect_swin_format
 from vitdet_plugin.weights.swin_v2 import convert_swin_v2, detect_swin_v2_format
 from vitdet_plugin.weights.vit import convert_vit, detect_vit_format
 from vitdet_plugin.weights.vit_families import (FAMILY_BACKBONES, convert_vit_family_checkpoint,
-                                                detect_vit_family)
-from vitdet_plugin.weights.official_vit import detect_official_vit_layout
+                                                vit_family_layout)
 
 
 def detect_vit_family_format(sd) -> str:
-    """The layout of a DINOv2 / DINOv3 / EVA-02 state dict (official or timm / ours)."""
-    official = detect_official_vit_layout(sd)
-    if official is not None:
-        return f'{official} official'
-    found = detect_vit_family(sd)
-    if found is None:
-        raise CheckpointError(f'not a DINOv2 / DINOv3 / EVA-02 checkpoint (families: '
-                              f'{sorted(FAMILY_BACKBONES)})')
-    return f'{found[0]} {found[1]}'
+    """The layout of a DINOv2 / DINOv3 / EVA-02 state dict (official, timm or ours)."""
+    return vit_family_layout(sd)[1]
 
 
 # the family detector first: the plain-ViT one refuses their checkpoints, naming them

@@ -19,7 +19,7 @@ The position grid is resized to the model's stored grid (bicubic, antialiased: t
 import logging
 import math
 import re
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -46,9 +46,6 @@ _LAYER_SCALE = re.compile(r'^blocks\.\d+\.(ls1\.gamma|gamma_1)$')
 _BLOCK = re.compile(r'^blocks\.(\d+)\.')
 _QV_BIAS = re.compile(r'^blocks\.(\d+)\.attn\.(q_bias|q_proj\.weight)$')
 _SPLIT_QKV = re.compile(r'^(blocks\.\d+\.attn\.)q_proj\.weight$')
-#: Keys only the official (non-timm) layouts have; they go through ``weights.official_vit``.
-_OFFICIAL_MARKERS = ('register_tokens', 'storage_tokens', 'rope_embed.periods', '.mlp.w12.',
-                     '.mlp.w1.', '.ffn_ln.', 'inner_attn_ln')
 
 
 def _inner(sd: Mapping[str, Tensor]) -> StateDict:
@@ -86,11 +83,6 @@ def detect_vit_family(sd: Mapping[str, Tensor]) -> Optional[Tuple[str, str]]:
 def _is_square(n: int) -> bool:
     root = math.isqrt(n)
     return root * root == n
-
-
-def official_layout_hint(sd: Mapping[str, Tensor]) -> Optional[str]:
-    """The first key that marks an official (facebookresearch / baaivision) layout, or None."""
-    return next((k for k in sd for m in _OFFICIAL_MARKERS if m in k), None)
 
 
 def _merge_split_qkv(sd: StateDict) -> StateDict:
@@ -202,29 +194,16 @@ def load_vit_family_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[
     """
     family = _family_of(model)
     sd = checkpoint_state_dict(checkpoint, prefix)
-    official = detect_official_vit_layout(sd)
-    official_dropped: List[str] = []
-    if official is not None:  # facebookresearch / baaivision layouts -> timm's, then ours
-        _check_official_fits(model, official)
-        _check_eva02_rope_grid(model, sd, official)
-        rope_base, qkv_bias = _dinov3_options(model)
-        sd, official_dropped = official_to_timm(sd, official, rope_base=rope_base,
-                                                qkv_bias=qkv_bias if official == 'dinov3'
-                                                else None)
-    found = detect_vit_family(sd)
-    if found is None:
-        hint = official_layout_hint(sd)
-        detail = (f' (key {hint!r} is of an official layout: convert it to the timm layout '
-                  'first)' if hint else '')
-        raise CheckpointError(
-            f'not a DINOv2 / DINOv3 / EVA-02 checkpoint in the timm layout or ours{detail}: '
-            f'expected blocks with LayerScale (DINOv2 / DINOv3) or q / v biases (EVA-02); '
-            f'first keys: {list(sd)[:5]}')
-    got, layout = found
+    got, layout, official = vit_family_layout(sd)
     name = type(model).__name__
     if got != family:
         raise CheckpointError(f'the checkpoint is a {got} checkpoint ({layout} layout); {name} '
                               f"loads {family} checkpoints: build type='{FAMILY_BACKBONES[got]}'")
+    official_dropped: List[str] = []
+    if official is not None:  # facebookresearch / baaivision layouts -> timm's, then ours
+        _check_official_fits(model, sd, official)
+        sd, official_dropped = official_to_timm(sd, official, **_official_options(model,
+                                                                                  official))
     shapes: Dict[str, torch.Size] = {k: v.shape for k, v in model.state_dict().items()}
     converted, dropped = convert_vit_family(sd, family, shapes,
                                             getattr(model, 'pretrain_grid', None))
@@ -236,8 +215,6 @@ def load_vit_family_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[
                     tuple(kernel.shape[-2:]), tuple(want[-2:]))
         converted['patch_embed.proj.weight'] = resample_patch_kernel(kernel, tuple(want[-2:]))
     dropped = official_dropped + dropped
-    if official is not None:
-        layout = f'{official} official'
     if dropped:
         logger.info('%s checkpoint (%s layout): ignored %d keys not used by the backbone (e.g. '
                     '%s)', family, layout, len(dropped), ', '.join(dropped[:5]))
@@ -250,19 +227,15 @@ OFFICIAL_FAMILIES = {'dinov2': 'DINOv2', 'dinov3': 'DINOv3', 'eva02': 'EVA-02',
                      'eva02_det': 'EVA-02'}
 
 
-def _check_official_fits(model: nn.Module, layout: str) -> None:
-    """Refuse an official checkpoint of another family, or EVA-02-det's (no cls token) in a
-    model that keeps the prefix tokens, naming the fix."""
-    family, name = _family_of(model), type(model).__name__
-    got = OFFICIAL_FAMILIES[layout]
-    if got != family:
-        raise CheckpointError(f'the checkpoint is a {got} checkpoint ({layout} official '
-                              f"layout); {name} loads {family} checkpoints: build "
-                              f"type='{FAMILY_BACKBONES[got]}'")
+def _check_official_fits(model: nn.Module, sd: Mapping[str, Tensor], layout: str) -> None:
+    """Refuse an official EVA-02 checkpoint the model cannot take: EVA-02-det's (no cls token)
+    in a model that keeps the prefix tokens, or rope tables of another pretraining grid."""
+    name = type(model).__name__
     if layout == 'eva02_det' and getattr(model, 'cls_token', None) is not None:
         raise CheckpointError(f"the checkpoint is an EVA-02 detector's ViT (EVA-02/det "
                               f"backbone.net.*), which has no cls token; build "
                               f"{name}(prefix_tokens='drop') as EVA-02-det does")
+    _check_eva02_rope_grid(model, sd, layout)
 
 
 #: The stored EVA-02 rope table that fixes the pretraining grid, per official layout.
@@ -288,13 +261,33 @@ def _check_eva02_rope_grid(model: nn.Module, sd: Mapping[str, Tensor], layout: s
             f"{name}(rope=dict(temperature={spec.temperature:g}, ref_grid={want}))")
 
 
-def _dinov3_options(model: nn.Module) -> Tuple[float, Optional[bool]]:
-    """DINOv3's ``official_to_timm`` options for ``model``: its rope base, and whether it has
-    q / v biases (a model without them takes an official checkpoint only if they are zero)."""
+def _official_options(model: nn.Module, layout: str) -> Dict[str, Any]:
+    """``official_to_timm`` options for ``model``: for DINOv3 its rope base, and whether it
+    has q / v biases (a model without them takes an official checkpoint only if they are
+    zero); none for the other layouts."""
+    if layout != 'dinov3':
+        return {}
     spec = getattr(model, 'rope_spec', None)
     arch = getattr(model, 'arch', None)
     base = DINOV3_ROPE_BASE if spec is None else float(spec.temperature)
-    return base, getattr(arch, 'qkv_bias', 'none') != 'none'
+    return dict(rope_base=base, qkv_bias=getattr(arch, 'qkv_bias', 'none') != 'none')
+
+
+def vit_family_layout(sd: Mapping[str, Tensor]) -> Tuple[str, str, Optional[str]]:
+    """``(family, layout, official)`` of a DINOv2 / DINOv3 / EVA-02 state dict: ``official``
+    its official layout (:data:`~.official_vit.OFFICIAL_VIT_LAYOUTS`) or None, ``layout`` the
+    name to report (``'<official> official'``, ``'timm'`` or ``'ours'``). Raises
+    :class:`CheckpointError` when it is none of these families."""
+    official = detect_official_vit_layout(sd)
+    if official is not None:
+        return OFFICIAL_FAMILIES[official], f'{official} official', official
+    found = detect_vit_family(sd)
+    if found is None:
+        raise CheckpointError(
+            'not a DINOv2 / DINOv3 / EVA-02 checkpoint (official, timm or our layout): expected '
+            'blocks with LayerScale (DINOv2 / DINOv3) or q / v biases (EVA-02); first keys: '
+            f'{list(sd)[:5]}')
+    return found[0], found[1], None
 
 
 def convert_vit_family_checkpoint(sd: Mapping[str, Tensor],
@@ -308,19 +301,13 @@ def convert_vit_family_checkpoint(sd: Mapping[str, Tensor],
     to it. DINOv3's q / v biases are kept when the checkpoint has them (build the backbone with
     ``qkv_bias='qv'``); the loader instead fits them to the model it loads into.
     """
-    official = detect_official_vit_layout(sd)
+    family, layout, official = vit_family_layout(sd)
     official_dropped: List[str] = []
     if official is not None:
         sd, official_dropped = official_to_timm(sd, official)
-    found = detect_vit_family(sd)
-    if found is None:
-        raise CheckpointError(f'not a DINOv2 / DINOv3 / EVA-02 checkpoint (official, timm or '
-                              f'our layout); first keys: {list(sd)[:5]}')
-    family, layout = found
     converted, dropped = convert_vit_family(sd, family, pos_grid=pos_grid)
     kernel = converted.get('patch_embed.proj.weight')
     if patch_size is not None and kernel is not None:
         converted['patch_embed.proj.weight'] = resample_patch_kernel(kernel,
                                                                      (patch_size, patch_size))
-    return (family, f'{official} official' if official else layout, converted,
-            official_dropped + dropped)
+    return family, layout, converted, official_dropped + dropped
