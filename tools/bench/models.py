@@ -198,10 +198,6 @@ VIT_FAMILIES: Dict[str, Tuple[str, str]] = {
     'dinov3': ('vit_{arch}_patch16_dinov3', 'DINOv3Backbone'),
     'eva02': ('eva02_{arch}_patch14_224', 'EVA02Backbone'),
 }
-#: timm's EVA-02 rope: temperature and ``ref_feat_shape`` (the 224 / 14 pretraining grid),
-#: which stay the same when timm builds the model at patch 16.
-EVA02_ROPE_TEMPERATURE = 1e4
-EVA02_REF_GRID = (16, 16)
 #: Patch size of the compared family models: the detection setting (a stride-16 map, a
 #: 64 x 64 grid at 1024 px), DINOv2 / EVA-02 checkpoints resampled from 14.
 FAMILY_PATCH = 16
@@ -237,10 +233,6 @@ def build_vit_family(family: str, arch: str, with_cp: bool) -> Compared:
     if getattr(ref, 'pos_embed', None) is not None:  # timm's stored grid, at patch 16
         common.update(pretrain_img_size=tuple(g * FAMILY_PATCH for g in grid),
                       pretrain_patch_size=FAMILY_PATCH)
-    rope = getattr(ref, 'rope', None)
-    if family == 'eva02' and rope is not None:  # timm's ref_feat_shape: the rope's grid
-        common.update(rope=dict(temperature=EVA02_ROPE_TEMPERATURE,
-                                ref_grid=EVA02_REF_GRID))
     ours = MMDET_MODELS.build(dict(common, global_attn_indexes=tuple(range(depth))))
     windowed = MMDET_MODELS.build(common)
     load_vit_family_pretrained(ours, ref.state_dict())
