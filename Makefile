@@ -4,7 +4,7 @@ PY := .venv/bin/python
 # compiled: mmcv 2.1.0 built with ops from its sdist (g++, Python headers, 20-40 min)
 MMCV ?= lite
 
-.PHONY: env lint test test-all demo demo-seg benchmark clean-env gpu-wheels
+.PHONY: env lint test test-all demo demo-seg demo-detr benchmark clean-env gpu-wheels
 
 env:            ## build .venv: torch 2.14.1, mmcv-lite 2.1.0 (MMCV=compiled: with ops), mmdet 3.3.0, plugin
 	MMCV=$(MMCV) bash tools/env/setup_env.sh
@@ -27,6 +27,11 @@ demo: env       ## generate the shapes dataset, train + evaluate the demo Swin R
 demo-seg: env   ## the same for segmentation: Panoptic FPN on the stem Swin (segm mAP, PQ, mIoU)
 	DEMO_CONFIG=$${DEMO_CONFIG:-configs/demo/swin_panoptic_fpn_shapes.py} \
 	DEMO_WORK_DIR=$${DEMO_WORK_DIR:-work_dirs/demo_seg} bash tools/demo.sh
+
+demo-detr: env  ## after make demo: a DETR-style head on its (frozen) backbone and neck, trained + evaluated
+	DEMO_CONFIG=$${DEMO_CONFIG:-configs/demo/swin_detr_pretrained_shapes.py} \
+	DEMO_WORK_DIR=$${DEMO_WORK_DIR:-work_dirs/demo_detr} \
+	DEMO_PRETRAINED=$${DEMO_PRETRAINED:-work_dirs/demo_swin_retinanet} bash tools/demo.sh
 
 benchmark: env  ## ours vs mmdet vs timm, printed as ratios
 	$(PY) tools/benchmark.py

@@ -16,6 +16,9 @@
 #                  machine gives the same weights and mAP; a time budget gives a machine-load
 #                  dependent number of iterations, printed at the end)
 #   DEMO_SEED      dataset seed          (default: 0; for a dataset that is generated)
+#   DEMO_PRETRAINED a checkpoint, or the work dir of a run (its last_checkpoint), whose backbone
+#                  and neck the config loads (configs whose model.backbone and model.neck have a
+#                  Pretrained init_cfg: the DETR head demo on `make demo`'s checkpoint)
 #   PYTHON         interpreter           (default: .venv/bin/python)
 set -euo pipefail
 
@@ -45,6 +48,23 @@ fi
 if [ -n "${DEMO_ITERS:-}" ]; then
     # the iteration count is the cap; a budget no machine reaches leaves it in charge
     OPTS+=(train_cfg.max_iters="$DEMO_ITERS" custom_hooks.0.minutes=1000000)
+fi
+if [ -n "${DEMO_PRETRAINED:-}" ]; then
+    PRE="$DEMO_PRETRAINED"
+    if [ -d "$PRE" ]; then
+        if [ ! -f "$PRE/last_checkpoint" ]; then
+            echo "[demo] DEMO_PRETRAINED=$PRE is a directory without last_checkpoint: run the" \
+                 "demo that writes it first (make demo for work_dirs/demo_swin_retinanet)" >&2
+            exit 2
+        fi
+        PRE="$(cat "$PRE/last_checkpoint")"
+    fi
+    if [ ! -f "$PRE" ]; then
+        echo "[demo] pretrained checkpoint $PRE does not exist: run make demo first" >&2
+        exit 2
+    fi
+    say "pretrained backbone and neck: $PRE"
+    OPTS+=(model.backbone.init_cfg.checkpoint="$PRE" model.neck.init_cfg.checkpoint="$PRE")
 fi
 say "2/4 training $CONFIG on CPU -> $WORK"
 t0=$(date +%s)

@@ -165,3 +165,13 @@ def load_state_dict_checked(model: nn.Module, sd: Mapping[str, Tensor],
         logger.warning('%s: %d keys not in the %s keep their initial values: %s',
                        type(model).__name__, len(allowed), source, _summarise(allowed))
     return LoadReport(loaded=list(sd), missing_allowed=allowed)
+
+
+def load_pretrained_part(module: nn.Module, checkpoint: Union[str, os.PathLike, Mapping],
+                         prefix: Optional[str] = None, source: str = 'checkpoint') -> LoadReport:
+    """Load the ``prefix`` part of a checkpoint (e.g. ``'neck.'`` of a detector's) into
+    ``module`` in our / mmdet's own layout (no conversion), strictly: every key of the part
+    must be a key of ``module`` with its shape and the other way round, else
+    :class:`CheckpointError` names the differences."""
+    return load_state_dict_checked(module, checkpoint_state_dict(checkpoint, prefix),
+                                   source=source)

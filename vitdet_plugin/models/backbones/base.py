@@ -29,6 +29,12 @@ TRUNC_NORMAL_STD = 0.02
 SpecT = TypeVar('SpecT', bound='ArchSpec')
 
 
+#: Class attribute of the modules whose ``init_weights`` loads their own Pretrained ``init_cfg``
+#: strictly (our backbones and necks); a detector leaves those to them and loads the others'
+#: itself (:mod:`vitdet_plugin.models.detectors.pretrained_parts`).
+LOADS_PRETRAINED_ATTR = 'loads_pretrained_strictly'
+
+
 def pretrained_init_cfg(init_cfg: Any) -> Optional[dict]:
     """The ``dict(type='Pretrained', checkpoint=...)`` entry of an mmengine ``init_cfg`` (a
     dict or a list of dicts), or None."""
@@ -199,6 +205,9 @@ class BackboneContract(FreezeMixin):
     #: Name components (a parameter's own name or a module's on its path, e.g. Swin V2's
     #: ``cpb_mlp``) of parameters that get no weight decay besides norms and biases.
     NO_DECAY_PARAMS: ClassVar[Tuple[str, ...]] = ()
+    #: ``init_weights`` loads a Pretrained ``init_cfg`` itself (format detected, strict): see
+    #: :data:`LOADS_PRETRAINED_ATTR`.
+    loads_pretrained_strictly: ClassVar[bool] = True
 
     out_channels: Tuple[int, ...]
     out_strides: Tuple[int, ...]

@@ -20,7 +20,7 @@ and declares its outputs (``out_channels`` / ``out_strides``) for the heads. Pre
 """
 import math
 from types import MappingProxyType
-from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, ClassVar, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch.nn.functional as F
 from mmcv.cnn import build_activation_layer, build_norm_layer
@@ -173,6 +173,9 @@ class ViTSimpleFPN(BaseModule):
             strides.append(strides[-1] * 2)
         self.out_channels: Tuple[int, ...] = (out_channels,) * num_outs
         self.out_strides: Tuple[int, ...] = tuple(strides)
+
+    #: see :data:`~vitdet_plugin.models.backbones.base.LOADS_PRETRAINED_ATTR`
+    loads_pretrained_strictly: ClassVar[bool] = True
 
     def init_weights(self) -> None:
         """Load ``init_cfg``'s pretrained pyramid (format detected, ``weights_only``, strict:

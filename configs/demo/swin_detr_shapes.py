@@ -1,0 +1,55 @@
+# CPU demo: SdpaDETR (our DETR-style head) on the stem Swin + GN FPN of `make demo`
+# (swin_retinanet_shapes.py: same backbone, neck, data at 192 px), trained from random init for
+# the 9.5-minute budget. swin_detr_pretrained_shapes.py (`make demo-detr`) is this model with
+# the backbone and neck of `make demo`'s checkpoint. Run:
+#   DEMO_CONFIG=configs/demo/swin_detr_shapes.py DEMO_WORK_DIR=work_dirs/demo_swin_detr make demo
+_base_ = [
+    '../_base_/models/swin-stem_shapes.py',  # the backbone and FPN of make demo
+    '../_base_/datasets/shapes_detection.py',
+    '../_base_/schedules/cpu_time_budget_ema.py',
+]
+num_classes = 5
+image_size = 192
+embed_dims = 128
+fpn_channels = _base_.fpn_channels
+
+model = dict(
+    type='SdpaDETR',
+    data_preprocessor=dict(
+        type='DetDataPreprocessor',
+        mean=[123.675, 116.28, 103.53],
+        std=[58.395, 57.12, 57.375],
+        bgr_to_rgb=True,
+        pad_size_divisor=32),
+    backbone=dict(_base_.stem_swin, type='SwinBackbone', arch='tiny'),
+    neck=dict(_base_.stem_fpn, type='FPN', num_outs=3),
+    bbox_head=dict(
+        type='SdpaDETRHead',
+        num_classes=num_classes,
+        in_channels=[fpn_channels] * 3,
+        embed_dims=embed_dims,
+        num_heads=8,
+        ffn_dims=512,
+        num_encoder_layers=1,
+        encoder_levels=(-1,),
+        num_decoder_layers=3,
+        num_queries=50,
+        two_stage=True,
+        box_prior=True,
+        dn_cfg=dict(num_dn_queries=20, label_noise_scale=0.5, box_noise_scale=1.0)),
+    test_cfg=dict(max_per_img=50))
+
+# the dataset base's pipelines, resized to the demo's image size
+train_pipeline = [dict(t, scale=(image_size, image_size)) if t['type'] == 'Resize' else t
+                  for t in _base_.train_pipeline]
+test_pipeline = [dict(t, scale=(image_size, image_size)) if t['type'] == 'Resize' else t
+                 for t in _base_.test_pipeline]
+train_dataloader = dict(batch_size=4, dataset=dict(pipeline=train_pipeline))
+val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
+test_dataloader = val_dataloader
+
+base_lr = 4e-4
+optim_wrapper = dict(
+    optimizer=dict(lr=base_lr, weight_decay=1e-4),
+    paramwise_cfg=dict(custom_keys={'level_embed': dict(decay_mult=0.)}),
+    clip_grad=dict(max_norm=1.0, norm_type=2))
