@@ -1,4 +1,5 @@
-"""Look inside a config's backbone: pictures of windows, shift masks, features and attention.
+"""Look inside a config's model: pictures of windows, shift masks, features, attention and
+the DETR decoder.
 
     python tools/analysis/visualize.py windows    CONFIG (--shape H W | --image IMG) [--stage I]
     python tools/analysis/visualize.py shift-mask CONFIG (--shape H W | --image IMG) --stage I
@@ -6,13 +7,15 @@
     python tools/analysis/visualize.py features   CONFIG [CKPT] --image IMG [--neck]
     python tools/analysis/visualize.py attention  CONFIG [CKPT] --image IMG --block B
                                                   --query Y X [--head H]
+    python tools/analysis/visualize.py decoder    CONFIG [CKPT] --image IMG [--top K]
+                                                  [--query R] [--layer L] [--head H]
     common: [--out FILE.png] [--cfg-options k=v ...]
 
 Each command builds the config's detector (random init, or the checkpoint's weights loaded
-strictly), runs one real backbone forward and writes one PNG (default
-``work_dirs/visualize/<config>_<command>.png``). An image goes through the config's test
-pipeline and data preprocessor, as at test time; ``--shape`` feeds a zero image of that size,
-padded like the preprocessor pads it.
+strictly), runs one real backbone forward (``decoder``: backbone, neck and head) and writes
+one PNG (default ``work_dirs/visualize/<config>_<command>.png``). An image goes through the
+config's test pipeline and data preprocessor, as at test time; ``--shape`` feeds a zero image
+of that size, padded like the preprocessor pads it.
 
 * ``windows``: the input with the token grid of a Swin stage, its windows (W-MSA) and the
   shifted windows (SW-MSA, wrapping around the map as the cyclic shift makes them), numbered;
@@ -29,6 +32,17 @@ padded like the preprocessor pads it.
   recomputed from the attention module's captured input with its own parameters (``qkv``,
   ``scale``, relative-position bias, the captured shift mask); the tests check that they give
   the module's output. Blocks are numbered in forward order (Swin: stage by stage).
+* ``decoder`` (configs with an ``SdpaDETRHead``): top row, the reference boxes of the top
+  ``--top`` queries (default 5; ranked by their best class score of the last decoder layer,
+  what prediction keeps) at every stage: the initial boxes the decoder receives (the encoder
+  proposals with ``two_stage``, else the learned reference boxes), then the boxes after each
+  decoder layer, one colour per query, labelled with its final class and score. Bottom row:
+  the cross-attention of query ``--query`` (a rank among the top, default 0) in decoder layer
+  ``--layer`` (default: the last; negative from the end), mean over heads or ``--head``, one
+  heat map per memory level at its stride, with the query's reference box at that layer's
+  input. The probabilities ``softmax(q k^T / sqrt(d) + bias)`` are recomputed from the
+  module's captured inputs with its own projections, the bias being the captured padding mask
+  plus box prior; the tests check that they give the module's output.
 
 The backbone is built with ``accel='off'`` (the plain path; see ``vis_kit/model.py``).
 """
@@ -46,6 +60,7 @@ if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not 
 from vitdet_plugin.weights import CheckpointError
 
 from vis_kit import VisualizeError
+from vis_kit.decoder import DEFAULT_TOP, decoder_picture
 from vis_kit.figures import Picture
 from vis_kit.model import build_detector, make_input
 from vis_kit.pictures import (attention_picture, features_picture,
@@ -78,8 +93,8 @@ def _input_args(parser: argparse.ArgumentParser, image_only: bool) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description='Pictures of what a backbone does (windows, shift masks, features, '
-                    'attention)')
+        description='Pictures of what a model does (windows, shift masks, features, '
+                    'attention, the DETR decoder)')
     sub = parser.add_subparsers(dest='command', required=True, metavar='COMMAND')
 
     p = sub.add_parser('windows', help='token grid, windows and shifted windows of a stage')
@@ -107,6 +122,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--query', type=int, nargs=2, required=True, metavar=('Y', 'X'),
                    help="query token: row and column on the block's token map")
     p.add_argument('--head', type=int, help='one head (default: the mean over heads)')
+
+    p = sub.add_parser('decoder', help="an SdpaDETRHead's box refinement and one query's "
+                                       'cross-attention')
+    _common(p, checkpoint=True)
+    _input_args(p, image_only=True)
+    p.add_argument('--top', type=int, default=DEFAULT_TOP,
+                   help=f'queries drawn, ranked by last-layer class score (default: '
+                        f'{DEFAULT_TOP})')
+    p.add_argument('--query', type=int, default=0, metavar='R',
+                   help='rank (among --top) of the query whose attention is drawn (default: 0)')
+    p.add_argument('--layer', type=int, metavar='L',
+                   help='decoder layer of the attention (default: the last; negative: from '
+                        'the end)')
+    p.add_argument('--head', type=int, help='one head (default: the mean over heads)')
     return parser
 
 
@@ -130,6 +159,8 @@ def run(args: argparse.Namespace) -> Picture:
         return shift_mask_picture(detector, inp, args.stage, args.window, out)
     if args.command == 'features':
         return features_picture(detector, inp, args.neck, out)
+    if args.command == 'decoder':
+        return decoder_picture(detector, inp, args.top, args.query, args.layer, args.head, out)
     return attention_picture(detector, inp, args.block, args.query, args.head, out)
 
 

@@ -1,6 +1,7 @@
 """The four pictures of ``tools/analysis/visualize.py``; each runs one real backbone forward and
 draws what hooks read from the model (see :mod:`.capture`)."""
-from typing import Dict, List, Optional, Sequence, Tuple
+import math
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -35,23 +36,37 @@ PCA_COMPONENTS = 3
 QUERY_MARKER = dict(marker='+', color='cyan', markersize=12, markeredgewidth=2)
 
 
-def _token_extent(map_hw: Sequence[int], stride: float) -> Tuple[float, float, float, float]:
+#: A token stride in input pixels: one for both axes, or ``(stride_y, stride_x)``.
+Stride = Union[float, Tuple[float, float]]
+
+
+def _stride_yx(stride: Stride) -> Tuple[float, float]:
+    return (float(stride[0]), float(stride[1])) if isinstance(stride, tuple) else \
+        (float(stride), float(stride))
+
+
+def token_extent(map_hw: Sequence[int], stride: Stride) -> Tuple[float, float, float, float]:
     """imshow extent placing an ``(h, w)`` token map on the input (token ``(r, c)`` covers
     pixels ``[r * s, (r + 1) * s)``)."""
-    return (0.0, map_hw[1] * stride, map_hw[0] * stride, 0.0)
+    sy, sx = _stride_yx(stride)
+    return (0.0, map_hw[1] * sx, map_hw[0] * sy, 0.0)
 
 
-def _canvas_hw(inp: ModelInput, padded_hw: Sequence[int], stride: int) -> Tuple[int, int]:
-    return (max(inp.input_hw[0], padded_hw[0] * stride),
-            max(inp.input_hw[1], padded_hw[1] * stride))
+def canvas_hw(inp: ModelInput, padded_hw: Sequence[int], stride: Stride) -> Tuple[int, int]:
+    """The canvas holding both the padded input and a ``padded_hw`` token map at ``stride``."""
+    sy, sx = _stride_yx(stride)
+    return (max(inp.input_hw[0], math.ceil(padded_hw[0] * sy)),
+            max(inp.input_hw[1], math.ceil(padded_hw[1] * sx)))
 
 
-def _draw_input_padded(ax: Axes, inp: ModelInput, canvas_hw: Sequence[int]) -> None:
-    draw_input(ax, inp.image, inp.image_hw, canvas_hw)
+def draw_input_padded(ax: Axes, inp: ModelInput, canvas: Sequence[int]) -> None:
+    """The input on a ``canvas`` of pixels, its preprocessor padding hatched."""
+    draw_input(ax, inp.image, inp.image_hw, canvas)
     shade_padding(ax, 'input padding', inp.image_hw, inp.input_hw)
 
 
-def _suptitle(fig: Figure, detector: Detector, what: str) -> None:
+def suptitle(fig: Figure, detector: Detector, what: str) -> None:
+    """The config path over ``what`` the picture shows."""
     fig.suptitle(f'{detector.config_path}\n{what}', fontsize=FONT_SIZE + 1)
 
 
@@ -67,10 +82,10 @@ def _draw_windows(ax: Axes, inp: ModelInput, layout: WindowLayout, map_hw: Tuple
                   stride: int) -> None:
     hp, wp = layout.padded_hw
     (wh, ww), (sh, sw) = layout.window, layout.shift
-    _draw_input_padded(ax, inp, _canvas_hw(inp, layout.padded_hw, stride))
+    draw_input_padded(ax, inp, canvas_hw(inp, layout.padded_hw, stride))
     shade_padding(ax, 'window padding', (map_hw[0] * stride, map_hw[1] * stride),
                   (hp * stride, wp * stride))
-    ax.imshow(_window_colours(layout), extent=_token_extent(layout.padded_hw, stride),
+    ax.imshow(_window_colours(layout), extent=token_extent(layout.padded_hw, stride),
               alpha=OVERLAY_ALPHA, interpolation='nearest')
     extent = (hp * stride, wp * stride)
     if max(hp, wp) <= MAX_GRID_LINES:  # the patch (token) grid
@@ -112,7 +127,7 @@ def windows_picture(detector: Detector, inp: ModelInput, stage: int, out: str) -
                   f'{layout.window[1]}, shift {layout.shift}\n{map_hw[0]}x{map_hw[1]} tokens '
                   f'(stride {stride}), padded to {layout.padded_hw[0]}x{layout.padded_hw[1]}')
         arrays[kind] = layout.index.numpy()
-    _suptitle(fig, detector, f'{type(backbone).__name__} windows, {inp.source}')
+    suptitle(fig, detector, f'{type(backbone).__name__} windows, {inp.source}')
     return save(fig, out, arrays)
 
 
@@ -174,7 +189,7 @@ def shift_mask_picture(detector: Detector, inp: ModelInput, stage: int,
                    linewidths=0.3)
         title(ax, f"window {k}: the model's mask ({n}x{n})\nrows: queries, columns: keys; "
                   f'{MASKED_LOGIT:g}: masked')
-    _suptitle(fig, detector, f'{type(backbone).__name__} shift mask, {inp.source}')
+    suptitle(fig, detector, f'{type(backbone).__name__} shift mask, {inp.source}')
     return save(fig, out, arrays)
 
 
@@ -227,7 +242,7 @@ def features_picture(detector: Detector, inp: ModelInput, with_neck: bool, out: 
     feats, _ = run_backbone(detector.backbone, inp.inputs, {})
     levels = _levels(detector, feats, inp.input_hw, with_neck)
     fig, axes = panel_grid(2, 1 + len(levels))
-    _draw_input_padded(axes[0, 0], inp, inp.input_hw)
+    draw_input_padded(axes[0, 0], inp, inp.input_hw)
     title(axes[0, 0], f'input {inp.input_hw[0]}x{inp.input_hw[1]}')
     text_panel(axes[1, 0], [f'{type(detector.backbone).__name__}', detector.weights_label,
                             inp.source, '', 'top: channel L2 norm', 'bottom: top-3 PCA',
@@ -235,7 +250,7 @@ def features_picture(detector: Detector, inp: ModelInput, with_neck: bool, out: 
     arrays: Dict[str, np.ndarray] = {}
     for col, (label, feat, stride) in enumerate(levels, start=1):
         fmap = feat[0].float()
-        extent = _token_extent(fmap.shape[-2:], stride)
+        extent = token_extent(fmap.shape[-2:], stride)
         norm = fmap.norm(dim=0).numpy()
         image = axes[0, col].imshow(norm, cmap='magma', extent=extent, interpolation='nearest')
         colorbar(fig, image, axes[0, col])
@@ -244,7 +259,7 @@ def features_picture(detector: Detector, inp: ModelInput, with_neck: bool, out: 
         title(axes[0, col], label)
         name = label.split(':')[0]
         arrays[f'{name} norm'], arrays[f'{name} pca'] = norm, pca
-    _suptitle(fig, detector, f'{type(detector.backbone).__name__} feature maps, '
+    suptitle(fig, detector, f'{type(detector.backbone).__name__} feature maps, '
                              f'{detector.weights_label}, {inp.source}')
     return save(fig, out, arrays)
 
@@ -289,9 +304,9 @@ def attention_picture(detector: Detector, inp: ModelInput, block: int, query: Se
     y, x = int(query[0]), int(query[1])
     centre = ((x + 0.5) * ref.stride, (y + 0.5) * ref.stride)
     fig, axes = panel_grid(1, 2)
-    _draw_input_padded(axes[0, 0], inp, _canvas_hw(inp, layout.padded_hw, ref.stride))
+    draw_input_padded(axes[0, 0], inp, canvas_hw(inp, layout.padded_hw, ref.stride))
     axes[0, 0].imshow(shown, cmap='inferno', alpha=OVERLAY_ALPHA + 0.2, interpolation='nearest',
-                      extent=_token_extent(layout.padded_hw, ref.stride))
+                      extent=token_extent(layout.padded_hw, ref.stride))
     axes[0, 0].plot(*centre, **QUERY_MARKER)
     title(axes[0, 0], f'{ref.name}, {which}\nquery ({y}, {x}) = pixel ({centre[1]:g}, '
                       f'{centre[0]:g}), on the input')
@@ -303,6 +318,6 @@ def attention_picture(detector: Detector, inp: ModelInput, block: int, query: Se
         f'window {layout.window[0]}x{layout.window[1]}, shift {layout.shift}'
     title(axes[0, 1], f'{map_hw[0]}x{map_hw[1]} tokens ({kind})\nblank: keys it cannot '
                       'attend to')
-    _suptitle(fig, detector, f'{type(backbone).__name__} attention, {detector.weights_label}, '
+    suptitle(fig, detector, f'{type(backbone).__name__} attention, {detector.weights_label}, '
                              f'{inp.source}')
     return save(fig, out, {'attention': shown})
