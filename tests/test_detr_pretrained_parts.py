@@ -16,7 +16,11 @@ from vitdet_plugin.weights import CheckpointError
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 RETINANET = osp.join(ROOT, 'configs', 'demo', 'swin_retinanet_shapes.py')
 PRETRAINED_DETR = osp.join(ROOT, 'configs', 'demo', 'swin_detr_pretrained_shapes.py')
-BATCH = 2
+BATCH = 4
+#: The loss-falls check of tests/test_demo_configs.py: optimiser steps on one fixed batch and the
+#: drop the last three losses' mean must reach.
+STEPS = 15
+MAX_LOSS_RATIO = 0.75
 
 
 @pytest.fixture(scope='module')
@@ -138,6 +142,27 @@ def test_frozen_parts_stay_fixed_while_the_head_learns(shapes_root, retinanet_ch
     changed = [k for k, v in model.bbox_head.state_dict().items()
                if not torch.equal(v, head_before[k])]
     assert 'cls_branches.0.weight' in changed and 'decoder.layers.0.ffn.fc1.weight' in changed
+
+
+def test_pretrained_detr_demo_loss_falls(shapes_root, retinanet_checkpoint):
+    """`make demo-detr`'s config learns: its head, on the frozen parts of a checkpoint."""
+    import math
+
+    from mmdet.registry import DATASETS
+    from mmengine.dataset import pseudo_collate
+    from mmengine.optim import build_optim_wrapper
+
+    path, _ = retinanet_checkpoint
+    cfg, model = _detr(shapes_root, path)
+    dataset = DATASETS.build(copy.deepcopy(cfg.train_dataloader.dataset))
+    torch.manual_seed(0)
+    data = pseudo_collate([dataset[i] for i in range(BATCH)])
+    model.init_weights()
+    model.train()
+    optim_wrapper = build_optim_wrapper(model, copy.deepcopy(cfg.optim_wrapper))
+    losses = [float(model.train_step(data, optim_wrapper)['loss']) for _ in range(STEPS)]
+    assert all(math.isfinite(v) for v in losses), losses
+    assert sum(losses[-3:]) / 3 < MAX_LOSS_RATIO * losses[0], losses
 
 
 def test_frozen_parts_errors(shapes_root, retinanet_checkpoint):

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# `make demo` / `make demo-seg`: generate the shapes dataset (if absent), train a demo config on
-# CPU for a fixed wall-clock budget from random init, evaluate on the val split (COCO bbox mAP;
-# segm mAP, PQ and mIoU when the config reports them), save a
-# grid of val images with drawn predictions and the feature maps of one val image
-# (tools/analysis/visualize.py features), and print the metrics and where the files are.
+# `make demo` / `make demo-seg` / `make demo-detr`: generate the shapes dataset (if absent), train
+# a demo config on CPU for a fixed wall-clock budget (from random init, or from the parts of a
+# DEMO_PRETRAINED checkpoint the config names), evaluate on the val split (COCO bbox mAP; segm
+# mAP, PQ and mIoU when the config reports them), save a grid of val images with drawn
+# predictions, the feature maps of one val image (tools/analysis/visualize.py features) and, for
+# a DETR-style head, its decoder picture (visualize.py decoder), and print the metrics and where
+# the files are.
 #
 # Environment variables (all optional):
 #   DEMO_CONFIG    config to train       (default: configs/demo/swin_retinanet_shapes.py)
@@ -86,11 +88,20 @@ sys.exit(0 if load_config(sys.argv[1]).model.get('neck') else 1)" "$CONFIG"; the
 fi
 "$PY" tools/analysis/visualize.py features "$CONFIG" "$CKPT" --image "${DATA}val/000000.png" \
     "${NECK[@]}" --out "$FEATURES" --cfg-options "${OPTS[@]}"
+# DETR-style heads: how the decoder refines its top queries' boxes and where one query looks
+DECODER=""
+if "$PY" -c "import sys; from vitdet_plugin.config import load_config
+sys.exit(0 if load_config(sys.argv[1]).model.get('bbox_head', {}).get('type') == 'SdpaDETRHead'
+         else 1)" "$CONFIG"; then
+    DECODER="$WORK/visualize/decoder_val_000000.png"
+    "$PY" tools/analysis/visualize.py decoder "$CONFIG" "$CKPT" --image "${DATA}val/000000.png" \
+        --out "$DECODER" --cfg-options "${OPTS[@]}"
+fi
 
-"$PY" - "$WORK/metrics.json" "$t0" "$t1" "$CKPT" "$WORK" "$FEATURES" <<'PYEOF'
+"$PY" - "$WORK/metrics.json" "$t0" "$t1" "$CKPT" "$WORK" "$FEATURES" "$DECODER" <<'PYEOF'
 import json, sys
 metrics, t0, t1, ckpt, work = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
-features = sys.argv[6]
+features, decoder = sys.argv[6], sys.argv[7]
 m = json.load(open(metrics))
 nan = float('nan')
 print()
@@ -116,6 +127,9 @@ print(f'checkpoint:  {ckpt}')
 print(f'metrics:     {metrics}')
 print(f'predictions: {work}/predictions/  (grid: {work}/predictions/grid.png)')
 print(f'features:    {features}  (tools/analysis/visualize.py, README "Look inside")')
+if decoder:
+    print(f'decoder:     {decoder}  (top queries\' boxes per decoder layer, one query\'s '
+          'cross-attention)')
 print(f'train log:   {work}/<timestamp>/<timestamp>.log')
 print('=' * 64)
 PYEOF

@@ -32,6 +32,10 @@ from .transformer import MemoryEncoder, RefineDecoder, padding_bias
 
 #: Prior probability of the classification logits at init (focal-loss init).
 CLS_PRIOR_PROB = 0.01
+#: Anchor centres of ``two_stage`` are clipped to ``[1 - this, this]`` (normalised): the last,
+#: partly valid row / column of a padded map has token centres beyond the image edge, whose
+#: ``inverse_sigmoid`` would saturate (logit 11.5) and pin their proposals to the border.
+ANCHOR_CENTRE_MAX = 0.99
 #: Layers of the box-regression MLPs.
 REG_MLP_LAYERS = 3
 
@@ -47,6 +51,21 @@ class HeadOutputs(NamedTuple):
     dn_cls_scores: Optional[Tensor] = None
     dn_bbox_preds: Optional[Tensor] = None
     dn_matches: Optional[List[Tuple[Tensor, Tensor]]] = None
+    dense_cls_scores: Optional[Tensor] = None
+    dense_bbox_preds: Optional[Tensor] = None
+    dense_padding_mask: Optional[Tensor] = None
+
+
+class Proposals(NamedTuple):
+    """The encoder's proposals: content queries ``(B, Q, C)`` and reference boxes
+    ``(B, Q, 4)`` for the decoder; with ``two_stage``, the selected proposals' logits and boxes
+    and every memory token's (``(B, N, ...)``, for one-to-many matching)."""
+    query: Tensor
+    ref: Tensor
+    top_cls: Optional[Tensor] = None
+    top_box: Optional[Tensor] = None
+    token_cls: Optional[Tensor] = None
+    token_box: Optional[Tensor] = None
 
 
 def _reg_mlp(dims: int) -> nn.Sequential:
@@ -78,6 +97,11 @@ class SdpaDETRHead(BaseModule):
         prior_init_sigmas: initial prior widths ``(smallest, largest)`` across heads.
         anchor_size: normalised side of the level-0 token anchors of ``two_stage``
             (doubling per level).
+        enc_one_to_many: with ``two_stage``, train the encoder's token proposals by one-to-many
+            matching: every ground truth supervises the ``enc_one_to_many`` memory tokens of
+            lowest matching cost (hybrid matching: a dense training signal for the memory, the
+            backbone under it and the query selection) instead of the Hungarian matching of the
+            selected proposals (DINO's); None keeps DINO's.
         dn_cfg: contrastive denoising queries during training, e.g.
             ``dict(num_dn_queries=100, label_noise_scale=0.5, box_noise_scale=1.0)`` (see
             :class:`DenoisingQueries`); None disables them.
@@ -105,6 +129,7 @@ class SdpaDETRHead(BaseModule):
                  box_prior: bool = True,
                  prior_init_sigmas: Tuple[float, float] = (0.5, 4.0),
                  anchor_size: float = 0.05,
+                 enc_one_to_many: Optional[int] = None,
                  dn_cfg: Optional[dict] = None,
                  loss_cls: Optional[dict] = None,
                  loss_bbox: Optional[dict] = None,
@@ -119,6 +144,10 @@ class SdpaDETRHead(BaseModule):
             raise ValueError(f'num_queries must be >= 1, got {num_queries}')
         if not 0 < anchor_size < 1:
             raise ValueError(f'anchor_size must be in (0, 1), got {anchor_size}')
+        if enc_one_to_many is not None and (not two_stage or enc_one_to_many < 1):
+            raise ValueError(f'enc_one_to_many={enc_one_to_many} needs two_stage=True and a '
+                             'count >= 1 (tokens per ground truth), or None')
+        self.enc_one_to_many = enc_one_to_many
         self.num_classes = num_classes
         self.num_queries = num_queries
         self.embed_dims = embed_dims
@@ -186,22 +215,21 @@ class SdpaDETRHead(BaseModule):
         encoded = self.encoder(fm.memory[:, idx], fm.pos[:, idx], fm.padding_mask[:, idx])
         return fm.memory.index_copy(1, idx, encoded.to(fm.memory.dtype))
 
-    def _initial_queries(self, fm: FlatMemory, memory: Tensor
-                         ) -> Tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
-        """Content queries ``(B, Q, C)``, reference boxes ``(B, Q, 4)`` and, with
-        ``two_stage``, the selected proposals' logits and boxes."""
+    def _initial_queries(self, fm: FlatMemory, memory: Tensor) -> Proposals:
+        """The decoder's initial queries and reference boxes (see :class:`Proposals`)."""
         b, n, _ = memory.shape
         if not self.two_stage:
             if self.ref_logits is None:  # built in __init__ whenever two_stage is False
                 raise RuntimeError('two_stage=False but the head has no ref_logits')
             query = self.query_embedding.weight[None].expand(b, -1, -1)
             ref = self.ref_logits.sigmoid()[None].expand(b, -1, -1)
-            return query.to(memory.dtype), ref, None, None
+            return Proposals(query.to(memory.dtype), ref)
         valid = (~fm.padding_mask)[..., None]
         out = self.enc_output_norm(self.enc_output(memory)) * valid
-        enc_cls = self.cls_branches[-1](out)
+        enc_cls = self.cls_branches[-1](out)                                     # (B, N, K)
         wh = self.anchor_size * torch.pow(2.0, fm.level_ids.float())
-        anchors = torch.cat((fm.token_xy, wh[None, :, None].expand(b, n, 2)), -1)
+        centres = fm.token_xy.clamp(1 - ANCHOR_CENTRE_MAX, ANCHOR_CENTRE_MAX)
+        anchors = torch.cat((centres, wh[None, :, None].expand(b, n, 2)), -1)
         enc_box = (self.reg_branches[-1](out).float() + inverse_sigmoid(anchors)).sigmoid()
         k = min(self.num_queries, n)
         score = enc_cls.detach().float().max(-1).values.masked_fill(fm.padding_mask,
@@ -210,7 +238,7 @@ class SdpaDETRHead(BaseModule):
         top_cls = enc_cls.gather(1, top[..., None].expand(-1, -1, self.num_classes))
         top_box = enc_box.gather(1, top[..., None].expand(-1, -1, 4))
         query = self.query_embedding.weight[None, :k].expand(b, -1, -1).to(memory.dtype)
-        return query, top_box.detach(), top_cls, top_box
+        return Proposals(query, top_box.detach(), top_cls, top_box, enc_cls, enc_box)
 
     def forward(self, feats: Sequence[Tensor], batch_img_metas: Optional[Sequence[dict]] = None,
                 batch_gt_instances: Optional[Sequence[InstanceData]] = None) -> HeadOutputs:
@@ -221,7 +249,8 @@ class SdpaDETRHead(BaseModule):
         """
         fm = self.memory(feats, batch_img_metas)
         memory = self._encode(fm)
-        query, ref, enc_cls, enc_box = self._initial_queries(fm, memory)
+        proposals = self._initial_queries(fm, memory)
+        query, ref = proposals.query, proposals.ref
         dn = None
         if self.dn is not None and self.training and batch_gt_instances is not None:
             if batch_img_metas is None:
@@ -238,11 +267,15 @@ class SdpaDETRHead(BaseModule):
                                      self_bias)
         cls = torch.stack([branch(h) for branch, h in zip(self.cls_branches, hidden)])
         boxes = torch.stack(boxes)
+        dense = ((proposals.token_cls, proposals.token_box, fm.padding_mask)
+                 if self.enc_one_to_many is not None and self.training else (None, None, None))
         if dn is None:
-            return HeadOutputs(cls, boxes, enc_cls, enc_box)
+            return HeadOutputs(cls, boxes, proposals.top_cls, proposals.top_box, None, None, None,
+                               *dense)
         dn_cls, cls = split_outputs(cls, dn.num_queries)
         dn_boxes, boxes = split_outputs(boxes, dn.num_queries)
-        return HeadOutputs(cls, boxes, enc_cls, enc_box, dn_cls, dn_boxes, dn.matches)
+        return HeadOutputs(cls, boxes, proposals.top_cls, proposals.top_box, dn_cls, dn_boxes,
+                           dn.matches, *dense)
 
     # ------------------------------------------------------------------ training
     def loss_by_feat(self, outs: HeadOutputs, batch_gt_instances: Sequence[InstanceData],
@@ -256,7 +289,10 @@ class SdpaDETRHead(BaseModule):
             layer = self.criterion(outs.all_cls_scores[i], outs.all_bbox_preds[i],
                                    batch_gt_instances, batch_img_metas)
             losses.update({prefix + k: v for k, v in layer.items()})
-        if outs.enc_cls_scores is not None:
+        if outs.dense_cls_scores is not None:
+            enc = self._one_to_many_losses(outs, batch_gt_instances, batch_img_metas)
+            losses.update({'enc_' + k: v for k, v in enc.items()})
+        elif outs.enc_cls_scores is not None:
             enc = self.criterion(outs.enc_cls_scores, outs.enc_bbox_preds, batch_gt_instances,
                                  batch_img_metas)
             losses.update({'enc_' + k: v for k, v in enc.items()})
@@ -269,6 +305,19 @@ class SdpaDETRHead(BaseModule):
                                        batch_gt_instances, batch_img_metas, outs.dn_matches)
                 losses.update({prefix + k: v for k, v in layer.items()})
         return losses
+
+    def _one_to_many_losses(self, outs: HeadOutputs, batch_gt_instances: Sequence[InstanceData],
+                            batch_img_metas: Sequence[dict]) -> Dict[str, Tensor]:
+        """Losses of every memory token's proposal, matched one-to-many (``enc_one_to_many``
+        tokens per ground truth; padded tokens never matched)."""
+        cls, boxes, padding = outs.dense_cls_scores, outs.dense_bbox_preds, outs.dense_padding_mask
+        if cls is None or boxes is None or padding is None or self.enc_one_to_many is None:
+            raise ValueError('one-to-many losses need the dense proposals of a training forward '
+                             'with enc_one_to_many set')
+        matches = [self.criterion.match_one_to_many(cls[i], boxes[i], gt, meta,
+                                                    self.enc_one_to_many, padding[i])
+                   for i, (gt, meta) in enumerate(zip(batch_gt_instances, batch_img_metas))]
+        return self.criterion(cls, boxes, batch_gt_instances, batch_img_metas, matches)
 
     def loss(self, feats: Sequence[Tensor], batch_data_samples: SampleList) -> Dict[str, Tensor]:
         metas = [s.metainfo for s in batch_data_samples]

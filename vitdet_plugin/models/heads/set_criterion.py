@@ -76,6 +76,44 @@ class SetCriterion(nn.Module):
         query_inds = torch.nonzero(result.gt_inds > 0, as_tuple=False).squeeze(-1)
         return query_inds, result.gt_inds[query_inds] - 1
 
+    @torch.no_grad()
+    def match_one_to_many(self, cls_score: Tensor, boxes: Tensor, gt_instances: InstanceData,
+                          img_meta: dict, k: int,
+                          invalid: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        """One-to-many matching for one image: every ground-truth box takes the ``k``
+        predictions of lowest matching cost (the assigner's own costs), a prediction taken by
+        several keeps the cheapest; ``invalid`` ``(Q,)`` predictions (padded tokens) are never
+        taken. Dense supervision for the encoder's token predictions (hybrid matching).
+
+        Returns:
+            ``(query_inds, gt_inds)`` of the matched pairs, at most ``k`` per ground truth.
+        """
+        empty = boxes.new_zeros(0, dtype=torch.long)
+        num_gts, num_preds = len(gt_instances), boxes.shape[0]
+        if num_gts == 0 or num_preds == 0:
+            return empty, empty
+        pred = InstanceData(scores=cls_score.float(),
+                            bboxes=bbox_cxcywh_to_xyxy(boxes.float()) * _factor(img_meta, boxes))
+        gt = InstanceData(bboxes=gt_instances.bboxes.float(), labels=gt_instances.labels)
+        cost = torch.stack([c(pred_instances=pred, gt_instances=gt, img_meta=img_meta)
+                            for c in self.match_costs]).sum(0)                   # (Q, G)
+        if invalid is not None:
+            cost = cost.masked_fill(invalid[:, None], float('inf'))
+        top = cost.topk(min(k, num_preds), dim=0, largest=False).indices        # (k, G)
+        taken = torch.zeros_like(cost, dtype=torch.bool).scatter_(0, top, True)
+        best_cost, best_gt = cost.masked_fill(~taken, float('inf')).min(1)       # (Q,)
+        query_inds = torch.nonzero(torch.isfinite(best_cost), as_tuple=False).squeeze(-1)
+        return query_inds, best_gt[query_inds]
+
+    @property
+    def match_costs(self) -> List[nn.Module]:
+        """The assigner's weighted match costs (mmdet's ``HungarianAssigner.match_costs``)."""
+        costs = getattr(self.assigner, 'match_costs', None)
+        if not costs:
+            raise ValueError(f'one-to-many matching needs an assigner with match_costs (mmdet\'s '
+                             f'HungarianAssigner), got {type(self.assigner).__name__}')
+        return list(costs)
+
     def forward(self, cls_scores: Tensor, boxes: Tensor,
                 batch_gt_instances: Sequence[InstanceData], batch_img_metas: Sequence[dict],
                 matches: Optional[List[Tuple[Tensor, Tensor]]] = None) -> Dict[str, Tensor]:
