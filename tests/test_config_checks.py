@@ -33,9 +33,27 @@ def _problems(path: str, **options) -> list:
     return config_problems(load_config(path, options))
 
 
+#: Shipped configs that load a checkpoint another command writes (make demo-detr: make demo's),
+#: with the keys that name it.
+NEEDS_CHECKPOINT = {
+    'demo/swin_detr_pretrained_shapes.py': ('model.backbone.init_cfg.checkpoint',
+                                            'model.neck.init_cfg.checkpoint'),
+}
+
+
 @pytest.mark.parametrize('path', CONFIGS, ids=lambda p: osp.relpath(p, ROOT))
-def test_every_shipped_config_passes(path):
-    assert _problems(path) == []
+def test_every_shipped_config_passes(path, tmp_path):
+    keys = NEEDS_CHECKPOINT.get(osp.relpath(path, osp.join(ROOT, 'configs')), ())
+    if not keys:
+        assert _problems(path) == []
+        return
+    # before the command that writes it has run, the check names the missing file per key
+    problems = _problems(path)
+    assert [p.split('=')[0] for p in problems] == list(keys), problems
+    assert all('does not exist' in p for p in problems), problems
+    ckpt = tmp_path / 'iter_1.pth'
+    torch.save({'state_dict': {}}, ckpt)
+    assert _problems(path, **{k: str(ckpt) for k in keys}) == []
 
 
 def test_bigger_swin_without_the_neck_change_names_key_and_channels():

@@ -99,6 +99,9 @@ def test_config_keeps_no_decay_params_free_of_decay(path):
     assert not decayed, (f'{len(decayed)} backbone no_weight_decay() params get weight decay '
                          f'under {osp.basename(path)}: {decayed}')
 
+    if 'backbone' in cfg.model.get('frozen_parts', ()):  # a head on a fixed backbone
+        assert not [n for n in trainable if n.startswith('backbone.')]
+        return
     weights = [n for n, p in model.named_parameters()
                if n.startswith('backbone.') and p.requires_grad and p.ndim >= 2
                and n not in no_decay]

@@ -10,7 +10,7 @@
 #   bbox mAP 0.229; on quiet cores 1384 iterations, 0.262 (mAP_50 0.407, mAP_75 0.288);
 # * + one-to-many matching of the encoder tokens (enc_one_to_many=8): 1499 iterations, 0.224
 #   (mAP_50 0.331): duplicate proposals crowd the 50 queries; not kept;
-# * lr 1e-3 (this config): 1589 iterations, bbox mAP 0.381 (mAP_50 0.533, mAP_75 0.449): the
+# * lr 1e-3 (this config): 1647 iterations, bbox mAP 0.381 (mAP_50 0.533, mAP_75 0.449): the
 #   head alone is undertrained at 4e-4 in this budget;
 _base_ = ['./swin_detr_shapes.py']
 # replaced by tools/demo.sh DEMO_PRETRAINED (`make demo-detr`: make demo's last checkpoint)
