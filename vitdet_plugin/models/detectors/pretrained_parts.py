@@ -47,7 +47,7 @@ def init_weights_with_strict_parts(model: nn.Module, init_weights: Callable[[], 
         init_weights()
     finally:
         for _, part, _, init_cfg in deferred:
-            part.init_cfg = init_cfg  # type: ignore[assignment]
+            part.init_cfg = init_cfg
     for name, cfg in own:  # loaded strictly by the part itself (or it raised)
         print_log(f'{name}: loaded from {_describe(cfg)} by {type(getattr(model, name)).__name__}'
                   ' (strict)', logger='current')
