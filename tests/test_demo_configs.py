@@ -54,3 +54,28 @@ def test_demo_config_loss_falls(name, shapes_root):
         losses.append(float(log_vars['loss']))
     assert all(math.isfinite(v) for v in losses), losses
     assert sum(losses[-3:]) / 3 < MAX_LOSS_RATIO * losses[0], losses
+
+
+@pytest.mark.parametrize('kind', ['work dir', 'file'])
+def test_demo_script_stops_on_a_missing_pretrained_checkpoint(tmp_path, kind):
+    """`make demo-detr` before `make demo`: tools/demo.sh names the missing checkpoint and the
+    command that writes it, before generating data or training anything."""
+    import os
+    import subprocess
+
+    if kind == 'work dir':
+        pre = tmp_path / 'demo_swin_retinanet'
+        pre.mkdir()
+        want = (f'[demo] DEMO_PRETRAINED={pre} is a directory without last_checkpoint: run the '
+                'demo that writes it first (make demo for work_dirs/demo_swin_retinanet)')
+    else:
+        pre = tmp_path / 'iter_1.pth'
+        want = f'[demo] pretrained checkpoint {pre} does not exist: run make demo first'
+    env = dict(os.environ, DEMO_PRETRAINED=str(pre), DEMO_DATA=str(tmp_path / 'data'),
+               DEMO_WORK_DIR=str(tmp_path / 'work'),
+               DEMO_CONFIG='configs/demo/swin_detr_pretrained_shapes.py')
+    result = subprocess.run(['bash', 'tools/demo.sh'], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == want
+    assert not (tmp_path / 'data').exists() and not (tmp_path / 'work').exists()

@@ -35,22 +35,8 @@ case "$DATA" in */) ;; *) DATA="$DATA/" ;; esac
 
 say() { printf '\033[1m[demo]\033[0m %s\n' "$*"; }
 
-say "1/4 dataset: $DATA (seed $SEED)"
-# --reuse: a shapes set already under DEMO_DATA is used as it was made (any seed / options)
-"$PY" tools/make_shapes.py --out "$DATA" --seed "$SEED" --reuse
-
-OPTS=(data_root="$DATA")
-if [ -n "${DEMO_ITERS:-}" ] && [ -n "${DEMO_MINUTES:-}" ]; then
-    echo "[demo] set DEMO_ITERS or DEMO_MINUTES, not both" >&2
-    exit 2
-fi
-if [ -n "${DEMO_MINUTES:-}" ]; then
-    OPTS+=(custom_hooks.0.minutes="$DEMO_MINUTES")
-fi
-if [ -n "${DEMO_ITERS:-}" ]; then
-    # the iteration count is the cap; a budget no machine reaches leaves it in charge
-    OPTS+=(train_cfg.max_iters="$DEMO_ITERS" custom_hooks.0.minutes=1000000)
-fi
+# the pretrained checkpoint first: a missing one stops before anything runs
+PRE_OPTS=()
 if [ -n "${DEMO_PRETRAINED:-}" ]; then
     PRE="$DEMO_PRETRAINED"
     if [ -d "$PRE" ]; then
@@ -66,7 +52,23 @@ if [ -n "${DEMO_PRETRAINED:-}" ]; then
         exit 2
     fi
     say "pretrained backbone and neck: $PRE"
-    OPTS+=(model.backbone.init_cfg.checkpoint="$PRE" model.neck.init_cfg.checkpoint="$PRE")
+    PRE_OPTS=(model.backbone.init_cfg.checkpoint="$PRE" model.neck.init_cfg.checkpoint="$PRE")
+fi
+say "1/4 dataset: $DATA (seed $SEED)"
+# --reuse: a shapes set already under DEMO_DATA is used as it was made (any seed / options)
+"$PY" tools/make_shapes.py --out "$DATA" --seed "$SEED" --reuse
+
+OPTS=(data_root="$DATA" "${PRE_OPTS[@]}")
+if [ -n "${DEMO_ITERS:-}" ] && [ -n "${DEMO_MINUTES:-}" ]; then
+    echo "[demo] set DEMO_ITERS or DEMO_MINUTES, not both" >&2
+    exit 2
+fi
+if [ -n "${DEMO_MINUTES:-}" ]; then
+    OPTS+=(custom_hooks.0.minutes="$DEMO_MINUTES")
+fi
+if [ -n "${DEMO_ITERS:-}" ]; then
+    # the iteration count is the cap; a budget no machine reaches leaves it in charge
+    OPTS+=(train_cfg.max_iters="$DEMO_ITERS" custom_hooks.0.minutes=1000000)
 fi
 say "2/4 training $CONFIG on CPU -> $WORK"
 t0=$(date +%s)
