@@ -267,15 +267,17 @@ class SdpaDETRHead(BaseModule):
                                      self_bias)
         cls = torch.stack([branch(h) for branch, h in zip(self.cls_branches, hidden)])
         boxes = torch.stack(boxes)
-        dense = ((proposals.token_cls, proposals.token_box, fm.padding_mask)
-                 if self.enc_one_to_many is not None and self.training else (None, None, None))
+        outs = HeadOutputs(cls, boxes, proposals.top_cls, proposals.top_box)
+        if self.enc_one_to_many is not None and self.training:
+            outs = outs._replace(dense_cls_scores=proposals.token_cls,
+                                 dense_bbox_preds=proposals.token_box,
+                                 dense_padding_mask=fm.padding_mask)
         if dn is None:
-            return HeadOutputs(cls, boxes, proposals.top_cls, proposals.top_box, None, None, None,
-                               *dense)
+            return outs
         dn_cls, cls = split_outputs(cls, dn.num_queries)
         dn_boxes, boxes = split_outputs(boxes, dn.num_queries)
-        return HeadOutputs(cls, boxes, proposals.top_cls, proposals.top_box, dn_cls, dn_boxes,
-                           dn.matches, *dense)
+        return outs._replace(all_cls_scores=cls, all_bbox_preds=boxes, dn_cls_scores=dn_cls,
+                             dn_bbox_preds=dn_boxes, dn_matches=dn.matches)
 
     # ------------------------------------------------------------------ training
     def loss_by_feat(self, outs: HeadOutputs, batch_gt_instances: Sequence[InstanceData],
