@@ -9,11 +9,11 @@
 # queries; 3 decoder layers and 50 queries (images hold at most 5 objects); AdamW 4e-4,
 # batch 4.
 _base_ = [
+    '../_base_/models/sdpa_detr_head_shapes.py',  # the demos' DETR head
     '../_base_/datasets/shapes_detection.py',
     '../_base_/schedules/cpu_time_budget.py',
 ]
 num_classes = 5
-embed_dims = 128
 
 model = dict(
     type='SdpaDETR',
@@ -30,19 +30,8 @@ model = dict(
         out_indices=(1, 2, 3)),  # strides 8/16/32, channels 96/192/384
     neck=None,
     bbox_head=dict(
-        type='SdpaDETRHead',
-        num_classes=num_classes,
-        in_channels=[96, 192, 384],
-        embed_dims=embed_dims,
-        num_heads=8,
-        ffn_dims=512,
-        num_encoder_layers=1,
-        encoder_levels=(-1,),
-        num_decoder_layers=3,
-        num_queries=50,
-        two_stage=True,
-        box_prior=True,
-        dn_cfg=dict(num_dn_queries=20, label_noise_scale=0.5, box_noise_scale=1.0)),
+        _base_.shapes_detr_head,
+        in_channels=[96, 192, 384],),
     test_cfg=dict(max_per_img=50))
 
 # batch 4: twice the updates of batch 8 in the same CPU time (from-scratch training on small

@@ -20,13 +20,13 @@
 # falls at the end (13.8 at iteration 900, 13.5 at 1050). The pretrained backbone + neck of
 # make demo give 0.381 in the same budget (swin_detr_pretrained_shapes.py).
 _base_ = [
+    '../_base_/models/sdpa_detr_head_shapes.py',  # the demos' DETR head
     '../_base_/models/swin-stem_shapes.py',  # the backbone and FPN of make demo
     '../_base_/datasets/shapes_detection.py',
     '../_base_/schedules/cpu_time_budget_ema.py',
 ]
 num_classes = 5
 image_size = 192
-embed_dims = 128
 fpn_channels = _base_.fpn_channels
 
 model = dict(
@@ -40,20 +40,9 @@ model = dict(
     backbone=dict(_base_.stem_swin, type='SwinBackbone', arch='tiny'),
     neck=dict(_base_.stem_fpn, type='FPN', num_outs=3),
     bbox_head=dict(
-        type='SdpaDETRHead',
-        num_classes=num_classes,
+        _base_.shapes_detr_head,
         in_channels=[fpn_channels] * 3,
-        embed_dims=embed_dims,
-        num_heads=8,
-        ffn_dims=512,
-        num_encoder_layers=1,
-        encoder_levels=(-1,),
-        num_decoder_layers=3,
-        num_queries=50,
-        two_stage=True,
-        box_prior=True,
-        enc_one_to_many=4,
-        dn_cfg=dict(num_dn_queries=20, label_noise_scale=0.5, box_noise_scale=1.0)),
+        enc_one_to_many=4,),
     test_cfg=dict(max_per_img=50))
 
 # the dataset base's pipelines, resized to the demo's image size
