@@ -22,8 +22,9 @@ from helpers import max_rel_err, randomize_
 from torch import Tensor, nn
 
 import vitdet_plugin  # noqa: F401
-from vitdet_plugin.models.accel import PLAIN, capturing_graph, exporting_graph, plan_for_tensor
-from vitdet_plugin.models.backbones import SwinBackbone, SwinV2Backbone, ViTBackbone
+from vitdet_plugin.models.backbones import (SwinBackbone, SwinV2Backbone, ViTBackbone,
+                                            swin_inference)
+from vitdet_plugin.models.layers import mlp as mlp_module
 from vitdet_plugin.models.necks import ViTSimpleFPN
 
 #: fp32: compiled vs eager outputs and gradients, max |a - b| / max |b| (the issue's bound).
@@ -125,8 +126,8 @@ def test_fullgraph_compile_matches_eager(name, training, bf16):
         _assert_close(outs, ref_outs, FP32_TOL, 'output')
         _assert_close(grads, ref_grads, FP32_TOL, 'gradient')
         return
-    # bf16: compiled and eager round differently (the compiled CPU forms, accel.padding_free,
-    # order the GEMMs differently); both must be as close to the fp32 result as eager bf16 is
+    # bf16: compiled and eager round differently (the compiled graph orders the GEMMs its own
+    # way); both must be as close to the fp32 result as eager bf16 is
     fp32_outs, fp32_grads = _run(model, x, training, False)
     _assert_as_close_as_eager(outs, ref_outs, fp32_outs, BF16_TOL, 'output')
     _assert_as_close_as_eager(grads, ref_grads, fp32_grads, BF16_GRAD_TOL, 'gradient')
@@ -198,10 +199,7 @@ def test_inductor_training_step_matches_eager(name):
 
 
 def _record_cpu_kernels(monkeypatch) -> List[str]:
-    """Names of the CPU kernels the Swin accel runners reach from now on ('chunked',
-    'attention', 'gelu', 'padding_free'), in call order."""
-    from vitdet_plugin.models.accel import runners, swin_inference
-
+    """Names of the CPU kernels reached from now on ('chunked', 'gelu'), in call order."""
     calls: List[str] = []
 
     def record(name: str, real: Callable) -> Callable:
@@ -211,11 +209,7 @@ def _record_cpu_kernels(monkeypatch) -> List[str]:
         return wrapper
 
     monkeypatch.setattr(swin_inference, '_stage_', record('chunked', swin_inference._stage_))
-    monkeypatch.setattr(runners, 'recompute_attention',
-                        record('attention', runners.recompute_attention))
-    monkeypatch.setattr(runners, 'gelu_linear', record('gelu', runners.gelu_linear))
-    monkeypatch.setattr(runners, 'padding_free_window_attention',
-                        record('padding_free', runners.padding_free_window_attention))
+    monkeypatch.setattr(mlp_module, 'gelu_linear', record('gelu', mlp_module.gelu_linear))
     return calls
 
 
@@ -223,11 +217,9 @@ def _graph_ops(gm: torch.fx.GraphModule) -> List[str]:
     return [str(n.target) for n in gm.graph.nodes if n.op == 'call_function']
 
 
-def test_compile_keeps_the_training_kernels_and_export_takes_the_plain_path(monkeypatch):
-    """Eager CPU forwards use the CPU kernels; a compiled forward projects only the image
-    tokens (accel.padding_free), a compiled training forward keeps the attention kernel as a
-    custom op in its graphs (forward and backward) and leaves the GELU recompute to the
-    compiler (a GELU in the backward graph of every block, no gelu_linear op), a compiled
+def test_compile_keeps_the_gelu_kernel_and_export_takes_the_plain_path(monkeypatch):
+    """Eager CPU forwards use the CPU kernels; a compiled training forward keeps the GELU
+    recompute as a custom op in its graphs (forward and backward, one per block), a compiled
     inference forward has no custom op (no chunked loop), and torch.export holds standard ops
     only (the plain path)."""
     calls = _record_cpu_kernels(monkeypatch)
@@ -235,7 +227,7 @@ def test_compile_keeps_the_training_kernels_and_export_takes_the_plain_path(monk
     x = torch.randn(BATCH, 3, *SIZE)
     for training in (False, True):
         _run(model.train(training), x, training, False)
-    assert set(calls) == {'chunked', 'attention', 'gelu'}, calls  # eager: the CPU kernels
+    assert set(calls) == {'chunked', 'gelu'}, calls  # eager: the CPU kernels
     blocks = sum(model.depths)
 
     graphs: List[torch.fx.GraphModule] = []
@@ -247,7 +239,6 @@ def test_compile_keeps_the_training_kernels_and_export_takes_the_plain_path(monk
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
     for training in (False, True):
-        calls.clear()
         graphs.clear()
         torch._dynamo.reset()
         backend = aot_autograd(fw_compiler=keep, bw_compiler=keep)
@@ -255,49 +246,42 @@ def test_compile_keeps_the_training_kernels_and_export_takes_the_plain_path(monk
              training, False)
         ops = [op for gm in graphs for op in _graph_ops(gm)]
         if not training:
-            assert calls == ['padding_free'] * blocks, calls
             assert not any('vitdet_plugin' in op for op in ops), ops
             continue
-        assert sorted(calls) == ['attention'] * blocks + ['padding_free'] * blocks, calls
         assert len(graphs) == 2  # forward and backward: one graph each, no break
         fwd, bwd = _graph_ops(graphs[0]), _graph_ops(graphs[1])
-        assert fwd.count('vitdet_plugin.recompute_attention.default') == blocks
-        assert bwd.count('vitdet_plugin.recompute_attention_backward.default') == blocks
-        assert not any('gelu_linear' in op for op in fwd + bwd)
-        assert fwd.count('aten.gelu.default') == bwd.count('aten.gelu.default') == blocks
+        assert fwd.count('vitdet_plugin.gelu_linear.default') == blocks
+        assert bwd.count('vitdet_plugin.gelu_linear_backward.default') == blocks
     calls.clear()
     exported = torch.export.export(model.train(True), (x,))
     ops = _graph_ops(exported.graph_module)
     assert calls == [] and not any('vitdet_plugin' in op for op in ops), ops
 
 
-def test_capture_flags_for_compile_export_and_tracing():
-    """capturing_graph: any graph capture; exporting_graph: graphs that leave PyTorch (export,
-    TorchScript tracing), not torch.compile. Under compile the training plan is kept."""
-    x = torch.randn(2, 3)
-    assert not capturing_graph() and not exporting_graph()
-    assert plan_for_tensor(x, 'auto') != PLAIN
+def test_kernel_choice_under_compile_export_and_tracing():
+    """The chunked inference stays off under torch.compile, export and tracing; the GELU
+    kernel stays on under torch.compile only (exported graphs hold standard ops)."""
+    mlp = mlp_module.Mlp(4, 8)
 
     def flags(t: Tensor) -> Tensor:
-        plan = plan_for_tensor(t, 'auto')
-        return t + torch.tensor([float(capturing_graph()), float(exporting_graph()),
-                                 float(plan.recompute_attention),
-                                 float(plan.chunked_inference), float(plan.compiled)])
+        return t + torch.tensor([float(swin_inference.chunked_inference_applies(t)),
+                                 float(mlp._recomputes_gelu(t)),
+                                 float(mlp_module.exporting_graph())])
 
-    y = torch.zeros(1, 5)
-    assert torch.compile(flags, backend='eager', fullgraph=True)(y).tolist() == [[1, 0, 1, 0, 1]]
-    with torch.no_grad():  # the chunked inference loop stays off under compile
-        torch._dynamo.reset()
-        assert torch.compile(flags, backend='eager', fullgraph=True)(y).tolist() == [
-            [1, 0, 0, 0, 1]]
-    assert torch.jit.trace(flags, y, check_trace=False)(y).tolist() == [[1, 1, 0, 0, 0]]
-    assert flags(y).tolist() == [[0, 0, 1, 0, 0]]  # eager
+    y = torch.zeros(1, 3)
+    assert flags(y).tolist() == [[0, 1, 0]]  # eager, grad enabled
+    with torch.no_grad():
+        assert flags(y).tolist() == [[1, 0, 0]]
+        assert torch.compile(flags, backend='eager', fullgraph=True)(y).tolist() == [[0, 0, 0]]
+    torch._dynamo.reset()
+    assert torch.compile(flags, backend='eager', fullgraph=True)(y).tolist() == [[0, 1, 0]]
+    assert torch.jit.trace(flags, y, check_trace=False)(y).tolist() == [[0, 0, 1]]
 
     class Flags(nn.Module):
         def forward(self, t: Tensor) -> Tensor:
             return flags(t)
 
-    assert torch.export.export(Flags(), (y,)).module()(y).tolist() == [[1, 1, 0, 0, 0]]
+    assert torch.export.export(Flags(), (y,)).module()(y).tolist() == [[0, 0, 1]]
 
 
 @pytest.fixture(scope='module')

@@ -1,4 +1,4 @@
-"""Dependencies point one way: functional <- weights <- models (accel <- layers <- backbones).
+"""Dependencies point one way: functional <- weights <- models (layers <- backbones).
 
 Read from the source (no import is executed), so a new import against the direction fails here
 even when it happens to work by import order.
@@ -13,14 +13,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / 'vitdet_plugin'
 ALLOWED = {
     'vitdet_plugin.functional': set(),
     'vitdet_plugin.weights': {'vitdet_plugin.functional'},
-    'vitdet_plugin.models.accel': {'vitdet_plugin.functional'},
-    'vitdet_plugin.models.layers': {'vitdet_plugin.functional', 'vitdet_plugin.models.accel'},
+    'vitdet_plugin.models.layers': {'vitdet_plugin.functional'},
     # backbones import no neck: a pyramid over a backbone is a neck chosen in the config
     'vitdet_plugin.models.backbones': {'vitdet_plugin.functional', 'vitdet_plugin.weights',
-                                       'vitdet_plugin.models.accel',
                                        'vitdet_plugin.models.layers'},
     'vitdet_plugin.models.necks': {'vitdet_plugin.functional', 'vitdet_plugin.weights',
-                                   'vitdet_plugin.models.accel', 'vitdet_plugin.models.layers'},
+                                   'vitdet_plugin.models.layers'},
 }
 
 
@@ -75,5 +73,5 @@ def test_the_graph_is_read_correctly():
     graph = _graph()
     assert 'vitdet_plugin.functional' in graph['vitdet_plugin.weights.swin']
     assert 'vitdet_plugin.weights.swin' in graph['vitdet_plugin.models.backbones.swin']
-    assert 'vitdet_plugin.models.accel' in graph['vitdet_plugin.models.backbones.swin']
+    assert 'vitdet_plugin.models.layers.swin_block' in graph['vitdet_plugin.models.backbones.swin']
     assert 'vitdet_plugin.weights.vit' in graph['vitdet_plugin.models.necks.simple_fpn']

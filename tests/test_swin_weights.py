@@ -31,7 +31,7 @@ def _official_from(model: SwinBackbone, buffers: bool = True) -> dict:
         for j, blk in enumerate(stage.blocks):
             sd[f'layers.{i}.blocks.{j}.attn.relative_position_index'] = \
                 relative_position_index(blk.window_size)
-            if blk.shifted:
+            if any(blk.shift_size):
                 sd[f'layers.{i}.blocks.{j}.attn_mask'] = shifted_window_mask(
                     (56 >> i, 56 >> i), blk.window_size, blk.shift_size)
     c = model.num_features[-1]

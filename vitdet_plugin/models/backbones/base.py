@@ -87,9 +87,9 @@ def init_transformer_weights_(module: nn.Module) -> None:
 
 def run_blocks(blocks: Iterable[nn.Module], x: Tensor, with_cp: bool, training: bool,
                block_fn: Optional[Callable[[nn.Module, Tensor], Tensor]] = None) -> Tensor:
-    """``x`` through ``blocks`` in turn (``block_fn(block, x)``, e.g. an accel runner, or
-    ``block(x)``); with ``with_cp`` in a training forward that records a graph, each block's
-    activations are recomputed in backward (non-reentrant checkpointing)."""
+    """``x`` through ``blocks`` in turn (``block_fn(block, x)``, e.g. a block call with extra
+    arguments, or ``block(x)``); with ``with_cp`` in a training forward that records a graph,
+    each block's activations are recomputed in backward (non-reentrant checkpointing)."""
     checkpoint = with_cp and training and torch.is_grad_enabled()
     for block in blocks:
         if block_fn is None:

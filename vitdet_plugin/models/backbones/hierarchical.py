@@ -5,17 +5,15 @@ embedding (optional convolutional stem and absolute position embedding), the sta
 patch merging between stages, a norm per output, layer ids, freezing, ``with_cp`` and the
 ``accel`` switch. A subclass gives its block (:meth:`WindowBackbone.make_block`), its patch
 merging (:meth:`WindowBackbone.make_merge`), its arch spec and its weight loader.
+``accel='off'`` switches the MLPs' CPU GELU recompute off (:class:`~..layers.Mlp`).
 
 Parameter names follow the official Microsoft layout: ``patch_embed.*``,
 ``absolute_pos_embed``, ``layers.{i}.blocks.{j}.*``, ``layers.{i}.downsample.*`` (at the end of
 stage ``i``) and ``norm{i}`` per output.
-
-On the CPU, ``accel='auto'`` runs the stages through a runner of :mod:`..accel`, chosen once
-per forward; everywhere else (and with ``'off'``) the stages' plain forward runs.
 """
 import re
 import warnings
-from typing import List, Optional, Sequence, Tuple, cast
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -23,10 +21,9 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch import Tensor, nn
 
-from ..accel import BlockFn, StageRunner, check_accel
-from ..layers import (ConvStem, PatchEmbed, check_flags, check_rates, int_tuple,
+from ..layers import (ConvStem, PatchEmbed, check_accel, check_flags, check_rates, int_tuple,
                       linear_drop_path_rates, positive_int, positive_number,
-                      set_fused_attention, to_2tuple)
+                      set_fused_attention, set_recompute_gelu, to_2tuple)
 from .archs import SwinArch
 from .base import BackboneContract, run_blocks
 
@@ -45,10 +42,9 @@ class WindowStage(nn.Module):
         self.downsample = downsample
         self.with_cp = with_cp
 
-    def forward(self, x: Tensor, block_fn: Optional[BlockFn] = None) -> Tuple[Tensor, Tensor]:
-        """``(B, H, W, C)`` -> (stage output ``(B, H, W, C)``, input of the next stage);
-        ``block_fn(block, x)``: how to run a block (an accel runner), else ``block(x)``."""
-        x = run_blocks(self.blocks, x, self.with_cp, self.training, block_fn)
+    def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]:
+        """``(B, H, W, C)`` -> (stage output ``(B, H, W, C)``, input of the next stage)."""
+        x = run_blocks(self.blocks, x, self.with_cp, self.training)
         return x, (self.downsample(x) if self.downsample is not None else x)
 
 
@@ -133,6 +129,7 @@ class WindowBackbone(BackboneContract, BaseModule):
                           'vitdet_plugin.models.layers.eager_attention(model)',
                           DeprecationWarning, stacklevel=3)
             set_fused_attention(self, False)
+        set_recompute_gelu(self, self.accel == 'auto')
         self._freeze_stages()
 
     @staticmethod
@@ -154,10 +151,6 @@ class WindowBackbone(BackboneContract, BaseModule):
     def make_merge(self, dim: int, norm_cfg: dict) -> nn.Module:
         """The patch merging at the end of a stage of ``dim`` channels."""
         raise NotImplementedError
-
-    def stage_runner(self, x: Tensor) -> Optional[StageRunner]:
-        """The accel runner of this forward (None: the plain path); asked once per forward."""
-        return None
 
     # ------------------------------------------------------------------ contract
     def layer_id(self, name: str) -> int:
@@ -201,15 +194,11 @@ class WindowBackbone(BackboneContract, BaseModule):
 
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         """``(B, C_in, H, W)`` -> maps ``(B, C_i, ceil(H / s_i), ceil(W / s_i))``."""
-        runner = self.stage_runner(x)                                # once per forward
         x = self.embed(x)                                            # (B, H/p, W/p, C)
         outs = []
         for i, stage in enumerate(self.layers):
-            out, x = stage(x) if runner is None else runner.run_stage(cast(WindowStage, stage), x)
-            if i in self.out_indices:                                # out: (B, H_i, W_i, C_i)
+            out, x = stage(x)                                        # out: (B, H_i, W_i, C_i)
+            if i in self.out_indices:
                 norm = getattr(self, f'norm{i}')
-                if runner is not None and runner.norm_to_nchw is not None:
-                    outs.append(runner.norm_to_nchw(norm, out))
-                else:
-                    outs.append(norm(out).permute(0, 3, 1, 2).contiguous())  # (B, C_i, H_i, W_i)
+                outs.append(norm(out).permute(0, 3, 1, 2).contiguous())  # (B, C_i, H_i, W_i)
         return tuple(outs)

@@ -10,156 +10,29 @@ Parameter names follow the official Microsoft layout (``layers.{i}.blocks.{j}...
 at the end of stage ``i``), so official checkpoints load without renaming; other layouts are
 converted by :mod:`vitdet_plugin.weights.swin`.
 
-This file holds the block and what is Swin V1's own; the stages, embedding, output norms and
-freezing are :class:`~.hierarchical.WindowBackbone`'s. On the CPU, ``accel='auto'`` runs the
-stages through :mod:`..accel`'s runners (chunked in-place inference, recomputing backwards).
+The block is :class:`~..layers.swin_block.SwinBlock`; the stages, embedding, output norms and
+freezing are :class:`~.hierarchical.WindowBackbone`'s. On the CPU in inference, ``accel='auto'``
+runs the stages through :mod:`.swin_inference` (chunked, in place); training MLPs recompute their
+GELU in backward (:class:`~..layers.Mlp`).
 """
-import math
 import numbers
 from functools import partial
-from typing import TYPE_CHECKING, Optional, Sequence, Tuple, Type, Union
+from typing import Optional, Sequence, Tuple, Union
 
-import torch
-import torch.nn.functional as F
-from mmcv.cnn import build_activation_layer, build_norm_layer
+from mmcv.cnn import build_norm_layer
 from mmdet.registry import MODELS
 from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor, nn
 
-from ...functional import (ArgumentError, SizeCache, attend, bias_table_size, from_windows,
-                           relative_position_index, to_windows, window_pair)
+from ...functional import ArgumentError, window_pair
 from ...weights.swin import load_swin_pretrained
-from ..accel import StageRunner, plan_for_tensor, swin_runner
-from ..layers import DropPath, Mlp, PatchMerging
-from ..layers.window_attention import WindowedAttention
+from ..layers import PatchMerging
+from ..layers.swin_block import SwinBlock, WindowAttention
 from .archs import SWIN_ARCHS, SwinArch  # noqa: F401  (SWIN_ARCHS: re-exported)
 from .base import (TRUNC_NORMAL_STD, init_cfg_from_pretrained, init_transformer_weights_,
                    load_init_checkpoint)
-from .hierarchical import WindowBackbone
-
-if TYPE_CHECKING:  # the block has what the accel runners read (mypy checks it here)
-    from ..accel.protocols import SwinBlockParts
-
-#: Flattened relative-position indices per (window, device); a function of sizes alone.
-_INDEX: SizeCache[Tensor] = SizeCache()
-
-
-class WindowAttention(WindowedAttention):
-    """Multi-head attention inside ``wh x ww`` windows with a learned relative-position bias.
-
-    Its :meth:`forward` is the whole plain path in one method; the accel runners use the
-    :class:`~..layers.window_attention.WindowedAttention` steps (``window_heads``, ...), which
-    compute the same.
-
-    Args:
-        dim: token channels.
-        num_heads: attention heads.
-        window_size: ``(wh, ww)``.
-        qkv_bias, attn_drop, proj_drop, fused: see :class:`~..layers.Attention`.
-        qk_scale: override of the ``head_dim ** -0.5`` logit scale (mmdet's ``qk_scale``;
-            as there and in the official code, ``None`` or ``0`` mean the default).
-    """
-
-    def __init__(self, dim: int, num_heads: int, window_size: Tuple[int, int],
-                 qkv_bias: bool = True, qk_scale: Optional[float] = None,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0, fused: bool = True) -> None:
-        super().__init__(dim, num_heads, qkv_bias, attn_drop, proj_drop, fused,
-                         qk_scale or None)  # `qk_scale or head_dim ** -0.5` upstream
-        self.window_size: Tuple[int, int] = (int(window_size[0]), int(window_size[1]))
-        self.relative_position_bias_table = nn.Parameter(
-            torch.zeros(int(math.prod(bias_table_size(self.window_size))), num_heads))
-
-    @property
-    def window_tokens(self) -> int:
-        return self.window_size[0] * self.window_size[1]
-
-    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        """``x``: windows ``(B * nW, N, C)``; ``mask``: ``(nW, N, N)`` shift mask or None.
-
-        ``softmax(q k^T * scale + bias (+ mask)) v``, then ``proj``."""
-        bw, n, c = x.shape
-        heads, d = self.num_heads, self.head_dim
-        qkv = self.qkv(x).view(bw, n, 3, heads, d)                   # (B * nW, N, 3, heads, d)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)               # (B * nW, heads, N, d)
-        bias = self.relative_position_bias()                         # (1, heads, N, N)
-        if mask is not None:
-            # windows folded into the heads: one image's bias + mask broadcasts over the batch
-            nw = mask.shape[0]
-            q, k, v = (t.reshape(bw // nw, nw * heads, n, d)
-                       for t in (q, k, v))                           # (B, nW * heads, N, d)
-            bias = (bias + mask.unsqueeze(1)).reshape(1, nw * heads, n, n)  # (1, nW*heads, N, N)
-        dropout_p = self.attn_drop if self.training else 0.0
-        if self.fused:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype),
-                                                 dropout_p=dropout_p, scale=self.scale)
-        else:  # the explicit formula: the reference of the parity tests
-            out = attend(q, k, v, bias, dropout_p, fused=False, scale=self.scale)  # as q
-        out = out.reshape(bw, heads, n, d).transpose(1, 2)           # (B * nW, N, heads, d)
-        return self.proj_drop(self.proj(out.reshape(bw, n, c)))      # (B * nW, N, C)
-
-    def relative_position_bias(self) -> Tensor:
-        """The ``(1, heads, N, N)`` bias of one window, gathered from the table."""
-        n, table = self.window_size[0] * self.window_size[1], self.relative_position_bias_table
-        # the index is derived from window_size per device (not a buffer: a model built on
-        # the meta device and materialised with to_empty() would index with garbage)
-        index = _INDEX.get((self.window_size, table.device), lambda: relative_position_index(
-            self.window_size).view(-1).to(table.device))
-        return table[index].view(n, n, -1).permute(2, 0, 1).unsqueeze(0)  # (1, heads, N, N)
-
-    def window_logit_terms(self, q: Tensor, k: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        """For the accel runners' ``window_heads``: ``q``, ``k`` as they are (``scale`` is
-        ``head_dim ** -0.5`` or ``qk_scale``) and the relative-position bias."""
-        return q, k, self.relative_position_bias()
-
-    def extra_repr(self) -> str:
-        return f'window_size={self.window_size}, ' + super().extra_repr()
-
-
-class SwinBlock(nn.Module):
-    """One Swin block on ``(B, H, W, C)``: (shifted) window attention, then an MLP.
-
-    Args:
-        dim, num_heads: channels and attention heads.
-        window_size: ``(wh, ww)``.
-        shift: shift the windows by half a window (SW-MSA) instead of W-MSA.
-        mlp_ratio: MLP hidden width / ``dim``.
-        qkv_bias, qk_scale, attn_drop: see :class:`WindowAttention`.
-        drop: dropout after the projections.
-        drop_path: stochastic-depth rate of this block.
-        norm_cfg, act_cfg: mmcv config dicts for the norms and the MLP activation.
-    """
-
-    def __init__(self, dim: int, num_heads: int, window_size: Tuple[int, int], shift: bool,
-                 mlp_ratio: float = 4.0, qkv_bias: bool = True,
-                 qk_scale: Optional[float] = None, drop: float = 0.0, attn_drop: float = 0.0,
-                 drop_path: float = 0.0, norm_cfg: Optional[dict] = None,
-                 act_cfg: Optional[dict] = None) -> None:
-        super().__init__()
-        self.window_size = window_size
-        self.shift_size = (window_size[0] // 2, window_size[1] // 2) if shift else (0, 0)
-        self.norm1 = build_norm_layer(norm_cfg or dict(type='LN'), dim)[1]
-        self.attn = WindowAttention(dim, num_heads, window_size, qkv_bias, qk_scale, attn_drop,
-                                    drop)
-        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = build_norm_layer(norm_cfg or dict(type='LN'), dim)[1]
-        act = partial(build_activation_layer, act_cfg or dict(type='GELU'))
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act, drop=drop)
-
-    @property
-    def shifted(self) -> bool:
-        return any(self.shift_size)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """``(B, H, W, C)`` -> ``(B, H, W, C)``."""
-        # pad to whole windows, roll by -shift (SW-MSA), partition: (B * nW, N, C)
-        windows, grid = to_windows(self.norm1(x), self.window_size, self.shift_size)
-        windows = self.attn(windows, grid.shift_mask(x.device, x.dtype))  # (B * nW, N, C)
-        x = x + self.drop_path(from_windows(windows, grid))          # (B, H, W, C)
-        return x + self.drop_path(self.mlp(self.norm2(x)))
-
-
-if TYPE_CHECKING:
-    _SWIN_BLOCK: Type[SwinBlockParts] = SwinBlock
+from .hierarchical import WindowBackbone, WindowStage
+from .swin_inference import chunked_inference_applies, chunked_stage, norm_to_nchw
 
 
 @MODELS.register_module()
@@ -192,8 +65,8 @@ class SwinBackbone(WindowBackbone):
         with_cp: activation checkpointing per block (non-reentrant).
         fused_attn: deprecated; False warns and switches the attention to the eager formula
             (:func:`~..layers.eager_attention` is the way to do that).
-        accel: ``'auto'`` (default) uses our CPU kernels on the CPU and the plain path
-            elsewhere; ``'off'`` the plain path everywhere (see :mod:`..accel`).
+        accel: ``'auto'`` (default): on the CPU, chunked inference (:mod:`.swin_inference`)
+            and the MLPs' GELU recompute in training; ``'off'``: the plain path everywhere.
         norm_cfg, act_cfg: mmcv config dicts.
         strides: accepted for mmdet-config compatibility; must equal ``(patch_size, 2, ...)``.
         convert_weights: accepted for mmdet-config compatibility (formats are detected).
@@ -271,8 +144,19 @@ class SwinBackbone(WindowBackbone):
         norm = build_norm_layer(norm_cfg, 4 * dim)[1] if self._merge_norm else nn.Identity()
         return PatchMerging(dim, norm)
 
-    def stage_runner(self, x: Tensor) -> Optional[StageRunner]:
-        return swin_runner(plan_for_tensor(x, self.accel), self.training)
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """``(B, C_in, H, W)`` -> maps ``(B, C_i, ceil(H / s_i), ceil(W / s_i))``; on the CPU
+        in inference (``accel='auto'``) through :mod:`.swin_inference`, same values."""
+        if self.accel == 'off' or not chunked_inference_applies(x):
+            return super().forward(x)                                # the plain path
+        x = self.embed(x)                                            # (B, H/p, W/p, C)
+        outs = []
+        for i, stage in enumerate(self.layers):
+            assert isinstance(stage, WindowStage)
+            out, x = chunked_stage(stage.blocks, stage.downsample, x)  # (B, H_i, W_i, C_i)
+            if i in self.out_indices:
+                outs.append(norm_to_nchw(getattr(self, f'norm{i}'), out))  # (B, C_i, H_i, W_i)
+        return tuple(outs)
 
     def init_weights(self) -> None:
         """Truncated-normal init, or load ``init_cfg.checkpoint`` through the converters."""

@@ -18,7 +18,7 @@ at the end of stage ``i``); timm and mmpretrain layouts are converted by
 import dataclasses
 import numbers
 from functools import partial
-from typing import TYPE_CHECKING, ClassVar, Optional, Sequence, Tuple, Type, Union
+from typing import ClassVar, Optional, Sequence, Tuple, Union
 
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmdet.registry import MODELS
@@ -27,15 +27,11 @@ from torch import Tensor, nn
 from ...functional import from_windows, stage_windows, to_windows
 from ...functional.sizes import Window, WindowArg
 from ...weights.swin_v2 import load_swin_v2_pretrained
-from ..accel import StageRunner, plan_for_tensor, swin_v2_runner
 from ..layers import DropPath, Mlp, PatchMerging
 from ..layers.cosine_window_attention import LOGIT_SCALE_INIT, CosineWindowAttention
 from .archs import SwinArch
 from .base import init_cfg_from_pretrained, init_transformer_weights_, load_init_checkpoint
 from .hierarchical import WindowBackbone
-
-if TYPE_CHECKING:  # the block has what the accel runners read (mypy checks it here)
-    from ..accel.protocols import SwinV2BlockParts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,10 +109,6 @@ class SwinV2Block(nn.Module):
         x = x + self.drop_path(self.norm1(from_windows(windows, grid)))  # (B, H, W, C)
         x = x + self.drop_path(self.norm2(self.mlp(x)))
         return self.norm3(x) if self.norm3 is not None else x
-
-
-if TYPE_CHECKING:
-    _SWIN_V2_BLOCK: Type[SwinV2BlockParts] = SwinV2Block
 
 
 @MODELS.register_module()
@@ -206,9 +198,6 @@ class SwinV2Backbone(WindowBackbone):
     def make_merge(self, dim: int, norm_cfg: dict) -> nn.Module:
         """Concat 2x2 -> linear ``4C -> 2C`` -> norm (post-norm)."""
         return PatchMerging(dim, build_norm_layer(norm_cfg, 2 * dim)[1], post_norm=True)
-
-    def stage_runner(self, x: Tensor) -> Optional[StageRunner]:
-        return swin_v2_runner(plan_for_tensor(x, self.accel))
 
     def init_weights(self) -> None:
         """Load ``init_cfg.checkpoint`` through the converters, or initialise as the official

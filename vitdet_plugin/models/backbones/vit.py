@@ -16,7 +16,7 @@ mlp.fc2, residual.*}``); :mod:`vitdet_plugin.weights.vit` converts the checkpoin
 """
 import re
 from functools import partial
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Type, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 from mmcv.cnn import build_activation_layer, build_norm_layer
@@ -28,18 +28,14 @@ from torch import Tensor, nn
 from ...functional import (attend, decomposed_rel_pos_bias, decomposed_rel_pos_channels,
                            from_windows, resize_pos_grid, to_windows, window_pair)
 from ...weights.vit import load_vit_pretrained
-from ..accel import check_accel, plan_for_tensor, vit_block_runner
 from ..layers import (Attention, ConvStem, DropPath, Mlp, PatchEmbed, ResBottleneckBlock,
-                      check_flags, check_rates, linear_drop_path_rates,
-                      positive_int, positive_number, to_2tuple)
+                      check_accel, check_flags, check_rates, linear_drop_path_rates,
+                      positive_int, positive_number, set_recompute_gelu, to_2tuple)
 from .archs import VIT_ARCHS  # noqa: F401  (re-exported)
 from .archs import ViTArch, check_frozen_blocks, check_out_indices, index_list
 from .base import (TRUNC_NORMAL_STD, BackboneContract, PlainViTFreezing,
                    init_cfg_from_pretrained, init_transformer_weights_, load_init_checkpoint,
                    run_blocks)
-
-if TYPE_CHECKING:
-    from ..accel.protocols import ViTBlockParts
 
 
 
@@ -134,10 +130,6 @@ class ViTBlock(nn.Module):
 
     def extra_repr(self) -> str:
         return f'window_size={self.window_size}'
-
-
-if TYPE_CHECKING:  # the block has what the accel runner reads (mypy checks it here)
-    _VIT_BLOCK: Type[ViTBlockParts] = ViTBlock
 
 
 @MODELS.register_module()
@@ -268,6 +260,7 @@ class ViTBackbone(PlainViTFreezing, BackboneContract, BaseModule):
         self.out_strides = (patch_size,) * len(self.out_indices)
         self.num_layers = self.depth
         self._init_vit_weights()
+        set_recompute_gelu(self, self.accel == 'auto')
         self._freeze_stages()
 
     # ------------------------------------------------------------------ contract
@@ -318,10 +311,9 @@ class ViTBackbone(PlainViTFreezing, BackboneContract, BaseModule):
         if self.pos_embed is not None:
             x = x + self.abs_pos_embed((x.shape[1], x.shape[2]))
         outs = []
-        run = vit_block_runner(plan_for_tensor(x, self.accel))      # accel, once per forward
         start = 0
         for end in self.out_indices:  # sorted: the blocks up to each output, in turn
-            x = run_blocks(self.blocks[start:end + 1], x, self.with_cp, self.training, run)
+            x = run_blocks(self.blocks[start:end + 1], x, self.with_cp, self.training)
             outs.append(x.permute(0, 3, 1, 2).contiguous())        # (B, C, h, w)
             start = end + 1
         return tuple(outs)

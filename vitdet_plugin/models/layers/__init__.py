@@ -4,13 +4,14 @@ from ...functional import (MASKED_LOGIT, attend, bias_table_size, decomposed_rel
                            pad_to_multiple, padded_size, relative_position_index,
                            resize_rel_pos, shifted_window_mask, window_partition,
                            window_reverse)
-from .arguments import (check_flag, check_flags, check_rate, check_rates, int_arg, int_tuple,
-                        positive_int, positive_number, to_2tuple)
+from .arguments import (ACCEL_MODES, check_accel, check_flag, check_flags, check_rate,
+                        check_rates, int_arg, int_tuple, positive_int, positive_number,
+                        to_2tuple)
 from .attention import Attention, eager_attention, register_fusable_attention, set_fused_attention
 from .conv_stem import ConvStem
 from .cross_attention import MultiheadCrossAttention
 from .layer_scale import LayerScale
-from .mlp import DropPath, Mlp, linear_drop_path_rates
+from .mlp import DropPath, Mlp, gelu_linear, linear_drop_path_rates, set_recompute_gelu
 from .norm import LayerNorm2d, masked_group_norm
 from .patch_embed import PatchEmbed
 from .patch_merging import PatchMerging
@@ -18,6 +19,7 @@ from .res_bottleneck import ResBottleneckBlock
 from .swiglu import SwiGLU, SwiGLUPacked
 
 __all__ = [
+    'ACCEL_MODES', 'check_accel', 'gelu_linear', 'set_recompute_gelu',
     'MASKED_LOGIT', 'Attention', 'attend', 'eager_attention', 'register_fusable_attention',
     'set_fused_attention', 'ConvStem', 'MultiheadCrossAttention', 'DropPath',
     'linear_drop_path_rates', 'Mlp', 'LayerNorm2d', 'masked_group_norm', 'PatchEmbed',

@@ -75,3 +75,16 @@ def check_rate(value, name: str) -> float:
             or not 0.0 <= float(value) < 1.0:
         raise ArgumentError(f'{name} must be a number in [0, 1), got {value!r}')
     return float(value)
+
+
+#: Accepted values of the backbones' ``accel`` switch.
+ACCEL_MODES = ('auto', 'off')
+
+
+def check_accel(mode: object) -> str:
+    """``mode`` if it is one of :data:`ACCEL_MODES`, else a ``ValueError`` naming the choices."""
+    if not isinstance(mode, str) or mode not in ACCEL_MODES:
+        raise ValueError(f'accel={mode!r} is not supported; choose one of {list(ACCEL_MODES)} '
+                         "('auto': our CPU kernels on CPU, the plain path elsewhere; 'off': "
+                         'the plain path everywhere)')
+    return mode

@@ -3,8 +3,8 @@
 ``softmax(normalize(q) normalize(k)^T * exp(min(logit_scale, log 100)) + 16 sigmoid(cpb) + mask) v``
 as in the official Swin V2 code, timm and mmpretrain. The logit scale is folded into the
 normalised queries, so ``F.scaled_dot_product_attention`` runs with ``scale=1`` and the position
-bias (plus the shift mask, windows folded into the heads by
-:class:`~.window_attention.WindowedAttention`) as its ``attn_mask``.
+bias (plus the shift mask, windows folded into the heads as in Swin V1's
+:class:`~.swin_block.WindowAttention`) as its ``attn_mask``.
 """
 import math
 from typing import Optional, Tuple
@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...functional import SizeCache, relative_position_index
+from ...functional import SizeCache, attend, relative_position_index, window_bias
 from ...functional.cpb import log_spaced_relative_coords
-from .window_attention import WindowedAttention
+from .attention import register_fusable_attention
 
 #: ``logit_scale`` starts at ``log(10)``: cosine similarities are multiplied by 10 at first.
 LOGIT_SCALE_INIT = math.log(10.0)
@@ -32,7 +32,8 @@ CPB_BIAS_SCALE = 16.0
 _POSITIONS: SizeCache[Tuple[Tensor, Tensor]] = SizeCache()
 
 
-class CosineWindowAttention(WindowedAttention):
+@register_fusable_attention
+class CosineWindowAttention(nn.Module):
     """Swin V2 multi-head attention inside ``wh x ww`` windows.
 
     Parameters as in the official layout: ``qkv`` (no bias), ``q_bias`` and ``v_bias`` (the
@@ -42,42 +43,65 @@ class CosineWindowAttention(WindowedAttention):
     ``relative_coords_table`` / ``relative_position_index`` are dropped by the converters).
 
     Args:
-        dim, num_heads: token channels and heads.
+        dim, num_heads: token channels and heads (``dim`` divisible by ``num_heads``).
         window_size: ``(wh, ww)``.
         pretrained_window_size: ``(ph, pw)`` the model was pretrained with; relative offsets are
             normalised by it (``(0, 0)``: by the window itself).
         qkv_bias: learn ``q_bias`` and ``v_bias``.
-        attn_drop, proj_drop, fused: see :class:`Attention`.
+        attn_drop, proj_drop: dropout on the attention weights / after ``proj``.
+        fused: ``F.scaled_dot_product_attention`` (True) or the explicit reference formula.
     """
 
     def __init__(self, dim: int, num_heads: int, window_size: Tuple[int, int],
                  pretrained_window_size: Tuple[int, int] = (0, 0), qkv_bias: bool = True,
                  attn_drop: float = 0.0, proj_drop: float = 0.0, fused: bool = True) -> None:
-        super().__init__(dim, num_heads, qkv_bias=False, attn_drop=attn_drop,
-                         proj_drop=proj_drop, fused=fused, scale=1.0)  # scale is in q
+        super().__init__()
+        if num_heads <= 0 or dim % num_heads:
+            raise ValueError(f'embed dims {dim} must be divisible by num_heads={num_heads}; '
+                             'choose a head count that divides the channel count')
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
         self.window_size: Tuple[int, int] = (int(window_size[0]), int(window_size[1]))
         self.pretrained_window_size: Tuple[int, int] = (int(pretrained_window_size[0]),
                                                         int(pretrained_window_size[1]))
-        self.logit_scale = nn.Parameter(torch.full((num_heads, 1, 1), LOGIT_SCALE_INIT))
-        self.cpb_mlp = nn.Sequential(nn.Linear(2, CPB_HIDDEN), nn.ReLU(inplace=True),
-                                     nn.Linear(CPB_HIDDEN, num_heads, bias=False))
+        self.qkv = nn.Linear(dim, dim * 3, bias=False)
         if qkv_bias:
             self.q_bias = nn.Parameter(torch.zeros(dim))
             self.v_bias = nn.Parameter(torch.zeros(dim))
         else:
             self.register_parameter('q_bias', None)
             self.register_parameter('v_bias', None)
+        self.logit_scale = nn.Parameter(torch.full((num_heads, 1, 1), LOGIT_SCALE_INIT))
+        self.cpb_mlp = nn.Sequential(nn.Linear(2, CPB_HIDDEN), nn.ReLU(inplace=True),
+                                     nn.Linear(CPB_HIDDEN, num_heads, bias=False))
+        self.attn_drop = float(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
+        self.fused = fused
 
-    def padding_qkv(self) -> Optional[Tensor]:
-        """``(3C,)``: the ``qkv`` of a zero token, ``q_bias``, zeros, ``v_bias`` (None: no
-        biases)."""
-        if self.q_bias is None:
-            return None
-        return torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])
-
-    def project_qkv(self, x: Tensor) -> Tensor:
-        """``(..., C)`` -> ``(..., 3C)``; the key bias is zero."""
-        return F.linear(x, self.qkv.weight, self.padding_qkv())
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        """``x``: windows ``(B * nW, N, C)``; ``mask``: ``(nW, N, N)`` shift mask or None."""
+        bw, n, c = x.shape
+        heads, d = self.num_heads, self.head_dim
+        qkv_bias = (None if self.q_bias is None else
+                    torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias]))
+        qkv = F.linear(x, self.qkv.weight, qkv_bias).view(bw, n, 3, heads, d)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)               # (B * nW, heads, N, d)
+        # scaled cosine logits: unit q times the clamped logit scale (one pass over q), unit k
+        scale = self.logit_scale.clamp(max=LOGIT_SCALE_MAX).exp().to(q.dtype)  # (heads, 1, 1)
+        norm = torch.linalg.vector_norm(q, dim=-1, keepdim=True).clamp_min(NORMALIZE_EPS)
+        q = q * (scale / norm)
+        k = F.normalize(k, dim=-1, eps=NORMALIZE_EPS)
+        if mask is not None:
+            # windows folded into the heads: one image's bias + mask broadcasts over the batch
+            nw = mask.shape[0]
+            q, k, v = (t.reshape(bw // nw, nw * heads, n, d)
+                       for t in (q, k, v))                           # (B, nW * heads, N, d)
+        dropout_p = self.attn_drop if self.training else 0.0
+        out = attend(q, k, v, window_bias(self.position_bias(), mask), dropout_p, self.fused,
+                     scale=1.0)                                      # as q
+        out = out.reshape(bw, heads, n, d).transpose(1, 2)           # (B * nW, N, heads, d)
+        return self.proj_drop(self.proj(out.reshape(bw, n, c)))      # (B * nW, N, C)
 
     def position_bias(self) -> Tensor:
         """The ``(1, heads, N, N)`` continuous position bias of one window."""
@@ -92,17 +116,6 @@ class CosineWindowAttention(WindowedAttention):
         bias = table[index].view(n, n, self.num_heads).permute(2, 0, 1)          # (heads, N, N)
         return (CPB_BIAS_SCALE * torch.sigmoid(bias)).unsqueeze(0)
 
-    def window_logit_terms(self, q: Tensor, k: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        """The scaled cosine logits: unit ``q`` times the clamped logit scale, unit ``k``
-        (``scale`` is 1), and the continuous position bias."""
-        scale = self.logit_scale.clamp(max=LOGIT_SCALE_MAX).exp().to(q.dtype)  # (heads, 1, 1)
-        # unit q times the logit scale in one pass over q (F.normalize, then a second multiply,
-        # took two): q k^T then gives the scaled cosine logits
-        norm = torch.linalg.vector_norm(q, dim=-1, keepdim=True).clamp_min(NORMALIZE_EPS)
-        q = q * (scale / norm)                                       # (B * nW, heads, N, d)
-        k = F.normalize(k, dim=-1, eps=NORMALIZE_EPS)
-        return q, k, self.position_bias()                            # bias (1, heads, N, N)
-
     def extra_repr(self) -> str:
         return (f'window_size={self.window_size}, pretrained_window_size='
-                f'{self.pretrained_window_size}, ' + super().extra_repr())
+                f'{self.pretrained_window_size}, num_heads={self.num_heads}, fused={self.fused}')
