@@ -6,7 +6,7 @@ dict of fields) with the fields given as constructor arguments (see :class:`~.ba
 import dataclasses
 from typing import Any, ClassVar, Optional, Sequence, Tuple
 
-from ..layers import check_rate, int_arg, int_tuple, positive_int
+from ..layers.arguments import check_rate, int_arg, int_tuple, positive_int
 from .base import ArchSpec
 
 

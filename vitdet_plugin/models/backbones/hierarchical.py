@@ -21,9 +21,12 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch import Tensor, nn
 
-from ..layers import (ConvStem, PatchEmbed, check_accel, check_flags, check_rates, int_tuple,
-                      linear_drop_path_rates, positive_int, positive_number,
-                      set_fused_attention, set_recompute_gelu, to_2tuple)
+from ..layers.arguments import (check_accel, check_flags, check_rates, int_tuple, positive_int,
+                               positive_number, to_2tuple)
+from ..layers.attention import set_fused_attention
+from ..layers.conv_stem import ConvStem
+from ..layers.mlp import linear_drop_path_rates, set_recompute_gelu
+from ..layers.patch_embed import PatchEmbed
 from .archs import SwinArch
 from .base import BackboneContract, run_blocks
 

@@ -24,9 +24,9 @@ from mmdet.registry import MODELS
 from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor, nn
 
-from ...functional import ArgumentError, window_pair
+from ...functional.sizes import ArgumentError, window_pair
 from ...weights.swin import load_swin_pretrained
-from ..layers import PatchMerging
+from ..layers.patch_merging import PatchMerging
 from ..layers.swin_block import SwinBlock, WindowAttention
 from .archs import SWIN_ARCHS, SwinArch  # noqa: F401  (SWIN_ARCHS: re-exported)
 from .base import (TRUNC_NORMAL_STD, init_cfg_from_pretrained, init_transformer_weights_,

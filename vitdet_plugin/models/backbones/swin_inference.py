@@ -21,8 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...functional import SizeCache, attend, padded_size, shifted_window_mask, to_windows
-from ..layers import PatchMerging
+from ...functional.attention import attend
+from ...functional.size_cache import SizeCache
+from ...functional.window import padded_size, shifted_window_mask, to_windows
+from ..layers.patch_merging import PatchMerging
 from ..layers.mlp import exporting_graph
 from ..layers.swin_block import SwinBlock, WindowAttention
 

@@ -10,7 +10,8 @@ from typing import Any, Iterator, List, Optional, Tuple, cast
 
 from torch import Tensor, nn
 
-from ...functional import MASKED_LOGIT, attend
+from ...functional.attention import attend
+from ...functional.window import MASKED_LOGIT
 
 __all__ = ['MASKED_LOGIT', 'Attention', 'attend', 'eager_attention',
            'register_fusable_attention', 'set_fused_attention']

@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...functional import known_zero, padded_size
+from ...functional.symbolic import known_zero
+from ...functional.window import padded_size
 from .arguments import to_2tuple
 from .conv_stem import ConvStem
 

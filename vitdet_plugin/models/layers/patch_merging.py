@@ -5,7 +5,7 @@ from typing import Optional
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...functional import known_zero
+from ...functional.symbolic import known_zero
 
 
 class PatchMerging(nn.Module):

@@ -15,8 +15,10 @@ import torch.nn.functional as F
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from torch import Tensor, nn
 
-from ...functional import (SizeCache, attend, bias_table_size, from_windows,
-                           relative_position_index, to_windows)
+from ...functional.attention import attend
+from ...functional.rel_pos import bias_table_size, relative_position_index
+from ...functional.size_cache import SizeCache
+from ...functional.window import from_windows, to_windows
 from .attention import register_fusable_attention
 from .mlp import DropPath, Mlp
 
