@@ -248,7 +248,8 @@ class PlainViTBackbone(PlainViTFreezing, BackboneContract, BaseModule):
             n = self.num_pos_prefix + self.pretrain_grid[0] * self.pretrain_grid[1]
             self.pos_embed = nn.Parameter(torch.zeros(1, n, dims))
         elif pretrain_img_size is not None or pretrain_patch_size is not None:
-            raise ValueError(f'{name} has no absolute position embedding: remove '
+            rotary = ' (rotary only)' if self.rope_spec is not None else ''
+            raise ValueError(f'{name} has no absolute position embedding{rotary}: remove '
                              'pretrain_img_size / pretrain_patch_size')
 
         rates = linear_drop_path_rates(spec.drop_path_rate, self.depth)
@@ -363,7 +364,7 @@ class PlainViTBackbone(PlainViTFreezing, BackboneContract, BaseModule):
             x = x + self.abs_pos_embed((h, w))
         if self.cls_token is None:  # prefix_tokens='drop'
             return x, (h, w)
-        cls = self.cls_token                                         # (1, 1, C)
+        cls: Tensor = self.cls_token                                 # (1, 1, C)
         if self.pos_embed is not None and self.num_pos_prefix:
             cls = cls + self.pos_embed[:, :1]
         prefix = [cls.expand(b, -1, -1)]                             # (B, 1, C)
