@@ -53,9 +53,8 @@ from ...functional import (RopeSpec, SizeCache, check_rope_spec, resize_pos_grid
 from ...weights.vit_families import load_vit_family_pretrained
 from ..layers import (ConvStem, PatchEmbed, ResBottleneckBlock, check_flags, check_rates,
                       linear_drop_path_rates, positive_int, positive_number, to_2tuple)
-from .base import (TRUNC_NORMAL_STD, BackboneContract, PlainViTFreezing,
-                   init_cfg_from_pretrained, init_transformer_weights_, load_init_checkpoint,
-                   run_blocks)
+from .base import (TRUNC_NORMAL_STD, BackboneContract, init_cfg_from_pretrained,
+                   init_transformer_weights_, load_init_checkpoint, run_blocks)
 from .vit_archs import (DINOv2Arch, DINOv3Arch, EVA02Arch, PlainViTArch, check_frozen_blocks,
                         check_out_indices)
 from .vit_block import RopeTables, TokenLayout, ViTBlock
@@ -79,7 +78,7 @@ def patch_grid(size: Union[int, Tuple[int, int]], name: str, patch: int) -> Tupl
     return h // patch, w // patch
 
 
-class PlainViTBackbone(PlainViTFreezing, BackboneContract, BaseModule):
+class PlainViTBackbone(BackboneContract, BaseModule):
     """The plain ViT (see the module docstring); build a registered family.
 
     Args:
@@ -318,6 +317,12 @@ class PlainViTBackbone(PlainViTFreezing, BackboneContract, BaseModule):
         super().init_weights()
 
     # ------------------------------------------------------------------ freezing
+    def frozen_modules(self) -> List[nn.Module]:
+        """``frozen_stages >= 0``: the patch embedding, then the first ``frozen_stages``
+        blocks."""
+        patch: List[nn.Module] = [self.patch_embed] if self.frozen_stages >= 0 else []
+        return patch + list(self.blocks[:max(self.frozen_stages, 0)])
+
     def frozen_parameters(self) -> List[nn.Parameter]:
         if self.frozen_stages < 0:
             return []
