@@ -68,7 +68,8 @@ TINY: Dict[str, Dict[str, dict]] = {
     },
 }
 #: Arguments the ViT families take in another form: their qkv bias is a mode (None: the
-#: arch's), they have no accel runners (the SDPA plain path is theirs). BAD_ARGUMENTS key ->
+#: arch's), they take no accel argument (their MLPs always recompute GELU in CPU training).
+#: BAD_ARGUMENTS key ->
 #: the families' bad value and expected error.
 FAMILY_ARGUMENTS = {
     'qkv_bias': (dict(qkv_bias=True), r"qkv_bias=True is not one of \['qkv', 'qv', 'none'\]"),

@@ -125,9 +125,9 @@ VIT = dict(arch=dict(embed_dims=32, depth=2, num_heads=2), img_size=32, patch_si
     (dict(out_indices=(-5, )), r'out_indices=\(-5,\) contains \[-5\], out of range for '
                                r'depth=2: block indices must be in -2\.\.1'),
     (dict(out_indices=()), r'out_indices is empty'),
-    (dict(img_size=4), r'img_size=4 is smaller than patch_size=8'),
-    (dict(pretrain_img_size=(32, 4)), r'pretrain_img_size=\(32, 4\) is smaller than '
-                                      r'patch_size=8'),
+    (dict(img_size=4), r'img_size=4 is smaller than the patch \(8 pixels\)'),
+    (dict(pretrain_img_size=(32, 4)), r'pretrain_img_size=\(32, 4\) is smaller than the '
+                                      r'patch \(8 pixels\)'),
 ])
 def test_vit_bad_arguments(kw, match):
     with pytest.raises(ValueError, match=match):

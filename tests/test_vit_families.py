@@ -237,8 +237,8 @@ BAD = [
      r'attention in every block give global_attn_indexes=range\(depth\)$'),
     (EVA02Backbone, dict(arch='huge'), r"^unknown EVA-02 arch 'huge'; choose one of \['base', "
      r"'large', 'small', 'tiny'\]"),
-    (DINOv2Backbone, dict(pretrain_img_size=10), r'^pretrain_img_size=\(10, 10\) is smaller '
-     r'than pretrain_patch_size=14: the stored position grid would be empty'),
+    (DINOv2Backbone, dict(pretrain_img_size=10), r'^pretrain_img_size=10 is smaller than the '
+     r'patch \(14 pixels\): the grid it describes would be empty'),
 ]
 
 

@@ -22,8 +22,8 @@ from torch import Tensor, nn
 
 from vis_kit import VisualizeError
 from vitdet_plugin.functional import decomposed_rel_pos_bias
-from vitdet_plugin.models.backbones.vit import ViTAttention
 from vitdet_plugin.models.backbones.swin import WindowAttention
+from vitdet_plugin.models.backbones.vit_block import ViTAttention
 from vitdet_plugin.models.layers.cosine_window_attention import (LOGIT_SCALE_MAX,
                                                                  CosineWindowAttention)
 
@@ -183,16 +183,22 @@ def swin_attention_probs(attn: WindowAttention, windows: Tensor,
     return logits.softmax(dim=-1)
 
 
-def vit_attention_probs(attn: ViTAttention, grid: Tensor) -> Tensor:
-    """Attention probabilities ``(B, heads, N, N)`` of ViT attention over ``grid``
-    ``(B, h, w, C)`` (a window or the whole map): ``softmax(q k^T * scale + rel. bias)``
-    with the decomposed relative-position bias of the eager formulation."""
-    b, h, w, c = grid.shape
-    q, k, _ = attn.qkv_heads(grid.reshape(b, h * w, c))          # (B, heads, N, d)
+def vit_attention_probs(attn: ViTAttention, call: Call) -> Tensor:
+    """Attention probabilities ``(B, heads, N, N)`` of plain-ViT attention over the captured
+    tokens ``(B, N, C)`` of a ``grid`` (a window or the whole map): ``softmax(q k^T * scale +
+    rel. bias)`` with rotary q / k and the decomposed relative-position bias of the eager
+    formulation."""
+    tokens, grid = call.arg(0, 'x'), call.arg(1, 'grid')
+    num_prefix, rope = call.arg(2, 'num_prefix') or 0, call.arg(3, 'rope')
+    if num_prefix:
+        raise VisualizeError('attention maps of blocks with cls / register tokens are not '
+                             "supported; build the backbone with prefix_tokens='drop'")
+    q, k, _ = attn.qkv_heads(tokens)                              # (B, heads, N, d)
+    if rope is not None:
+        q, k = attn.rotate(q, 0, rope), attn.rotate(k, 0, rope)
     logits = (q * attn.scale) @ k.transpose(-2, -1)
-    if attn.use_rel_pos:
-        logits = logits + decomposed_rel_pos_bias(q, attn.rel_pos_h, attn.rel_pos_w, (h, w),
-                                                  (h, w))
+    if attn.rel_pos_h is not None and attn.rel_pos_w is not None:
+        logits = logits + decomposed_rel_pos_bias(q, attn.rel_pos_h, attn.rel_pos_w, grid, grid)
     return logits.softmax(dim=-1)
 
 
@@ -215,7 +221,7 @@ def attention_probs(attn: Any, call: Call) -> Tensor:
     if isinstance(attn, WindowAttention):
         return swin_attention_probs(attn, call.arg(0, 'x'), call.arg(1, 'mask'))
     if isinstance(attn, ViTAttention):
-        return vit_attention_probs(attn, call.arg(0, 'x'))
+        return vit_attention_probs(attn, call)
     if isinstance(attn, CosineWindowAttention):
         return cosine_window_attention_probs(attn, call.arg(0, 'x'), call.arg(1, 'mask'))
     raise VisualizeError(f'attention maps of {type(attn).__name__} are not supported (known: '
@@ -230,4 +236,14 @@ def attention_output(attn: Any, call: Call, probs: Tensor) -> Tensor:
     tokens = x.reshape(x.shape[0], -1, x.shape[-1])              # (B', N, C)
     _, _, v = attn.qkv_heads(tokens)                             # (B', heads, N, d)
     out = (probs @ v).transpose(1, 2).reshape(tokens.shape)      # (B', N, C)
+    if isinstance(attn, ViTAttention):
+        out = attn.norm(out)                                     # EVA-02's sub-LN (or none)
     return attn.proj(out).reshape(x.shape)
+
+
+def block_map_hw(call: Call) -> Tuple[int, int]:
+    """The token map size of a captured block call: the ``(B, H, W, C)`` map a Swin block
+    receives, or the grid of the plain ViT's token layout (its blocks take ``(B, N, C)``)."""
+    layout = call.arg(1, 'layout')
+    h, w = layout.grid if layout is not None else call.arg(0, 'x').shape[1:3]
+    return int(h), int(w)

@@ -13,8 +13,8 @@ from torch import Tensor
 
 from feature_shapes import pyramid_rows
 from vis_kit import VisualizeError
-from vis_kit.capture import (BlockRef, Call, attention_probs, block_shift, check_block,
-                             check_stage, run_backbone, stage_stride)
+from vis_kit.capture import (BlockRef, Call, attention_probs, block_map_hw, block_shift,
+                             check_block, check_stage, run_backbone, stage_stride)
 from vis_kit.figures import (FONT_SIZE, OVERLAY_ALPHA, Picture, colorbar, draw_input,
                              grid_lines, panel_grid, save, shade_padding, text_panel, title)
 from vis_kit.geometry import (WindowLayout, check_labels_match_mask, check_query, check_windows,
@@ -111,7 +111,7 @@ def windows_picture(detector: Detector, inp: ModelInput, stage: int, out: str) -
     backbone = detector.backbone
     blocks = list(check_stage(backbone, stage).blocks)
     _, calls = run_backbone(backbone, inp.inputs, {'block': blocks[0]})
-    map_hw = tuple(calls['block'].arg(0, 'x').shape[1:3])
+    map_hw = block_map_hw(calls['block'])
     stride = stage_stride(backbone, stage)
     first_plain = next((j for j, b in enumerate(blocks) if not any(b.shift_size)), None)
     first_shifted = next((j for j, b in enumerate(blocks) if any(b.shift_size)), None)
@@ -163,7 +163,7 @@ def shift_mask_picture(detector: Detector, inp: ModelInput, stage: int,
     j, block = shifted[0]
     _, calls = run_backbone(backbone, inp.inputs, {'block': block, 'attn': block.attn})
     mask = calls['attn'].arg(1, 'mask')                             # (nW, N, N)
-    map_hw = tuple(calls['block'].arg(0, 'x').shape[1:3])
+    map_hw = block_map_hw(calls['block'])
     if mask is None:
         raise VisualizeError(f'stage {stage} block {j} applies no shift on its {map_hw[0]} x '
                              f'{map_hw[1]} token map, so its attention gets no shift mask')
@@ -270,15 +270,18 @@ def query_attention(ref: BlockRef, block_call: Call, attn_call: Call,
     """Attention of ``query`` (map row, column) over the keys it attends to in block ``ref``:
     ``(heads, Hp, Wp)`` probabilities on the padded map (NaN where it cannot attend), the
     block's window layout (a global block: one window over the whole map) and the map size."""
-    map_hw = tuple(block_call.arg(0, 'x').shape[1:3])
+    map_hw = block_map_hw(block_call)
     y, x = check_query(query, map_hw, ref.name)
     window = getattr(ref.module, 'window_size', None) or map_hw
     shift = block_shift(ref.module, map_hw) if hasattr(ref.module, 'shift_size') else (0, 0)
     layout = window_layout(padded_size(map_hw, window), window, shift)
     index, token = int(layout.index[y, x]), int(layout.token[y, x])
-    mask = attn_call.arg(1, 'mask')
-    one = Call((attn_call.arg(0, 'x')[index:index + 1],),
-               {} if mask is None else {'mask': mask[index:index + 1]})
+    window_x = attn_call.arg(0, 'x')[index:index + 1]
+    if hasattr(ref.module, 'shift_size'):  # Swin: the window's own shift mask
+        mask = attn_call.arg(1, 'mask')
+        one = Call((window_x,), {} if mask is None else {'mask': mask[index:index + 1]})
+    else:  # plain ViT: the window grid (and the other arguments) as captured
+        one = Call((window_x, *attn_call.args[1:]), dict(attn_call.kwargs))
     probs = attention_probs(ref.module.attn, one)[0, :, token]     # (heads, N)
     rows, cols = layout.positions(index)
     maps = torch.full((probs.shape[0], *layout.padded_hw), float('nan'))

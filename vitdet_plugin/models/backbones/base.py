@@ -180,20 +180,6 @@ class FreezeMixin:
         return self
 
 
-class PlainViTFreezing:
-    """``frozen_stages`` of a plain ViT (``patch_embed`` + ``blocks``): ``0`` freezes the patch
-    embedding (and :meth:`~FreezeMixin.frozen_parameters`), ``k`` also the first ``k``
-    blocks. Mixed in before :class:`BackboneContract`."""
-
-    patch_embed: nn.Module
-    blocks: nn.ModuleList
-    frozen_stages: int
-
-    def frozen_modules(self) -> List[nn.Module]:
-        mods: List[nn.Module] = [self.patch_embed] if self.frozen_stages >= 0 else []
-        return mods + list(self.blocks[:max(self.frozen_stages, 0)])
-
-
 class BackboneContract(FreezeMixin):
     """The declared outputs and parameter roles of a backbone (see the module docstring).
 

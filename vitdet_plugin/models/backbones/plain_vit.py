@@ -1,16 +1,20 @@
-"""DINOv2, DINOv3 and EVA-02 as ViTDet-style backbones: one block, one forward.
+"""The plain ViT: ViTDet, DINOv2, DINOv3 and EVA-02 as one backbone, one block, one forward.
 
-``x -> patch_embed -> [+ pos_embed] -> [cls, registers, patches] -> blocks -> norm -> maps``:
+``x -> patch_embed -> [+ pos_embed] -> [cls, registers, patches] -> blocks -> [norm] -> maps``:
 the patch tokens of the ``out_indices`` blocks as ``(B, C, h, w)`` maps at stride
-``patch_size`` (for the simple pyramid neck ``ViTSimpleFPN``, as :class:`~.vit.ViTBackbone`).
+``patch_size`` (for the simple pyramid neck ``ViTSimpleFPN``). Each family is a registered
+preset: :class:`~.vit.ViTBackbone` (ViTDet / SAM), :class:`DINOv2Backbone`,
+:class:`DINOv3Backbone`, :class:`EVA02Backbone`.
 
-Family features (presets in :mod:`.vit_family_archs`; parameter names are timm's, see
-:mod:`vitdet_plugin.weights.vit_families`):
+Options (presets in :mod:`.vit_archs`; parameter names are timm's / SAM's, see
+:mod:`vitdet_plugin.weights`):
 
-* absolute position embedding with a cls slot (DINOv2, EVA-02), stored at the pretraining grid
-  and resized to the input grid as timm does (bicubic, antialiased); rotary embedding (EVA-02,
-  DINOv3: :mod:`vitdet_plugin.functional.rope`); cls and register tokens;
-* q / k / v bias modes, EVA-02's sub-LN, LayerScale, SwiGLU MLPs, per-family LayerNorm eps.
+* absolute position embedding stored at the pretraining grid (with a cls slot, used when the
+  model keeps a cls token) and resized to the input grid: bicubic (ViTDet) or antialiased as
+  timm's DINOv2 / EVA-02; rotary embedding (EVA-02, DINOv3:
+  :mod:`vitdet_plugin.functional.rope`); cls and register tokens;
+* q / k / v bias modes, EVA-02's sub-LN, LayerScale, SwiGLU MLPs, per-family LayerNorm eps;
+  ViTDet's decomposed relative positions and residual conv blocks.
 
 Window attention runs in every block but ``global_attn_indexes`` (ViTDet / EVA-02-det), on
 windows zero-padded at the bottom/right. Two choices are ours:
@@ -35,6 +39,7 @@ weights): DINOv3 keep 0.0008 / drop 0.0011, EVA-02 keep 0.0267 / drop 0.0286. Ke
 the closer one in both families (and registers exist to take the high-norm artefacts off the
 patch tokens), hence the default.
 """
+import re
 from typing import ClassVar, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
 import torch
@@ -46,14 +51,13 @@ from torch import Tensor, nn
 from ...functional import (RopeSpec, SizeCache, check_rope_spec, resize_pos_grid, rope_tables,
                            window_pair, window_partition)
 from ...weights.vit_families import load_vit_family_pretrained
-from ..layers import (PatchEmbed, check_flags, check_rates, linear_drop_path_rates, positive_int,
-                      positive_number, to_2tuple)
-from .archs import check_frozen_blocks, check_out_indices
-from .base import (TRUNC_NORMAL_STD, BackboneContract, PlainViTFreezing,
-                   init_cfg_from_pretrained, init_transformer_weights_, load_init_checkpoint,
-                   run_blocks)
-from .plain_vit_block import PlainViTBlock, RopeTables, TokenLayout
-from .vit_family_archs import DINOv2Arch, DINOv3Arch, EVA02Arch, PlainViTArch
+from ..layers import (ConvStem, PatchEmbed, ResBottleneckBlock, check_flags, check_rates,
+                      linear_drop_path_rates, positive_int, positive_number, to_2tuple)
+from .base import (TRUNC_NORMAL_STD, BackboneContract, init_cfg_from_pretrained,
+                   init_transformer_weights_, load_init_checkpoint, run_blocks)
+from .vit_archs import (DINOv2Arch, DINOv3Arch, EVA02Arch, PlainViTArch, check_frozen_blocks,
+                        check_out_indices)
+from .vit_block import RopeTables, TokenLayout, ViTBlock
 
 #: Where window blocks take their rotary coordinates from (see the module docstring).
 ROPE_COORDS = ('window', 'global')
@@ -64,35 +68,56 @@ FAMILY_DEFAULT = 'family'
 _WINDOW_TABLES: SizeCache[RopeTables] = SizeCache()
 
 
-class PlainViTBackbone(PlainViTFreezing, BackboneContract, BaseModule):
-    """The shared DINOv2 / DINOv3 / EVA-02 backbone (see the module docstring); use the
-    registered family classes.
+def patch_grid(size: Union[int, Tuple[int, int]], name: str, patch: int) -> Tuple[int, int]:
+    """The ``(h, w)`` patch grid of an image size (int or pair): at least one patch a side."""
+    h, w = to_2tuple(size, name)
+    if min(h, w) < patch:
+        raise ValueError(f'{name}={size!r} is smaller than the patch ({patch} pixels): the grid '
+                         'it describes would be empty; give the image size (at least one '
+                         'patch per side)')
+    return h // patch, w // patch
+
+
+class PlainViTBackbone(BackboneContract, BaseModule):
+    """The plain ViT (see the module docstring); build a registered family.
 
     Args:
         arch: a preset of the family (:attr:`ARCH`) or a dict of :class:`PlainViTArch`
             fields; ``embed_dims``, ``depth``, ``num_heads``, ``global_attn_indexes``,
-            ``drop_path_rate``, ``num_reg_tokens``, ``qkv_bias``, ``mlp_ratio`` override it.
+            ``drop_path_rate``, ``num_reg_tokens``, ``qkv_bias``, ``mlp_ratio``,
+            ``use_rel_pos`` (the field ``rel_pos``) and ``residual_block_indexes`` override it.
         global_attn_indexes: blocks with global attention (``range(depth)``: all).
+        use_rel_pos: decomposed relative positions (ViTDet); needs ``prefix_tokens='drop'``.
+        residual_block_indexes: blocks followed by a residual bottleneck conv block.
         patch_size: any patch size (a 14-patch checkpoint loads into 16 with its kernel
             resampled); default the family's.
+        stem_channels: optional convolutional stem (:class:`~..layers.ConvStem`, one ``3x3``
+            stride-2 conv per entry, norms ``stem_norm_cfg``) before a ``patch_size / 2^k``
+            projection; ``()``: the plain patch projection.
         window_size: the window of the window blocks (int or ``(h, w)``).
+        img_size: input size the global blocks' relative-position tables are sized for
+            (resized for other inputs); needed with ``use_rel_pos``.
         pretrain_img_size, pretrain_patch_size: the stored position grid is
             ``pretrain_img_size // pretrain_patch_size`` (the checkpoint's: default the
             family's pretraining image and patch size, e.g. DINOv2 518 / 14 = 37, also when
             the model runs at another ``patch_size``).
+        pretrain_use_cls_token: the stored position embedding has a leading cls slot.
+        use_abs_pos: absolute position embedding (default: the family's).
         rope: ``dict(temperature=..., ref_grid=(h, w))`` (``ref_grid``: EVA-02's pretraining
             token grid), default the family's; None only for a family without rope.
         rope_coords: ``'window'`` or ``'global'`` rotary coordinates in window blocks.
         prefix_tokens: ``'keep'`` or ``'drop'`` the cls / register tokens.
         out_indices: blocks whose patch tokens are returned (default: the last).
         final_norm: apply a final norm (timm's ``forward_features``) to every output; default
-            the family's (DINOv2 / DINOv3: yes; EVA-02: no, as EVA-02-det and timm's
+            the family's (DINOv2 / DINOv3: yes; ViTDet, EVA-02: no, as EVA-02-det and timm's
             ``forward_features``, whose EVA-02 norm comes after the pooling, ``fc_norm``).
         frozen_stages: ``-1`` trains all; ``0`` freezes the embeddings and tokens; ``k``
             also the first ``k`` blocks.
         with_cp: activation checkpointing per block; fused_attn: SDPA (False: eager).
-        init_cfg: ``dict(type='Pretrained', checkpoint=PATH[, prefix=...])`` loads a timm or
-            our checkpoint of this family (:func:`load_vit_family_pretrained`).
+        norm_cfg: the blocks' norms (default LayerNorm, the arch's eps); act_cfg: the GELU
+            MLP's activation.
+        init_cfg: ``dict(type='Pretrained', checkpoint=PATH[, prefix=...])`` loads a
+            checkpoint of this family (:meth:`load_pretrained`).
     """
 
     ARCH: ClassVar[Type[PlainViTArch]] = PlainViTArch
@@ -101,12 +126,15 @@ class PlainViTBackbone(PlainViTFreezing, BackboneContract, BaseModule):
     DEFAULT_WINDOW = 14
     DEFAULT_PRETRAIN_IMG = 224
     USE_ABS_POS = True
+    #: Resize the position grid as timm's DINOv2 / EVA-02 (antialiased bicubic) or plain
+    #: bicubic (ViTDet).
+    POS_ANTIALIAS = True
     #: Final norm on the outputs by default (timm's ``forward_features`` has one).
     FINAL_NORM = True
     #: Rotary formulation (None: no rope) and its default settings.
     ROPE_FORMULATION: Optional[str] = None
     ROPE: ClassVar[Optional[Mapping]] = None
-    NO_DECAY_PARAMS = ('pos_embed', 'cls_token', 'reg_token', 'gamma')
+    NO_DECAY_PARAMS = ('pos_embed', 'cls_token', 'reg_token', 'gamma', 'rel_pos_h', 'rel_pos_w')
 
     def __init__(self,
                  arch: Union[str, dict, None] = 'base',
@@ -118,11 +146,18 @@ class PlainViTBackbone(PlainViTFreezing, BackboneContract, BaseModule):
                  num_reg_tokens: Optional[int] = None,
                  qkv_bias: Optional[str] = None,
                  mlp_ratio: Optional[float] = None,
+                 use_rel_pos: Optional[bool] = None,
+                 residual_block_indexes: Optional[Sequence[int]] = None,
                  in_channels: int = 3,
                  patch_size: Optional[int] = None,
+                 stem_channels: Sequence[int] = (),
+                 stem_norm_cfg: Optional[dict] = None,
                  window_size: Union[int, Tuple[int, int], None] = None,
+                 img_size: Union[int, Tuple[int, int], None] = None,
                  pretrain_img_size: Union[int, Tuple[int, int], None] = None,
                  pretrain_patch_size: Optional[int] = None,
+                 pretrain_use_cls_token: bool = True,
+                 use_abs_pos: Optional[bool] = None,
                  rope: Union[dict, str, None] = FAMILY_DEFAULT,
                  rope_coords: str = 'window',
                  prefix_tokens: str = 'keep',
@@ -133,21 +168,26 @@ class PlainViTBackbone(PlainViTFreezing, BackboneContract, BaseModule):
                  frozen_stages: int = -1,
                  with_cp: bool = False,
                  fused_attn: bool = True,
+                 norm_cfg: Optional[dict] = None,
+                 act_cfg: Optional[dict] = None,
                  pretrained: Optional[str] = None,
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg_from_pretrained(pretrained, init_cfg))
+        name = type(self).__name__
         if not self.FAMILY:
-            raise TypeError('PlainViTBackbone is the shared base: build DINOv2Backbone, '
-                            'DINOv3Backbone or EVA02Backbone')
+            raise TypeError('PlainViTBackbone is the shared base: build ViTBackbone, '
+                            'DINOv2Backbone, DINOv3Backbone or EVA02Backbone')
         if mlp_ratio is not None:
             positive_number(mlp_ratio, 'mlp_ratio')
         spec: PlainViTArch = self.ARCH.resolve(
             arch, embed_dims=embed_dims, depth=depth, num_heads=num_heads,
             global_attn_indexes=global_attn_indexes, drop_path_rate=drop_path_rate,
-            num_reg_tokens=num_reg_tokens, qkv_bias=qkv_bias, mlp_ratio=mlp_ratio)
+            num_reg_tokens=num_reg_tokens, qkv_bias=qkv_bias, mlp_ratio=mlp_ratio,
+            rel_pos=use_rel_pos, residual_block_indexes=residual_block_indexes)
         self.arch = spec
         self.embed_dims, self.depth, self.num_heads = spec.embed_dims, spec.depth, spec.num_heads
         self.global_attn_indexes: Tuple[int, ...] = spec.global_attn_indexes or ()
+        self.residual_block_indexes = spec.residual_block_indexes
         self.patch_size = positive_int(self.DEFAULT_PATCH if patch_size is None else patch_size,
                                        'patch_size')
         self.in_channels = positive_int(in_channels, 'in_channels')
@@ -165,54 +205,65 @@ class PlainViTBackbone(PlainViTFreezing, BackboneContract, BaseModule):
                              "/ register tokens; 'drop': removed after the embedding)")
         self.rope_coords, self.prefix_tokens = rope_coords, prefix_tokens
         self.out_indices = check_out_indices(out_indices, self.depth)
-        check_frozen_blocks(frozen_stages, self.depth, 'embeddings and tokens')
+        check_frozen_blocks(frozen_stages, self.depth)
         check_rates(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate)
         final_norm = self.FINAL_NORM if final_norm is None else final_norm
-        check_flags(final_norm=final_norm, with_cp=with_cp, fused_attn=fused_attn)
+        use_abs_pos = self.USE_ABS_POS if use_abs_pos is None else use_abs_pos
+        check_flags(final_norm=final_norm, with_cp=with_cp, fused_attn=fused_attn,
+                    use_abs_pos=use_abs_pos, pretrain_use_cls_token=pretrain_use_cls_token)
         self.frozen_stages, self.with_cp, self.final_norm = frozen_stages, with_cp, final_norm
+        keep = prefix_tokens == 'keep'
+        if spec.rel_pos and keep:
+            raise ValueError(f'{name}(use_rel_pos=True): decomposed relative positions are '
+                             "defined on the patch grid only; give prefix_tokens='drop'")
+        full_grid = None if img_size is None else patch_grid(img_size, 'img_size',
+                                                             self.patch_size)
+        if spec.rel_pos and full_grid is None and self.global_attn_indexes:
+            raise ValueError(f'{name}(use_rel_pos=True) needs img_size, the input size the '
+                             "global blocks' relative-position tables are sized for")
 
         dims = self.embed_dims
-        self.patch_embed = PatchEmbed(self.patch_size, in_channels, dims)
+        stem = ConvStem(in_channels, stem_channels, stem_norm_cfg) if len(stem_channels) else None
+        self.patch_embed = PatchEmbed(self.patch_size, in_channels, dims, stem=stem)
         # 'drop': no cls / register parameters (they would get no gradient: DDP waits for
         # them); the loader reports the checkpoint's as dropped
-        keep = prefix_tokens == 'keep'
         self.num_prefix = 1 + spec.num_reg_tokens if keep else 0
         self.cls_token: Optional[nn.Parameter] = (
             nn.Parameter(torch.zeros(1, 1, dims)) if keep else None)
         self.reg_token: Optional[nn.Parameter] = (
             nn.Parameter(torch.zeros(1, spec.num_reg_tokens, dims))
             if keep and spec.num_reg_tokens else None)
+        self.num_pos_prefix = int(pretrain_use_cls_token)
         self.pos_embed: Optional[nn.Parameter] = None
         self.pretrain_grid: Optional[Tuple[int, int]] = None
-        if self.USE_ABS_POS:
-            size = to_2tuple(self.DEFAULT_PRETRAIN_IMG if pretrain_img_size is None
-                             else pretrain_img_size, 'pretrain_img_size')
+        if use_abs_pos:
             # the checkpoint's grid, whatever patch this model runs with (a DINOv2 checkpoint
             # at patch 16 keeps its 37 x 37 grid, resized to the input in the forward)
             stored_patch = positive_int(self.DEFAULT_PATCH if pretrain_patch_size is None
                                         else pretrain_patch_size, 'pretrain_patch_size')
-            if min(size) < stored_patch:
-                raise ValueError(f'pretrain_img_size={size!r} is smaller than '
-                                 f'pretrain_patch_size={stored_patch}: the stored position '
-                                 'grid would be empty; give the pretraining image size')
-            self.pretrain_grid = (size[0] // stored_patch, size[1] // stored_patch)
-            n = 1 + self.pretrain_grid[0] * self.pretrain_grid[1]   # cls slot first
+            self.pretrain_grid = patch_grid(self.DEFAULT_PRETRAIN_IMG if pretrain_img_size is None
+                                            else pretrain_img_size, 'pretrain_img_size',
+                                            stored_patch)
+            n = self.num_pos_prefix + self.pretrain_grid[0] * self.pretrain_grid[1]
             self.pos_embed = nn.Parameter(torch.zeros(1, n, dims))
         elif pretrain_img_size is not None or pretrain_patch_size is not None:
-            raise ValueError(f'{type(self).__name__} has no absolute position embedding '
-                             '(rotary only): remove pretrain_img_size / pretrain_patch_size')
+            rotary = ' (rotary only)' if self.rope_spec is not None else ''
+            raise ValueError(f'{name} has no absolute position embedding{rotary}: remove '
+                             'pretrain_img_size / pretrain_patch_size')
 
         rates = linear_drop_path_rates(spec.drop_path_rate, self.depth)
         rotate_half = self.rope_spec is not None and self.rope_spec.rotate_half
-        self.blocks = nn.ModuleList(
-            PlainViTBlock(spec, None if i in self.global_attn_indexes else self.window_size,
-                          rotate_half, drop_rate, attn_drop_rate, rates[i], fused_attn)
-            for i in range(self.depth))
+        self.blocks = nn.ModuleList()
+        for i in range(self.depth):
+            window = None if i in self.global_attn_indexes else self.window_size
+            rel_pos_size = (window or full_grid) if spec.rel_pos else None
+            self.blocks.append(ViTBlock(
+                spec, window, rel_pos_size, i in spec.residual_block_indexes, rotate_half,
+                drop_rate, attn_drop_rate, rates[i], fused_attn, norm_cfg, act_cfg))
         self.norm = nn.LayerNorm(dims, eps=spec.norm_eps) if final_norm else None
         self.out_channels = (dims,) * len(self.out_indices)
         self.out_strides = (self.patch_size,) * len(self.out_indices)
         self.num_layers = self.depth
-        self._init_family_weights()
         self._freeze_stages()
 
     def _rope_spec(self, rope_arg: Union[dict, str, None]) -> Optional[RopeSpec]:
@@ -235,28 +286,43 @@ class PlainViTBackbone(PlainViTFreezing, BackboneContract, BaseModule):
 
     # ------------------------------------------------------------------ contract
     def layer_id(self, name: str) -> int:
-        """Embeddings and tokens 0, block ``i`` ``i + 1``, the final norm ``num_layers + 1``."""
+        """Embeddings and tokens 0, block ``i`` ``i + 1``; residual conv blocks (detectron2's
+        rule), the final norm and everything else ``num_layers + 1``."""
         if name.startswith(('patch_embed.', 'pos_embed', 'cls_token', 'reg_token')):
             return 0
-        if name.startswith('blocks.'):
-            return int(name.split('.')[1]) + 1
+        m = re.match(r'^blocks\.(\d+)\.', name)
+        if m and '.residual.' not in name:
+            return int(m.group(1)) + 1
         return self.num_layers + 1
 
     # ------------------------------------------------------------------ weights
-    def _init_family_weights(self) -> None:
-        """timm's init: trunc-normal(0.02) linears, tokens and position embedding."""
+    def load_pretrained(self) -> bool:
+        """Load ``init_cfg.checkpoint`` (timm, official or our layout of this family); False
+        when the init config names none."""
+        return load_init_checkpoint(self, load_vit_family_pretrained)
+
+    def init_weights(self) -> None:
+        """Load the ``init_cfg`` checkpoint (:meth:`load_pretrained`), or initialise as timm /
+        detectron2: trunc-normal(0.02) linears, position embedding and tokens; residual conv
+        blocks MSRA with a zero last norm (identity at init)."""
+        if self.load_pretrained():
+            return
         init_transformer_weights_(self.blocks)
         for p in (self.pos_embed, self.cls_token, self.reg_token):
             if p is not None:
                 trunc_normal_(p, std=TRUNC_NORMAL_STD)
-
-    def init_weights(self) -> None:
-        """Load ``init_cfg.checkpoint`` (timm or our layout of this family) or keep the
-        constructor init."""
-        if not load_init_checkpoint(self, load_vit_family_pretrained):
-            super().init_weights()
+        for m in self.blocks.modules():
+            if isinstance(m, ResBottleneckBlock):
+                m.reset_parameters()
+        super().init_weights()
 
     # ------------------------------------------------------------------ freezing
+    def frozen_modules(self) -> List[nn.Module]:
+        """``frozen_stages >= 0``: the patch embedding, then the first ``frozen_stages``
+        blocks."""
+        patch: List[nn.Module] = [self.patch_embed] if self.frozen_stages >= 0 else []
+        return patch + list(self.blocks[:max(self.frozen_stages, 0)])
+
     def frozen_parameters(self) -> List[nn.Parameter]:
         if self.frozen_stages < 0:
             return []
@@ -264,15 +330,14 @@ class PlainViTBackbone(PlainViTFreezing, BackboneContract, BaseModule):
         return [p for p in params if p is not None]
 
     # ------------------------------------------------------------------ forward
-    def abs_pos_embed(self, hw: Tuple[int, int]) -> Tuple[Tensor, Tensor]:
-        """The cls slot ``(1, 1, C)`` and the grid ``(1, h * w, C)`` of the position
-        embedding for an ``hw`` token grid (timm: bicubic, antialiased, from the stored
-        grid)."""
+    def abs_pos_embed(self, hw: Tuple[int, int]) -> Tensor:
+        """The position embedding of an ``hw`` token grid, ``(1, h * w, C)``: the stored grid
+        resized (bicubic; antialiased with :attr:`POS_ANTIALIAS`)."""
         assert self.pos_embed is not None and self.pretrain_grid is not None
         gh, gw = self.pretrain_grid
-        grid = self.pos_embed[:, 1:].reshape(1, gh, gw, -1).permute(0, 3, 1, 2)  # (1, C, gh, gw)
-        grid = resize_pos_grid(grid, hw, antialias=True)             # (1, C, h, w)
-        return self.pos_embed[:, :1], grid.flatten(2).transpose(1, 2)
+        grid = self.pos_embed[:, self.num_pos_prefix:].reshape(1, gh, gw, -1)  # (1, gh, gw, C)
+        grid = resize_pos_grid(grid.permute(0, 3, 1, 2), hw, antialias=self.POS_ANTIALIAS)
+        return grid.flatten(2).transpose(1, 2)                       # (1, h * w, C)
 
     def token_layout(self, hw: Tuple[int, int], device: torch.device,
                      dtype: torch.dtype) -> TokenLayout:
@@ -301,11 +366,12 @@ class PlainViTBackbone(PlainViTFreezing, BackboneContract, BaseModule):
         b, h, w, c = x.shape
         x = x.reshape(b, h * w, c)                                   # (B, h * w, C)
         if self.pos_embed is not None:
-            cls_pos, grid_pos = self.abs_pos_embed((h, w))
-            x = x + grid_pos
+            x = x + self.abs_pos_embed((h, w))
         if self.cls_token is None:  # prefix_tokens='drop'
             return x, (h, w)
-        cls = self.cls_token if self.pos_embed is None else self.cls_token + cls_pos
+        cls: Tensor = self.cls_token                                 # (1, 1, C)
+        if self.pos_embed is not None and self.num_pos_prefix:
+            cls = cls + self.pos_embed[:, :1]
         prefix = [cls.expand(b, -1, -1)]                             # (B, 1, C)
         if self.reg_token is not None:
             prefix.append(self.reg_token.expand(b, -1, -1))          # (B, R, C)
@@ -326,7 +392,8 @@ class PlainViTBackbone(PlainViTFreezing, BackboneContract, BaseModule):
             patches = x[:, layout.num_prefix:]                       # (B, h * w, C)
             if self.norm is not None:
                 patches = self.norm(patches)
-            outs.append(patches.transpose(1, 2).reshape(x.shape[0], -1, h, w))  # (B, C, h, w)
+            patches = patches.transpose(1, 2).reshape(x.shape[0], -1, h, w)  # (B, C, h, w)
+            outs.append(patches.contiguous())
             start = end + 1
         return tuple(outs)
 

@@ -1,0 +1,195 @@
+"""The plain ViT's block (ViTDet, DINOv2, DINOv3, EVA-02): pre-norm attention with optional
+rotary embedding, decomposed relative positions, q / v biases and sub-LN, LayerScale, a GELU or
+SwiGLU MLP and an optional residual conv block; global attention over all tokens or window
+attention over the patch grid (the prefix tokens joining every window).
+"""
+from functools import partial
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from mmcv.cnn import build_activation_layer, build_norm_layer
+from torch import Tensor, nn
+
+from ...functional import (apply_rope, attend, decomposed_rel_pos_bias,
+                           decomposed_rel_pos_channels, from_windows, to_windows)
+from ..layers import (Attention, DropPath, LayerScale, Mlp, ResBottleneckBlock, SwiGLU,
+                      SwiGLUPacked)
+from .vit_archs import PlainViTArch
+
+#: ``(sin, cos)`` rotary tables, each ``(G, N, head_dim)``: one table for every window / image
+#: (``G = 1``) or one per window of an image (``G = nW``).
+RopeTables = Tuple[Tensor, Tensor]
+
+
+class TokenLayout(NamedTuple):
+    """What the blocks of one forward share (built once per forward by the backbone)."""
+    grid: Tuple[int, int]                  # (h, w) patch grid
+    num_prefix: int                        # cls / register tokens leading the sequence
+    rope_global: Optional[RopeTables]      # G = 1, N = h * w
+    rope_window: Optional[RopeTables]      # N = wh * ww
+
+
+class ViTAttention(Attention):
+    """Multi-head attention over ``(B, P + N, C)``: the ``P`` prefix tokens, then the ``N``
+    patch tokens of a ``(gh, gw)`` grid, which alone are rotated by the rotary tables.
+
+    Decomposed relative positions ride along as extra query / key channels
+    (:func:`~vitdet_plugin.functional.decomposed_rel_pos_channels`), so the fused kernel runs
+    without an ``attn_mask`` and no ``(heads, N, N)`` bias is formed or kept; the eager path
+    (``fused=False``) adds the dense bias, the reference formulation.
+
+    Args:
+        qkv_bias: ``'qkv'`` (one bias of the fused projection), ``'qv'`` (``q_bias`` and
+            ``v_bias``, no k bias) or ``'none'``.
+        sub_ln_eps: eps of the sub-LN ``norm`` on the attention output before ``proj``
+            (EVA-02's ``inner_attn_ln``); None: none.
+        rotate_half: the rotary layout (DINOv3: halves; EVA-02: interleaved pairs).
+        rel_pos_size: ``(gh, gw)`` grid the relative-position tables are sized for (linearly
+            resized for other grids); None: no relative positions. Needs ``P = 0``.
+    """
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: str = 'qkv', attn_drop: float = 0.0,
+                 proj_drop: float = 0.0, fused: bool = True, sub_ln_eps: Optional[float] = None,
+                 rotate_half: bool = False,
+                 rel_pos_size: Optional[Tuple[int, int]] = None) -> None:
+        super().__init__(dim, num_heads, qkv_bias == 'qkv', attn_drop, proj_drop, fused)
+        self.qkv_bias_mode = qkv_bias
+        self.q_bias: Optional[nn.Parameter] = None
+        self.v_bias: Optional[nn.Parameter] = None
+        if qkv_bias == 'qv':
+            self.q_bias = nn.Parameter(torch.zeros(dim))
+            self.v_bias = nn.Parameter(torch.zeros(dim))
+        self.rel_pos_h: Optional[nn.Parameter] = None
+        self.rel_pos_w: Optional[nn.Parameter] = None
+        if rel_pos_size is not None:
+            self.rel_pos_h = nn.Parameter(torch.zeros(2 * rel_pos_size[0] - 1, self.head_dim))
+            self.rel_pos_w = nn.Parameter(torch.zeros(2 * rel_pos_size[1] - 1, self.head_dim))
+        self.norm = nn.LayerNorm(dim, eps=sub_ln_eps) if sub_ln_eps is not None else nn.Identity()
+        self.rotate_half = rotate_half
+
+    def project_qkv(self, x: Tensor) -> Tensor:
+        """``(..., C)`` -> ``(..., 3C)``; with ``'qv'`` biases the k part gets none."""
+        if self.q_bias is None or self.v_bias is None:
+            return self.qkv(x)
+        bias = torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])  # (3C,)
+        return F.linear(x, self.qkv.weight, bias)
+
+    def rotate(self, t: Tensor, num_prefix: int, rope: RopeTables) -> Tensor:
+        """Rotate the patch tokens of ``t`` ``(B * G, heads, P + N, d)`` by the ``(G, N, d)``
+        tables (window ``g`` of every image by table ``g``)."""
+        sin, cos = rope
+        groups = sin.shape[0]
+        patches = t[:, :, num_prefix:].unflatten(0, (-1, groups))   # (B, G, heads, N, d)
+        patches = apply_rope(patches, sin[:, None], cos[:, None], self.rotate_half)
+        patches = patches.flatten(0, 1)                              # (B * G, heads, N, d)
+        if num_prefix == 0:
+            return patches
+        return torch.cat([t[:, :, :num_prefix], patches], dim=2)    # (B * G, heads, P + N, d)
+
+    def forward(self, x: Tensor, grid: Tuple[int, int],  # type: ignore[override]
+                num_prefix: int = 0, rope: Optional[RopeTables] = None) -> Tensor:
+        b, n, c = x.shape                                            # (B', P + N, C)
+        q, k, v = self.qkv_heads(x)                                  # (B', heads, P + N, d)
+        if rope is not None:
+            q, k = self.rotate(q, num_prefix, rope), self.rotate(k, num_prefix, rope)
+            # q and k are new tensors now: a v of its own, so backward keeps (B', P + N, C)
+            # instead of the whole (B', P + N, 3C) projection alive (measured: EVA-02-B saved
+            # activations at 512 px 883 -> 811 MB; timm 809 MB)
+            v = v.contiguous()
+        if self.rel_pos_h is None or self.rel_pos_w is None:
+            out = attend(q, k, v, None, self.dropout_p, self.fused, self.scale)
+        elif self.fused:
+            q, k, v = decomposed_rel_pos_channels(q, k, v, self.rel_pos_h, self.rel_pos_w, grid,
+                                                  self.scale)        # (B', heads, N, d')
+            out = attend(q, k, v, None, self.dropout_p, scale=1.0)[..., :self.head_dim]
+        else:
+            bias = decomposed_rel_pos_bias(q, self.rel_pos_h, self.rel_pos_w, grid, grid)
+            out = attend(q, k, v, bias, self.dropout_p, False, self.scale)
+        out = out.transpose(1, 2).reshape(b, n, c)                   # (B', P + N, C)
+        return self.project_out(self.norm(out))
+
+    def extra_repr(self) -> str:
+        return f'{super().extra_repr()}, qkv_bias={self.qkv_bias_mode!r}'
+
+
+def build_mlp(spec: PlainViTArch, drop: float, act_cfg: Optional[dict] = None) -> nn.Module:
+    """The block MLP of ``spec``: ``Mlp`` (``act_cfg``, default GELU), ``SwiGLU`` (with
+    EVA-02's sub-LN if set) or ``SwiGLUPacked``."""
+    dim, hidden = spec.embed_dims, spec.mlp_hidden
+    if spec.mlp == 'swiglu':
+        return SwiGLU(dim, hidden, spec.norm_eps if spec.mlp_sub_ln else None, drop)
+    if spec.mlp == 'swiglu_packed':
+        return SwiGLUPacked(dim, hidden, drop)
+    return Mlp(dim, hidden, act_layer=partial(build_activation_layer, act_cfg or
+                                              dict(type='GELU')), drop=drop)
+
+
+class ViTBlock(nn.Module):
+    """Pre-norm block on the token sequence ``(B, P + h * w, C)``.
+
+    ``x + ls1(attn(norm1(x)))``, then ``x + ls2(mlp(norm2(x)))`` (LayerScale ``ls1`` / ``ls2``
+    when the arch has it), then the residual conv block on the patch map if any. Window blocks
+    (``window_size`` given) cut the patch grid into windows, zero-padded at the bottom/right to
+    whole windows (ViTDet); the ``P`` prefix tokens join every window as extra keys and
+    queries, and their outputs are averaged over the windows of their image.
+
+    Args:
+        rel_pos_size: grid of the relative-position tables (the window, or the full grid the
+            global blocks are built for); None: none.
+        residual: append a residual bottleneck conv block (detectron2
+            ``residual_block_indexes``).
+        norm_cfg: the block's norms (default LayerNorm with the arch's eps); act_cfg: the GELU
+            MLP's activation.
+    """
+
+    def __init__(self, spec: PlainViTArch, window_size: Optional[Tuple[int, int]],
+                 rel_pos_size: Optional[Tuple[int, int]] = None, residual: bool = False,
+                 rotate_half: bool = False, drop: float = 0.0, attn_drop: float = 0.0,
+                 drop_path: float = 0.0, fused_attn: bool = True,
+                 norm_cfg: Optional[dict] = None, act_cfg: Optional[dict] = None) -> None:
+        super().__init__()
+        dim, eps = spec.embed_dims, spec.norm_eps
+        norm_cfg = norm_cfg or dict(type='LN', eps=eps)
+        self.window_size = window_size
+        self.norm1 = build_norm_layer(norm_cfg, dim)[1]
+        self.attn = ViTAttention(dim, spec.num_heads, spec.qkv_bias, attn_drop, drop, fused_attn,
+                                 eps if spec.attn_sub_ln else None, rotate_half, rel_pos_size)
+        self.ls1 = LayerScale(dim, spec.layer_scale) if spec.layer_scale else nn.Identity()
+        self.norm2 = build_norm_layer(norm_cfg, dim)[1]
+        self.mlp = build_mlp(spec, drop, act_cfg)
+        self.ls2 = LayerScale(dim, spec.layer_scale) if spec.layer_scale else nn.Identity()
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        act_layer = partial(build_activation_layer, act_cfg or dict(type='GELU'))
+        self.residual = ResBottleneckBlock(dim, dim // 2, act_layer) if residual else None
+
+    def forward(self, x: Tensor, layout: TokenLayout) -> Tensor:
+        """``(B, P + h * w, C)`` -> the same."""
+        b, _, c = x.shape
+        p, (h, w) = layout.num_prefix, layout.grid
+        shortcut = x
+        x = self.norm1(x)
+        if self.window_size is None:  # global attention over all tokens
+            x = self.attn(x, (h, w), p, layout.rope_global)
+        else:  # window attention; the prefix tokens join every window
+            windows, padded = to_windows(x[:, p:].reshape(b, h, w, c),
+                                         self.window_size)           # (B * nW, N, C)
+            nw = windows.shape[0] // b
+            if p:
+                prefix = x[:, None, :p].expand(b, nw, p, c).reshape(b * nw, p, c)
+                windows = torch.cat([prefix, windows], dim=1)        # (B * nW, P + N, C)
+            windows = self.attn(windows, self.window_size, p, layout.rope_window)
+            x = from_windows(windows[:, p:], padded).reshape(b, h * w, c)  # (B, h * w, C)
+            if p:
+                prefix = windows[:, :p].reshape(b, nw, p, c).mean(dim=1)  # (B, P, C)
+                x = torch.cat([prefix, x], dim=1)                    # (B, P + h * w, C)
+        x = shortcut + self.drop_path(self.ls1(x))
+        x = x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
+        if self.residual is not None:  # ViTDet's residual conv block on the patch map
+            patches = x[:, p:].transpose(1, 2).reshape(b, c, h, w)    # (B, C, h, w)
+            patches = self.residual(patches).flatten(2).transpose(1, 2)  # (B, h * w, C)
+            x = torch.cat([x[:, :p], patches], dim=1) if p else patches
+        return x
+
+    def extra_repr(self) -> str:
+        return f'window_size={self.window_size}'
