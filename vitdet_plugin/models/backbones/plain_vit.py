@@ -45,13 +45,13 @@ from torch import Tensor, nn
 
 from ...functional import (RopeSpec, SizeCache, check_rope_spec, resize_pos_grid, rope_tables,
                            window_pair, window_partition)
-from ...weights.vit_families import load_vit_family_pretrained
+from ...weights.target import CheckpointTarget
 from ..layers import (PatchEmbed, check_flags, check_rates, linear_drop_path_rates, positive_int,
                       positive_number, to_2tuple)
 from .archs import check_frozen_blocks, check_out_indices
 from .base import (TRUNC_NORMAL_STD, BackboneContract, PlainViTFreezing,
                    init_cfg_from_pretrained, init_transformer_weights_, load_init_checkpoint,
-                   run_blocks)
+                   run_blocks, state_shapes)
 from .plain_vit_block import PlainViTBlock, RopeTables, TokenLayout
 from .vit_family_archs import DINOv2Arch, DINOv3Arch, EVA02Arch, PlainViTArch
 
@@ -92,7 +92,7 @@ class PlainViTBackbone(PlainViTFreezing, BackboneContract, BaseModule):
             also the first ``k`` blocks.
         with_cp: activation checkpointing per block; fused_attn: SDPA (False: eager).
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH[, prefix=...])`` loads a timm or
-            our checkpoint of this family (:func:`load_vit_family_pretrained`).
+            our checkpoint of this family (:func:`~vitdet_plugin.weights.load_checkpoint`).
     """
 
     ARCH: ClassVar[Type[PlainViTArch]] = PlainViTArch
@@ -250,10 +250,19 @@ class PlainViTBackbone(PlainViTFreezing, BackboneContract, BaseModule):
             if p is not None:
                 trunc_normal_(p, std=TRUNC_NORMAL_STD)
 
+    def checkpoint_target(self) -> CheckpointTarget:
+        """What the checkpoint loader converts a checkpoint of this family for."""
+        spec = self.rope_spec
+        return CheckpointTarget(
+            self.FAMILY, type(self).__name__, state_shapes(self), pos_grid=self.pretrain_grid,
+            patch_size=(self.patch_size, self.patch_size),
+            rope_temperature=None if spec is None else float(spec.temperature),
+            rope_ref_grid=None if spec is None else spec.ref_grid)
+
     def init_weights(self) -> None:
-        """Load ``init_cfg.checkpoint`` (timm or our layout of this family) or keep the
-        constructor init."""
-        if not load_init_checkpoint(self, load_vit_family_pretrained):
+        """Load ``init_cfg.checkpoint`` (official, timm or our layout of this family) or keep
+        the constructor init."""
+        if not load_init_checkpoint(self):
             super().init_weights()
 
     # ------------------------------------------------------------------ freezing

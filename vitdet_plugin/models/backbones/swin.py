@@ -28,13 +28,13 @@ from torch import Tensor, nn
 
 from ...functional import (ArgumentError, SizeCache, attend, bias_table_size, from_windows,
                            relative_position_index, to_windows, window_pair)
-from ...weights.swin import load_swin_pretrained
+from ...weights.target import CheckpointTarget
 from ..accel import StageRunner, plan_for_tensor, swin_runner
 from ..layers import DropPath, Mlp, PatchMerging
 from ..layers.window_attention import WindowedAttention
 from .archs import SWIN_ARCHS, SwinArch  # noqa: F401  (SWIN_ARCHS: re-exported)
 from .base import (TRUNC_NORMAL_STD, init_cfg_from_pretrained, init_transformer_weights_,
-                   load_init_checkpoint)
+                   load_init_checkpoint, state_shapes)
 from .hierarchical import WindowBackbone
 
 if TYPE_CHECKING:  # the block has what the accel runners read (mypy checks it here)
@@ -274,9 +274,16 @@ class SwinBackbone(WindowBackbone):
     def stage_runner(self, x: Tensor) -> Optional[StageRunner]:
         return swin_runner(plan_for_tensor(x, self.accel), self.training)
 
+    def checkpoint_target(self) -> CheckpointTarget:
+        """What the checkpoint loader converts a Swin checkpoint for."""
+        pos = self.absolute_pos_embed.shape[-2:] if self.use_abs_pos_embed else None
+        return CheckpointTarget('Swin', type(self).__name__, state_shapes(self),
+                                window_size=self.window_size, out_indices=self.out_indices,
+                                pos_grid=(pos[0], pos[1]) if pos is not None else None)
+
     def init_weights(self) -> None:
-        """Truncated-normal init, or load ``init_cfg.checkpoint`` through the converters."""
-        if load_init_checkpoint(self, load_swin_pretrained, 'src_window_size'):
+        """Truncated-normal init, or load ``init_cfg.checkpoint`` through the layout table."""
+        if load_init_checkpoint(self, 'src_window_size'):
             return
         if self.use_abs_pos_embed:
             trunc_normal_(self.absolute_pos_embed, std=TRUNC_NORMAL_STD)

@@ -26,12 +26,13 @@ from torch import Tensor, nn
 
 from ...functional import from_windows, stage_windows, to_windows
 from ...functional.sizes import Window, WindowArg
-from ...weights.swin_v2 import load_swin_v2_pretrained
+from ...weights.target import CheckpointTarget
 from ..accel import StageRunner, plan_for_tensor, swin_v2_runner
 from ..layers import DropPath, Mlp, PatchMerging
 from ..layers.cosine_window_attention import LOGIT_SCALE_INIT, CosineWindowAttention
 from .archs import SwinArch
-from .base import init_cfg_from_pretrained, init_transformer_weights_, load_init_checkpoint
+from .base import (init_cfg_from_pretrained, init_transformer_weights_, load_init_checkpoint,
+                   state_shapes)
 from .hierarchical import WindowBackbone
 
 if TYPE_CHECKING:  # the block has what the accel runners read (mypy checks it here)
@@ -210,11 +211,19 @@ class SwinV2Backbone(WindowBackbone):
     def stage_runner(self, x: Tensor) -> Optional[StageRunner]:
         return swin_v2_runner(plan_for_tensor(x, self.accel))
 
+    def checkpoint_target(self) -> CheckpointTarget:
+        """What the checkpoint loader converts a Swin V2 checkpoint for: per stage, the window
+        relative offsets are normalised by (the pretrained one, else its own)."""
+        windows = tuple((p[0] or w[0], p[1] or w[1])
+                        for p, w in zip(self.pretrained_window_sizes, self.window_sizes))
+        return CheckpointTarget('Swin V2', type(self).__name__, state_shapes(self),
+                                out_indices=self.out_indices, pretrained_windows=windows)
+
     def init_weights(self) -> None:
         """Load ``init_cfg.checkpoint`` through the converters, or initialise as the official
         code: truncated-normal linears, ``logit_scale = log(10)``, zero q / v biases, and the
         blocks' post-norms at zero (each block starts as the identity)."""
-        if load_init_checkpoint(self, load_swin_v2_pretrained):
+        if load_init_checkpoint(self):
             return
         init_transformer_weights_(self)
         for m in self.modules():

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from ...functional import (attend, decomposed_rel_pos_bias, decomposed_rel_pos_channels,
                            from_windows, resize_pos_grid, to_windows, window_pair)
-from ...weights.vit import load_vit_pretrained
+from ...weights.target import CheckpointTarget
 from ..accel import check_accel, plan_for_tensor, vit_block_runner
 from ..layers import (Attention, ConvStem, DropPath, Mlp, PatchEmbed, ResBottleneckBlock,
                       check_flags, check_rates, linear_drop_path_rates,
@@ -36,7 +36,7 @@ from .archs import VIT_ARCHS  # noqa: F401  (re-exported)
 from .archs import ViTArch, check_frozen_blocks, check_out_indices, index_list
 from .base import (TRUNC_NORMAL_STD, BackboneContract, PlainViTFreezing,
                    init_cfg_from_pretrained, init_transformer_weights_, load_init_checkpoint,
-                   run_blocks)
+                   run_blocks, state_shapes)
 
 if TYPE_CHECKING:
     from ..accel.protocols import ViTBlockParts
@@ -291,9 +291,14 @@ class ViTBackbone(PlainViTFreezing, BackboneContract, BaseModule):
             if isinstance(m, ResBottleneckBlock):
                 m.reset_parameters()
 
+    def checkpoint_target(self) -> CheckpointTarget:
+        """What the checkpoint loader converts a ViT checkpoint for."""
+        return CheckpointTarget('ViT', type(self).__name__, state_shapes(self),
+                                pos_grid=self.pretrain_grid)
+
     def init_weights(self) -> None:
         """Load ``init_cfg.checkpoint`` (any supported layout) or keep the constructor init."""
-        if not load_init_checkpoint(self, load_vit_pretrained):
+        if not load_init_checkpoint(self):
             super().init_weights()
 
     # ------------------------------------------------------------------ freezing
