@@ -287,8 +287,8 @@ def test_v1_checkpoint_into_v2_and_the_reverse_are_refused(tmp_path):
 def test_mismatched_architecture_is_a_strict_error():
     ref = _timm()
     model = SwinV2Backbone(arch=dict(embed_dims=EMBED, depths=(2, 2, 1, 2), num_heads=HEADS))
-    with pytest.raises(CheckpointError, match=r'unexpected in the Swin V2 checkpoint \(timm layout\): '
-                                              r'layers\.2\.blocks\.1\.'):
+    with pytest.raises(CheckpointError, match=r'unexpected in the Swin V2 checkpoint \(timm '
+                                              r'layout\): layers\.2\.blocks\.1\.'):
         load_pretrained(model, ref.state_dict())
 
 

@@ -333,7 +333,8 @@ def test_official_checkpoint_into_a_conv_stem_model_names_the_stem_keys():
     with pytest.raises(CheckpointError) as err:
         load_pretrained(_ours(stem_channels=(8, )), sd)
     msg = str(err.value)
-    assert 'missing from the Swin checkpoint (ours layout): ' in msg and 'patch_embed.stem.0.conv.weight' in msg
+    assert 'missing from the Swin checkpoint (ours layout): ' in msg
+    assert 'patch_embed.stem.0.conv.weight' in msg
     assert 'patch_embed.proj.weight: checkpoint (32, 3, 4, 4) vs model (32, 8, 2, 2)' in msg
 
 

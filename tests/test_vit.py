@@ -148,7 +148,8 @@ def _samvit(img_size, use_abs_pos=True):
 
 
 def _load_converted(ours, ref_sd):
-    sd, dropped = convert_vit(ref_sd, ours.checkpoint_target().expected, pos_grid=ours.pretrain_grid)
+    target = ours.checkpoint_target()
+    sd, dropped = convert_vit(ref_sd, target.expected, pos_grid=target.pos_grid)
     load_state_dict_checked(ours, sd)
     return dropped
 
@@ -430,7 +431,7 @@ def test_parity_timm_samvit_gradients():
     (ours(x)[0] * weight).sum().backward()
     ref_grads = dict(ref.named_parameters())
     ours_sd_names = convert_vit({k: p.grad for k, p in ref_grads.items() if p.grad is not None},
-                                ours.checkpoint_target().expected, pos_grid=ours.pretrain_grid)[0]
+                                ours.checkpoint_target().expected, ours.pretrain_grid)[0]
     for name, p in ours.named_parameters():
         assert_close_rel([p.grad], [ours_sd_names[name]], tol=1e-5)
 

@@ -100,7 +100,8 @@ def test_sam_formats_round_trip(fmt):
               if k.startswith('image_encoder.')}
         fmt = 'sam'
     model = ours(pretrain_use_cls_token=False)
-    conv, dropped = convert_vit(sd, model.checkpoint_target().expected, pos_grid=model.pretrain_grid)
+    conv, dropped = convert_vit(sd, model.checkpoint_target().expected,
+                                pos_grid=model.pretrain_grid)
     assert detect_layout(sd).name == fmt
     assert all(k.startswith(('neck.', 'prompt_encoder.', 'mask_decoder.')) for k in dropped)
     assert torch.equal(conv['pos_embed'], ref.pos_embed.flatten(1, 2))
@@ -339,8 +340,8 @@ def test_mmpretrain_pre_norm_is_not_dropped():
     sd['backbone.pre_norm.weight'] = torch.ones(64)
     sd['backbone.pre_norm.bias'] = torch.zeros(64)
     assert detect_layout(sd).name == 'mmpretrain'
-    with pytest.raises(CheckpointError, match=r'unexpected in the ViT checkpoint '
-                                              r'\(mmpretrain layout\): pre_norm\.weight, pre_norm\.bias'):
+    with pytest.raises(CheckpointError, match=r'unexpected in the ViT checkpoint \(mmpretrain '
+                                              r'layout\): pre_norm\.weight, pre_norm\.bias'):
         load_pretrained(ViTBackbone(**ARCH), sd)
 
 

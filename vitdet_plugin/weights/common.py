@@ -125,7 +125,7 @@ class LoadReport(NamedTuple):
     their initial values, and the checkpoint keys dropped as not the module's."""
     loaded: List[str]
     missing_allowed: List[str]
-    dropped: List[str] = []
+    dropped: List[str]
 
 
 def is_square_grid(cells: int) -> bool:
@@ -140,7 +140,7 @@ def _summarise(keys: List[str], limit: int = 12) -> str:
 
 def check_state_dict(sd: Mapping[str, Tensor], expected: Mapping[str, torch.Size],
                      allow_missing: Iterable[str] = (), source: str = 'checkpoint',
-                     owner: str = 'the model') -> LoadReport:
+                     owner: str = 'the model', dropped: Sequence[str] = ()) -> LoadReport:
     """Check ``sd`` against the ``{name: shape}`` a module ``owner`` expects; raise
     :class:`CheckpointError` naming every mismatched, missing and unexpected key.
 
@@ -148,7 +148,8 @@ def check_state_dict(sd: Mapping[str, Tensor], expected: Mapping[str, torch.Size
         allow_missing: regexes of expected keys that may be absent from ``sd`` (they keep their
             initial values and are logged), e.g. detection-only output norms when loading a
             classification checkpoint.
-        source: how to name the checkpoint in messages.
+        source, owner: how to name the checkpoint and the module in messages.
+        dropped: the checkpoint keys the conversion dropped (reported).
     """
     allow = re.compile('|'.join(f'(?:{p})' for p in allow_missing)) if allow_missing else None
     missing = [k for k in expected if k not in sd]
@@ -172,7 +173,7 @@ def check_state_dict(sd: Mapping[str, Tensor], expected: Mapping[str, torch.Size
     if allowed:
         logger.warning('%s: %d keys not in the %s keep their initial values: %s',
                        owner, len(allowed), source, _summarise(allowed))
-    return LoadReport(loaded=list(sd), missing_allowed=allowed)
+    return LoadReport(loaded=list(sd), missing_allowed=allowed, dropped=list(dropped))
 
 
 def load_state_dict_checked(model: nn.Module, sd: Mapping[str, Tensor],

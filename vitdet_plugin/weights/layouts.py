@@ -43,7 +43,7 @@ FAMILY_BACKBONES = {'Swin': 'SwinBackbone', 'Swin V2': 'SwinV2Backbone', 'ViT': 
 NECK = 'simple FPN'
 #: What each family's loader says when no layout fits.
 _UNRECOGNISED = {'Swin': SWIN_UNRECOGNISED, 'Swin V2': SWIN_V2_UNRECOGNISED,
-                 'ViT': VIT_UNRECOGNISED, **{f: VIT_FAMILY_UNRECOGNISED for f in VIT_FAMILIES}}
+                 'ViT': VIT_UNRECOGNISED, **dict.fromkeys(VIT_FAMILIES, VIT_FAMILY_UNRECOGNISED)}
 #: Model keys a checkpoint may lack (they keep their init): Swin's detection output norms.
 _OUTPUT_NORMS = (r'^norm\d+\.',)
 #: A plain ViT's parts its source layout may not have: rel-pos tables (zero init, as ViTDet
@@ -118,8 +118,14 @@ def _layouts(family: str, names: Tuple[str, ...],
              convert: Callable[[StateDict, str, CheckpointTarget], Tuple[StateDict, List[str]]]
              ) -> List[Layout]:
     """One :class:`Layout` per name of a family whose ``classify`` names the layout (or None)."""
-    return [Layout(family, name, lambda sd, n=name: classify(sd) == n,
-                   lambda sd, t, n=name: convert(sd, n, t)) for name in names]
+    def layout(name: str) -> Layout:
+        def detect(sd: Mapping[str, Tensor]) -> bool:
+            return classify(sd) == name
+
+        def convert_to(sd: StateDict, t: CheckpointTarget) -> Tuple[StateDict, List[str]]:
+            return convert(sd, name, t)
+        return Layout(family, name, detect, convert_to)
+    return [layout(name) for name in names]
 
 
 def _family_classifier(family: str) -> Callable[[Mapping[str, Tensor]], Optional[str]]:
@@ -203,8 +209,8 @@ def load_checkpoint(checkpoint: Union[str, os.PathLike, Mapping],
                       if not any(p.match(k) for k in converted))
     report = check_state_dict(converted, target.expected, allow,
                               source=f'{layout.family} checkpoint ({layout.name} layout)',
-                              owner=target.owner)
-    return converted, report._replace(dropped=dropped)
+                              owner=target.owner, dropped=dropped)
+    return converted, report
 
 
 def _neck_layout(sd: StateDict) -> Layout:

@@ -55,9 +55,8 @@ def swin_layout(sd: Mapping[str, Tensor]) -> Optional[str]:
     inner = backbone or keys
     if is_swin_v2(inner):
         return None
-    if any(k.startswith('stages.') and '.w_msa.' in k for k in inner) or any(
-            k.startswith('patch_embed.projection.') for k in inner):
-        return 'mmdet'
+    if any(k.startswith('stages.') and '.w_msa.' in k for k in inner):
+        return 'mmdet'  # (mmpretrain's ViT shares its patch_embed.projection, not w_msa)
     if not any(re.match(r'layers\.\d+\.blocks\.\d+\.attn\.qkv\.', k) for k in inner):
         return None
     downs = sorted({int(m.group(1)) for k in inner

@@ -293,8 +293,8 @@ class ViTBackbone(PlainViTFreezing, BackboneContract, BaseModule):
 
     def checkpoint_target(self) -> CheckpointTarget:
         """What the checkpoint loader converts a ViT checkpoint for."""
-        return CheckpointTarget('ViT', type(self).__name__, state_shapes(self),
-                                pos_grid=self.pretrain_grid)
+        gh, gw = self.pretrain_grid
+        return CheckpointTarget('ViT', type(self).__name__, state_shapes(self), pos_grid=(gh, gw))
 
     def init_weights(self) -> None:
         """Load ``init_cfg.checkpoint`` (any supported layout) or keep the constructor init."""
