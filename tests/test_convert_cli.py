@@ -44,6 +44,11 @@ def test_convert_timm_vit_checkpoint(tmp_path):
     assert 'a ViT checkpoint (timm_vit layout) -> ' in res.stdout
     sd = torch.load(tmp_path / 'vit.pth', weights_only=True)['state_dict']
     assert torch.equal(sd['blocks.1.attn.qkv.weight'], ref.state_dict()['blocks.1.attn.qkv.weight'])
+    res = _cli(str(tmp_path / 'mae.pth'), str(tmp_path / 'swin.pth'), '--model', 'swin')
+    assert res.returncode == 1
+    assert res.stderr.strip() == ("error: the checkpoint is a ViT checkpoint (timm_vit layout), "
+                                  "not --model swin: give --model vit (it loads into "
+                                  "type='ViTBackbone')")
 
 
 def test_convert_reports_bad_input(tmp_path):

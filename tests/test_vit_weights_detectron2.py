@@ -285,6 +285,8 @@ def test_neck_checkpoint_mismatches_are_errors():
     with pytest.raises(CheckpointError, match=r'the simple FPN checkpoint \(detectron2 layout\) '
                                               r'does not match ViTSimpleFPN: shape mismatch'):
         load_pretrained(other, ckpt)
-    with pytest.raises(CheckpointError, match=r"no simple-pyramid weights in the checkpoint: "
-                                              r"expected detectron2 ViTDet keys"):
+    with pytest.raises(CheckpointError, match=r"^no simple-pyramid weights in the checkpoint: "
+                                              r"expected detectron2 ViTDet keys .*\. The "
+                                              r"checkpoint is a ViT checkpoint \(ours layout\): "
+                                              r"load it into type='ViTBackbone'$"):
         load_pretrained(src_neck, src.state_dict())

@@ -15,7 +15,6 @@ The module then loads the returned state dict itself.
 import dataclasses
 import logging
 import os
-import re
 from typing import Callable, List, Mapping, Optional, Tuple, Union
 
 from torch import Tensor
@@ -28,8 +27,8 @@ from .swin import (SWIN_FORMATS, SWIN_UNRECOGNISED, convert_swin, drop_unused_ou
 from .swin_v2 import (SWIN_V2_FORMATS, SWIN_V2_UNRECOGNISED, check_pretrained_windows,
                       convert_swin_v2, swin_v2_layout)
 from .target import CheckpointTarget
-from .vit import (VIT_FORMATS, VIT_UNRECOGNISED, convert_vit, simple_fpn_layout,
-                  simple_fpn_part, vit_layout)
+from .vit import (OPTIONAL_PARTS, PYRAMID_KEY, VIT_FORMATS, VIT_UNRECOGNISED, convert_vit,
+                  simple_fpn_layout, simple_fpn_part, vit_layout)
 from .vit_families import (FAMILY_LAYOUTS, VIT_FAMILIES, VIT_FAMILY_UNRECOGNISED,
                            convert_family_checkpoint, family_layout)
 
@@ -46,12 +45,6 @@ _UNRECOGNISED = {'Swin': SWIN_UNRECOGNISED, 'Swin V2': SWIN_V2_UNRECOGNISED,
                  'ViT': VIT_UNRECOGNISED, **dict.fromkeys(VIT_FAMILIES, VIT_FAMILY_UNRECOGNISED)}
 #: Model keys a checkpoint may lack (they keep their init): Swin's detection output norms.
 _OUTPUT_NORMS = (r'^norm\d+\.',)
-#: A plain ViT's parts its source layout may not have: rel-pos tables (zero init, as ViTDet
-#: fine-tuning from MAE) and residual conv blocks.
-_VIT_OPTIONAL = (re.compile(r'^blocks\.\d+\.attn\.rel_pos_[hw]$'),
-                 re.compile(r'^blocks\.\d+\.residual\.'))
-#: Simple-pyramid keys as a ViT conversion drops them: detectron2's and ours.
-_PYRAMID_KEY = re.compile(r'^(backbone\.)?(simfp_\d+\.|pyramid\.)')
 
 Convert = Callable[[StateDict, CheckpointTarget], Tuple[StateDict, List[str]]]
 
@@ -98,7 +91,14 @@ def _vit(sd: StateDict, fmt: str, t: CheckpointTarget) -> Tuple[StateDict, List[
 
 def _neck(sd: StateDict, fmt: str, t: CheckpointTarget) -> Tuple[StateDict, List[str]]:
     del fmt  # the pyramid is found by its keys wherever it sits (simple_fpn_part)
-    part, used = simple_fpn_part(sd, t.in_stride)
+    try:
+        part, used = simple_fpn_part(sd, t.in_stride)
+    except CheckpointError as e:  # no pyramid: name what the checkpoint is, if it is known
+        found = find_layout(sd)
+        if found is None:
+            raise
+        raise CheckpointError(f'{e}. The checkpoint is {found.describe()}: load it into '
+                              f"type='{FAMILY_BACKBONES[found.family]}'") from e
     taken = set(used)
     return part, [k for k in sd if k not in taken]
 
@@ -205,7 +205,7 @@ def load_checkpoint(checkpoint: Union[str, os.PathLike, Mapping],
     if target.family in ('Swin', 'Swin V2'):
         allow = _OUTPUT_NORMS
     elif target.family == 'ViT':
-        allow = tuple(p.pattern for p in _VIT_OPTIONAL
+        allow = tuple(p.pattern for p in OPTIONAL_PARTS
                       if not any(p.match(k) for k in converted))
     report = check_state_dict(converted, target.expected, allow,
                               source=f'{layout.family} checkpoint ({layout.name} layout)',
@@ -222,7 +222,7 @@ def _neck_layout(sd: StateDict) -> Layout:
 
 def _log_dropped(layout: Layout, dropped: List[str],
                  checkpoint: Union[str, os.PathLike, Mapping]) -> None:
-    pyramid = ([k for k in dropped if _PYRAMID_KEY.match(k)] if layout.family == 'ViT'
+    pyramid = ([k for k in dropped if PYRAMID_KEY.match(k)] if layout.family == 'ViT'
                else [])
     others = [k for k in dropped if k not in set(pyramid)]
     if pyramid:

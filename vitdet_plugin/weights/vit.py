@@ -55,14 +55,16 @@ _NON_BACKBONE = (r'^cls_token$', r'^dist_token$', r'^reg_token$', r'^mask_token$
 _RESAMPLE_LAYERS = {4.0: 4, 2.0: 1, 1.0: 0, 0.5: 1}
 _SIMFP = re.compile(r'^simfp_(\d+)\.(\d+)\.(.+)$')
 #: Simple-pyramid keys as a backbone conversion reports them (dropped): detectron2's and ours.
-_PYRAMID_KEY = re.compile(r'^(backbone\.)?(simfp_\d+\.|pyramid\.)')
+PYRAMID_KEY = re.compile(r'^(backbone\.)?(simfp_\d+\.|pyramid\.)')
 #: Prefixes of the pyramid in our checkpoints: the neck of a detector, and where it sat inside
 #: the backbone before it was the neck (a detector's or a backbone's own checkpoint).
 _OWN_PYRAMID_PREFIXES = ('neck.', 'backbone.pyramid.', 'pyramid.')
 #: ``ViTSimpleFPN``'s own parameter names (a bare neck state dict).
 _SIMPLE_FPN_KEY = re.compile(r'^(scales|lateral_convs|output_convs)\.\d+\.')
 _REL_POS = re.compile(r'^blocks\.\d+\.attn\.rel_pos_[hw]$')
-_RESIDUAL = re.compile(r'^blocks\.\d+\.residual\.')
+#: A ViT's parts its source layout may not have (they keep their init when it has none):
+#: rel-pos tables (zero init, as ViTDet fine-tuning from MAE) and residual conv blocks.
+OPTIONAL_PARTS = (_REL_POS, re.compile(r'^blocks\.\d+\.residual\.'))
 
 
 #: What a ViT loader says when no layout of the table fits a checkpoint.
@@ -381,8 +383,8 @@ def convert_vitdet_to_mmdet(sd: Mapping[str, Tensor],
     sd = unwrap_state_dict(sd)
     backbone, dropped = convert_vit(sd, target_shapes, pos_grid)
     out = {f'backbone.{k}': v for k, v in backbone.items()}
-    if any(_PYRAMID_KEY.match(k) for k in dropped):
+    if any(PYRAMID_KEY.match(k) for k in dropped):
         neck, _ = simple_fpn_part(sd, in_stride)
         out.update({f'neck.{k}': v for k, v in neck.items()})
-        dropped = [k for k in dropped if not _PYRAMID_KEY.match(k)]
+        dropped = [k for k in dropped if not PYRAMID_KEY.match(k)]
     return out, dropped
