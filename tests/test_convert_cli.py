@@ -64,8 +64,10 @@ def test_convert_with_a_prefix(tmp_path):
                tmp_path / 'simmim.pth')
     res = _cli(str(tmp_path / 'simmim.pth'), str(tmp_path / 'out.pth'))
     assert res.returncode == 1
-    assert 'error: unrecognised checkpoint format: as Swin: ' in res.stderr
-    assert '; as ViT: ' in res.stderr and '--prefix' in res.stderr
+    assert 'error: unrecognised checkpoint format: no Swin attention weights found' in res.stderr
+    for family in ('; no Swin V2 attention weights found', '; no ViT attention weights found',
+                   '; not a DINOv2 / DINOv3 / EVA-02 checkpoint', '--prefix'):
+        assert family in res.stderr
     res = _cli(str(tmp_path / 'simmim.pth'), str(tmp_path / 'out.pth'), '--prefix', 'encoder.')
     assert res.returncode == 0, res.stderr
     sd = torch.load(tmp_path / 'out.pth', weights_only=True)['state_dict']

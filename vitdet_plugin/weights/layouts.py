@@ -166,8 +166,8 @@ def detect_layout(sd: Mapping[str, Tensor], family: Optional[str] = None,
     loads it; ``owner``: who refuses it, default ``family``'s backbone)."""
     layout = find_layout(sd)
     if layout is None:
-        wanted = ([_UNRECOGNISED[family]] if family in _UNRECOGNISED else
-                  [f'as {f}: {_UNRECOGNISED[f]}' for f in ('Swin', 'Swin V2', 'ViT', 'DINOv2')])
+        wanted = ([_UNRECOGNISED[family]] if family in _UNRECOGNISED
+                  else list(dict.fromkeys(_UNRECOGNISED.values())))
         raise CheckpointError(
             f"unrecognised checkpoint format: {'; '.join(wanted)}; first keys: {list(sd)[:5]}. "
             'If the weights sit under a prefix (e.g. encoder.), give it (init_cfg prefix=..., '
