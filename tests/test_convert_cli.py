@@ -24,7 +24,8 @@ def test_convert_mmdet_swin_checkpoint_with_window_resize(tmp_path):
     torch.save({'state_dict': swin_to_mmdet(src.state_dict())}, tmp_path / 'mm.pth')
     res = _cli(str(tmp_path / 'mm.pth'), str(tmp_path / 'ours.pth'), '--window-size', '12')
     assert res.returncode == 0, res.stderr
-    assert "swin checkpoint in 'mmdet' format" in res.stdout
+    assert "a Swin checkpoint (mmdet layout) -> " in res.stdout
+    assert res.stdout.strip().endswith("load it with type='SwinBackbone'")
     model = SwinBackbone(arch=ARCH, out_indices=(0, 1), window_size=12,
                          init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'ours.pth')))
     model.init_weights()
@@ -40,9 +41,14 @@ def test_convert_timm_vit_checkpoint(tmp_path):
     torch.save({'model': ref.state_dict()}, tmp_path / 'mae.pth')
     res = _cli(str(tmp_path / 'mae.pth'), str(tmp_path / 'vit.pth'))
     assert res.returncode == 0, res.stderr
-    assert 'vit checkpoint' in res.stdout
+    assert 'a ViT checkpoint (timm_vit layout) -> ' in res.stdout
     sd = torch.load(tmp_path / 'vit.pth', weights_only=True)['state_dict']
     assert torch.equal(sd['blocks.1.attn.qkv.weight'], ref.state_dict()['blocks.1.attn.qkv.weight'])
+    res = _cli(str(tmp_path / 'mae.pth'), str(tmp_path / 'swin.pth'), '--model', 'swin')
+    assert res.returncode == 1
+    assert res.stderr.strip() == ("error: the checkpoint is a ViT checkpoint (timm_vit layout), "
+                                  "not --model swin: give --model vit (it loads into "
+                                  "type='ViTBackbone')")
 
 
 def test_convert_reports_bad_input(tmp_path):
@@ -58,8 +64,10 @@ def test_convert_with_a_prefix(tmp_path):
                tmp_path / 'simmim.pth')
     res = _cli(str(tmp_path / 'simmim.pth'), str(tmp_path / 'out.pth'))
     assert res.returncode == 1
-    assert 'neither a Swin nor a ViT checkpoint (as swin: ' in res.stderr
-    assert '; as vit: ' in res.stderr and 'pass --prefix' in res.stderr
+    assert 'error: unrecognised checkpoint format: no Swin attention weights found' in res.stderr
+    for family in ('; no Swin V2 attention weights found', '; no ViT attention weights found',
+                   '; not a DINOv2 / DINOv3 / EVA-02 checkpoint', '--prefix'):
+        assert family in res.stderr
     res = _cli(str(tmp_path / 'simmim.pth'), str(tmp_path / 'out.pth'), '--prefix', 'encoder.')
     assert res.returncode == 0, res.stderr
     sd = torch.load(tmp_path / 'out.pth', weights_only=True)['state_dict']
@@ -88,7 +96,8 @@ def test_convert_official_eva02_checkpoint_to_patch16(tmp_path):
                tmp_path / 'eva02_Ti_pt.pt')
     res = _cli(str(tmp_path / 'eva02_Ti_pt.pt'), str(tmp_path / 'ours.pth'), '--patch-size', '16')
     assert res.returncode == 0, res.stderr
-    assert "EVA02Backbone checkpoint in 'eva02 official' format" in res.stdout
+    assert 'an EVA-02 checkpoint (eva02 official layout) -> ' in res.stdout
+    assert res.stdout.strip().endswith("load it with type='EVA02Backbone'")
     model = EVA02Backbone(arch='tiny', embed_dims=64, depth=2, num_heads=4,
                           global_attn_indexes=(1,), patch_size=16, pretrain_img_size=56,
                           init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'ours.pth')))

@@ -99,7 +99,7 @@ def test_a_neck_that_does_not_match_the_checkpoint_fails_naming_the_keys(
                                            'model.bbox_head.in_channels': [32] * 3})
     with pytest.raises(CheckpointError, match=re.escape(
             'the neck checkpoint does not match FPN: shape mismatch for 18 keys: '
-            'lateral_convs.0.conv.weight: neck checkpoint (64, 64, 1, 1) vs model '
+            'lateral_convs.0.conv.weight: checkpoint (64, 64, 1, 1) vs model '
             '(32, 64, 1, 1)')):
         model.init_weights()
 

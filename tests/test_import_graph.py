@@ -72,6 +72,6 @@ def test_the_graph_is_read_correctly():
     """The reader resolves relative imports (a reader that found nothing would pass above)."""
     graph = _graph()
     assert 'vitdet_plugin.functional' in graph['vitdet_plugin.weights.swin']
-    assert 'vitdet_plugin.weights.swin' in graph['vitdet_plugin.models.backbones.swin']
+    assert 'vitdet_plugin.weights.target' in graph['vitdet_plugin.models.backbones.swin']
     assert 'vitdet_plugin.models.layers.swin_block' in graph['vitdet_plugin.models.backbones.swin']
-    assert 'vitdet_plugin.weights.vit' in graph['vitdet_plugin.models.necks.simple_fpn']
+    assert 'vitdet_plugin.weights.layouts' in graph['vitdet_plugin.models.necks.simple_fpn']

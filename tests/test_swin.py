@@ -10,6 +10,7 @@ from torch import nn
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.models.backbones.swin import SWIN_ARCHS, SwinBackbone
 from vitdet_plugin.models.layers import eager_attention
+from vitdet_plugin.models.backbones.base import load_pretrained
 from vitdet_plugin.weights.swin import swin_to_mmdet
 
 SMALL = dict(arch=dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4)))
@@ -68,8 +69,7 @@ def test_parity_with_mmdet_same_weights(hw, batch):
     ours = SwinBackbone(arch=dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4)),
                         window_size=7, drop_path_rate=0.0).eval()
     # load ours from the mmdet state dict through our converter (auto-detected format)
-    from vitdet_plugin.weights.swin import load_swin_pretrained
-    load_swin_pretrained(ours, {'state_dict': ref.state_dict()})
+    load_pretrained(ours, {'state_dict': ref.state_dict()})
     x = torch.randn(batch, 3, *hw)
     with torch.no_grad():
         assert_close_rel(ours(x), ref(x), tol=1e-5)
@@ -81,10 +81,9 @@ def test_parity_with_mmdet_same_weights(hw, batch):
                               'qk-scale-0-is-default'])
 def test_parity_with_mmdet_other_settings(kw):
     """mmdet's arguments mean the same here (patch_norm=False also drops the merging norm)."""
-    from vitdet_plugin.weights.swin import load_swin_pretrained
     ref = randomize_(_mmdet_swin(32, (2, 2, 2, 2), (2, 2, 4, 4), 7, **kw))
     ours = SwinBackbone(**SMALL, window_size=7, drop_path_rate=0.0, **kw).eval()
-    load_swin_pretrained(ours, {'state_dict': ref.state_dict()})
+    load_pretrained(ours, {'state_dict': ref.state_dict()})
     x = torch.randn(1, 3, 97, 131)
     with torch.no_grad():
         assert_close_rel(ours(x), ref(x), tol=1e-5)
@@ -161,8 +160,7 @@ def test_parity_with_timm_where_every_stage_has_several_windows():
     hw = (448, 672)
     ref = randomize_(_timm_swin(hw), seed=1)
     ours = SwinBackbone(**SMALL, drop_path_rate=0.0).eval()
-    from vitdet_plugin.weights.swin import load_swin_pretrained
-    load_swin_pretrained(ours, ref.state_dict())   # timm layout, auto-detected
+    load_pretrained(ours, ref.state_dict())   # timm layout, auto-detected
     for i in range(4):  # compare through a parameter-free LayerNorm
         norm = getattr(ours, f'norm{i}')
         torch.nn.init.ones_(norm.weight)

@@ -24,8 +24,9 @@ from vitdet_plugin.functional.cpb import log_spaced_relative_coords
 from vitdet_plugin.models.backbones import SwinBackbone, SwinV2Backbone
 from vitdet_plugin.models.backbones.swin_v2 import SwinV2Block
 from vitdet_plugin.weights import CheckpointError
-from vitdet_plugin.weights.swin_v2 import (check_pretrained_windows, convert_swin_v2,
-                                            detect_swin_v2_format, load_swin_v2_pretrained)
+from vitdet_plugin.models.backbones.base import load_pretrained
+from vitdet_plugin.weights import detect_layout
+from vitdet_plugin.weights.swin_v2 import check_pretrained_windows, convert_swin_v2
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 EMBED, DEPTHS, HEADS = 32, (2, 2, 2, 2), (2, 4, 4, 8)
@@ -85,7 +86,7 @@ def our_stages(model: SwinV2Backbone, x: Tensor) -> List[Tensor]:
 def _loaded(ref: SwinTransformerV2, **kw) -> SwinV2Backbone:
     ours = _ours(**kw)
     ours.init_weights()  # the output norms, which timm's classifier does not have
-    load_swin_v2_pretrained(ours, ref.state_dict())
+    load_pretrained(ours, ref.state_dict())
     return ours
 
 
@@ -269,26 +270,26 @@ def test_v1_checkpoint_into_v2_and_the_reverse_are_refused(tmp_path):
     v2 = SwinV2Backbone(arch=dict(embed_dims=32, depths=(2, 2), num_heads=(2, 4)),
                         out_indices=(0, 1),
                         init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'v1.pth')))
-    with pytest.raises(CheckpointError, match=re.escape(
-            'this is a Swin V1 checkpoint (relative_position_bias_table, no logit_scale / '
-            "cpb_mlp keys): load it with type='SwinBackbone'")):
+    with pytest.raises(CheckpointError, match='^' + re.escape(
+            'the checkpoint is a Swin checkpoint (ours layout); SwinV2Backbone loads Swin V2 '
+            "checkpoints: build type='SwinBackbone'") + '$'):
         v2.init_weights()
     torch.save({'model': _timm().state_dict()}, tmp_path / 'v2.pth')
     v1 = SwinBackbone(arch=dict(embed_dims=32, depths=(2, 2), num_heads=(2, 4)),
                       out_indices=(0, 1),
                       init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'v2.pth')))
-    with pytest.raises(CheckpointError, match=re.escape(
-            "this is a Swin V2 checkpoint (logit_scale / cpb_mlp keys): load it with "
-            "type='SwinV2Backbone'")):
+    with pytest.raises(CheckpointError, match='^' + re.escape(
+            'the checkpoint is a Swin V2 checkpoint (timm layout); SwinBackbone loads Swin '
+            "checkpoints: build type='SwinV2Backbone'") + '$'):
         v1.init_weights()
 
 
 def test_mismatched_architecture_is_a_strict_error():
     ref = _timm()
     model = SwinV2Backbone(arch=dict(embed_dims=EMBED, depths=(2, 2, 1, 2), num_heads=HEADS))
-    with pytest.raises(CheckpointError, match=r'unexpected in the Swin V2 checkpoint: '
-                                              r'layers\.2\.blocks\.1\.'):
-        load_swin_v2_pretrained(model, ref.state_dict())
+    with pytest.raises(CheckpointError, match=r'unexpected in the Swin V2 checkpoint \(timm '
+                                              r'layout\): layers\.2\.blocks\.1\.'):
+        load_pretrained(model, ref.state_dict())
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -373,7 +374,7 @@ def test_checkpoint_files_in_each_layout_load_to_the_reference(layout, tmp_path)
     path = tmp_path / f'{layout}.pth'
     torch.save(LAYOUTS[layout](ref), path)
     from vitdet_plugin.weights import checkpoint_state_dict
-    assert detect_swin_v2_format(checkpoint_state_dict(str(path))) == layout
+    assert detect_layout(checkpoint_state_dict(str(path))).name == layout
     model = _ours(init_cfg=dict(type='Pretrained', checkpoint=str(path)))
     model.init_weights()
     x = torch.randn(1, 3, *SIZE)
@@ -387,10 +388,11 @@ def test_pretrained_window_mismatch_is_reported():
     """Official / mmpretrain checkpoints record how they normalised offsets; a model that
     normalises otherwise (pretrained_window_sizes not set) is told which stage and what to set."""
     sd = _official_from_timm(_timm())
-    assert check_pretrained_windows(sd, _ours()) == []
+    assert check_pretrained_windows(sd, _ours().checkpoint_target().pretrained_windows) == []
     sd_mm = _mmpretrain_from_timm(_timm())
-    assert check_pretrained_windows(sd_mm, _ours()) == []
-    got = check_pretrained_windows(sd, _ours(pretrained_window_sizes=0))
+    assert check_pretrained_windows(sd_mm, _ours().checkpoint_target().pretrained_windows) == []
+    windows = _ours(pretrained_window_sizes=0).checkpoint_target().pretrained_windows
+    got = check_pretrained_windows(sd, windows)
     assert got == [
         'stage 0: the checkpoint normalised relative offsets by 6x6 windows, the model by '
         "8x8; set pretrained_window_sizes[0] to the checkpoint's window",

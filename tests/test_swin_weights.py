@@ -12,8 +12,9 @@ from helpers import assert_close_rel, randomize_
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.models.backbones.swin import SwinBackbone
 from vitdet_plugin.weights import CheckpointError
-from vitdet_plugin.weights.swin import (convert_swin, detect_swin_format, load_swin_pretrained,
-                                        resize_rel_pos_bias_table, swin_to_mmdet)
+from vitdet_plugin.models.backbones.base import load_pretrained
+from vitdet_plugin.weights import detect_layout
+from vitdet_plugin.weights.swin import convert_swin, resize_rel_pos_bias_table, swin_to_mmdet
 
 ARCH = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4))
 
@@ -152,7 +153,7 @@ def test_official_layout_built_from_mmdet_weights_loads_and_matches_mmdet(tmp_pa
 def test_mmdet_checkpoint_of_mmdet_model_matches_mmdet():
     ref = _mmdet_swin()
     ours = _ours()
-    load_swin_pretrained(ours, {'state_dict': ref.state_dict()})
+    load_pretrained(ours, {'state_dict': ref.state_dict()})
     x = torch.randn(1, 3, 96, 128)
     with torch.no_grad():
         assert_close_rel(ours(x), ref(x), tol=1e-5)
@@ -161,14 +162,14 @@ def test_mmdet_checkpoint_of_mmdet_model_matches_mmdet():
 def test_detect_formats():
     src = randomize_(_ours())
     sd = src.state_dict()
-    assert detect_swin_format(sd) == 'ours'
-    assert detect_swin_format(_official_from(src)['model']) == 'official'
-    assert detect_swin_format(swin_to_mmdet(sd)) == 'mmdet'
-    assert detect_swin_format({'backbone.' + k: v for k, v in sd.items()}) == 'swin_od'
+    assert detect_layout(sd).name == 'ours'
+    assert detect_layout(_official_from(src)['model']).name == 'official'
+    assert detect_layout(swin_to_mmdet(sd)).name == 'mmdet'
+    assert detect_layout({'backbone.' + k: v for k, v in sd.items()}).name == 'swin_od'
     from timm.models.swin_transformer import SwinTransformer
     timm_sd = SwinTransformer(embed_dim=32, depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4),
                               num_classes=5).state_dict()
-    assert detect_swin_format(timm_sd) == 'timm'
+    assert detect_layout(timm_sd).name == 'timm'
 
 
 def test_swin_od_detection_checkpoint(tmp_path):
@@ -177,7 +178,7 @@ def test_swin_od_detection_checkpoint(tmp_path):
     sd.update({'neck.lateral_convs.0.conv.weight': torch.randn(8, 32, 1, 1),
                'bbox_head.cls.weight': torch.randn(3, 8)})
     ours = _ours(use_abs_pos_embed=True, pretrain_img_size=224)
-    dropped = load_swin_pretrained(ours, {'state_dict': sd, 'meta': {'epoch': 12}})
+    dropped = load_pretrained(ours, {'state_dict': sd, 'meta': {'epoch': 12}}).dropped
     _assert_same_weights(ours, src, skip='^$')
     assert set(dropped) == {'neck.lateral_convs.0.conv.weight', 'bbox_head.cls.weight'}
 
@@ -189,7 +190,7 @@ def test_mmdet_and_mmpretrain_checkpoints():
                     {'state_dict': {**{'backbone.' + k: v for k, v in mm.items()},  # mmpretrain
                                     'head.fc.weight': torch.randn(10, 256)}}):
         ours = _ours()
-        load_swin_pretrained(ours, wrapped)
+        load_pretrained(ours, wrapped)
         _assert_same_weights(ours, src, skip='^$')
 
 
@@ -198,7 +199,7 @@ def test_timm_roundtrip_weights():
     ref = randomize_(SwinTransformer(embed_dim=32, depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4),
                                      num_classes=5))
     ours = _ours()
-    load_swin_pretrained(ours, ref.state_dict())
+    load_pretrained(ours, ref.state_dict())
     rsd = ref.state_dict()
     osd = ours.state_dict()
     assert torch.equal(osd['layers.0.downsample.reduction.weight'],
@@ -242,25 +243,25 @@ def test_missing_checkpoint_file():
 
 def test_unrecognised_checkpoint_format():
     with pytest.raises(CheckpointError, match='unrecognised checkpoint format'):
-        load_swin_pretrained(_ours(), {'state_dict': {'conv1.weight': torch.zeros(3)}})
+        load_pretrained(_ours(), {'state_dict': {'conv1.weight': torch.zeros(3)}})
 
 
 def test_checkpoint_for_a_different_arch_lists_keys():
     src = randomize_(SwinBackbone(arch='tiny'))
     with pytest.raises(CheckpointError) as err:
-        load_swin_pretrained(_ours(), src.state_dict())
+        load_pretrained(_ours(), src.state_dict())
     msg = str(err.value)
-    assert 'shape mismatch' in msg and 'patch_embed.proj.weight: Swin checkpoint (96, 3, 4, 4)' \
+    assert 'shape mismatch' in msg and 'patch_embed.proj.weight: checkpoint (96, 3, 4, 4)' \
         ' vs model (32, 3, 4, 4)' in msg
-    assert 'unexpected in the Swin checkpoint: layers.2.blocks.2.' in msg
+    assert 'unexpected in the Swin checkpoint (ours layout): layers.2.blocks.2.' in msg
 
 
 def test_missing_backbone_keys_are_an_error():
     sd = randomize_(_ours()).state_dict()
     del sd['layers.1.blocks.0.mlp.fc1.weight']
-    with pytest.raises(CheckpointError, match=r'missing from the Swin checkpoint: '
+    with pytest.raises(CheckpointError, match=r'missing from the Swin checkpoint \(ours layout\): '
                                               r'layers\.1\.blocks\.0\.mlp\.fc1\.weight'):
-        load_swin_pretrained(_ours(), sd)
+        load_pretrained(_ours(), sd)
 
 
 class _Payload:
@@ -330,10 +331,11 @@ def test_official_checkpoint_into_a_conv_stem_model_names_the_stem_keys():
     """A conv stem has no published weights: loading a standard checkpoint must say so."""
     sd = randomize_(_ours()).state_dict()
     with pytest.raises(CheckpointError) as err:
-        load_swin_pretrained(_ours(stem_channels=(8, )), sd)
+        load_pretrained(_ours(stem_channels=(8, )), sd)
     msg = str(err.value)
-    assert 'missing from the Swin checkpoint' in msg and 'patch_embed.stem.0.conv.weight' in msg
-    assert 'patch_embed.proj.weight: Swin checkpoint (32, 3, 4, 4) vs model (32, 8, 2, 2)' in msg
+    assert 'missing from the Swin checkpoint (ours layout): ' in msg
+    assert 'patch_embed.stem.0.conv.weight' in msg
+    assert 'patch_embed.proj.weight: checkpoint (32, 3, 4, 4) vs model (32, 8, 2, 2)' in msg
 
 
 def test_conv_stem_model_roundtrips_its_own_checkpoint_and_refuses_mmdet_export(tmp_path):
@@ -361,7 +363,7 @@ def test_mmdet_checkpoint_with_a_non_square_position_grid_loads():
                           strides=(4, 2), use_abs_pos_embed=True, pretrain_img_size=(128, 96),
                           drop_path_rate=0.0)
     randomize_(ref)
-    load_swin_pretrained(ours, {'state_dict': ref.state_dict()})
+    load_pretrained(ours, {'state_dict': ref.state_dict()})
     ours.eval(), ref.eval()
     x = torch.randn(1, 3, 128, 96)
     with torch.no_grad():
@@ -375,7 +377,7 @@ def test_detection_checkpoint_with_more_output_norms_loads_into_fewer_outputs(ca
     src = randomize_(SwinBackbone(arch=arch, out_indices=(0, 1), drop_path_rate=0.0))
     dst = SwinBackbone(arch=arch, out_indices=(1, ), drop_path_rate=0.0)
     with caplog.at_level(logging.INFO, logger='vitdet_plugin'):
-        dropped = load_swin_pretrained(dst, {'state_dict': src.state_dict()})
+        dropped = load_pretrained(dst, {'state_dict': src.state_dict()}).dropped
     assert sorted(dropped) == ['norm0.bias', 'norm0.weight']
     assert 'outside out_indices=(1,) not used: norm0.weight, norm0.bias' in caplog.text
     assert torch.equal(dst.norm1.weight, src.norm1.weight)
@@ -408,14 +410,14 @@ def test_official_rectangular_window_is_read_from_its_index_buffer(caplog):
         ckpt['model'][k.replace('_bias_table', '_index')] = relative_position_index((5, 7))
     dst = SwinBackbone(arch=arch, window_size=(7, 5), out_indices=(0, 1))
     with caplog.at_level(logging.WARNING, logger='vitdet_plugin'):
-        load_swin_pretrained(dst, ckpt)
+        load_pretrained(dst, ckpt)
     assert 'records no window' not in caplog.text
     table = src.layers[1].blocks[1].attn.relative_position_bias_table.detach()
     assert torch.equal(dst.layers[1].blocks[1].attn.relative_position_bias_table,
                        resize_rel_pos_bias_table(table, (7, 5), (5, 7)))
     with pytest.raises(CheckpointError, match=r'src_window_size=\(7, 5\) contradicts the '
                                               r'checkpoint, .* built for 5x7 windows'):
-        load_swin_pretrained(dst, ckpt, src_window_size=(7, 5))
+        load_pretrained(dst, ckpt, src_window_size=(7, 5))
 
 
 def test_rectangular_window_without_a_recorded_window_is_loaded_with_a_warning(caplog):
@@ -425,7 +427,7 @@ def test_rectangular_window_without_a_recorded_window_is_loaded_with_a_warning(c
     src = randomize_(SwinBackbone(arch=arch, window_size=(7, 5), out_indices=(0, 1)))
     dst = SwinBackbone(arch=arch, window_size=(7, 5), out_indices=(0, 1))
     with caplog.at_level(logging.WARNING, logger='vitdet_plugin'):
-        load_swin_pretrained(dst, src.state_dict())
+        load_pretrained(dst, src.state_dict())
     assert 'loaded as 7x5. If it was trained with 5x7 windows, pass src_window_size=(5, 7)' \
         in caplog.text
     _assert_same_weights(dst, src)
@@ -455,21 +457,21 @@ def test_official_position_tokens_are_read_as_a_square_grid():
 def test_checkpoint_holding_only_ema_weights_loads(wrapper):
     src = randomize_(_ours())
     dst = _ours()
-    load_swin_pretrained(dst, {wrapper: src.state_dict(), 'epoch': 3})
+    load_pretrained(dst, {wrapper: src.state_dict(), 'epoch': 3})
     _assert_same_weights(dst, src, skip=r'^$')
 
 
 def test_checkpoint_without_tensors_lists_its_top_level_keys():
     with pytest.raises(CheckpointError, match=r"holds no tensors .*top-level keys are epoch, "
                                               r"optimizer"):
-        load_swin_pretrained(_ours(), {'epoch': 3, 'optimizer': {'lr': 0.1}})
+        load_pretrained(_ours(), {'epoch': 3, 'optimizer': {'lr': 0.1}})
 
 
 def test_prefix_that_matches_no_key_is_an_error():
     sd = {'backbone.' + k: v for k, v in randomize_(_ours()).state_dict().items()}
     with pytest.raises(CheckpointError, match=r"no key of the checkpoint starts with "
                                               r"prefix='encoder\.'; .*backbone\."):
-        load_swin_pretrained(_ours(), sd, prefix='encoder')
+        load_pretrained(_ours(), sd, prefix='encoder')
 
 
 def test_rectangular_window_state_dict_is_not_exported_to_mmdet():

@@ -20,7 +20,7 @@ from vitdet_plugin.models.backbones.vit import VIT_ARCHS
 from vitdet_plugin.models.layers import eager_attention
 from vitdet_plugin.models.necks import ViTSimpleFPN
 from vitdet_plugin.weights.common import load_state_dict_checked
-from vitdet_plugin.weights.vit import convert_vit, vit_target_shapes
+from vitdet_plugin.weights.vit import convert_vit
 
 LN6 = partial(nn.LayerNorm, eps=1e-6)
 TINY = dict(arch=dict(embed_dims=64, depth=4, num_heads=4), global_attn_indexes=(1, 3))
@@ -148,7 +148,8 @@ def _samvit(img_size, use_abs_pos=True):
 
 
 def _load_converted(ours, ref_sd):
-    sd, dropped = convert_vit(ref_sd, vit_target_shapes(ours), pos_grid=ours.pretrain_grid)
+    target = ours.checkpoint_target()
+    sd, dropped = convert_vit(ref_sd, target.expected, pos_grid=target.pos_grid)
     load_state_dict_checked(ours, sd)
     return dropped
 
@@ -430,7 +431,7 @@ def test_parity_timm_samvit_gradients():
     (ours(x)[0] * weight).sum().backward()
     ref_grads = dict(ref.named_parameters())
     ours_sd_names = convert_vit({k: p.grad for k, p in ref_grads.items() if p.grad is not None},
-                                vit_target_shapes(ours), pos_grid=ours.pretrain_grid)[0]
+                                ours.checkpoint_target().expected, ours.pretrain_grid)[0]
     for name, p in ours.named_parameters():
         assert_close_rel([p.grad], [ours_sd_names[name]], tol=1e-5)
 

@@ -15,8 +15,8 @@ from vitdet_plugin.functional import RopeSpec, rope_tables
 from vitdet_plugin.models.backbones import (DINOv2Backbone, DINOv3Backbone, EVA02Backbone,
                                             ViTBackbone)
 from vitdet_plugin.weights.checkpoint_io import CheckpointError
-from vitdet_plugin.weights.vit_families import (convert_vit_family, detect_vit_family,
-                                                load_vit_family_pretrained)
+from vitdet_plugin.models.backbones.base import load_pretrained
+from vitdet_plugin.weights.vit_families import convert_vit_family, detect_vit_family
 
 #: fp32 bound of the issue: max |ours - timm| / max |timm|.
 TOL = 1e-5
@@ -61,7 +61,7 @@ def ours_from_timm(case: str, **extra):
     name, timm_kw, cls, ours_kw = CASES[case]
     ref = timm_model(name, **timm_kw)
     model = cls(**{**OURS, **ours_kw, **extra}).eval()
-    load_vit_family_pretrained(model, ref.state_dict())
+    load_pretrained(model, ref.state_dict())
     return model, ref
 
 
@@ -206,14 +206,13 @@ def test_checkpoint_of_another_family_names_the_backbone():
     with pytest.raises(CheckpointError, match=r"^the checkpoint is a DINOv2 checkpoint \(ours "
                                               r"layout\); EVA02Backbone loads EVA-02 "
                                               r"checkpoints: build type='DINOv2Backbone'$"):
-        load_vit_family_pretrained(eva, ref.state_dict())
+        load_pretrained(eva, ref.state_dict())
     vit = ViTBackbone(embed_dims=64, depth=3, num_heads=4, global_attn_indexes=(2,))
-    from vitdet_plugin.weights.vit import load_vit_pretrained
     sd = timm_model(*CASES['eva02_sub_ln'][:1], **CASES['eva02_sub_ln'][1]).state_dict()
-    with pytest.raises(CheckpointError, match=r"^the checkpoint is a EVA-02 checkpoint \(timm "
-                                              r"layout\), which ViTBackbone does not load .*: "
+    with pytest.raises(CheckpointError, match=r"^the checkpoint is an EVA-02 checkpoint \(timm "
+                                              r"layout\); ViTBackbone loads ViT checkpoints: "
                                               r"build type='EVA02Backbone'$"):
-        load_vit_pretrained(vit, sd)
+        load_pretrained(vit, sd)
 
 
 BAD = [
@@ -269,6 +268,6 @@ def test_detector_checkpoint_of_ours_and_dropped_tokens_are_reported():
     sd['neck.conv.weight'] = torch.zeros(1)
     assert detect_vit_family(sd) == ('DINOv3', 'ours')
     model = DINOv3Backbone(**OURS, arch='small', prefix_tokens='drop')
-    dropped = load_vit_family_pretrained(model, sd)
+    dropped = load_pretrained(model, sd).dropped
     assert sorted(dropped) == ['cls_token', 'neck.conv.weight', 'reg_token']
     assert torch.equal(model.blocks[0].attn.qkv.weight, src.blocks[0].attn.qkv.weight)

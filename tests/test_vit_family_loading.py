@@ -13,7 +13,7 @@ from timm.models import vision_transformer as timm_vit
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.models.backbones import DINOv2Backbone, DINOv3Backbone, EVA02Backbone
 from vitdet_plugin.weights.checkpoint_io import CheckpointError
-from vitdet_plugin.weights.vit_families import load_vit_family_pretrained
+from vitdet_plugin.models.backbones.base import load_pretrained
 
 #: fp32 bound of the issue: max |ours - timm| / max |timm|.
 TOL = 1e-5
@@ -55,7 +55,7 @@ def test_official_checkpoint_loads_strictly_and_gives_timms_tokens(case, caplog)
     ref = tiny(name, img)
     model = cls(**OURS, **kw).eval()
     with caplog.at_level('INFO', logger='vitdet_plugin'):
-        dropped = load_vit_family_pretrained(model, {'model': to_official(ref.state_dict())})
+        dropped = load_pretrained(model, {'model': to_official(ref.state_dict())}).dropped
     assert 'mask_token' in dropped and 'official layout' in caplog.text
     patch = model.patch_size
     x = torch.randn(1, 3, 5 * patch, 7 * patch, generator=torch.Generator().manual_seed(0))
@@ -82,7 +82,7 @@ def test_patch14_checkpoint_drives_a_patch16_model_as_timm_resamples_it():
     ref = tiny(name, IMG14)
     model = DINOv2Backbone(**OURS, arch='small', num_reg_tokens=4, patch_size=16,
                            pretrain_img_size=IMG14).eval()
-    load_vit_family_pretrained(model, dinov2_official(ref.state_dict()))
+    load_pretrained(model, dinov2_official(ref.state_dict()))
     assert model.pretrain_grid == (4, 4) and model.patch_size == 16
     timm16 = timm.create_model(name, img_size=64, patch_size=16, dynamic_img_size=True, depth=2,
                                embed_dim=64, num_heads=4, num_classes=0).eval()
@@ -99,7 +99,7 @@ def test_official_checkpoint_of_another_family_names_the_backbone():
     with pytest.raises(CheckpointError, match=r"^the checkpoint is a DINOv2 checkpoint \(dinov2 "
                                               r"official layout\); EVA02Backbone loads EVA-02 "
                                               r"checkpoints: build type='DINOv2Backbone'$"):
-        load_vit_family_pretrained(EVA02Backbone(**OURS, arch='tiny'), sd)
+        load_pretrained(EVA02Backbone(**OURS, arch='tiny'), sd)
 
 
 def test_eva02_det_checkpoint_needs_the_cls_token_dropped():
@@ -114,9 +114,9 @@ def test_eva02_det_checkpoint_needs_the_cls_token_dropped():
                                               r"\(EVA-02/det backbone.net.\*\), which has no cls "
                                               r"token; build EVA02Backbone\(prefix_tokens='drop'"
                                               r"\) as EVA-02-det does$"):
-        load_vit_family_pretrained(EVA02Backbone(**kw), {'model': det})
+        load_pretrained(EVA02Backbone(**kw), {'model': det})
     model = EVA02Backbone(**kw, prefix_tokens='drop')
-    load_vit_family_pretrained(model, {'model': det})
+    load_pretrained(model, {'model': det})
     assert torch.equal(model.patch_embed.proj.weight, ref.patch_embed.proj.weight)
 
 
@@ -130,7 +130,7 @@ def test_eva02_rope_grid_of_the_checkpoint_must_be_the_models():
                                               r"with rope ref_grid=\(16, 16\); build EVA02Backbone"
                                               r"\(rope=dict\(temperature=10000, ref_grid=\(4, 4\)"
                                               r"\)\)$"):
-        load_vit_family_pretrained(model, sd)
+        load_pretrained(model, sd)
 
 
 def test_register_count_must_match_the_checkpoint():
@@ -141,6 +141,6 @@ def test_register_count_must_match_the_checkpoint():
     with pytest.raises(CheckpointError, match=r'^the checkpoint has 4 register tokens, the model '
                                               r'was built with num_reg_tokens=0: build it with '
                                               r'num_reg_tokens=4$'):
-        load_vit_family_pretrained(DINOv2Backbone(**kw), sd)
-    dropped = load_vit_family_pretrained(DINOv2Backbone(**kw, prefix_tokens='drop'), sd)
+        load_pretrained(DINOv2Backbone(**kw), sd)
+    dropped = load_pretrained(DINOv2Backbone(**kw, prefix_tokens='drop'), sd).dropped
     assert {'cls_token', 'reg_token'} <= set(dropped)

@@ -19,8 +19,9 @@ from vitdet_plugin.models.backbones import ViTBackbone
 from vitdet_plugin.models.layers import resize_rel_pos
 from vitdet_plugin.models.necks import ViTSimpleFPN
 from vitdet_plugin.weights.checkpoint_io import CheckpointError
-from vitdet_plugin.weights.vit import (convert_vit, detect_vit_format, load_vit_pretrained,
-                                       simple_fpn_to_detectron2, vit_target_shapes)
+from vitdet_plugin.models.backbones.base import load_pretrained
+from vitdet_plugin.weights import detect_layout
+from vitdet_plugin.weights.vit import convert_vit, simple_fpn_to_detectron2
 
 LN6 = partial(nn.LayerNorm, eps=1e-6)
 ARCH = dict(arch=dict(embed_dims=64, depth=4, num_heads=4), global_attn_indexes=(1, 3),
@@ -69,20 +70,24 @@ def run(model, size=(128, 128)):
 def test_detect_formats():
     sam_sd = samvit().state_dict()
     vit = timm_vit.VisionTransformer(img_size=64, embed_dim=32, depth=1, num_heads=2)
-    assert detect_vit_format(sam_sd) == 'timm_samvit'
-    assert detect_vit_format(sam_checkpoint(sam_sd)) == 'sam'
-    assert detect_vit_format(vit.state_dict()) == 'timm_vit'
+    assert detect_layout(sam_sd).name == 'timm_samvit'
+    assert detect_layout(sam_checkpoint(sam_sd)).name == 'sam'
+    assert detect_layout(vit.state_dict()).name == 'timm_vit'
     mae = dict(vit.state_dict(), mask_token=torch.zeros(1, 1, 32),
                **{'decoder_embed.weight': torch.zeros(16, 32)})
-    assert detect_vit_format(mae) == 'mae'
-    assert detect_vit_format(d2_checkpoint(ours())['model']) == 'detectron2'
-    assert detect_vit_format(ours().state_dict()) == 'ours'
+    assert detect_layout(mae).name == 'mae'
+    assert detect_layout(d2_checkpoint(ours())['model']).name == 'detectron2'
+    assert detect_layout(ours().state_dict()).name == 'ours'
     det = {'backbone.' + k: v for k, v in ours().state_dict().items()}
     det['neck.lateral_convs.0.conv.weight'] = torch.zeros(1)
-    assert detect_vit_format(det) == 'ours'
+    assert detect_layout(det).name == 'ours'
     with pytest.raises(CheckpointError, match='unrecognised checkpoint format: no ViT '
                                               'attention weights found'):
-        detect_vit_format({'layers.0.blocks.0.attn.qkv.weight': torch.zeros(1)})
+        detect_layout({'conv1.weight': torch.zeros(1)}, 'ViT')
+    with pytest.raises(CheckpointError, match=r"^the checkpoint is a Swin checkpoint \(official "
+                                              r"layout\); ViTBackbone loads ViT checkpoints: "
+                                              r"build type='SwinBackbone'$"):
+        detect_layout({'layers.0.blocks.0.attn.qkv.weight': torch.zeros(1)}, 'ViT')
 
 
 # ---------------------------------------------------------------------------- round trips
@@ -95,8 +100,9 @@ def test_sam_formats_round_trip(fmt):
               if k.startswith('image_encoder.')}
         fmt = 'sam'
     model = ours(pretrain_use_cls_token=False)
-    conv, dropped = convert_vit(sd, vit_target_shapes(model), pos_grid=model.pretrain_grid)
-    assert detect_vit_format(sd) == fmt
+    conv, dropped = convert_vit(sd, model.checkpoint_target().expected,
+                                pos_grid=model.pretrain_grid)
+    assert detect_layout(sd).name == fmt
     assert all(k.startswith(('neck.', 'prompt_encoder.', 'mask_decoder.')) for k in dropped)
     assert torch.equal(conv['pos_embed'], ref.pos_embed.flatten(1, 2))
     assert torch.equal(conv['blocks.2.mlp.fc1.weight'], ref.blocks[2].mlp.fc1.weight)
@@ -146,7 +152,7 @@ def test_timm_vit_family_loads_through_init_cfg(tmp_path, kind):
 def test_pos_embed_is_resized_bicubically_and_cls_slot_kept():
     ref = _timm_vit(img_size=224)
     model = ViTBackbone(**ARCH, pretrain_img_size=256)  # 16x16 grid
-    conv, _ = convert_vit(ref.state_dict(), vit_target_shapes(model),
+    conv, _ = convert_vit(ref.state_dict(), model.checkpoint_target().expected,
                           pos_grid=model.pretrain_grid)
     grid = ref.pos_embed[:, 1:].reshape(1, 14, 14, 64).permute(0, 3, 1, 2)
     expected = F.interpolate(grid, size=(16, 16), mode='bicubic', align_corners=False)
@@ -159,7 +165,7 @@ def test_pos_embed_is_resized_bicubically_and_cls_slot_kept():
 def test_sam_pos_embed_and_rel_pos_resized_to_target():
     ref = samvit(img_size=128)  # pos 8x8, global tables 15 rows, window tables 5 rows
     model = ViTBackbone(**dict(ARCH, window_size=5), img_size=192, pretrain_img_size=224)
-    conv, _ = convert_vit(ref.state_dict(), vit_target_shapes(model),
+    conv, _ = convert_vit(ref.state_dict(), model.checkpoint_target().expected,
                           pos_grid=model.pretrain_grid)
     assert conv['pos_embed'].shape == (1, 1 + 14 * 14, 64)
     assert torch.equal(conv['pos_embed'][:, 0], torch.zeros(1, 64))  # no cls in SAM
@@ -188,30 +194,30 @@ def test_sam_weights_into_matching_model_equal_timm_features(tmp_path):
 def test_mismatched_architecture_is_reported():
     ref = _timm_vit(embed_dim=96, num_heads=4)
     model = ViTBackbone(**ARCH)
-    with pytest.raises(CheckpointError, match=r'shape mismatch for \d+ keys: pos_embed: ViT '
+    with pytest.raises(CheckpointError, match=r'shape mismatch for \d+ keys: pos_embed: '
                                               r'checkpoint \(1, 197, 96\) vs model '
                                               r'\(1, 197, 64\), patch_embed.proj.weight: '
-                                              r'ViT checkpoint '
+                                              r'checkpoint '
                                               r'\(96, 3, 16, 16\) vs model \(64, 3, 16, 16\)'):
-        load_vit_pretrained(model, ref.state_dict())
+        load_pretrained(model, ref.state_dict())
 
 
 def test_unknown_keys_and_missing_blocks_are_reported():
     model = ViTBackbone(**ARCH)
     sd = ours().state_dict()
     sd['blocks.0.ls1.gamma'] = torch.ones(64)
-    with pytest.raises(CheckpointError, match=r'unexpected in the ViT checkpoint: '
+    with pytest.raises(CheckpointError, match=r'unexpected in the ViT checkpoint \(ours layout\): '
                                               r'blocks.0.ls1.gamma'):
-        load_vit_pretrained(model, sd)
+        load_pretrained(model, sd)
     sd = {k: v for k, v in ours().state_dict().items() if not k.startswith('blocks.3.mlp')}
-    with pytest.raises(CheckpointError, match=r'missing from the ViT checkpoint: '
+    with pytest.raises(CheckpointError, match=r'missing from the ViT checkpoint \(ours layout\): '
                                               r'blocks.3.mlp.fc1.weight'):
-        load_vit_pretrained(model, sd)
+        load_pretrained(model, sd)
     # partial rel-pos tables are not silently allowed either
     sd = {k: v for k, v in ours().state_dict().items() if k != 'blocks.2.attn.rel_pos_h'}
-    with pytest.raises(CheckpointError, match=r'missing from the ViT checkpoint: '
+    with pytest.raises(CheckpointError, match=r'missing from the ViT checkpoint \(ours layout\): '
                                               r'blocks.2.attn.rel_pos_h'):
-        load_vit_pretrained(model, sd)
+        load_pretrained(model, sd)
 
 
 def test_checkpoint_with_code_is_refused(tmp_path):
@@ -253,7 +259,7 @@ def test_mmpretrain_mae_layout(tmp_path):
     sd = _mmpretrain_layout(ref)
     sd['neck.mask_token'] = torch.zeros(1, 1, 8)
     sd['neck.decoder_blocks.0.ln1.weight'] = torch.zeros(8)
-    assert detect_vit_format(sd) == 'mmpretrain'
+    assert detect_layout(sd).name == 'mmpretrain'
     path = tmp_path / 'mmpretrain_mae.pth'
     torch.save({'state_dict': sd, 'meta': {}}, path)
     model = ViTBackbone(**ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
@@ -274,7 +280,7 @@ def test_own_checkpoint_with_a_non_square_position_grid_round_trips(pretrain, us
               global_attn_indexes=(1, ), drop_path_rate=0.0)
     src = randomize_(ViTBackbone(**kw)).eval()
     dst = ViTBackbone(**kw).eval()
-    load_vit_pretrained(dst, {'state_dict': src.state_dict()})
+    load_pretrained(dst, {'state_dict': src.state_dict()})
     assert torch.equal(dst.pos_embed, src.pos_embed)
 
 
@@ -313,16 +319,16 @@ def test_checkpoint_for_other_global_blocks_is_refused():
     with pytest.raises(CheckpointError, match=r'global attention in blocks \[1, 3\] .* the model '
                                               r'in blocks \[0, 2\]; build the model with '
                                               r'global_attn_indexes=\(1, 3\)'):
-        load_vit_pretrained(ours(global_attn_indexes=(0, 2)), sd)
+        load_pretrained(ours(global_attn_indexes=(0, 2)), sd)
     # the same roles at another size are resized as before
-    load_vit_pretrained(ours(img_size=160, pretrain_img_size=160), sd)
+    load_pretrained(ours(img_size=160, pretrain_img_size=160), sd)
 
 
 def test_pos_embed_unused_by_a_model_without_abs_pos_is_a_warning(caplog):
     import logging
     sd = ours().state_dict()
     with caplog.at_level(logging.WARNING, logger='vitdet_plugin'):
-        dropped = load_vit_pretrained(ours(use_abs_pos=False), sd)
+        dropped = load_pretrained(ours(use_abs_pos=False), sd).dropped
     assert 'pos_embed' in dropped
     assert 'its trained pos_embed (1, 65, 64) is not used' in caplog.text
     assert 'use_abs_pos=True' in caplog.text
@@ -333,10 +339,10 @@ def test_mmpretrain_pre_norm_is_not_dropped():
     sd = _mmpretrain_layout(_timm_vit())
     sd['backbone.pre_norm.weight'] = torch.ones(64)
     sd['backbone.pre_norm.bias'] = torch.zeros(64)
-    assert detect_vit_format(sd) == 'mmpretrain'
-    with pytest.raises(CheckpointError, match=r'unexpected in the ViT checkpoint: '
-                                              r'pre_norm\.weight, pre_norm\.bias'):
-        load_vit_pretrained(ViTBackbone(**ARCH), sd)
+    assert detect_layout(sd).name == 'mmpretrain'
+    with pytest.raises(CheckpointError, match=r'unexpected in the ViT checkpoint \(mmpretrain '
+                                              r'layout\): pre_norm\.weight, pre_norm\.bias'):
+        load_pretrained(ViTBackbone(**ARCH), sd)
 
 
 def test_square_timm_grid_into_a_non_square_grid_of_as_many_cells_is_resized():
@@ -344,7 +350,7 @@ def test_square_timm_grid_into_a_non_square_grid_of_as_many_cells_is_resized():
     whose 8x32 grid has as many cells (reading them as 8x32 would scramble them)."""
     ref = _timm_vit(img_size=256)
     model = ViTBackbone(**ARCH, pretrain_img_size=(128, 512))
-    conv, _ = convert_vit(ref.state_dict(), vit_target_shapes(model),
+    conv, _ = convert_vit(ref.state_dict(), model.checkpoint_target().expected,
                           pos_grid=model.pretrain_grid)
     grid = ref.pos_embed[:, 1:].reshape(1, 16, 16, 64).permute(0, 3, 1, 2)
     expected = F.interpolate(grid, size=(8, 32), mode='bicubic', align_corners=False)

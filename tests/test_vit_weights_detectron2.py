@@ -23,10 +23,9 @@ from test_vit_weights import ARCH, d2_checkpoint, ours, samvit
 from vitdet_plugin.models.backbones import ViTBackbone
 from vitdet_plugin.models.necks import ViTSimpleFPN
 from vitdet_plugin.weights.checkpoint_io import CheckpointError
+from vitdet_plugin.models.backbones.base import load_pretrained
 from vitdet_plugin.weights.vit import (convert_simple_fpn, convert_vit, convert_vitdet_to_mmdet,
-                                       load_simple_fpn_pretrained, load_vit_pretrained,
-                                       simple_fpn_part, simple_fpn_to_detectron2,
-                                       vit_target_shapes)
+                                       simple_fpn_part, simple_fpn_to_detectron2)
 
 
 #: detectron2's LayerNorm (channels-first) epsilon, detectron2/layers/batch_norm.py
@@ -131,7 +130,7 @@ def test_detectron2_round_trip_backbone_and_neck():
     ckpt = d2_checkpoint(src, src_neck)
     dst = ViTBackbone(**ARCH, img_size=128, pretrain_img_size=128,
                       residual_block_indexes=(2,)).eval()
-    conv, dropped = convert_vit(ckpt, vit_target_shapes(dst), pos_grid=dst.pretrain_grid)
+    conv, dropped = convert_vit(ckpt, dst.checkpoint_target().expected, pos_grid=dst.pretrain_grid)
     assert conv.keys() == src.state_dict().keys()
     for k, v in src.state_dict().items():
         assert torch.equal(conv[k], v), k
@@ -182,7 +181,7 @@ def test_backbone_load_reports_the_pyramid_keys_as_the_necks(tmp_path, caplog):
     torch.save(d2_checkpoint(src, src_neck), path)
     dst = ViTBackbone(**ARCH, img_size=128, pretrain_img_size=128)
     with caplog.at_level(logging.WARNING, logger='vitdet_plugin'):
-        dropped = load_vit_pretrained(dst, str(path))
+        dropped = load_pretrained(dst, str(path)).dropped
     _assert_same_weights(dst, src)
     pyramid = [k for k in dropped if k.startswith('backbone.simfp_')]
     assert len(pyramid) == len(src_neck.state_dict())
@@ -213,9 +212,9 @@ def test_detectron2_model_zoo_pkl(tmp_path):
         pickle.dump({'model': ckpt['model'], 'x': partial(print, 'pwned')}, f)
     with pytest.raises(CheckpointError, match=r"refused to load .*evil.pkl.*global "
                                               r"functools.partial is not allowed"):
-        load_vit_pretrained(dst, str(evil))
+        load_pretrained(dst, str(evil))
     with pytest.raises(CheckpointError, match=r"refused to load .*evil.pkl"):
-        load_simple_fpn_pretrained(neck, str(evil))
+        load_pretrained(neck, str(evil))
 
 
 def test_detectron2_to_mmdet_detector_with_neck():
@@ -225,7 +224,7 @@ def test_detectron2_to_mmdet_detector_with_neck():
     ckpt = d2_checkpoint(src, src_neck)
     plain = ViTBackbone(**ARCH, img_size=128, pretrain_img_size=128)
     neck = ViTSimpleFPN(in_channels=64, out_channels=16)
-    det, dropped = convert_vitdet_to_mmdet(ckpt, vit_target_shapes(plain),
+    det, dropped = convert_vitdet_to_mmdet(ckpt, plain.checkpoint_target().expected,
                                            pos_grid=plain.pretrain_grid)
     assert sorted(dropped) == ['proposal_generator.rpn_head.conv.weight',
                                'roi_heads.box_predictor.cls_score.weight']
@@ -247,13 +246,13 @@ def test_own_pyramid_keys_dropped_and_reported_for_a_backbone_without_pyramid(ca
     old = _before_the_neck(src, src_neck)
     dst = ViTBackbone(**ARCH, img_size=128, pretrain_img_size=128).eval()
     with caplog.at_level(logging.WARNING, logger='vitdet_plugin'):
-        dropped = load_vit_pretrained(dst, {'state_dict': old})
+        dropped = load_pretrained(dst, {'state_dict': old}).dropped
     assert dropped and all(k.startswith('pyramid.') for k in dropped)
     assert {k for k in old if k.startswith('pyramid.')} == set(dropped)
     assert torch.equal(dst.blocks[1].attn.qkv.weight, src.blocks[1].attn.qkv.weight)
     assert 'are the weights of the neck' in caplog.text
     neck = ViTSimpleFPN(in_channels=64, out_channels=16)
-    assert load_simple_fpn_pretrained(neck, {'state_dict': old}) == list(src.state_dict())
+    assert load_pretrained(neck, {'state_dict': old}).dropped == list(src.state_dict())
     _assert_same_weights(neck, src_neck)
 
 
@@ -274,7 +273,7 @@ def test_neck_init_cfg_reads_our_detector_checkpoints(tmp_path, layout):
     neck.init_weights()
     _assert_same_weights(neck, src_neck)
     if layout == 'before_the_neck':  # also for load_from: backbone.* + neck.*
-        conv, _ = convert_vitdet_to_mmdet(det, vit_target_shapes(src), src.pretrain_grid)
+        conv, _ = convert_vitdet_to_mmdet(det, src.checkpoint_target().expected, src.pretrain_grid)
         assert {k for k in conv if k.startswith('neck.')} == {
             f'neck.{k}' for k in src_neck.state_dict()}
 
@@ -283,9 +282,11 @@ def test_neck_checkpoint_mismatches_are_errors():
     src, src_neck = ours(), _neck()
     ckpt = d2_checkpoint(src, src_neck)
     other = ViTSimpleFPN(in_channels=64, out_channels=16, scale_factors=(2.0, 1.0, 0.5))
-    with pytest.raises(CheckpointError, match=r'the simple-pyramid checkpoint does not match '
-                                              r'ViTSimpleFPN: shape mismatch'):
-        load_simple_fpn_pretrained(other, ckpt)
-    with pytest.raises(CheckpointError, match=r"no simple-pyramid weights in the checkpoint: "
-                                              r"expected detectron2 ViTDet keys"):
-        load_simple_fpn_pretrained(src_neck, src.state_dict())
+    with pytest.raises(CheckpointError, match=r'the simple FPN checkpoint \(detectron2 layout\) '
+                                              r'does not match ViTSimpleFPN: shape mismatch'):
+        load_pretrained(other, ckpt)
+    with pytest.raises(CheckpointError, match=r"^no simple-pyramid weights in the checkpoint: "
+                                              r"expected detectron2 ViTDet keys .*\. The "
+                                              r"checkpoint is a ViT checkpoint \(ours layout\): "
+                                              r"load it into type='ViTBackbone'$"):
+        load_pretrained(src_neck, src.state_dict())

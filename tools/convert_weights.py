@@ -8,51 +8,29 @@
     python tools/convert_weights.py dinov2_vitb14_reg4_pretrain.pth dinov2_b_ours.pth
     python tools/convert_weights.py eva02_B_pt_in21k_p14.pt eva02_b16_ours.pth --patch-size 16
 
-The source format is detected (official Microsoft Swin, Swin detection repo, timm, mmdet /
-mmpretrain for Swin; official, timm, mmpretrain for Swin V2; timm / DeiT / MAE, SAM, detectron2
-ViTDet for ViT; the official facebookresearch / baaivision files and timm's for DINOv2, DINOv3,
-EVA-02 and EVA-02/det's detectors, ``--model vit_family``). Files are read with
+The source layout is detected by the one table of ``vitdet_plugin.weights.layouts`` (official
+Microsoft Swin, Swin detection repo, timm, mmdet / mmpretrain for Swin; official, timm,
+mmpretrain for Swin V2; timm / DeiT / MAE, SAM, detectron2 ViTDet, mmpretrain for ViT; the
+official facebookresearch / baaivision files and timm's for DINOv2, DINOv3, EVA-02 and
+EVA-02/det's detectors, ``--model vit_family``; a bare simple-FPN neck). Files are read with
 ``torch.load(weights_only=True)``; the output is ``{'state_dict': sd, 'meta': {...}}``, loadable
 with ``init_cfg=dict(type='Pretrained', checkpoint=OUT)``.
 """
 import argparse
 import os
 import sys
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from vitdet_plugin.weights import (CheckpointError, checkpoint_state_dict,
-                                   load_checkpoint_file)
-from vitdet_plugin.weights.swin import convert_swin, detect_swin_format
-from vitdet_plugin.weights.swin_v2 import convert_swin_v2, detect_swin_v2_format
-from vitdet_plugin.weights.vit import convert_vit, detect_vit_format
-from vitdet_plugin.weights.vit_families import (FAMILY_BACKBONES, convert_vit_family_checkpoint,
-                                                vit_family_layout)
+from vitdet_plugin.weights import (FAMILY_BACKBONES, CheckpointError, CheckpointTarget,
+                                   checkpoint_state_dict, detect_layout, load_checkpoint_file)
 
-
-def detect_vit_family_format(sd) -> str:
-    """The layout of a DINOv2 / DINOv3 / EVA-02 state dict (official, timm or ours)."""
-    return vit_family_layout(sd)[1]
-
-
-# the family detector first: the plain-ViT one refuses their checkpoints, naming them
-DETECTORS = {'swin': detect_swin_format, 'swinv2': detect_swin_v2_format,
-             'vit_family': detect_vit_family_format, 'vit': detect_vit_format}
-
-
-def _detect(sd) -> Tuple[str, str]:
-    """``(model, format)`` by the detector that recognises ``sd``; both reasons if neither."""
-    errors = []
-    for model, detect in DETECTORS.items():
-        try:
-            return model, detect(sd)
-        except CheckpointError as e:
-            errors.append(f'as {model}: {e}')
-    raise CheckpointError('neither a Swin nor a ViT checkpoint (' + '; '.join(errors) + '). If '
-                          'the weights sit under a prefix (e.g. encoder.), pass --prefix')
+#: ``--model``: the checkpoint families each choice converts (``auto``: every family).
+MODEL_FAMILIES = {'swin': ('Swin',), 'swinv2': ('Swin V2',), 'vit': ('ViT',),
+                  'vit_family': ('DINOv2', 'DINOv3', 'EVA-02'), 'simple_fpn': ('simple FPN',)}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -60,7 +38,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('src', help='input checkpoint')
     p.add_argument('dst', help='output checkpoint (.pth)')
-    p.add_argument('--model', choices=['auto', *DETECTORS], default='auto')
+    p.add_argument('--model', choices=['auto', *MODEL_FAMILIES], default='auto')
     p.add_argument('--prefix', default=None,
                    help="keep only the keys under this prefix, removed (e.g. 'encoder.')")
     p.add_argument('--window-size', type=int, nargs='+', default=None, metavar='N',
@@ -86,36 +64,35 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         sd = checkpoint_state_dict(load_checkpoint_file(args.src), args.prefix)
-        model, fmt = (_detect(sd) if args.model == 'auto'
-                      else (args.model, DETECTORS[args.model](sd)))
+        layout = detect_layout(sd)
+        family = layout.family
+        model = next((m for m, families in MODEL_FAMILIES.items() if family in families), None)
+        if args.model != 'auto' and model != args.model:
+            raise CheckpointError(f'the checkpoint is {layout.describe()}, not --model '
+                                  f'{args.model}: give --model {model or "auto"} (it loads into '
+                                  f"type='{FAMILY_BACKBONES[family]}')")
         if args.patch_size is not None and model != 'vit_family':
             p.error('--patch-size applies to DINOv2 / DINOv3 / EVA-02 checkpoints only')
-        if model == 'swin':
-            converted, dropped = convert_swin(
-                sd, window_size=window, pos_grid=pos_grid, src_format=fmt,
-                src_window_size=tuple(args.src_window_size) if args.src_window_size else None)
-        elif window or args.src_window_size:
+        if (window or args.src_window_size) and family != 'Swin':
             p.error('--window-size / --src-window-size apply to Swin V1 checkpoints only')
-        elif model == 'swinv2':
-            if pos_grid:
-                p.error('--pos-grid does not apply to Swin V2 checkpoints')
-            converted, dropped = convert_swin_v2(sd, src_format=fmt)
-        elif model == 'vit_family':
-            family, fmt, converted, dropped = convert_vit_family_checkpoint(
-                sd, pos_grid=pos_grid, patch_size=args.patch_size)
-            model = FAMILY_BACKBONES[family]
-        else:
-            converted, dropped = convert_vit(sd, pos_grid=pos_grid, src_format=fmt)
+        if pos_grid and family in ('Swin V2', 'simple FPN'):
+            p.error(f'--pos-grid does not apply to {family} checkpoints')
+        target = CheckpointTarget(
+            family, 'tools/convert_weights.py', window_size=window, pos_grid=pos_grid,
+            src_window_size=tuple(args.src_window_size) if args.src_window_size else None,
+            patch_size=(args.patch_size, args.patch_size) if args.patch_size else None)
+        converted, dropped = layout.convert(sd, target)
     except (CheckpointError, FileNotFoundError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 1
     os.makedirs(os.path.dirname(os.path.abspath(args.dst)), exist_ok=True)
     tmp = args.dst + '.tmp'
     torch.save({'state_dict': converted,
-                'meta': {'converted_from': fmt, 'model': model, 'source': args.src}}, tmp)
+                'meta': {'converted_from': layout.name, 'family': family, 'model': model,
+                         'backbone': FAMILY_BACKBONES[family], 'source': args.src}}, tmp)
     os.replace(tmp, args.dst)
-    print(f'{args.src}: {model} checkpoint in {fmt!r} format -> {args.dst} '
-          f'({len(converted)} tensors, {len(dropped)} non-backbone keys dropped)')
+    print(f'{args.src}: {layout.describe()} -> {args.dst} ({len(converted)} tensors, '
+          f"{len(dropped)} keys dropped); load it with type='{FAMILY_BACKBONES[family]}'")
     return 0
 
 

@@ -2,7 +2,7 @@
 
 A reference (timm) model is created with random weights, perturbed so that norms and
 relative-position tables do real work, and loaded into ours through the plugin's checkpoint
-loaders (``load_swin_pretrained`` / ``load_vit_pretrained``); mmdet's Swin gets ours converted
+loader (``load_pretrained``, through the layout table); mmdet's Swin gets ours converted
 by ``swin_to_mmdet``, its architecture read off the converted weights.
 """
 import math
@@ -101,7 +101,8 @@ def build_swin(arch: str, size: Size, with_cp: bool) -> Compared:
     from mmdet.models.backbones import SwinTransformer
     _import_plugin()
     from vitdet_plugin.models.backbones import SwinBackbone
-    from vitdet_plugin.weights.swin import load_swin_pretrained, swin_to_mmdet
+    from vitdet_plugin.models.backbones.base import load_pretrained
+    from vitdet_plugin.weights.swin import swin_to_mmdet
 
     # always_partition: keep the 7x7 windows (and their shift) in stages smaller than a
     # window, as mmdet and ours do; timm would shrink them (and the bias tables with them)
@@ -112,7 +113,7 @@ def build_swin(arch: str, size: Size, with_cp: bool) -> Compared:
     tm.set_grad_checkpointing(with_cp)
     ours = SwinBackbone(arch=arch, drop_path_rate=0.0, with_cp=with_cp)
     ours.init_weights()  # output norms, which timm's classifier does not have
-    load_swin_pretrained(ours, tm.state_dict())
+    load_pretrained(ours, tm.state_dict())
     mm_sd = swin_to_mmdet(ours.state_dict())
     mm = SwinTransformer(**mmdet_swin_spec(mm_sd), drop_path_rate=0.0, with_cp=with_cp)
     mm.load_state_dict(mm_sd)
@@ -128,7 +129,7 @@ def build_vit(arch: str, with_cp: bool) -> Compared:
     import timm
     _import_plugin()
     from vitdet_plugin.models.backbones import ViTBackbone
-    from vitdet_plugin.weights.vit import load_vit_pretrained
+    from vitdet_plugin.models.backbones.base import load_pretrained
 
     ref: Any = timm.create_model(f'samvit_{arch}_patch16', pretrained=False, num_classes=0,
                             drop_path_rate=0.0)
@@ -136,7 +137,7 @@ def build_vit(arch: str, with_cp: bool) -> Compared:
     ref.set_grad_checkpointing(with_cp)
     ours = ViTBackbone(arch=arch, img_size=VIT_IMG_SIZE, pretrain_img_size=VIT_IMG_SIZE,
                        pretrain_use_cls_token=False, drop_path_rate=0.0, with_cp=with_cp)
-    load_vit_pretrained(ours, ref.state_dict())
+    load_pretrained(ours, ref.state_dict())
     last = len(ref.blocks) - 1
 
     def timm_features(x: Tensor) -> List[Tensor]:
@@ -159,7 +160,7 @@ SWINV2_LAST_STRIDE = 32
 
 def build_swinv2(arch: str, size: Size, with_cp: bool) -> Compared:
     """Our ``SwinV2Backbone`` and timm's ``swinv2_{arch}_window8_256`` with the same weights
-    (loaded through ``load_swin_v2_pretrained``; our last output norm takes timm's final norm,
+    (loaded through ``load_pretrained``; our last output norm takes timm's final norm,
     so the last maps match). Both pad to whole windows, but timm rolls before padding and ours
     after (detection semantics): they compute the same function only where every stage's map
     is a multiple of the window (e.g. 256, 512, 1024; not 224 or 800x1216), so parity is
@@ -167,7 +168,7 @@ def build_swinv2(arch: str, size: Size, with_cp: bool) -> Compared:
     import timm
     _import_plugin()
     from vitdet_plugin.models.backbones import SwinV2Backbone
-    from vitdet_plugin.weights.swin_v2 import load_swin_v2_pretrained
+    from vitdet_plugin.models.backbones.base import load_pretrained
 
     tm: Any = timm.create_model(f'swinv2_{arch}_window{SWINV2_WINDOW}_256', pretrained=False,
                            num_classes=0, img_size=size, strict_img_size=False,
@@ -177,7 +178,7 @@ def build_swinv2(arch: str, size: Size, with_cp: bool) -> Compared:
     ours = SwinV2Backbone(arch=arch, window_size=SWINV2_WINDOW, drop_path_rate=0.0,
                           with_cp=with_cp)
     ours.init_weights()  # output norms of stages 0-2, which timm's classifier does not have
-    load_swin_v2_pretrained(ours, tm.state_dict())
+    load_pretrained(ours, tm.state_dict())
     last = ours.out_indices[-1]
     getattr(ours, f'norm{last}').load_state_dict(tm.norm.state_dict())
     timm_stages = TimmSwinFeatures(tm)
@@ -218,7 +219,7 @@ def build_vit_family(family: str, arch: str, with_cp: bool) -> Compared:
     import timm
     _import_plugin()
     from mmdet.registry import MODELS as MMDET_MODELS
-    from vitdet_plugin.weights.vit_families import load_vit_family_pretrained
+    from vitdet_plugin.models.backbones.base import load_pretrained
 
     timm_name, ours_type = VIT_FAMILIES[family]
     ref: Any = timm.create_model(timm_name.format(arch=arch), pretrained=False, num_classes=0,
@@ -235,7 +236,7 @@ def build_vit_family(family: str, arch: str, with_cp: bool) -> Compared:
                       pretrain_patch_size=FAMILY_PATCH)
     ours = MMDET_MODELS.build(dict(common, global_attn_indexes=tuple(range(depth))))
     windowed = MMDET_MODELS.build(common)
-    load_vit_family_pretrained(ours, ref.state_dict())
+    load_pretrained(ours, ref.state_dict())
     windowed.load_state_dict(ours.state_dict())
     norm = bool(ours.final_norm)
 

@@ -1,16 +1,22 @@
-"""Checkpoints: safe reading (:mod:`.checkpoint_io`), state-dict handling (:mod:`.common`) and
-the converters, pure ``state_dict -> state_dict`` functions (:mod:`.swin`, :mod:`.swin_v2`,
-:mod:`.vit`; the official DINOv2 / DINOv3 / EVA-02 layouts to timm's, :mod:`.official_vit`; the
-patch-kernel resample, :mod:`.patch_resample`)."""
+"""Checkpoints: safe reading (:mod:`.checkpoint_io`), state-dict handling (:mod:`.common`), the
+one table of layouts and the loader (:mod:`.layouts`, fed a :class:`~.target.CheckpointTarget`)
+and the converters it pairs with detectors, pure ``state_dict -> state_dict`` functions
+(:mod:`.swin`, :mod:`.swin_v2`, :mod:`.vit`, :mod:`.vit_families`; the official DINOv2 /
+DINOv3 / EVA-02 layouts to timm's, :mod:`.official_vit`; the patch-kernel resample,
+:mod:`.patch_resample`)."""
 from .checkpoint_io import CheckpointError, load_checkpoint_file
-from .common import (LoadReport, checkpoint_state_dict, drop_keys, load_state_dict_checked,
-                     select_prefix, unwrap_state_dict)
+from .common import (LoadReport, check_state_dict, checkpoint_state_dict, drop_keys,
+                     load_state_dict_checked, select_prefix, unwrap_state_dict)
+from .layouts import (FAMILY_BACKBONES, LAYOUTS, Layout, detect_layout, find_layout,
+                      load_checkpoint)
 from .official_vit import OFFICIAL_VIT_LAYOUTS, detect_official_vit_layout, official_to_timm
 from .patch_resample import resample_patch_kernel
+from .target import CheckpointTarget
 
 __all__ = [
-    'CheckpointError', 'LoadReport', 'checkpoint_state_dict', 'drop_keys', 'load_checkpoint_file',
-    'load_state_dict_checked', 'select_prefix', 'unwrap_state_dict',
+    'CheckpointError', 'LoadReport', 'check_state_dict', 'checkpoint_state_dict', 'drop_keys',
+    'load_checkpoint_file', 'load_state_dict_checked', 'select_prefix', 'unwrap_state_dict',
+    'FAMILY_BACKBONES', 'LAYOUTS', 'Layout', 'detect_layout', 'find_layout', 'load_checkpoint',
     'OFFICIAL_VIT_LAYOUTS', 'detect_official_vit_layout', 'official_to_timm',
-    'resample_patch_kernel',
+    'resample_patch_kernel', 'CheckpointTarget',
 ]

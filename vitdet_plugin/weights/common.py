@@ -6,10 +6,12 @@ its keys and shapes match the model, except for keys the caller explicitly allow
 their initial values; every difference is named in the error.
 """
 import logging
+import math
 import os
 import re
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
+import torch
 from torch import Tensor, nn
 
 from .checkpoint_io import CheckpointError, load_checkpoint_file
@@ -119,9 +121,16 @@ def hw_pair(size: Sequence[int], name: str) -> Tuple[int, int]:
 
 
 class LoadReport(NamedTuple):
-    """What :func:`load_state_dict_checked` did."""
+    """What a strict load did: the keys loaded, the model keys that were allowed to stay at
+    their initial values, and the checkpoint keys dropped as not the module's."""
     loaded: List[str]
     missing_allowed: List[str]
+    dropped: List[str]
+
+
+def is_square_grid(cells: int) -> bool:
+    """Whether ``cells`` positions fill a square grid of at least one cell (``s * s``)."""
+    return cells > 0 and math.isqrt(cells) ** 2 == cells
 
 
 def _summarise(keys: List[str], limit: int = 12) -> str:
@@ -129,23 +138,24 @@ def _summarise(keys: List[str], limit: int = 12) -> str:
     return shown + (f', ... ({len(keys) - limit} more)' if len(keys) > limit else '')
 
 
-def load_state_dict_checked(model: nn.Module, sd: Mapping[str, Tensor],
-                            allow_missing: Iterable[str] = (),
-                            source: str = 'checkpoint') -> LoadReport:
-    """Load ``sd`` into ``model``; raise :class:`CheckpointError` on any mismatch.
+def check_state_dict(sd: Mapping[str, Tensor], expected: Mapping[str, torch.Size],
+                     allow_missing: Iterable[str] = (), source: str = 'checkpoint',
+                     owner: str = 'the model', dropped: Sequence[str] = ()) -> LoadReport:
+    """Check ``sd`` against the ``{name: shape}`` a module ``owner`` expects; raise
+    :class:`CheckpointError` naming every mismatched, missing and unexpected key.
 
     Args:
-        allow_missing: regexes of model keys that may be absent from ``sd`` (they keep their
+        allow_missing: regexes of expected keys that may be absent from ``sd`` (they keep their
             initial values and are logged), e.g. detection-only output norms when loading a
             classification checkpoint.
-        source: how to name the checkpoint in messages.
+        source, owner: how to name the checkpoint and the module in messages.
+        dropped: the checkpoint keys the conversion dropped (reported).
     """
-    own = model.state_dict()
     allow = re.compile('|'.join(f'(?:{p})' for p in allow_missing)) if allow_missing else None
-    missing = [k for k in own if k not in sd]
-    unexpected = [k for k in sd if k not in own]
-    mismatched = [f'{k}: {source} {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}'
-                  for k in sd if k in own and sd[k].shape != own[k].shape]
+    missing = [k for k in expected if k not in sd]
+    unexpected = [k for k in sd if k not in expected]
+    mismatched = [f'{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(expected[k])}'
+                  for k in sd if k in expected and sd[k].shape != expected[k]]
     missing_bad = [k for k in missing if allow is None or not allow.search(k)]
     problems = []
     if mismatched:
@@ -156,15 +166,24 @@ def load_state_dict_checked(model: nn.Module, sd: Mapping[str, Tensor],
         problems.append(f'unexpected in the {source}: {_summarise(unexpected)}')
     if problems:
         raise CheckpointError(
-            f'the {source} does not match {type(model).__name__}: ' + '; '.join(problems) +
+            f'the {source} does not match {owner}: ' + '; '.join(problems) +
             '. Check that the architecture arguments (arch, embed dims, depths, heads, '
             'window/patch size) match the checkpoint.')
-    model.load_state_dict(dict(sd), strict=False)
     allowed = [k for k in missing if k not in missing_bad]
     if allowed:
         logger.warning('%s: %d keys not in the %s keep their initial values: %s',
-                       type(model).__name__, len(allowed), source, _summarise(allowed))
-    return LoadReport(loaded=list(sd), missing_allowed=allowed)
+                       owner, len(allowed), source, _summarise(allowed))
+    return LoadReport(loaded=list(sd), missing_allowed=allowed, dropped=list(dropped))
+
+
+def load_state_dict_checked(model: nn.Module, sd: Mapping[str, Tensor],
+                            allow_missing: Iterable[str] = (),
+                            source: str = 'checkpoint') -> LoadReport:
+    """Load ``sd`` into ``model`` after :func:`check_state_dict` against its own state dict."""
+    expected = {k: v.shape for k, v in model.state_dict().items()}
+    report = check_state_dict(sd, expected, allow_missing, source, type(model).__name__)
+    model.load_state_dict(dict(sd), strict=False)
+    return report
 
 
 def load_pretrained_part(module: nn.Module, checkpoint: Union[str, os.PathLike, Mapping],

@@ -30,9 +30,12 @@ import torch
 from torch import Tensor
 
 from .checkpoint_io import CheckpointError
-from .common import StateDict, unwrap_state_dict
+from .common import StateDict, is_square_grid, unwrap_state_dict
 
 OFFICIAL_VIT_LAYOUTS = ('dinov2', 'dinov3', 'eva02', 'eva02_det')
+#: The family of each official layout.
+OFFICIAL_FAMILIES = {'dinov2': 'DINOv2', 'dinov3': 'DINOv3', 'eva02': 'EVA-02',
+                     'eva02_det': 'EVA-02'}
 #: Where EVA-02's detectron2 detectors (EVA-02/det) keep their ViT.
 EVA02_DET_PREFIX = 'backbone.net.'
 
@@ -139,7 +142,7 @@ def _dinov2_to_timm(sd: StateDict) -> Tuple[StateDict, List[str]]:
         # timm's *_reg4_dinov2 models are no_embed_class: the cls slot of the position
         # embedding (added to the cls token only, prepare_tokens_with_masks) moves into it
         pos = out.pop('pos_embed', None)
-        if pos is None or pos.dim() != 3 or not _is_square(pos.shape[1] - 1):
+        if pos is None or pos.dim() != 3 or not is_square_grid(pos.shape[1] - 1):
             shape = None if pos is None else tuple(pos.shape)
             raise CheckpointError(f'dinov2 checkpoint with register_tokens: pos_embed {shape} '
                                   'is not (1, 1 + gh * gw, C) with a square grid; the file is '
@@ -148,10 +151,6 @@ def _dinov2_to_timm(sd: StateDict) -> Tuple[StateDict, List[str]]:
         out['cls_token'] = out['cls_token'] + pos[:, :1]
         out['pos_embed'] = pos[:, 1:]
     return out, dropped
-
-
-def _is_square(n: int) -> bool:
-    return n > 0 and math.isqrt(n) ** 2 == n
 
 
 # ----------------------------------------------------------------------------- DINOv3

@@ -15,17 +15,16 @@ official PatchMerging channel order) plus detection output norms ``norm{i}``. Ac
 import logging
 import math
 import re
-from typing import List, Mapping, Optional, Tuple, Union, cast
+from typing import Iterable, List, Mapping, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..functional import (bias_table_size, interpolation_dtype, relative_position_index,
                           resize_pos_grid, window_pair)
 from .checkpoint_io import CheckpointError
-from .common import (StateDict, backbone_part, checkpoint_state_dict, hw_pair,
-                     load_state_dict_checked)
+from .common import StateDict, backbone_part, hw_pair
 
 logger = logging.getLogger('vitdet_plugin')
 
@@ -42,38 +41,43 @@ _NON_BACKBONE = (r'^head\.', r'^norm\.', r'relative_position_index$', r'attn_mas
 _UNFOLD_TO_OFFICIAL = [0, 2, 1, 3]
 
 
-def detect_swin_format(sd: Mapping[str, Tensor]) -> str:
-    """Name the layout of a Swin state dict (one of :data:`SWIN_FORMATS`)."""
+#: What a Swin loader says when no layout of the table fits a checkpoint.
+SWIN_UNRECOGNISED = ("no Swin attention weights found (expected keys like "
+                     "'layers.0.blocks.0.attn.qkv.weight' (official/timm/ours) or "
+                     "'stages.0.blocks.0.attn.w_msa.qkv.weight' (mmdet/mmpretrain))")
+
+
+def swin_layout(sd: Mapping[str, Tensor]) -> Optional[str]:
+    """The layout of a Swin V1 state dict (one of :data:`SWIN_FORMATS`), or None when it is
+    no Swin V1 checkpoint (a Swin V2 one included)."""
     keys = list(sd)
     backbone = [k[len('backbone.'):] for k in keys if k.startswith('backbone.')]
     inner = backbone or keys
-    if any(re.search(r'(^|\.)(logit_scale|cpb_mlp\.\d+\.weight)$', k) for k in inner):
-        raise CheckpointError(
-            'this is a Swin V2 checkpoint (logit_scale / cpb_mlp keys): load it with '
-            "type='SwinV2Backbone' (tools/convert_weights.py --model swinv2), not SwinBackbone")
-    if any(k.startswith('stages.') and '.w_msa.' in k for k in inner) or any(
-            k.startswith('patch_embed.projection.') for k in inner):
-        return 'mmdet'
+    if is_swin_v2(inner):
+        return None
+    if any(k.startswith('stages.') and '.w_msa.' in k for k in inner):
+        return 'mmdet'  # (mmpretrain's ViT shares its patch_embed.projection, not w_msa)
     if not any(re.match(r'layers\.\d+\.blocks\.\d+\.attn\.qkv\.', k) for k in inner):
-        raise CheckpointError(
-            'unrecognised checkpoint format: no Swin attention weights found (expected keys '
-            "like 'layers.0.blocks.0.attn.qkv.weight' (official/timm/ours) or "
-            "'stages.0.blocks.0.attn.w_msa.qkv.weight' (mmdet/mmpretrain)); "
-            f'first keys: {keys[:5]}')
+        return None
     downs = sorted({int(m.group(1)) for k in inner
                     for m in [re.match(r'layers\.(\d+)\.downsample\.', k)] if m})
-    if downs and downs[0] == 0:
-        layout = 'official'
-    elif downs:
+    if downs and downs[0] > 0:
         return 'timm'
-    else:  # one stage, or no downsample: nothing to relocate
-        layout = 'official'
+    # downsample at the end of stage i (or one stage: nothing to relocate)
     if backbone:
         return 'swin_od'
     if any(re.match(r'norm\d+\.', k) for k in inner) and not any(
             re.search(r'relative_position_index$|^head\.', k) for k in inner):
         return 'ours'
-    return layout
+    return 'official'
+
+
+_V2_KEY = re.compile(r'(^|\.)(logit_scale|cpb_mlp\.\d+\.weight)$')
+
+
+def is_swin_v2(keys: Iterable[str]) -> bool:
+    """Whether state-dict keys hold Swin V2 attention (``logit_scale`` / ``cpb_mlp``)."""
+    return any(_V2_KEY.search(k) for k in keys)
 
 
 def unfold_to_official(w: Tensor) -> Tensor:
@@ -227,7 +231,10 @@ def convert_swin(sd: Mapping[str, Tensor], window_size: Optional[Tuple[int, int]
         the converted state dict and the names of the keys dropped (classification head,
         final norm, derived buffers, neck/head keys of detection checkpoints).
     """
-    fmt = src_format or detect_swin_format(sd)
+    fmt = src_format or swin_layout(sd)
+    if fmt is None:
+        raise CheckpointError(f'unrecognised checkpoint format: {SWIN_UNRECOGNISED}; first '
+                              f'keys: {list(sd)[:5]}')
     if fmt not in SWIN_FORMATS:
         raise ValueError(f'unknown Swin format {fmt!r}; one of {SWIN_FORMATS}')
     sd = dict(sd)
@@ -327,38 +334,3 @@ def drop_unused_output_norms(sd: StateDict, out_indices: Tuple[int, ...]) -> Lis
     for k in spare:
         del sd[k]
     return spare
-
-
-def load_swin_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Tensor]],
-                         prefix: Optional[str] = None,
-                         src_window_size: Optional[Tuple[int, int]] = None) -> List[str]:
-    """Load a Swin checkpoint of any supported format into a :class:`SwinBackbone`.
-
-    Strict: a shape mismatch, a missing backbone weight or a leftover key raises
-    :class:`CheckpointError` naming the keys. Only the detection output norms ``norm{i}``
-    may be absent (classification checkpoints have none); they keep their init and are logged.
-
-    ``src_window_size``: the checkpoint's window when it is rectangular (see
-    :func:`convert_swin`).
-
-    Returns the names of the dropped checkpoint keys (head, buffers, detector neck/head).
-    """
-    sd = checkpoint_state_dict(checkpoint, prefix)
-    # a SwinBackbone's attributes (weights/ cannot import the models to type ``model``)
-    window_size = cast(Tuple[int, int], model.window_size)
-    grid = (hw_pair(cast(Tensor, model.absolute_pos_embed).shape[-2:], 'absolute_pos_embed')
-            if getattr(model, 'use_abs_pos_embed', False) else None)
-    converted, dropped = convert_swin(sd, window_size=window_size, pos_grid=grid,
-                                      src_window_size=src_window_size)
-    out_indices = cast(Tuple[int, ...], model.out_indices)
-    spare = drop_unused_output_norms(converted, out_indices)
-    if spare:
-        logger.info('Swin checkpoint: output norms of stages outside out_indices=%s not used: '
-                    '%s', out_indices, ', '.join(spare))
-        dropped = dropped + spare
-    if dropped:
-        logger.info('Swin checkpoint: ignored %d non-backbone keys (e.g. %s)', len(dropped),
-                    ', '.join(dropped[:5]))
-    load_state_dict_checked(model, converted, allow_missing=[r'^norm\d+\.'],
-                            source='Swin checkpoint')
-    return dropped

@@ -18,14 +18,14 @@ Position-bias tables need no resizing in V2: ``cpb_mlp`` takes coordinates, and 
 """
 import logging
 import re
-from typing import Any, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import List, Mapping, Optional, Sequence, Tuple
 
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..functional.cpb import CPB_COORD_RANGE
 from .checkpoint_io import CheckpointError
-from .common import StateDict, backbone_part, checkpoint_state_dict, load_state_dict_checked
-from .swin import _OUTPUT_NORM, drop_unused_output_norms, from_mmdet_names, from_timm_layout
+from .common import StateDict, backbone_part
+from .swin import _OUTPUT_NORM, from_mmdet_names, from_timm_layout, is_swin_v2
 
 logger = logging.getLogger('vitdet_plugin')
 
@@ -34,32 +34,23 @@ SWIN_V2_FORMATS = ('official', 'timm', 'mmpretrain', 'ours')
 #: Keys of classification heads, final norms and derived buffers (rebuilt from the window).
 _NON_BACKBONE = (r'^head\.', r'^norm\.', r'relative_coords_table$', r'relative_position_index$',
                  r'attn_mask$', r'k_bias$', r'^fc_norm\.', r'^avgpool\.')
-_V2_KEY = re.compile(r'(^|\.)(logit_scale|cpb_mlp\.\d+\.weight)$')
 #: Windows read back from a coordinate table are rounded within this (fp32 log / exp).
 WINDOW_TOLERANCE = 1e-2
 
 
-def is_swin_v2(keys: Iterable[str]) -> bool:
-    """Whether state-dict keys hold Swin V2 attention (``logit_scale`` / ``cpb_mlp``)."""
-    return any(_V2_KEY.search(k) for k in keys)
+#: What a Swin V2 loader says when no layout of the table fits a checkpoint.
+SWIN_V2_UNRECOGNISED = ("no Swin V2 attention weights found (expected keys like "
+                        "'layers.0.blocks.0.attn.logit_scale' (official/timm/ours) or "
+                        "'stages.0.blocks.0.attn.w_msa.logit_scale' (mmpretrain))")
 
 
-def detect_swin_v2_format(sd: Mapping[str, Tensor]) -> str:
-    """Name the layout of a Swin V2 state dict (one of :data:`SWIN_V2_FORMATS`); a Swin V1
-    or unrelated checkpoint raises :class:`CheckpointError` saying what it is."""
+def swin_v2_layout(sd: Mapping[str, Tensor]) -> Optional[str]:
+    """The layout of a Swin V2 state dict (one of :data:`SWIN_V2_FORMATS`), or None when it
+    is no Swin V2 checkpoint."""
     keys = list(sd)
     inner = [k[len('backbone.'):] for k in keys if k.startswith('backbone.')] or keys
     if not is_swin_v2(inner):
-        if any(k.endswith('relative_position_bias_table') for k in inner):
-            raise CheckpointError(
-                'this is a Swin V1 checkpoint (relative_position_bias_table, no logit_scale / '
-                "cpb_mlp keys): load it with type='SwinBackbone', or give SwinV2Backbone a "
-                'Swin V2 checkpoint')
-        raise CheckpointError(
-            'unrecognised checkpoint format: no Swin V2 attention weights found (expected '
-            "keys like 'layers.0.blocks.0.attn.logit_scale' (official/timm/ours) or "
-            "'stages.0.blocks.0.attn.w_msa.logit_scale' (mmpretrain)); first keys: "
-            f'{keys[:5]}')
+        return None
     if any(k.startswith('stages.') for k in inner):
         return 'mmpretrain'
     downs = {int(m.group(1)) for k in inner
@@ -85,7 +76,10 @@ def convert_swin_v2(sd: Mapping[str, Tensor], src_format: Optional[str] = None
     Returns the converted state dict and the names of the dropped keys (classification head,
     final norm, derived buffers, neck/head keys of detection checkpoints).
     """
-    fmt = src_format or detect_swin_v2_format(sd)
+    fmt = src_format or swin_v2_layout(sd)
+    if fmt is None:
+        raise CheckpointError(f'unrecognised checkpoint format: {SWIN_V2_UNRECOGNISED}; first '
+                              f'keys: {list(sd)[:5]}')
     if fmt not in SWIN_V2_FORMATS:
         raise ValueError(f'unknown Swin V2 format {fmt!r}; one of {SWIN_V2_FORMATS}')
     sd = dict(sd)
@@ -113,19 +107,19 @@ def coords_table_window(table: Tensor) -> Tuple[Optional[float], Optional[float]
         for off, v in zip(offsets, corner))
 
 
-def check_pretrained_windows(sd: Mapping[str, Tensor], model: nn.Module) -> List[str]:
-    """Warnings for stages whose checkpoint normalised relative offsets by another window
-    than the model does (``pretrained_window_sizes`` not matching the checkpoint); only
-    official and mmpretrain checkpoints keep the ``relative_coords_table`` this reads."""
+def check_pretrained_windows(sd: Mapping[str, Tensor],
+                             windows: Sequence[Tuple[int, int]]) -> List[str]:
+    """Warnings for stages whose checkpoint normalised relative offsets by another window than
+    the model does: ``windows[i]`` is the window stage ``i`` normalises by (its pretrained
+    window, or its own). Only official and mmpretrain checkpoints keep the
+    ``relative_coords_table`` this reads."""
     warnings = []
     for key, table in sd.items():
         m = _COORDS_TABLE.match(key)
-        layers: Any = model.layers  # a SwinV2Backbone's stages
-        if m is None or int(m.group(1)) >= len(layers):
+        if m is None or int(m.group(1)) >= len(windows):
             continue
         stage = int(m.group(1))
-        attn = layers[stage].blocks[0].attn
-        used = [p if p > 0 else w for p, w in zip(attn.pretrained_window_size, attn.window_size)]
+        used = windows[stage]
         found = coords_table_window(table)
         if any(f is not None and abs(f - u) > WINDOW_TOLERANCE and max(u, f) > 1
                for f, u in zip(found, used)):
@@ -136,27 +130,3 @@ def check_pretrained_windows(sd: Mapping[str, Tensor], model: nn.Module) -> List
     for w in warnings:
         logger.warning('Swin V2 checkpoint: %s', w)
     return warnings
-
-
-def load_swin_v2_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Tensor]],
-                            prefix: Optional[str] = None) -> List[str]:
-    """Load a Swin V2 checkpoint of any supported format into a ``SwinV2Backbone``.
-
-    Strict: a shape mismatch, a missing backbone weight or a leftover key raises
-    :class:`CheckpointError` naming the keys. Only the detection output norms ``norm{i}`` may be
-    absent (classification checkpoints have none); output norms of stages outside the model's
-    ``out_indices`` are skipped. A checkpoint whose ``relative_coords_table`` shows other
-    offset normalisers than the model's ``pretrained_window_sizes`` gets a warning per stage
-    (:func:`check_pretrained_windows`). Returns the names of the keys not loaded.
-    """
-    sd = checkpoint_state_dict(checkpoint, prefix)
-    converted, dropped = convert_swin_v2(sd)
-    check_pretrained_windows(sd, model)
-    out_indices: Tuple[int, ...] = model.out_indices  # type: ignore[assignment]
-    dropped += drop_unused_output_norms(converted, out_indices)
-    if dropped:
-        logger.info('Swin V2 checkpoint: ignored %d keys (e.g. %s)', len(dropped),
-                    ', '.join(dropped[:5]))
-    load_state_dict_checked(model, converted, allow_missing=[r'^norm\d+\.'],
-                            source='Swin V2 checkpoint')
-    return dropped

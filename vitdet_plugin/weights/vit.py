@@ -25,22 +25,22 @@ The simple feature pyramid is the neck (``ViTSimpleFPN``), so its weights are no
 backbone's: :func:`simple_fpn_part` reads them from detectron2 ViTDet checkpoints (whose
 ``backbone.simfp_*`` modules map exactly onto ``ViTSimpleFPN``'s names) and from our detector
 checkpoints (``neck.*``; ``backbone.pyramid.*`` where the pyramid sat inside the backbone
-before), :func:`load_simple_fpn_pretrained` loads them into the neck, and
+before), the neck's ``init_weights`` loads them (:data:`~.layouts.LAYOUTS`), and
 :func:`convert_vitdet_to_mmdet` writes a whole ``backbone.*`` + ``neck.*`` detector checkpoint
 for ``load_from``.
 """
 import logging
 import math
 import re
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..functional import resize_pos_grid, resize_rel_pos
 from .checkpoint_io import CheckpointError
-from .common import (StateDict, checkpoint_state_dict, drop_keys, hw_pair,
-                     load_state_dict_checked, select_prefix, unwrap_state_dict)
+from .common import (StateDict, drop_keys, hw_pair, is_square_grid, select_prefix,
+                     unwrap_state_dict)
 
 logger = logging.getLogger('vitdet_plugin')
 
@@ -55,26 +55,29 @@ _NON_BACKBONE = (r'^cls_token$', r'^dist_token$', r'^reg_token$', r'^mask_token$
 _RESAMPLE_LAYERS = {4.0: 4, 2.0: 1, 1.0: 0, 0.5: 1}
 _SIMFP = re.compile(r'^simfp_(\d+)\.(\d+)\.(.+)$')
 #: Simple-pyramid keys as a backbone conversion reports them (dropped): detectron2's and ours.
-_PYRAMID_KEY = re.compile(r'^(backbone\.)?(simfp_\d+\.|pyramid\.)')
+PYRAMID_KEY = re.compile(r'^(backbone\.)?(simfp_\d+\.|pyramid\.)')
 #: Prefixes of the pyramid in our checkpoints: the neck of a detector, and where it sat inside
 #: the backbone before it was the neck (a detector's or a backbone's own checkpoint).
 _OWN_PYRAMID_PREFIXES = ('neck.', 'backbone.pyramid.', 'pyramid.')
 #: ``ViTSimpleFPN``'s own parameter names (a bare neck state dict).
 _SIMPLE_FPN_KEY = re.compile(r'^(scales|lateral_convs|output_convs)\.\d+\.')
 _REL_POS = re.compile(r'^blocks\.\d+\.attn\.rel_pos_[hw]$')
-_RESIDUAL = re.compile(r'^blocks\.\d+\.residual\.')
+#: A ViT's parts its source layout may not have (they keep their init when it has none):
+#: rel-pos tables (zero init, as ViTDet fine-tuning from MAE) and residual conv blocks.
+OPTIONAL_PARTS = (_REL_POS, re.compile(r'^blocks\.\d+\.residual\.'))
 
 
-def detect_vit_format(sd: Mapping[str, Tensor]) -> str:
-    """Name the layout of a ViT state dict (one of :data:`VIT_FORMATS`); a DINOv2 / DINOv3 /
-    EVA-02 checkpoint raises :class:`CheckpointError` naming the backbone that loads it."""
-    from .vit_families import FAMILY_BACKBONES, detect_vit_family  # imports this module
-    family = detect_vit_family(sd)
-    if family is not None:
-        raise CheckpointError(
-            f'the checkpoint is a {family[0]} checkpoint ({family[1]} layout), which '
-            f"ViTBackbone does not load (LayerScale / registers / rotary embedding): build "
-            f"type='{FAMILY_BACKBONES[family[0]]}'")
+#: What a ViT loader says when no layout of the table fits a checkpoint.
+VIT_UNRECOGNISED = ("no ViT attention weights found (expected keys like "
+                    "'blocks.0.attn.qkv.weight' (timm/MAE/ours), 'image_encoder.blocks.0.attn.qkv."
+                    "weight' (SAM), 'backbone.net.blocks.0.attn.qkv.weight' (detectron2) or "
+                    "'layers.0.ffn.layers.0.0.weight' (mmpretrain))")
+
+
+def vit_layout(sd: Mapping[str, Tensor]) -> Optional[str]:
+    """The layout of a plain-ViT state dict (one of :data:`VIT_FORMATS`), or None when it is
+    none. DINOv2 / DINOv3 / EVA-02 checkpoints are told apart before this is asked (the
+    table's order, :data:`~.layouts.LAYOUTS`)."""
     keys = list(sd)
     if any(k.startswith('image_encoder.') or '.mlp.lin1.' in k for k in keys):
         return 'sam'  # also the encoder alone (prefix removed), named by SAM's MLP layers
@@ -84,12 +87,7 @@ def detect_vit_format(sd: Mapping[str, Tensor]) -> str:
     if any(re.match(r'layers\.\d+\.ffn\.layers\.0\.0\.', k) for k in inner):
         return 'mmpretrain'
     if not any(re.match(r'blocks\.\d+\.attn\.qkv\.', k) for k in inner):
-        raise CheckpointError(
-            'unrecognised checkpoint format: no ViT attention weights found (expected keys like '
-            "'blocks.0.attn.qkv.weight' (timm/MAE/ours), 'image_encoder.blocks.0.attn.qkv.weight'"
-            " (SAM), 'backbone.net.blocks.0.attn.qkv.weight' (detectron2) or "
-            "'layers.0.ffn.layers.0.0.weight' (mmpretrain)); first keys: "
-            f'{keys[:5]}')
+        return None
     if len(inner) != len(keys):  # a detector checkpoint with our backbone
         return 'ours'
     pos = sd.get('pos_embed')
@@ -102,8 +100,15 @@ def detect_vit_format(sd: Mapping[str, Tensor]) -> str:
     return 'ours'
 
 
-def _is_square(n: int) -> bool:
-    return n >= 0 and math.isqrt(n) ** 2 == n
+def simple_fpn_layout(sd: Mapping[str, Tensor]) -> Optional[str]:
+    """``'detectron2'`` for a bare detectron2 pyramid (``[backbone.]simfp_*`` keys only),
+    ``'ours'`` for a bare ``ViTSimpleFPN`` state dict, else None (the pyramid inside a
+    detector checkpoint is read by :func:`simple_fpn_part`)."""
+    if not sd:
+        return None
+    if all(re.match(r'^(backbone\.)?simfp_\d+\.', k) for k in sd):
+        return 'detectron2'
+    return 'ours' if all(_SIMPLE_FPN_KEY.match(k) for k in sd) else None
 
 
 _MMPRETRAIN_RENAMES = ((r'^patch_embed\.projection\.', 'patch_embed.proj.'),
@@ -142,12 +147,12 @@ def split_pos_embed(pos: Tensor, num_prefix_tokens: int = 0,
     n = pos.shape[1]
     p: Optional[int]
     if (grid is not None and square_source and grid[0] != grid[1]
-            and _is_square(n - num_prefix_tokens)):
+            and is_square_grid(n - num_prefix_tokens)):
         grid = None
     if grid is not None and n - grid[0] * grid[1] in (0, 1, num_prefix_tokens):
         p = n - grid[0] * grid[1]
     else:
-        p = next((c for c in (num_prefix_tokens, 0, 1) if _is_square(n - c)), None)
+        p = next((c for c in (num_prefix_tokens, 0, 1) if is_square_grid(n - c)), None)
         if p is None:
             raise CheckpointError(f'cannot infer the grid of pos_embed {tuple(pos.shape)}: '
                                   f'{n} positions are not a square grid plus 0, 1 or '
@@ -211,8 +216,8 @@ def _target_pos_layout(shape: Sequence[int],
     n = int(shape[1])
     if grid is not None:
         return n - grid[0] * grid[1], tuple(grid)  # type: ignore[return-value]
-    p = 0 if _is_square(n) else 1
-    if not _is_square(n - p):
+    p = 0 if is_square_grid(n) else 1
+    if not is_square_grid(n - p):
         raise CheckpointError(f'target pos_embed {tuple(shape)} is not a square grid; pass '
                               'pos_grid')
     side = math.isqrt(n - p)
@@ -247,7 +252,7 @@ def convert_vit(sd: Mapping[str, Tensor],
 
     Args:
         sd: the checkpoint or its state dict (wrappers ``model`` / ``state_dict`` removed).
-        target_shapes: ``{name: shape}`` of the target model (see :func:`vit_target_shapes`):
+        target_shapes: ``{name: shape}`` of the target model (its ``CheckpointTarget.expected``):
             ``pos_embed`` is resized (bicubic) to its grid and cls slot, rel-pos tables
             (linear) to its lengths. ``None`` only renames.
         pos_grid: the target's position grid ``(gh, gw)`` (inferred as square if omitted).
@@ -260,7 +265,10 @@ def convert_vit(sd: Mapping[str, Tensor],
         ``backbone.simfp_*``, our ``pyramid.*``; :func:`simple_fpn_part` reads those).
     """
     sd = unwrap_state_dict(sd)
-    fmt = src_format or detect_vit_format(sd)
+    fmt = src_format or vit_layout(sd)
+    if fmt is None:
+        raise CheckpointError(f'unrecognised checkpoint format: {VIT_UNRECOGNISED}; first keys: '
+                              f'{list(sd)[:5]}')
     if fmt not in VIT_FORMATS:
         raise ValueError(f'src_format={fmt!r} is not a ViT format; one of {VIT_FORMATS}')
     dropped: List[str] = []
@@ -375,70 +383,8 @@ def convert_vitdet_to_mmdet(sd: Mapping[str, Tensor],
     sd = unwrap_state_dict(sd)
     backbone, dropped = convert_vit(sd, target_shapes, pos_grid)
     out = {f'backbone.{k}': v for k, v in backbone.items()}
-    if any(_PYRAMID_KEY.match(k) for k in dropped):
+    if any(PYRAMID_KEY.match(k) for k in dropped):
         neck, _ = simple_fpn_part(sd, in_stride)
         out.update({f'neck.{k}': v for k, v in neck.items()})
-        dropped = [k for k in dropped if not _PYRAMID_KEY.match(k)]
+        dropped = [k for k in dropped if not PYRAMID_KEY.match(k)]
     return out, dropped
-
-
-def vit_target_shapes(model: nn.Module) -> Dict[str, torch.Size]:
-    """``{name: shape}`` of a model's state dict, the ``target_shapes`` of :func:`convert_vit`."""
-    return {k: v.shape for k, v in model.state_dict().items()}
-
-
-def load_vit_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Tensor]],
-                        prefix: Optional[str] = None) -> List[str]:
-    """Load a ViT checkpoint of any supported format into a :class:`ViTBackbone`.
-
-    Strict: shape mismatches, missing backbone weights and leftover keys raise
-    :class:`CheckpointError` naming them. Parts the source format does not have keep their
-    init and are logged: relative-position tables (zero init, as ViTDet fine-tuning from
-    MAE) and residual conv blocks. A simple pyramid in the checkpoint (detectron2 ViTDet's
-    ``simfp_*``) is the neck's: a warning names its keys and how to load them.
-
-    Returns the names of the dropped checkpoint keys.
-    """
-    sd = checkpoint_state_dict(checkpoint, prefix)
-    converted, dropped = convert_vit(sd, vit_target_shapes(model),
-                                     pos_grid=getattr(model, 'pretrain_grid', None))
-    pyramid = [k for k in dropped if _PYRAMID_KEY.match(k)]
-    others = [k for k in dropped if not _PYRAMID_KEY.match(k)]
-    if pyramid:
-        source = repr(checkpoint) if isinstance(checkpoint, str) else 'the same checkpoint'
-        logger.warning('ViT checkpoint: its %d simple-pyramid keys (%s) are the weights of the '
-                       "neck, not of the backbone: load them with the neck's init_cfg=dict("
-                       "type='Pretrained', checkpoint=%s) (ViTSimpleFPN reads this layout), or "
-                       'convert the file with vitdet_plugin.weights.vit.convert_vitdet_to_mmdet '
-                       'into a backbone.* + neck.* checkpoint for load_from',
-                       len(pyramid), ', '.join(pyramid[:3]) + (', ...' if len(pyramid) > 3
-                                                                else ''), source)
-    if others:
-        logger.info('ViT checkpoint: ignored %d keys not used by the backbone (e.g. %s)',
-                    len(others), ', '.join(others[:5]))
-    allow = []
-    if not any(_REL_POS.match(k) for k in converted):
-        allow.append(_REL_POS.pattern)
-    if not any(_RESIDUAL.match(k) for k in converted):
-        allow.append(_RESIDUAL.pattern)
-    load_state_dict_checked(model, converted, allow_missing=allow, source='ViT checkpoint')
-    return dropped
-
-
-def load_simple_fpn_pretrained(neck: nn.Module, checkpoint: Union[str, Mapping[str, Tensor]],
-                               prefix: Optional[str] = None) -> List[str]:
-    """Load the simple pyramid of a checkpoint (see :func:`simple_fpn_part`) into a
-    ``ViTSimpleFPN``, strictly (:class:`CheckpointError` naming missing, unexpected or
-    mis-shaped keys: e.g. a checkpoint with other ``scale_factors`` or channels).
-
-    Returns the names of the checkpoint keys that are not the pyramid's (the ViT, heads).
-    """
-    sd = checkpoint_state_dict(checkpoint, prefix)
-    part, used = simple_fpn_part(sd, getattr(neck, 'in_stride', 16))
-    load_state_dict_checked(neck, part, source='simple-pyramid checkpoint')
-    taken = set(used)
-    others = [k for k in sd if k not in taken]
-    if others:
-        logger.info('simple-pyramid checkpoint: loaded %d keys; %d others are not the neck\'s '
-                    '(e.g. %s)', len(used), len(others), ', '.join(others[:3]))
-    return others

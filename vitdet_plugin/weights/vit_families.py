@@ -19,24 +19,27 @@ The position grid is resized to the model's stored grid (bicubic, antialiased: t
 import logging
 import math
 import re
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..functional import resize_pos_grid
 from .checkpoint_io import CheckpointError
-from .common import (StateDict, checkpoint_state_dict, drop_keys, load_state_dict_checked,
-                     select_prefix, unwrap_state_dict)
-from .official_vit import (DINOV3_ROPE_BASE, detect_official_vit_layout, eva02_rope_grids,
-                           official_to_timm)
+from .common import StateDict, drop_keys, is_square_grid, select_prefix, unwrap_state_dict
+from .official_vit import (DINOV3_ROPE_BASE, OFFICIAL_FAMILIES, detect_official_vit_layout,
+                           eva02_rope_grids, official_to_timm)
 from .patch_resample import resample_patch_kernel
+from .target import CheckpointTarget
 
 logger = logging.getLogger('vitdet_plugin')
 
-#: The families and the backbone type that loads each.
-FAMILY_BACKBONES = {'DINOv2': 'DINOv2Backbone', 'DINOv3': 'DINOv3Backbone',
-                    'EVA-02': 'EVA02Backbone'}
+#: The families of this module (:data:`~.layouts.FAMILY_BACKBONES` names their backbones).
+VIT_FAMILIES = ('DINOv2', 'DINOv3', 'EVA-02')
+#: What a DINOv2 / DINOv3 / EVA-02 loader says when no layout of the table fits a checkpoint.
+VIT_FAMILY_UNRECOGNISED = ('not a DINOv2 / DINOv3 / EVA-02 checkpoint (official, timm or our '
+                           'layout): expected blocks with LayerScale (DINOv2 / DINOv3) or q / v '
+                           'biases (EVA-02)')
 #: Layouts :func:`detect_vit_family` names.
 FAMILY_LAYOUTS = ('timm', 'ours')
 #: Keys of a family checkpoint that are not the backbone's (after prefixes are removed).
@@ -55,7 +58,7 @@ def _inner(sd: Mapping[str, Tensor]) -> StateDict:
 
 def detect_vit_family(sd: Mapping[str, Tensor]) -> Optional[Tuple[str, str]]:
     """``(family, layout)`` of a DINOv2 / DINOv3 / EVA-02 state dict (possibly
-    ``backbone.``-prefixed): family a key of :data:`FAMILY_BACKBONES`, layout one of
+    ``backbone.``-prefixed): family one of :data:`VIT_FAMILIES`, layout one of
     :data:`FAMILY_LAYOUTS`; None when it is none of them (e.g. a plain ViT)."""
     sd = _inner(sd)
     keys = list(sd)
@@ -72,17 +75,12 @@ def detect_vit_family(sd: Mapping[str, Tensor]) -> Optional[Tuple[str, str]]:
         timm = any(k.endswith('gamma_1') for k in layer_scale)
         return 'DINOv3', 'timm' if timm or timm_only else 'ours'
     if scaled and has_pos and any(k.endswith('ls1.gamma') for k in layer_scale):
-        no_slot = 'reg_token' in sd and _is_square(sd['pos_embed'].shape[1])
+        no_slot = 'reg_token' in sd and is_square_grid(sd['pos_embed'].shape[1])
         return 'DINOv2', 'timm' if no_slot or timm_only else 'ours'
     if has_pos and not layer_scale and qv:
         split = any(_SPLIT_QKV.match(k) for k in keys)
         return 'EVA-02', 'timm' if split or timm_only else 'ours'
     return None
-
-
-def _is_square(n: int) -> bool:
-    root = math.isqrt(n)
-    return root * root == n
 
 
 def _merge_split_qkv(sd: StateDict) -> StateDict:
@@ -114,8 +112,8 @@ def convert_vit_family(sd: Mapping[str, Tensor], family: str,
     ``prefix_tokens='drop'``). ``pos_grid``: the model's stored position grid (the position
     embedding is resized to it).
     """
-    if family not in FAMILY_BACKBONES:
-        raise ValueError(f'family={family!r} is not one of {sorted(FAMILY_BACKBONES)}')
+    if family not in VIT_FAMILIES:
+        raise ValueError(f'family={family!r} is not one of {sorted(VIT_FAMILIES)}')
     prefixed = any(k.startswith('backbone.') for k in sd)
     dropped = [k for k in sd if not k.startswith('backbone.')] if prefixed else []
     kept, dropped_now = drop_keys(_inner(sd), _NON_BACKBONE)
@@ -160,7 +158,7 @@ def _pos_embed_with_cls_slot(pos: Tensor, has_regs: bool,
     cls slot first (zeros where the source folded it into the cls token) and the grid resized
     to ``grid`` (bicubic, antialiased)."""
     n = pos.shape[1]
-    folded = has_regs and _is_square(n)  # timm's no_embed_class layout (DINOv2 + registers)
+    folded = has_regs and is_square_grid(n)  # timm's no_embed_class layout (DINOv2 + registers)
     slot = pos.new_zeros(1, 1, pos.shape[-1]) if folded else pos[:, :1]
     cells = pos if folded else pos[:, 1:]
     side = math.isqrt(cells.shape[1])
@@ -173,141 +171,75 @@ def _pos_embed_with_cls_slot(pos: Tensor, has_regs: bool,
     return torch.cat([slot, resized.flatten(2).transpose(1, 2)], dim=1).contiguous()
 
 
-def _family_of(model: nn.Module) -> str:
-    family = getattr(model, 'FAMILY', '')
-    if family not in FAMILY_BACKBONES:
-        raise TypeError(f'{type(model).__name__} is not a DINOv2 / DINOv3 / EVA-02 backbone; '
-                        f'build one of {sorted(FAMILY_BACKBONES.values())}')
-    return family
-
-
-def load_vit_family_pretrained(model: nn.Module, checkpoint: Union[str, Mapping[str, Tensor]],
-                               prefix: Optional[str] = None) -> List[str]:
-    """Load an official, timm-layout or our checkpoint of the model's family, strictly.
-
-    Official layouts (facebookresearch/dinov2, facebookresearch/dinov3, baaivision/EVA EVA-02
-    and EVA-02/det) go through :func:`~.official_vit.official_to_timm` first. A checkpoint of
-    another family raises :class:`CheckpointError` naming the backbone type that loads it; a
-    patch-size change resamples the patch kernel (FlexiViT,
-    :func:`~.patch_resample.resample_patch_kernel`). Returns the dropped checkpoint keys (also
-    logged).
-    """
-    family = _family_of(model)
-    sd = checkpoint_state_dict(checkpoint, prefix)
-    got, layout, official = vit_family_layout(sd)
-    name = type(model).__name__
-    if got != family:
-        raise CheckpointError(f'the checkpoint is a {got} checkpoint ({layout} layout); {name} '
-                              f"loads {family} checkpoints: build type='{FAMILY_BACKBONES[got]}'")
-    official_dropped: List[str] = []
-    if official is not None:  # facebookresearch / baaivision layouts -> timm's, then ours
-        _check_official_fits(model, sd, official)
-        sd, official_dropped = official_to_timm(sd, official, **_official_options(model,
-                                                                                  official))
-    shapes: Dict[str, torch.Size] = {k: v.shape for k, v in model.state_dict().items()}
-    converted, dropped = convert_vit_family(sd, family, shapes,
-                                            getattr(model, 'pretrain_grid', None))
-    kernel = converted.get('patch_embed.proj.weight')
-    want = shapes.get('patch_embed.proj.weight')
-    if kernel is not None and want is not None and kernel.shape[-2:] != want[-2:]:
-        # FlexiViT resize: the checkpoint's patch size -> the model's (e.g. 14 -> 16)
-        logger.info('%s checkpoint: patch kernel %s resampled to %s', family,
-                    tuple(kernel.shape[-2:]), tuple(want[-2:]))
-        converted['patch_embed.proj.weight'] = resample_patch_kernel(kernel, tuple(want[-2:]))
-    dropped = official_dropped + dropped
-    if dropped:
-        logger.info('%s checkpoint (%s layout): ignored %d keys not used by the backbone (e.g. '
-                    '%s)', family, layout, len(dropped), ', '.join(dropped[:5]))
-    load_state_dict_checked(model, converted, source=f'{family} checkpoint ({layout} layout)')
-    return dropped
-
-
-#: The family of each official layout (:data:`~.official_vit.OFFICIAL_VIT_LAYOUTS`).
-OFFICIAL_FAMILIES = {'dinov2': 'DINOv2', 'dinov3': 'DINOv3', 'eva02': 'EVA-02',
-                     'eva02_det': 'EVA-02'}
-
-
-def _check_official_fits(model: nn.Module, sd: Mapping[str, Tensor], layout: str) -> None:
-    """Refuse an official EVA-02 checkpoint the model cannot take: EVA-02-det's (no cls token)
-    in a model that keeps the prefix tokens, or rope tables of another pretraining grid."""
-    name = type(model).__name__
-    if layout == 'eva02_det' and getattr(model, 'cls_token', None) is not None:
+def _check_official_fits(target: CheckpointTarget, sd: Mapping[str, Tensor],
+                         layout: str) -> None:
+    """Refuse an official EVA-02 checkpoint the target cannot take: EVA-02-det's (no cls
+    token) in a model that keeps the prefix tokens, or rope tables of another pretraining
+    grid."""
+    name = target.owner
+    if layout == 'eva02_det' and target.expected is not None and 'cls_token' in target.expected:
         raise CheckpointError(f"the checkpoint is an EVA-02 detector's ViT (EVA-02/det "
                               f"backbone.net.*), which has no cls token; build "
                               f"{name}(prefix_tokens='drop') as EVA-02-det does")
-    _check_eva02_rope_grid(model, sd, layout)
+    key = _EVA02_ROPE_KEYS.get(layout)
+    grids = eva02_rope_grids(unwrap_state_dict(sd), key) if key else None
+    if grids is None or target.rope_temperature is None:
+        return
+    side = round(grids[1])
+    want = (side, side)
+    if target.rope_ref_grid != want:
+        raise CheckpointError(
+            f"the checkpoint's rotary tables are scaled to a {want[0]} x {want[1]} pretraining "
+            f'grid, {name} was built with rope ref_grid={target.rope_ref_grid}; build '
+            f"{name}(rope=dict(temperature={target.rope_temperature:g}, ref_grid={want}))")
 
 
 #: The stored EVA-02 rope table that fixes the pretraining grid, per official layout.
 _EVA02_ROPE_KEYS = {'eva02': 'rope.freqs_cos', 'eva02_det': 'backbone.net.rope_glb.freqs_cos'}
 
 
-def _check_eva02_rope_grid(model: nn.Module, sd: Mapping[str, Tensor], layout: str) -> None:
-    """An official EVA-02 checkpoint's rope tables are scaled to its pretraining grid
-    (``pt_seq_len``); the model's ``rope['ref_grid']`` must be that grid, else its rotary
-    positions would differ from the checkpoint's training."""
-    key = _EVA02_ROPE_KEYS.get(layout)
-    spec = getattr(model, 'rope_spec', None)
-    grids = eva02_rope_grids(unwrap_state_dict(sd), key) if key else None
-    if grids is None or spec is None:
-        return
-    side = round(grids[1])
-    want = (side, side)
-    if tuple(spec.ref_grid or ()) != want:
-        name = type(model).__name__
-        raise CheckpointError(
-            f"the checkpoint's rotary tables are scaled to a {want[0]} x {want[1]} pretraining "
-            f'grid, {name} was built with rope ref_grid={spec.ref_grid}; build '
-            f"{name}(rope=dict(temperature={spec.temperature:g}, ref_grid={want}))")
-
-
-def _official_options(model: nn.Module, layout: str) -> Dict[str, Any]:
-    """``official_to_timm`` options for ``model``: for DINOv3 its rope base, and whether it
+def _official_options(target: CheckpointTarget, layout: str) -> Dict[str, Any]:
+    """``official_to_timm`` options for ``target``: for DINOv3 its rope base, and whether it
     has q / v biases (a model without them takes an official checkpoint only if they are
-    zero); none for the other layouts."""
+    zero; None without a model: kept when the checkpoint has them); none for the others."""
     if layout != 'dinov3':
         return {}
-    spec = getattr(model, 'rope_spec', None)
-    arch = getattr(model, 'arch', None)
-    base = DINOV3_ROPE_BASE if spec is None else float(spec.temperature)
-    return dict(rope_base=base, qkv_bias=getattr(arch, 'qkv_bias', 'none') != 'none')
+    base = DINOV3_ROPE_BASE if target.rope_temperature is None else target.rope_temperature
+    qkv_bias = None if target.expected is None else any(
+        k.endswith(('.attn.q_bias', '.attn.qkv.bias')) for k in target.expected)
+    return dict(rope_base=base, qkv_bias=qkv_bias)
 
 
-def vit_family_layout(sd: Mapping[str, Tensor]) -> Tuple[str, str, Optional[str]]:
+def family_layout(sd: Mapping[str, Tensor]) -> Optional[Tuple[str, str, Optional[str]]]:
     """``(family, layout, official)`` of a DINOv2 / DINOv3 / EVA-02 state dict: ``official``
     its official layout (:data:`~.official_vit.OFFICIAL_VIT_LAYOUTS`) or None, ``layout`` the
-    name to report (``'<official> official'``, ``'timm'`` or ``'ours'``). Raises
-    :class:`CheckpointError` when it is none of these families."""
+    name to report (``'<official> official'``, ``'timm'`` or ``'ours'``); None when it is none
+    of these families."""
     official = detect_official_vit_layout(sd)
     if official is not None:
         return OFFICIAL_FAMILIES[official], f'{official} official', official
     found = detect_vit_family(sd)
-    if found is None:
-        raise CheckpointError(
-            'not a DINOv2 / DINOv3 / EVA-02 checkpoint (official, timm or our layout): expected '
-            'blocks with LayerScale (DINOv2 / DINOv3) or q / v biases (EVA-02); first keys: '
-            f'{list(sd)[:5]}')
-    return found[0], found[1], None
+    return None if found is None else (found[0], found[1], None)
 
 
-def convert_vit_family_checkpoint(sd: Mapping[str, Tensor],
-                                  pos_grid: Optional[Tuple[int, int]] = None,
-                                  patch_size: Optional[int] = None
-                                  ) -> Tuple[str, str, StateDict, List[str]]:
-    """Any DINOv2 / DINOv3 / EVA-02 layout (official, timm or ours) -> ours, without a model
-    (``tools/convert_weights.py``): ``(family, layout, converted, dropped keys)``.
-
-    ``pos_grid``: resize the position grid to it; ``patch_size``: resample the patch kernel
-    to it. DINOv3's q / v biases are kept when the checkpoint has them (build the backbone with
-    ``qkv_bias='qv'``); the loader instead fits them to the model it loads into.
-    """
-    family, layout, official = vit_family_layout(sd)
+def convert_family_checkpoint(sd: Mapping[str, Tensor], family: str, official: Optional[str],
+                              target: CheckpointTarget) -> Tuple[StateDict, List[str]]:
+    """A ``family`` state dict (``official`` layout, or timm's / ours when None) -> ours for
+    ``target``, and the dropped keys. Official layouts go through
+    :func:`~.official_vit.official_to_timm` first; a patch kernel of another size than
+    ``target.patch_size`` is resampled (FlexiViT,
+    :func:`~.patch_resample.resample_patch_kernel`)."""
     official_dropped: List[str] = []
-    if official is not None:
-        sd, official_dropped = official_to_timm(sd, official)
-    converted, dropped = convert_vit_family(sd, family, pos_grid=pos_grid)
+    if official is not None:  # facebookresearch / baaivision layouts -> timm's, then ours
+        _check_official_fits(target, sd, official)
+        sd, official_dropped = official_to_timm(sd, official, **_official_options(target,
+                                                                                  official))
+    converted, dropped = convert_vit_family(sd, family, target.expected, target.pos_grid)
     kernel = converted.get('patch_embed.proj.weight')
-    if patch_size is not None and kernel is not None:
-        converted['patch_embed.proj.weight'] = resample_patch_kernel(kernel,
-                                                                     (patch_size, patch_size))
-    return family, layout, converted, official_dropped + dropped
+    want = target.patch_size
+    if kernel is not None and want is not None and tuple(kernel.shape[-2:]) != tuple(want):
+        # FlexiViT resize: the checkpoint's patch size -> the model's (e.g. 14 -> 16)
+        logger.info('%s checkpoint: patch kernel %s resampled to %s', family,
+                    tuple(kernel.shape[-2:]), tuple(want))
+        converted['patch_embed.proj.weight'] = resample_patch_kernel(kernel, want)
+    return converted, official_dropped + dropped

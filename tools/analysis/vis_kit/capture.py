@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from vis_kit import VisualizeError
 from vitdet_plugin.functional import decomposed_rel_pos_bias
-from vitdet_plugin.models.backbones.swin import WindowAttention
+from vitdet_plugin.models.layers.swin_block import WindowAttention
 from vitdet_plugin.models.backbones.vit_block import ViTAttention
 from vitdet_plugin.models.layers.cosine_window_attention import (LOGIT_SCALE_MAX,
                                                                  CosineWindowAttention)
@@ -168,6 +168,13 @@ def run_backbone(backbone: Any, inputs: Tensor,
 
 
 # ----------------------------------------------------------------------------- attention
+def _split_qk(qkv: Tensor, heads: int) -> Tuple[Tensor, Tensor]:
+    """``(nW, N, 3C)`` projections -> ``q``, ``k``, each ``(nW, heads, N, C / heads)``."""
+    nw, n, c3 = qkv.shape
+    q, k, _ = qkv.view(nw, n, 3, heads, c3 // (3 * heads)).permute(2, 0, 3, 1, 4).unbind(0)
+    return q, k
+
+
 def swin_attention_probs(attn: WindowAttention, windows: Tensor,
                          mask: Optional[Tensor]) -> Tensor:
     """Attention probabilities ``(nW, heads, N, N)`` of Swin window attention.
@@ -176,7 +183,7 @@ def swin_attention_probs(attn: WindowAttention, windows: Tensor,
     the ``(nW, N, N)`` shift mask passed with them, or None. The formula of the module:
     ``softmax(q k^T * scale + relative_position_bias + mask)``.
     """
-    q, k, _ = attn.qkv_heads(windows)                            # (nW, heads, N, d)
+    q, k = _split_qk(attn.qkv(windows), attn.num_heads)         # (nW, heads, N, d)
     logits = (q * attn.scale) @ k.transpose(-2, -1) + attn.relative_position_bias()
     if mask is not None:
         logits = logits + mask.unsqueeze(1).to(logits.dtype)      # (nW, 1, N, N)
@@ -206,7 +213,9 @@ def cosine_window_attention_probs(attn: CosineWindowAttention, windows: Tensor,
                                   mask: Optional[Tensor]) -> Tensor:
     """Attention probabilities ``(nW, heads, N, N)`` of Swin V2 cosine window attention:
     ``softmax(cos(q, k) * exp(min(logit_scale, max)) + position_bias() + mask)``."""
-    q, k, _ = attn.qkv_heads(windows)                            # (nW, heads, N, d)
+    bias = (None if attn.q_bias is None else
+            torch.cat([attn.q_bias, torch.zeros_like(attn.q_bias), attn.v_bias]))
+    q, k = _split_qk(F.linear(windows, attn.qkv.weight, bias), attn.num_heads)  # (nW, heads, N, d)
     scale = attn.logit_scale.clamp(max=LOGIT_SCALE_MAX).exp()    # (heads, 1, 1)
     logits = (F.normalize(q, dim=-1) * scale) @ F.normalize(k, dim=-1).transpose(-2, -1)
     logits = logits + attn.position_bias()

@@ -84,7 +84,7 @@ def build_detector(config: str, checkpoint: Optional[str] = None,
     if backbone_cfg is None:
         raise VisualizeError(f'{config}: the model has no backbone to look inside')
     # The plain path, so that the hooks fire: on the CPU, accel='auto' runs Swin inference
-    # (eval, no grad) through a chunked kernel (models/accel/swin_inference.py) that never
+    # (eval, no grad) through a chunked kernel (models/backbones/swin_inference.py) that never
     # calls SwinBlock.forward or its attention module. 'off' computes the same outputs.
     if _accepts_argument(backbone_cfg.get('type'), 'accel'):
         backbone_cfg.accel = 'off'

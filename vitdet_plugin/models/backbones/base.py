@@ -10,14 +10,19 @@ The contract (:class:`BackboneContract`) is what configs, necks, optimizers and 
   embeddings and tables).
 """
 import dataclasses
-from typing import (Any, Callable, ClassVar, Dict, Iterable, List, Mapping, Optional, Set, Tuple,
-                    Type, TypeVar)
+import os
+from typing import (Any, Callable, ClassVar, Dict, Iterable, List, Mapping, Optional, Protocol,
+                    Set, Tuple, Type, TypeVar, Union, runtime_checkable)
 
 import torch
 import torch.utils.checkpoint as cp
 from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
+
+from ...weights.common import LoadReport
+from ...weights.layouts import load_checkpoint
+from ...weights.target import CheckpointTarget
 
 _NORMS = (nn.LayerNorm, nn.GroupNorm, _BatchNorm)
 #: Parameter names that are biases: ``bias`` and the separate q / v biases of attention
@@ -58,18 +63,46 @@ def init_cfg_from_pretrained(pretrained: Optional[str], init_cfg: Any) -> Any:
     return dict(type='Pretrained', checkpoint=pretrained)
 
 
-def load_init_checkpoint(module: nn.Module, loader: Callable[..., object],
-                         *options: str) -> bool:
-    """Load the ``init_cfg`` Pretrained checkpoint of ``module`` through ``loader(module,
-    checkpoint, prefix=..., **options)`` (the named ``options`` read from the same init config)
-    and mark it initialised; False (nothing loaded) when the init config names none."""
+@runtime_checkable
+class HasCheckpointTarget(Protocol):
+    """A module that describes itself to the checkpoint loader (our backbones and necks)."""
+
+    def checkpoint_target(self) -> CheckpointTarget:
+        """What :func:`~vitdet_plugin.weights.load_checkpoint` converts a checkpoint for."""
+
+
+def load_pretrained(module: nn.Module, checkpoint: Union[str, os.PathLike, Mapping],
+                    prefix: Optional[str] = None, **options: Any) -> LoadReport:
+    """Load a checkpoint of any layout of the table into ``module`` (strict, reported): its
+    :meth:`~HasCheckpointTarget.checkpoint_target` (with the load ``options``, e.g.
+    ``src_window_size``) goes to :func:`~vitdet_plugin.weights.load_checkpoint`, which
+    converts and checks; the result is loaded here."""
+    if not isinstance(module, HasCheckpointTarget):
+        raise TypeError(f'{type(module).__name__} has no checkpoint_target(); load its weights '
+                        'with load_state_dict')
+    target = dataclasses.replace(module.checkpoint_target(),
+                                 **{k: v for k, v in options.items() if v is not None})
+    state_dict, report = load_checkpoint(checkpoint, target, prefix)
+    module.load_state_dict(state_dict, strict=False)
+    return report
+
+
+def load_init_checkpoint(module: nn.Module, *options: str) -> bool:
+    """Load the ``init_cfg`` Pretrained checkpoint of ``module`` (:func:`load_pretrained`, with
+    the named ``options`` read from the same init config) and mark it initialised; False
+    (nothing loaded) when the init config names none."""
     pretrained = pretrained_init_cfg(getattr(module, 'init_cfg', None))
     if pretrained is None:
         return False
-    extra = {name: pretrained.get(name) for name in options}
-    loader(module, pretrained['checkpoint'], prefix=pretrained.get('prefix'), **extra)
+    load_pretrained(module, pretrained['checkpoint'], pretrained.get('prefix'),
+                    **{name: pretrained.get(name) for name in options})
     setattr(module, '_is_init', True)  # noqa: B010  (mmengine BaseModule's init flag)
     return True
+
+
+def state_shapes(module: nn.Module) -> Dict[str, torch.Size]:
+    """``{name: shape}`` of ``module``'s state dict: a checkpoint target's ``expected``."""
+    return {k: v.shape for k, v in module.state_dict().items()}
 
 
 def init_transformer_weights_(module: nn.Module) -> None:

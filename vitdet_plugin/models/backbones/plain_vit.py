@@ -50,11 +50,12 @@ from torch import Tensor, nn
 
 from ...functional import (RopeSpec, SizeCache, check_rope_spec, resize_pos_grid, rope_tables,
                            window_pair, window_partition)
-from ...weights.vit_families import load_vit_family_pretrained
+from ...weights.target import CheckpointTarget
 from ..layers import (ConvStem, PatchEmbed, ResBottleneckBlock, check_flags, check_rates,
                       linear_drop_path_rates, positive_int, positive_number, to_2tuple)
 from .base import (TRUNC_NORMAL_STD, BackboneContract, init_cfg_from_pretrained,
-                   init_transformer_weights_, load_init_checkpoint, run_blocks)
+                   init_transformer_weights_, load_init_checkpoint, run_blocks,
+                   state_shapes)
 from .vit_archs import (DINOv2Arch, DINOv3Arch, EVA02Arch, PlainViTArch, check_frozen_blocks,
                         check_out_indices)
 from .vit_block import RopeTables, TokenLayout, ViTBlock
@@ -296,16 +297,21 @@ class PlainViTBackbone(BackboneContract, BaseModule):
         return self.num_layers + 1
 
     # ------------------------------------------------------------------ weights
-    def load_pretrained(self) -> bool:
-        """Load ``init_cfg.checkpoint`` (timm, official or our layout of this family); False
-        when the init config names none."""
-        return load_init_checkpoint(self, load_vit_family_pretrained)
+    def checkpoint_target(self) -> CheckpointTarget:
+        """What the checkpoint loader (the layout table, :mod:`vitdet_plugin.weights.layouts`)
+        converts a checkpoint of this family for."""
+        spec = self.rope_spec
+        return CheckpointTarget(
+            self.FAMILY, type(self).__name__, state_shapes(self), pos_grid=self.pretrain_grid,
+            patch_size=(self.patch_size, self.patch_size),
+            rope_temperature=None if spec is None else float(spec.temperature),
+            rope_ref_grid=None if spec is None else spec.ref_grid)
 
     def init_weights(self) -> None:
-        """Load the ``init_cfg`` checkpoint (:meth:`load_pretrained`), or initialise as timm /
-        detectron2: trunc-normal(0.02) linears, position embedding and tokens; residual conv
-        blocks MSRA with a zero last norm (identity at init)."""
-        if self.load_pretrained():
+        """Load the ``init_cfg`` checkpoint (any layout of this family in the layout table), or
+        initialise as timm / detectron2: trunc-normal(0.02) linears, position embedding and
+        tokens; residual conv blocks MSRA with a zero last norm (identity at init)."""
+        if load_init_checkpoint(self):
             return
         init_transformer_weights_(self.blocks)
         for p in (self.pos_embed, self.cls_token, self.reg_token):

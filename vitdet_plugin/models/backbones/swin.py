@@ -25,12 +25,12 @@ from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor, nn
 
 from ...functional.sizes import ArgumentError, window_pair
-from ...weights.swin import load_swin_pretrained
+from ...weights.target import CheckpointTarget
 from ..layers.patch_merging import PatchMerging
 from ..layers.swin_block import SwinBlock, WindowAttention
 from .archs import SWIN_ARCHS, SwinArch  # noqa: F401  (SWIN_ARCHS: re-exported)
 from .base import (TRUNC_NORMAL_STD, init_cfg_from_pretrained, init_transformer_weights_,
-                   load_init_checkpoint)
+                   load_init_checkpoint, state_shapes)
 from .hierarchical import WindowBackbone, WindowStage
 from .swin_inference import chunked_inference_applies, chunked_stage, norm_to_nchw
 
@@ -158,9 +158,16 @@ class SwinBackbone(WindowBackbone):
                 outs.append(norm_to_nchw(getattr(self, f'norm{i}'), out))  # (B, C_i, H_i, W_i)
         return tuple(outs)
 
+    def checkpoint_target(self) -> CheckpointTarget:
+        """What the checkpoint loader converts a Swin checkpoint for."""
+        pos = self.absolute_pos_embed.shape[-2:] if self.use_abs_pos_embed else None
+        return CheckpointTarget('Swin', type(self).__name__, state_shapes(self),
+                                window_size=self.window_size, out_indices=self.out_indices,
+                                pos_grid=(pos[0], pos[1]) if pos is not None else None)
+
     def init_weights(self) -> None:
-        """Truncated-normal init, or load ``init_cfg.checkpoint`` through the converters."""
-        if load_init_checkpoint(self, load_swin_pretrained, 'src_window_size'):
+        """Truncated-normal init, or load ``init_cfg.checkpoint`` through the layout table."""
+        if load_init_checkpoint(self, 'src_window_size'):
             return
         if self.use_abs_pos_embed:
             trunc_normal_(self.absolute_pos_embed, std=TRUNC_NORMAL_STD)

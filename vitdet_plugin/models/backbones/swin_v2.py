@@ -26,11 +26,12 @@ from torch import Tensor, nn
 
 from ...functional import from_windows, stage_windows, to_windows
 from ...functional.sizes import Window, WindowArg
-from ...weights.swin_v2 import load_swin_v2_pretrained
+from ...weights.target import CheckpointTarget
 from ..layers import DropPath, Mlp, PatchMerging
 from ..layers.cosine_window_attention import LOGIT_SCALE_INIT, CosineWindowAttention
 from .archs import SwinArch
-from .base import init_cfg_from_pretrained, init_transformer_weights_, load_init_checkpoint
+from .base import (init_cfg_from_pretrained, init_transformer_weights_, load_init_checkpoint,
+                   state_shapes)
 from .hierarchical import WindowBackbone
 
 
@@ -199,11 +200,19 @@ class SwinV2Backbone(WindowBackbone):
         """Concat 2x2 -> linear ``4C -> 2C`` -> norm (post-norm)."""
         return PatchMerging(dim, build_norm_layer(norm_cfg, 2 * dim)[1], post_norm=True)
 
+    def checkpoint_target(self) -> CheckpointTarget:
+        """What the checkpoint loader converts a Swin V2 checkpoint for: per stage, the window
+        relative offsets are normalised by (the pretrained one, else its own)."""
+        windows = tuple((p[0] or w[0], p[1] or w[1])
+                        for p, w in zip(self.pretrained_window_sizes, self.window_sizes))
+        return CheckpointTarget('Swin V2', type(self).__name__, state_shapes(self),
+                                out_indices=self.out_indices, pretrained_windows=windows)
+
     def init_weights(self) -> None:
         """Load ``init_cfg.checkpoint`` through the converters, or initialise as the official
         code: truncated-normal linears, ``logit_scale = log(10)``, zero q / v biases, and the
         blocks' post-norms at zero (each block starts as the identity)."""
-        if load_init_checkpoint(self, load_swin_v2_pretrained):
+        if load_init_checkpoint(self):
             return
         init_transformer_weights_(self)
         for m in self.modules():

@@ -20,10 +20,8 @@ from typing import Optional, Sequence, Tuple, Union
 
 from mmdet.registry import MODELS
 
-from ...weights.vit import load_vit_pretrained
 from ..layers.arguments import check_accel, check_flags
 from ..layers.mlp import set_recompute_gelu
-from .base import load_init_checkpoint
 from .plain_vit import PlainViTBackbone
 from .vit_archs import VIT_ARCHS, ViTArch
 
@@ -118,10 +116,6 @@ class ViTBackbone(PlainViTBackbone):
             fused_attn=fused_attn, norm_cfg=norm_cfg, act_cfg=act_cfg, pretrained=pretrained,
             init_cfg=init_cfg)
         set_recompute_gelu(self, accel == 'auto')
-
-    def load_pretrained(self) -> bool:
-        """Load ``init_cfg.checkpoint`` (any supported ViT layout); False when none is named."""
-        return load_init_checkpoint(self, load_vit_pretrained)
 
 
 def _pyramid_moved_message(pyramid: Union[bool, dict], embed_dims: int, patch_size: int) -> str:

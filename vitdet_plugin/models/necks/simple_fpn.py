@@ -28,7 +28,8 @@ from mmdet.registry import MODELS
 from mmengine.model import BaseModule
 from torch import Tensor, nn
 
-from ...weights.vit import load_simple_fpn_pretrained
+from ...weights.layouts import NECK, load_checkpoint
+from ...weights.target import CheckpointTarget
 from ..layers import LayerNorm2d, int_arg
 
 #: Scale factors with a defined resampling (output stride = ``in_stride / scale``).
@@ -183,10 +184,19 @@ class ViTSimpleFPN(BaseModule):
         init (detectron2's: c2-xavier convs, PyTorch's deconvs)."""
         cfg = self.init_cfg
         if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
-            load_simple_fpn_pretrained(self, cfg['checkpoint'], prefix=cfg.get('prefix'))
+            state_dict, _ = load_checkpoint(cfg['checkpoint'], self.checkpoint_target(),
+                                            cfg.get('prefix'))
+            self.load_state_dict(state_dict)
             self._is_init = True
             return
         super().init_weights()
+
+    def checkpoint_target(self) -> CheckpointTarget:
+        """What the checkpoint loader reads this pyramid for (its input stride places
+        detectron2's ``simfp_*`` levels)."""
+        return CheckpointTarget(NECK, type(self).__name__,
+                                {k: v.shape for k, v in self.state_dict().items()},
+                                in_stride=self.in_stride)
 
     @property
     def level_names(self) -> Tuple[str, ...]:
