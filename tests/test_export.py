@@ -34,6 +34,7 @@ TINY_RETINANET = {
     'model.bbox_head.in_channels': 16,
     'model.bbox_head.feat_channels': 16,
     'model.bbox_head.stacked_convs': 1,
+    'model.backbone.init_cfg': None,  # offline: not the config's ImageNet Swin-T
 }
 
 
