@@ -48,7 +48,8 @@ train_dataloader = dict(
     batch_size=1, num_workers=0, persistent_workers=False,
     dataset=dict(data_root={data_root + '/'!r}, ann_file='annotations/instances_train.json',
                  data_prefix=dict(img='train/'), metainfo=dict(classes={CLASSES!r}),
-                 pipeline=[dict(type='LoadImageFromFile'), dict(type='LoadAnnotations', with_bbox=True),
+                 pipeline=[dict(type='LoadImageFromFile'),
+                           dict(type='LoadAnnotations', with_bbox=True),
                            dict(type='Resize', scale={IMAGE_SCALE!r}, keep_ratio=True),
                            dict(type='PackDetInputs')]))
 model.update(bbox_head=dict(num_classes={len(CLASSES)}))
@@ -101,8 +102,8 @@ def test_two_iterations_log_where_each_part_came_from(data_root, tmp_path):
     swin_t = MODELS.build(dict(type='SwinBackbone', arch='tiny', out_indices=(1, 2, 3)))
     ckpt = str(tmp_path / 'swin_t.pth')
     torch.save({'state_dict': swin_t.state_dict()}, ckpt)  # our own layout
-    config = _config(tmp_path, data_root,
-                     f"model['backbone']['init_cfg'] = dict(type='Pretrained', checkpoint={ckpt!r})")
+    init = f"dict(type='Pretrained', checkpoint={ckpt!r})"
+    config = _config(tmp_path, data_root, f"model['backbone']['init_cfg'] = {init}")
     work = str(tmp_path / 'work')
     done = _mmdet_train(config, work)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -34,7 +34,8 @@ def pretrained_of(init_cfg: Any) -> Optional[Dict[str, Any]]:
     """The ``Pretrained`` entry of an ``init_cfg`` (a dict or a list of them), or None."""
     entries = init_cfg if isinstance(init_cfg, (list, tuple)) else [init_cfg]
     for entry in entries:
-        if isinstance(entry, dict) and entry.get('type') == 'Pretrained' and entry.get('checkpoint'):
+        if isinstance(entry, dict) and entry.get('type') == 'Pretrained' \
+                and entry.get('checkpoint'):
             return dict(entry)
     return None
 

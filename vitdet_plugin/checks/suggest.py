@@ -112,7 +112,10 @@ def _json_categories(ann_file: str) -> Optional[Tuple[str, ...]]:
     return tuple(str(c.get('name')) for c in cats if isinstance(c, dict))
 
 
-def class_suggestions(cfg: Any, stages: Sequence[str]) -> Tuple[Dict[str, Tuple[str, ...]], List[str]]:
+ClassNames = Tuple[str, ...]
+
+
+def class_suggestions(cfg: Any, stages: Sequence[str]) -> Tuple[Dict[str, ClassNames], List[str]]:
     """``metainfo.classes`` for each COCO-style dataset of ``stages`` that sets none while its
     annotation file's categories differ from the dataset type's classes, and the problem lines
     (one per distinct set of categories, naming every dataset it applies to)."""
