@@ -7,7 +7,7 @@
 # AdamW lr 1e-4 wd 0.1 with layer-wise lr decay 0.7, 184375 iterations at batch 64.
 # DINOv2 weights (the official hub file or timm's vit_base_patch14_reg4_dinov2 in .pth /
 # .safetensors):
-#   model.backbone.init_cfg=dict(type='Pretrained', checkpoint='dinov2_vitb14_reg4_pretrain.pth')
+# the official file is the default (configs/_base_/pretrained.py).
 _base_ = './vit_mask_rcnn.py'
 
 model = dict(
@@ -17,6 +17,5 @@ model = dict(
         arch='base',  # embed 768, depth 12, heads 12, global blocks [2, 5, 8, 11], drop path 0.1
         num_reg_tokens=4,
         patch_size=16,  # position grid stays the checkpoint's 37 x 37 (518 / 14)
-        # init_cfg: left out so a child config or --cfg-options can add
-        # init_cfg=dict(type='Pretrained', checkpoint=...) (see the header)
+        init_cfg=dict(type='Pretrained', checkpoint=_base_.dinov2_vitb14_reg4),
     ))

@@ -10,11 +10,12 @@
 # The conv heads use GroupNorm where the EVA-02 / ViTDet code uses LayerNorm.
 # EVA-02 weights (the official MIM file, an EVA-02/det detector's, or timm's
 # eva02_base_patch14_224.mim_in22k):
-#   model.backbone.init_cfg=dict(type='Pretrained', checkpoint='eva02_B_pt_in21k_p14.pt')
+# the official MIM file eva02_B_pt_in21k_p14.pt is the default (configs/_base_/pretrained.py).
 _base_ = [
     'mmdet::_base_/models/cascade-mask-rcnn_r50_fpn.py',
     './_base_/datasets/coco_instance_lsj.py',
     './_base_/default_runtime.py',
+    './_base_/pretrained.py',
 ]
 custom_imports = dict(imports=['vitdet_plugin'], allow_failed_imports=False)
 image_size = (1024, 1024)
@@ -49,8 +50,7 @@ model = dict(
         # window 16, global blocks [2, 5, 8, 11], drop path 0.1
         patch_size=16,
         prefix_tokens='drop',  # EVA-02-det drops the cls token (its detector files have none)
-        # init_cfg: left out so a child config or --cfg-options can add
-        # init_cfg=dict(type='Pretrained', checkpoint=...) (see the header)
+        init_cfg=dict(type='Pretrained', checkpoint=_base_.eva02_b_in21k_p14),
     ),
     neck=dict(
         _delete_=True,

@@ -1,13 +1,13 @@
 # SdpaDETR: Swin-T (vitdet_plugin SwinBackbone) + our DETR-style head (SdpaDETRHead), COCO 2017,
 # 12 epochs AdamW with DETR/DINO augmentation. No anchors, no NMS, no compiled ops: every
 # attention is torch's scaled_dot_product_attention, so it trains in fp32, fp16 and bf16 AMP.
-# ImageNet weights: set
-#   model.backbone.init_cfg=dict(type='Pretrained', checkpoint='swin_tiny_patch4_window7_224.pth')
+# Starts from the official ImageNet-1k Swin-T (configs/_base_/pretrained.py).
 _base_ = [
     './_base_/models/swin-t.py',
     './_base_/datasets/coco_detection.py',
     './_base_/schedules/adamw_1x.py',
     './_base_/default_runtime.py',
+    './_base_/pretrained.py',
 ]
 
 num_classes = 80
@@ -21,7 +21,8 @@ model = dict(
         bgr_to_rgb=True,
         pad_size_divisor=32),
     # strides 8 / 16 / 32, channels 192 / 384 / 768
-    backbone=dict(_base_.swin_t, out_indices=(1, 2, 3)),
+    backbone=dict(_base_.swin_t, out_indices=(1, 2, 3),
+                  init_cfg=dict(type='Pretrained', checkpoint=_base_.swin_t_in1k)),
     neck=None,
     bbox_head=dict(
         type='SdpaDETRHead',

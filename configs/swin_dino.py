@@ -3,14 +3,15 @@
 # channels, and the ChannelMapper adds the 4th (stride 64) level as in the R-50 config.
 # Note: DINO's deformable attention is mmcv's compiled MultiScaleDeformableAttention (CPU and
 # CUDA fp32; no bf16, unreliable in fp16). configs/swin_detr.py is the SDPA-only alternative.
-# ImageNet weights: set
-#   model.backbone.init_cfg=dict(type='Pretrained', checkpoint='swin_tiny_patch4_window7_224.pth')
-_base_ = ['mmdet::dino/dino-4scale_r50_8xb2-12e_coco.py', './_base_/models/swin-t.py']
+# Starts from the official ImageNet-1k Swin-T (configs/_base_/pretrained.py).
+_base_ = ['mmdet::dino/dino-4scale_r50_8xb2-12e_coco.py', './_base_/models/swin-t.py',
+          './_base_/pretrained.py']
 
 custom_imports = dict(imports=['vitdet_plugin'], allow_failed_imports=False)
 
 model = dict(
-    backbone=dict(_base_.swin_t, _delete_=True, out_indices=(1, 2, 3)),
+    backbone=dict(_base_.swin_t, _delete_=True, out_indices=(1, 2, 3),
+                  init_cfg=dict(type='Pretrained', checkpoint=_base_.swin_t_in1k)),
     neck=dict(in_channels=[192, 384, 768]))
 
 # the 'backbone' key would decay our norms and biases: NoDecayOptimWrapperConstructor keeps the

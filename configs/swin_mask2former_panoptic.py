@@ -23,12 +23,12 @@
 # `pip install --no-deps panopticapi-lite==0.2.0` (its numpy<2 pin would downgrade numpy).
 # The pixel decoder runs mmcv's MultiScaleDeformableAttention: the CUDA kernel on a GPU, mmcv's
 # pure-PyTorch (grid_sample) version on the CPU; no bf16 kernel and unreliable in fp16 (mmcv).
-# ImageNet weights (the official Swin-T checkpoint, as the stock config; timm / mmdet /
-# mmpretrain layouts and local paths work too, detected without convert_weights): set
-#   model.backbone.init_cfg=dict(type='Pretrained', checkpoint='https://github.com/SwinTransformer/storage/releases/download/v1.0.0/swin_tiny_patch4_window7_224.pth')
+# Starts from the official ImageNet-1k Swin-T, as the stock config (configs/_base_/pretrained.py;
+# timm / mmdet / mmpretrain layouts and local paths work too, detected without convert_weights).
 _base_ = [
     'mmdet::mask2former/mask2former_swin-t-p4-w7-224_8xb2-lsj-50e_coco-panoptic.py',
     './_base_/models/swin-t.py',
+    './_base_/pretrained.py',
 ]
 
 custom_imports = dict(imports=['vitdet_plugin'], allow_failed_imports=False)
@@ -37,7 +37,8 @@ num_things_classes = 80
 num_stuff_classes = 53
 model = dict(
     # all four stages (strides 4 / 8 / 16 / 32), drop path 0.3 as stock
-    backbone=dict(_base_.swin_t, _delete_=True, drop_path_rate=0.3),
+    backbone=dict(_base_.swin_t, _delete_=True, drop_path_rate=0.3,
+                  init_cfg=dict(type='Pretrained', checkpoint=_base_.swin_t_in1k)),
     panoptic_head=dict(in_channels=[96, 192, 384, 768]),
     panoptic_fusion_head=dict(
         type='SemanticMaskFormerFusionHead',

@@ -2,8 +2,7 @@
 # with 4 global blocks) and ViTDet's simple feature pyramid, COCO 2017, 12 epochs. The pyramid
 # makes strides 8 / 16 / 32 (+ a stride-64 max-pool level) from the stride-16 ViT map; the head
 # attends densely to all four levels through SDPA (no compiled ops; fp32 / fp16 / bf16 AMP).
-# MAE / ViTDet / SAM weights: set
-#   model.backbone.init_cfg=dict(type='Pretrained', checkpoint='mae_pretrain_vit_base.pth')
+# Starts from the MAE ViT-B, as ViTDet (configs/_base_/pretrained.py; ViTDet / SAM files load too).
 _base_ = './swin_detr.py'
 
 model = dict(
@@ -15,8 +14,7 @@ model = dict(
         img_size=1024,
         out_indices=(-1,),
         with_cp=False,
-        # init_cfg: left out so a child config or --cfg-options can add
-        # init_cfg=dict(type='Pretrained', checkpoint=...) (see the header)
+        init_cfg=dict(type='Pretrained', checkpoint=_base_.mae_vit_b),
     ),
     neck=dict(
         _delete_=True,

@@ -14,8 +14,7 @@
 #     custom_keys) on the query_embed / query_feat / level_embed embeddings.
 # The pixel decoder runs mmcv's MultiScaleDeformableAttention: the CUDA kernel on a GPU, mmcv's
 # pure-PyTorch (grid_sample) version on the CPU; no bf16 kernel and unreliable in fp16 (mmcv).
-# MAE / ViTDet / SAM weights:
-#   model.backbone.init_cfg=dict(type='Pretrained', checkpoint='mae_pretrain_vit_base.pth')
+# Starts from the MAE ViT-B, as ViTDet (configs/_base_/pretrained.py; ViTDet / SAM files load too).
 # (a detectron2 ViTDet checkpoint also holds the pyramid: give the neck the same init_cfg)
 _base_ = './swin_mask2former_panoptic.py'
 
@@ -31,8 +30,7 @@ model = dict(
         use_rel_pos=True,
         out_indices=(-1,),
         with_cp=False,
-        # init_cfg: left out so a child config or --cfg-options can add
-        # init_cfg=dict(type='Pretrained', checkpoint=...) (see the header)
+        init_cfg=dict(type='Pretrained', checkpoint=_base_.mae_vit_b),
     ),
     neck=dict(
         type='ViTSimpleFPN',

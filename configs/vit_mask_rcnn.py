@@ -4,12 +4,12 @@
 # level), LSJ 1024 augmentation, AdamW lr 1e-4 wd 0.1 with layer-wise lr decay 0.7, 100 epochs
 # at batch 64 (184375 iterations), as detectron2's / mmdet's ViTDet-B recipe (51.6 box / 45.9
 # mask AP with MAE weights). The conv heads use GroupNorm where ViTDet uses LayerNorm.
-# MAE / ViTDet / SAM weights:
-#   model.backbone.init_cfg=dict(type='Pretrained', checkpoint='mae_pretrain_vit_base.pth')
+# Starts from the MAE ViT-B, as ViTDet (configs/_base_/pretrained.py; ViTDet / SAM files load too).
 _base_ = [
     './_base_/models/mask-rcnn_swin-t_fpn.py',
     './_base_/datasets/coco_instance_lsj.py',
     './_base_/default_runtime.py',
+    './_base_/pretrained.py',
 ]
 image_size = (1024, 1024)
 head_norm_cfg = dict(type='GN', num_groups=32, requires_grad=True)
@@ -26,8 +26,7 @@ model = dict(
         img_size=1024,
         use_rel_pos=True,
         out_indices=(-1,),
-        # init_cfg: left out so a child config or --cfg-options can add
-        # init_cfg=dict(type='Pretrained', checkpoint=...) (see the header)
+        init_cfg=dict(type='Pretrained', checkpoint=_base_.mae_vit_b),
     ),
     neck=dict(
         _delete_=True,

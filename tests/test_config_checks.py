@@ -38,6 +38,8 @@ def _problems(path: str, **options) -> list:
 NEEDS_CHECKPOINT = {
     'demo/swin_detr_pretrained_shapes.py': ('model.backbone.init_cfg.checkpoint',
                                             'model.neck.init_cfg.checkpoint'),
+    # DINOv3's official file is handed out on request: the config names a local path
+    'dinov3_dino.py': ('model.backbone.init_cfg.checkpoint',),
 }
 
 
@@ -186,7 +188,9 @@ def test_batch_larger_than_the_dataset(data_root):
         'tiny.py: 1 problem found before training\n'
         '  train_dataloader.batch_size=16 is larger than train_dataloader.dataset (4 images to '
         f'train on in {ann}); set train_dataloader.batch_size=4 or fewer, or give the dataset '
-        'more images')
+        'more images\n'
+        "Every fix above as options (our tools/train.py and mmdet's tools/train.py alike):\n"
+        '  --cfg-options train_dataloader.batch_size=4')
 
 
 def test_data_root_without_annotations(tmp_path):
@@ -198,8 +202,12 @@ def test_data_root_without_annotations(tmp_path):
 def test_preflight_prints_one_summary_line_per_dataset(data_root):
     lines = []
     summaries = preflight(Config(tiny_cfg(data_root, 'unused')), ('train',), log=lines.append)
-    assert lines == [s.line() for s in summaries] and len(lines) == 1
+    assert lines[:1] == [s.line() for s in summaries] and len(summaries) == 1
     assert lines[0].startswith('data train_dataloader.dataset (')
+    # then where each model part's weights come from
+    assert lines[1:] == ['init backbone (SwinBackbone): random init (no Pretrained init_cfg)',
+                         'init neck (FPN): random init (no Pretrained init_cfg)',
+                         'init bbox_head (RetinaHead): random init (no Pretrained init_cfg)']
 
 
 def test_tools_train_stops_before_building_with_the_message(data_root, tmp_path):
@@ -211,10 +219,12 @@ def test_tools_train_stops_before_building_with_the_message(data_root, tmp_path)
                           env=subprocess_env(False), capture_output=True, text=True,
                           timeout=240, cwd=ROOT)
     assert done.returncode == 1
-    assert done.stderr.strip().splitlines()[-2:] == [
+    assert done.stderr.strip().splitlines()[-4:] == [
         f'error: {path}: 1 problem found before training',
         '  model.neck.in_channels=[16, 16] does not match the backbone (SwinBackbone: channels '
-        '[16, 32] at strides [4, 8]); set model.neck.in_channels=[16, 32]']
+        '[16, 32] at strides [4, 8]); set model.neck.in_channels=[16, 32]',
+        "Every fix above as options (our tools/train.py and mmdet's tools/train.py alike):",
+        "  --cfg-options 'model.neck.in_channels=[16,32]'"]
     assert not osp.exists(str(tmp_path / 'work'))  # nothing was built or written
 
 

@@ -20,6 +20,11 @@ from vitdet_plugin.config import load_config
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = osp.join(ROOT, 'configs')
+#: the published weights the full configs start from (configs/_base_/pretrained.py)
+SWIN_T_IN1K = ('https://github.com/SwinTransformer/storage/releases/download/v1.0.0/'
+               'swin_tiny_patch4_window7_224.pth')
+SWINV2_T_W8 = ('https://github.com/SwinTransformer/storage/releases/download/v2.0.0/'
+               'swinv2_tiny_patch4_window8_256.pth')
 
 EXPECTED_BACKBONES: Dict[str, dict] = {
     'demo/swin_detr_demo.py': dict(
@@ -53,32 +58,42 @@ EXPECTED_BACKBONES: Dict[str, dict] = {
         num_heads=[2, 4, 8], patch_size=8, window_size=6, drop_path_rate=0.0, out_indices=[0, 1,
         2]),
     'swin_detr.py': dict(type='SwinBackbone', arch='tiny', window_size=7, drop_path_rate=0.2,
-        out_indices=[1, 2, 3], with_cp=False),
+        out_indices=[1, 2, 3], with_cp=False,
+        init_cfg=dict(type='Pretrained', checkpoint=SWIN_T_IN1K)),
     'swin_dino.py': dict(type='SwinBackbone', arch='tiny', window_size=7, drop_path_rate=0.2,
-        out_indices=[1, 2, 3], with_cp=False),
+        out_indices=[1, 2, 3], with_cp=False,
+        init_cfg=dict(type='Pretrained', checkpoint=SWIN_T_IN1K)),
     'swin_mask2former_instance.py': dict(type='SwinBackbone', arch='tiny', window_size=7,
         mlp_ratio=4, qkv_bias=True, qk_scale=None, drop_rate=0.0, attn_drop_rate=0.0,
         drop_path_rate=0.3, patch_norm=True, out_indices=[0, 1, 2, 3], frozen_stages=-1,
-        with_cp=False, convert_weights=True),
+        with_cp=False, convert_weights=True,
+        init_cfg=dict(type='Pretrained', checkpoint=SWIN_T_IN1K)),
     'swin_mask2former_panoptic.py': dict(type='SwinBackbone', arch='tiny', window_size=7,
         mlp_ratio=4, qkv_bias=True, qk_scale=None, drop_rate=0.0, attn_drop_rate=0.0,
         drop_path_rate=0.3, patch_norm=True, out_indices=[0, 1, 2, 3], frozen_stages=-1,
-        with_cp=False, convert_weights=True),
+        with_cp=False, convert_weights=True,
+        init_cfg=dict(type='Pretrained', checkpoint=SWIN_T_IN1K)),
     'swin_mask_rcnn.py': dict(type='SwinBackbone', arch='tiny', window_size=7, mlp_ratio=4,
         qkv_bias=True, qk_scale=None, drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.2,
-        patch_norm=True, out_indices=[0, 1, 2, 3], with_cp=False, convert_weights=True),
+        patch_norm=True, out_indices=[0, 1, 2, 3], with_cp=False, convert_weights=True,
+        init_cfg=dict(type='Pretrained', checkpoint=SWIN_T_IN1K)),
     'swin_mask_rcnn_3x_ms_amp.py': dict(type='SwinBackbone', arch='tiny', window_size=7,
         mlp_ratio=4, qkv_bias=True, qk_scale=None, drop_rate=0.0, attn_drop_rate=0.0,
         drop_path_rate=0.2, patch_norm=True, out_indices=[0, 1, 2, 3], with_cp=False,
-        convert_weights=True),
+        convert_weights=True,
+        init_cfg=dict(type='Pretrained', checkpoint=SWIN_T_IN1K)),
     'swin_retinanet.py': dict(type='SwinBackbone', arch='tiny', window_size=7, mlp_ratio=4,
         qkv_bias=True, qk_scale=None, drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.2,
-        patch_norm=True, out_indices=[1, 2, 3], with_cp=False, convert_weights=True),
+        patch_norm=True, out_indices=[1, 2, 3], with_cp=False, convert_weights=True,
+        init_cfg=dict(type='Pretrained', checkpoint=SWIN_T_IN1K)),
     'swinv2_mask_rcnn.py': dict(type='SwinV2Backbone', arch='tiny', window_size=16,
         pretrained_window_sizes=[8, 8, 8, 8], drop_path_rate=0.2, out_indices=[0, 1, 2, 3],
-        with_cp=False),
+        with_cp=False,
+        init_cfg=dict(type='Pretrained', checkpoint=SWINV2_T_W8)),
     'swinv2_retinanet.py': dict(type='SwinV2Backbone', arch='tiny', window_size=8,
-        drop_path_rate=0.2, out_indices=[1, 2, 3], with_cp=False),
+        drop_path_rate=0.2, out_indices=[1, 2, 3], with_cp=False,
+        init_cfg=dict(type='Pretrained', checkpoint=SWINV2_T_W8)),
+
 }
 
 

@@ -78,7 +78,7 @@ CKPT="$(cat "$WORK/last_checkpoint")"
 
 say "3/4 evaluating $CKPT on the val split"
 "$PY" tools/test.py "$CONFIG" "$CKPT" --work-dir "$WORK/test" --cfg-options "${OPTS[@]}" \
-    --show-dir "$WORK/predictions" --grid 16 --metrics-out "$WORK/metrics.json"
+    --show-dir "$(realpath -m "$WORK")/predictions" --grid 16 --metrics-out "$WORK/metrics.json"
 
 FEATURES="$WORK/visualize/features_val_000000.png"
 say "4/4 feature maps of ${DATA}val/000000.png with $CKPT"
@@ -128,7 +128,7 @@ print(f'train time (incl. start-up and the final validation): {(t1 - t0) / 60:.1
 print(f'checkpoint:  {ckpt}')
 print(f'metrics:     {metrics}')
 print(f'predictions: {work}/predictions/  (grid: {work}/predictions/grid.png)')
-print(f'features:    {features}  (tools/analysis/visualize.py, README "Look inside")')
+print(f'features:    {features}  (tools/analysis/visualize.py, docs/look_inside.md)')
 if decoder:
     print(f'decoder:     {decoder}  (top queries\' boxes per decoder layer, one query\'s '
           'cross-attention)')

@@ -75,7 +75,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    module = build_detector_part(args.config, args.checkpoint, args.part, args.cfg_options)
+    try:
+        module = build_detector_part(args.config, args.checkpoint, args.part, args.cfg_options)
+    except ValueError as e:  # a part the model does not have (a two-stage head, no neck): one line
+        print(f'error: {e}', file=sys.stderr)
+        return 2
     os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
     names = export_onnx(module, args.out)
     print(f'exported {module.part} of {args.config} to {args.out} '

@@ -47,7 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         '(default: <work_dir>/metrics.json)')
     parser.add_argument('--out', help='dump the raw predictions to this .pkl file')
     parser.add_argument('--show', action='store_true', help='show predictions in a window')
-    parser.add_argument('--show-dir', help='save images with drawn predictions here')
+    parser.add_argument('--show-dir', help='save images with drawn predictions here (a relative '
+                        'path lies under the work dir, as with mmdet\'s tools/test.py)')
     parser.add_argument('--grid', type=int, default=0, metavar='N',
                         help='with --show-dir: tile the first N drawn images into grid.png')
     parser.add_argument('--score-thr', type=float, default=0.3,
@@ -95,6 +96,12 @@ def _add_tta(cfg) -> None:
     cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
 
 
+def show_dir_path(show_dir: str, work_dir: str) -> str:
+    """Where ``--show-dir`` writes: an absolute path as given, a relative one under the work
+    dir (``--show-dir vis`` -> ``<work_dir>/vis``)."""
+    return osp.abspath(show_dir if osp.isabs(show_dir) else osp.join(work_dir, show_dir))
+
+
 def build_cfg(args: argparse.Namespace):
     cfg = load_config(args.config, args.cfg_options)
     cfg.launcher = args.launcher
@@ -117,8 +124,10 @@ def build_cfg(args: argparse.Namespace):
         vis.wait_time = args.wait_time
         vis.score_thr = args.score_thr
         if args.show_dir:
-            # DetVisualizationHook joins work_dir/timestamp/test_out_dir; absolute wins
-            vis.test_out_dir = osp.abspath(args.show_dir)
+            # a relative --show-dir lies under the work dir, as mmdet's tools/test.py puts it
+            # (DetVisualizationHook joins work_dir/timestamp/test_out_dir; absolute wins)
+            args.show_dir = show_dir_path(args.show_dir, cfg.work_dir)
+            vis.test_out_dir = args.show_dir
     if args.tta:
         _add_tta(cfg)
     return cfg
@@ -181,7 +190,7 @@ def main(argv=None) -> Dict[str, float]:
     print(json.dumps(metrics, indent=2))
     print(f'metrics written to {out}')
     if args.show_dir:
-        print(f'drawn predictions in {osp.abspath(args.show_dir)}')
+        print(f'drawn predictions in {args.show_dir}')
         if args.grid:
             grid = make_grid(args.show_dir, args.grid, osp.join(args.show_dir, 'grid.png'))
             print(f'prediction grid: {grid}')

@@ -2,7 +2,8 @@
 
     python tools/analysis/feature_shapes.py CONFIG [--shape H W] [--cfg-options k=v ...]
 
-For each backbone output and each neck level: name, channels, stride and (B, C, H, W) shape,
+For each backbone output and each neck level: name, channels, nominal stride (the stride the
+level is built for; the map is ``ceil`` or ``floor`` of the input over it) and (B, C, H, W) shape,
 from a real forward pass on a zero image (random init, no weights loaded). The input is padded
 like the config's data preprocessor (``pad_size_divisor``) before the forward.
 """
@@ -47,18 +48,31 @@ def padded_shape(shape: Sequence[int], divisor: int) -> Tuple[int, int]:
     return -(-h // divisor) * divisor, -(-w // divisor) * divisor
 
 
+def nominal_stride(input_hw: Sequence[int], map_hw: Sequence[int]) -> str:
+    """The stride a level is built for: the integer ``s`` for which ``floor`` or ``ceil`` of
+    ``input / s`` gives the map's size on both sides (a power of two when one fits, e.g. the
+    extra levels of an 800x1216 input: 13x19 maps, stride 64, not ``61.5x64``); the measured
+    ratio when none fits."""
+    (h, w), (mh, mw) = input_hw, map_hw
+
+    def fits(size: int, side: int, s: int) -> bool:
+        return side in (size // s, -(-size // s))
+
+    fitting = [s for s in range(1, max(h, w) + 1) if fits(h, mh, s) and fits(w, mw, s)]
+    powers = [s for s in fitting if s & (s - 1) == 0]
+    if powers or fitting:
+        return str(powers[0] if powers else min(fitting, key=lambda s: abs(s - h / mh)))
+    return f'{h / mh:g}x{w / mw:g}'
+
+
 def pyramid_rows(prefix: str, feats, input_hw: Tuple[int, int]) -> List[Tuple[str, int, str, str]]:
-    """``(name, channels, stride, shape)`` rows of a tuple/list/dict of NCHW maps."""
+    """``(name, channels, nominal stride, shape)`` rows of a tuple/list/dict of NCHW maps."""
     if isinstance(feats, torch.Tensor):
         feats = [feats]
     items = feats.items() if isinstance(feats, dict) else enumerate(feats)
-    rows = []
-    for key, f in items:
-        stride_h, stride_w = input_hw[0] / f.shape[-2], input_hw[1] / f.shape[-1]
-        stride = (f'{stride_h:g}' if abs(stride_h - stride_w) < 1e-6
-                  else f'{stride_h:g}x{stride_w:g}')
-        rows.append((f'{prefix}[{key}]', int(f.shape[1]), stride, str(tuple(f.shape))))
-    return rows
+    return [(f'{prefix}[{key}]', int(f.shape[1]),
+             nominal_stride(input_hw, (int(f.shape[-2]), int(f.shape[-1]))), str(tuple(f.shape)))
+            for key, f in items]
 
 
 def format_table(rows: Sequence[Tuple[str, int, str, str]]) -> str:

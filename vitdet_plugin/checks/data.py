@@ -410,11 +410,18 @@ def check_annotations(cfg: Config, stages: Sequence[str] = ('train',),
                 elif summary is not None:
                     summaries.append(summary)
     if failed:
-        kinds = sum(len(p) for _, _, p in failed)
+        # the same problems in several datasets (train and val on the same kind of file): once
+        merged: Dict[Tuple[str, ...], List[str]] = {}
+        kinds = 0
+        for key, ann_file, problems in failed:
+            rendered = tuple(problems.render())
+            if rendered not in merged:
+                kinds += len(problems)
+            merged.setdefault(rendered, []).append(f'{key} (ann_file {ann_file})')
         lines = [f"data check failed: {kinds} kind{'s' if kinds > 1 else ''} of problem that "
                  'would crash training or train on wrong boxes:']
-        for key, ann_file, problems in failed:
-            lines.append(f'{key} (ann_file {ann_file}):')
-            lines += problems.render()
+        for rendered, where in merged.items():
+            lines.append(', '.join(where) + ':')
+            lines += rendered
         raise DataCheckError('\n'.join(lines))
     return summaries

@@ -2,19 +2,28 @@
 scripts, :class:`PreflightCheckHook` for any mmengine runner (mmdet's own ``tools/train.py``,
 ``mim train``).
 
-The order is cheapest first, each step raising before the next: the dataset files exist
-(:func:`vitdet_plugin.datasets.check_data`), the config's pieces fit together
-(:func:`.config.check_config`), the annotations are usable (:func:`.data.check_annotations`,
-which also gives the summary lines printed at start) and the batch fits the dataset.
+One pass, one report: the dataset files exist (:func:`vitdet_plugin.config.check_data`, with
+the file or folder a missing path most likely means, :mod:`.suggest`), the config's pieces fit
+together and with the data's classes (:func:`.config.config_problems`), the annotations are
+usable (:func:`.data.check_annotations`, which also gives the summary lines printed at start),
+the batch fits the dataset and the pretrained weights can be had
+(:func:`.init_sources.unreachable_weights`). The report ends with every fix as
+``--cfg-options``. The summary also says where each model part's weights come from, and
+:class:`PreflightCheckHook` says it again once they are loaded.
 """
-from typing import Any, Callable, List, Optional, Sequence
+import copy
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
-from ..config import check_data
-from .config import FeatureMaps, config_problems, probe_backbone, raise_problems
-from .data import DataSummary, check_annotations
+from ..config import DatasetNotFoundError, check_data
+from .config import (ConfigCheckError, FeatureMaps, config_problems, probe_backbone,
+                     raise_problems)
+from .data import DataCheckError, DataSummary, check_annotations
+from .init_sources import loaded_init_lines, planned_init_lines, unreachable_weights
+from .suggest import (class_suggestions, file_suggestions, options_text, set_fixes,
+                      with_file_lines)
 
 #: type name of the hook, as configs write it
 HOOK_TYPE = 'PreflightCheckHook'
@@ -38,58 +47,131 @@ def batch_problems(cfg: Any, summaries: Sequence[DataSummary]) -> List[str]:
             f'{max(kept, 1)} or fewer, or give the dataset more images']
 
 
+class PreflightError(DatasetNotFoundError, ConfigCheckError, DataCheckError):
+    """Problems of several kinds (data files, config, annotations) found in one pass; it is each
+    of the single-kind errors, so code catching one of them catches it too."""
+
+
+def _checked_copy(cfg: Any, fixes: Dict[str, Any]) -> Any:
+    """``cfg`` with ``fixes`` applied (a copy; ``cfg`` itself is left as the user wrote it)."""
+    if not fixes:
+        return cfg
+    fixed = copy.deepcopy(cfg)
+    fixed.merge_from_dict(dict(fixes))
+    return fixed
+
+
+def _problem_block(problems: Sequence[str], cfg: Any, config_path: Optional[str]) -> str:
+    try:
+        raise_problems(problems, cfg, config_path)
+    except ConfigCheckError as e:
+        return str(e)
+    return ''
+
+
 def preflight(cfg: Any, stages: Sequence[str] = ('train', 'val'),
               config_path: Optional[str] = None, tool: str = 'tools/train.py',
               weights: bool = True,
               log: Optional[Callable[[str], None]] = print) -> List[DataSummary]:
-    """Check ``cfg`` for a run over ``stages`` before anything is built.
+    """Check ``cfg`` for a run over ``stages`` before anything is built, every problem in one
+    report.
+
+    The data files, the config's pieces, the annotations, the batch size and (``weights``) the
+    checkpoints training loads are all checked in the same pass. A missing annotation file or
+    image folder that one file / folder in the expected place fits, and a ``metainfo.classes``
+    left unset while the annotations have other categories, are assumed fixed
+    (:mod:`.suggest`) for the checks after them, so the class counts are checked against the
+    data's classes in the same report; the report ends with every fix as ``--cfg-options``.
 
     Raises :class:`~vitdet_plugin.datasets.DatasetNotFoundError`,
-    :class:`~.config.ConfigCheckError` or :class:`~.data.DataCheckError`; on success ``log``
-    gets one summary line per dataset (images, boxes, dropped) and the summaries are returned.
-    ``weights``: also check that the checkpoints training loads exist.
+    :class:`~.config.ConfigCheckError` or :class:`~.data.DataCheckError` when the problems are
+    of one kind, :class:`PreflightError` (all three) when of several; on success ``log`` gets
+    one summary line per dataset (images, boxes, dropped) and one per model part (where its
+    weights come from), and the summaries are returned.
     """
     from mmengine.registry import init_default_scope
     init_default_scope(cfg.get('default_scope') or 'mmdet')
-    check_data(cfg, stages, config_path=config_path, tool=tool)
-    model = cfg.get('model')
+    sections: List[Tuple[type, str]] = []
+    fixes: Dict[str, Any] = {}
+    try:
+        check_data(cfg, stages, config_path=config_path, tool=tool)
+    except DatasetNotFoundError as e:
+        found = file_suggestions(cfg, stages)
+        sections.append((DatasetNotFoundError, with_file_lines(str(e), found)))
+        fixes.update(found)
+    classes, class_lines = class_suggestions(_checked_copy(cfg, fixes), stages)
+    fixes.update(classes)
+    checked = _checked_copy(cfg, fixes)
+    model = checked.get('model')
     probed = probe_backbone(model) if isinstance(model, dict) else None  # built once, on meta
-    raise_problems(config_problems(cfg, stages, weights, probed), cfg, config_path)
+    problems = class_lines + config_problems(checked, stages, weights, probed)
+    if weights:
+        problems += unreachable_weights(checked)
     largest = max(probed.strides) if isinstance(probed, FeatureMaps) else None
-    summaries = check_annotations(cfg, stages, min_image_side=largest)
+    summaries: List[DataSummary] = []
+    data_text = ''
+    try:
+        summaries = check_annotations(checked, stages, min_image_side=largest)
+    except DataCheckError as e:
+        data_text = str(e)
     if 'train' in stages:
-        raise_problems(batch_problems(cfg, summaries), cfg, config_path)
-    for s in summaries:
-        if log is not None:
+        problems += batch_problems(checked, summaries)
+    fixes.update(set_fixes(problems))
+    if problems:
+        sections.append((ConfigCheckError, _problem_block(problems, cfg, config_path)))
+    if data_text:
+        sections.append((DataCheckError, data_text))
+    if sections:
+        tail = options_text(fixes)
+        if len(sections) == 1:
+            kind, text = sections[0]
+            raise kind('\n'.join([text, *tail]))
+        name = config_path or getattr(cfg, 'filename', None) or 'the config'
+        head = (f'{name}: {len(sections)} kinds of problem found before training (data files, '
+                'config, annotations: all of them, in one report)')
+        raise PreflightError('\n\n'.join([head, *(t for _, t in sections)]
+                                          + (['\n'.join(tail)] if tail else [])))
+    if log is not None:
+        for s in summaries:
             log(s.line())
+        for line in planned_init_lines(cfg) if 'train' in stages else ():
+            log(line)
     return summaries
 
 
 def drop_preflight_hook(cfg: Any) -> None:
-    """Remove :class:`PreflightCheckHook` from ``cfg.custom_hooks`` (for tools that ran
-    :func:`preflight` themselves, before the datasets were built)."""
+    """Turn off the checks of :class:`PreflightCheckHook` in ``cfg.custom_hooks`` (for tools that
+    ran :func:`preflight` themselves, before the datasets were built); the hook still logs where
+    each model part's weights came from."""
     hooks = cfg.get('custom_hooks')
     if isinstance(hooks, list):
-        cfg['custom_hooks'] = [h for h in hooks
-                               if not (isinstance(h, dict) and h.get('type') == HOOK_TYPE)]
+        for h in hooks:
+            if isinstance(h, dict) and h.get('type') == HOOK_TYPE:
+                h['checks'] = False
 
 
 @HOOKS.register_module()
 class PreflightCheckHook(Hook):
-    """Run :func:`preflight` in ``before_run``: after mmengine has built the model and the
-    train loop, before weights are loaded and before the first iteration.
+    """Run :func:`preflight` in ``before_run`` (after mmengine has built the model and the
+    train loop, before weights are loaded and before the first iteration) and log where each
+    model part's weights came from in ``before_train`` (after ``init_weights`` and
+    ``load_from``: :func:`.init_sources.loaded_init_lines`).
 
     For runners that are not ours (mmdet's ``tools/train.py``, ``mim train``):
     ``custom_hooks = [dict(type='PreflightCheckHook')]``. The base runtime config includes it;
-    our ``tools/train.py`` runs the same checks before building anything and drops the hook.
+    our ``tools/train.py`` runs the same checks before building anything and sets
+    ``checks=False`` (:func:`drop_preflight_hook`).
     """
     priority = 'VERY_HIGH'
 
-    def __init__(self, weights: bool = True) -> None:
+    def __init__(self, weights: bool = True, checks: bool = True) -> None:
         self.weights = weights
+        self.checks = checks
 
     def before_run(self, runner) -> None:
         from mmengine.runner import BaseLoop
+        if not self.checks:
+            return
         cfg = runner.cfg
         # Runner.train() builds its loop before before_run; test() / val() leave it a dict
         training = isinstance(runner._train_loop, BaseLoop)
@@ -98,3 +180,7 @@ class PreflightCheckHook(Hook):
         preflight(cfg, stages, weights=self.weights and training,
                   tool='tools/train.py' if training else 'tools/test.py',
                   log=runner.logger.info)
+
+    def before_train(self, runner) -> None:
+        for line in loaded_init_lines(runner.model, runner.cfg):
+            runner.logger.info(line)

@@ -1,0 +1,188 @@
+"""Fixes the pre-flight check can work out itself, so that one run reports every mistake.
+
+A COCO config pointed at one's own data typically fails on three things in turn: the file names
+(``instances_train2017.json``), ``metainfo.classes`` (unset: the dataset type's 80 COCO names)
+and then ``num_classes``. :func:`file_suggestions` finds the annotation file / image folder a
+missing path most likely means (the one ``.json`` file, or folder, in the expected place whose
+name holds the split's word); :func:`class_suggestions` reads the categories of an annotation
+file whose dataset sets no ``metainfo.classes``. The pre-flight check applies both to a copy of
+the config and checks that copy further, so the class counts are compared with the classes the
+data has, in the same report. :func:`options_text` writes every fix as ``--cfg-options``.
+"""
+import ast
+import json
+import os
+import os.path as osp
+import re
+import shlex
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..config import EVALUATOR_KEYS, LOADER_KEYS, is_remote, iter_datasets
+
+#: words a file or folder name holds for each split (test data is often the val split)
+SPLIT_WORDS = {'train': ('train',), 'val': ('val',), 'test': ('test', 'val')}
+#: the fix at the end of a config problem line: ``...; set KEY=VALUE``
+SET_FIX = re.compile(r'; set ([\w.]+)=(.+?)(?: or fewer.*)?$')
+#: class names shown in a line, at most
+SHOWN_NAMES = 10
+
+
+def _pick(directory: str, stage: str, want_dir: bool, ext: str = '') -> Optional[str]:
+    """The one entry of ``directory`` (a folder when ``want_dir``, else a file ending in
+    ``ext``) whose name holds a word of ``stage``; None when there is not exactly one."""
+    if not osp.isdir(directory):
+        return None
+    for word in SPLIT_WORDS[stage]:
+        found = sorted(n for n in os.listdir(directory)
+                       if word in n.lower() and n.endswith(ext)
+                       and osp.isdir(osp.join(directory, n)) == want_dir)
+        if len(found) > 1:  # COCO-style folders also hold panoptic_<split>.json / folders
+            found = [n for n in found if 'panoptic' not in n.lower()]
+        if len(found) == 1:
+            return found[0]
+        if found:
+            return None
+    return None
+
+
+def _relative(found: str, root: str, given: str) -> str:
+    return found if osp.isabs(given) or not root else osp.relpath(found, root)
+
+
+def file_suggestions(cfg: Any, stages: Sequence[str]) -> Dict[str, str]:
+    """``config key -> value`` for each missing ``ann_file`` / ``data_prefix.img`` (and
+    evaluator ``ann_file``) of ``stages`` that one file or folder in the expected place fits."""
+    out: Dict[str, str] = {}
+    for stage in stages:
+        for key in LOADER_KEYS[stage]:
+            loader = cfg.get(key)
+            if not isinstance(loader, dict):
+                continue
+            for ds, path in iter_datasets(loader.get('dataset'), f'{key}.dataset'):
+                root = ds.get('data_root') or ''
+                ann = ds.get('ann_file')
+                if isinstance(ann, str) and ann and not is_remote(ann):
+                    full = ann if osp.isabs(ann) else osp.join(root, ann)
+                    if not osp.exists(full):
+                        folder = osp.dirname(full) if osp.isdir(osp.dirname(full)) else root
+                        name = _pick(folder, stage, False, '.json')
+                        if name:
+                            out[f'{path}.ann_file'] = _relative(
+                                osp.join(folder, name), root, ann)
+                prefix = ds.get('data_prefix')
+                img = prefix.get('img') if isinstance(prefix, dict) else None
+                if isinstance(img, str) and img and not is_remote(img):
+                    full = img if osp.isabs(img) else osp.join(root, img)
+                    if not osp.exists(full):
+                        parent = osp.dirname(full.rstrip('/')) or root
+                        name = _pick(parent, stage, True)
+                        if name:
+                            out[f'{path}.data_prefix.img'] = _relative(
+                                osp.join(parent, name), root, img) + '/'
+        for key in EVALUATOR_KEYS[stage]:
+            ev = cfg.get(key)
+            ann = ev.get('ann_file') if isinstance(ev, dict) else None
+            if isinstance(ann, str) and ann and not is_remote(ann) and not osp.exists(ann):
+                name = _pick(osp.dirname(ann), stage, False, '.json')
+                if name:
+                    out[f'{key}.ann_file'] = osp.join(osp.dirname(ann), name)
+    return out
+
+
+def with_file_lines(message: str, suggested: Dict[str, str]) -> str:
+    """The missing-data ``message`` with, after its ``missing`` lines, what was found in the
+    expected places instead."""
+    if not suggested:
+        return message
+    lines = message.splitlines()
+    last = max(i for i, ln in enumerate(lines) if ln.startswith('  missing '))
+    found = ['Found in the expected places instead (the checks below used them):']
+    found += [f'  {key}={value}' for key, value in suggested.items()]
+    return '\n'.join(lines[:last + 1] + found + lines[last + 1:])
+
+
+def _json_categories(ann_file: str) -> Optional[Tuple[str, ...]]:
+    try:
+        with open(ann_file) as f:
+            cats = json.load(f).get('categories')
+    except (OSError, ValueError, AttributeError):
+        return None  # the annotation check reports an unreadable file
+    if not isinstance(cats, list):
+        return None
+    return tuple(str(c.get('name')) for c in cats if isinstance(c, dict))
+
+
+ClassNames = Tuple[str, ...]
+
+
+def class_suggestions(cfg: Any, stages: Sequence[str]) -> Tuple[Dict[str, ClassNames], List[str]]:
+    """``metainfo.classes`` for each COCO-style dataset of ``stages`` that sets none while its
+    annotation file's categories differ from the dataset type's classes, and the problem lines
+    (one per distinct set of categories, naming every dataset it applies to)."""
+    from .data import _coco_class
+    found: Dict[str, Tuple[str, ...]] = {}
+    defaults: Dict[str, Tuple[str, Tuple[str, ...]]] = {}
+    for stage in stages:
+        for key in LOADER_KEYS[stage]:
+            loader = cfg.get(key)
+            if not isinstance(loader, dict):
+                continue
+            for ds, path in iter_datasets(loader.get('dataset'), f'{key}.dataset'):
+                cls = _coco_class(ds.get('type'))
+                meta = ds.get('metainfo')
+                if cls is None or (isinstance(meta, dict) and meta.get('classes') is not None):
+                    continue
+                ann = ds.get('ann_file') or ''
+                full = ann if osp.isabs(ann) else osp.join(ds.get('data_root') or '', ann)
+                names = _json_categories(full) if osp.isfile(full) else None
+                own = tuple(getattr(cls, 'METAINFO', {}).get('classes', ()))
+                if names and names != own:
+                    found[f'{path}.metainfo.classes'] = names
+                    defaults[path] = (cls.__name__, own)
+    lines = []
+    for names in dict.fromkeys(found.values()):
+        paths = [k[:-len('.metainfo.classes')] for k, v in found.items() if v == names]
+        cls_name, own = defaults[paths[0]]
+        shown = list(own[:SHOWN_NAMES]) + (['...'] if len(own) > SHOWN_NAMES else [])
+        lines.append(f'metainfo.classes is not set in {", ".join(paths)}: {cls_name} then uses '
+                     f'its own {len(own)} classes {shown}, which the annotations do not have; '
+                     f'their categories are {names!r}: set metainfo.classes={names!r} '
+                     'there (the class counts below are checked against these)')
+    return found, lines
+
+
+def set_fixes(problem_lines: Sequence[str]) -> Dict[str, Any]:
+    """``key -> value`` of the ``; set KEY=VALUE`` fix that ends a config problem line."""
+    out: Dict[str, Any] = {}
+    for line in problem_lines:
+        m = SET_FIX.search(line)
+        if m:
+            try:
+                out[m.group(1)] = ast.literal_eval(m.group(2))
+            except (ValueError, SyntaxError):
+                out[m.group(1)] = m.group(2)
+    return out
+
+
+def _option_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        items = ','.join(_option_value(v) for v in value)
+        if isinstance(value, list):
+            return f'[{items}]'
+        return f'({items}{"," if len(value) == 1 else ""})'
+    return str(value)
+
+
+def options_text(fixes: Dict[str, Any]) -> List[str]:
+    """The lines that give every fix as ``--cfg-options`` (mmengine's syntax: our tools and
+    mmdet's take it alike); a note when a value cannot pass that way (spaces are dropped)."""
+    if not fixes:
+        return []
+    parts = [shlex.quote(f'{k}={_option_value(v)}') for k, v in fixes.items()]
+    lines = ['Every fix above as options (our tools/train.py and mmdet\'s tools/train.py alike):',
+             '  --cfg-options ' + ' '.join(parts)]
+    spaced = [k for k, v in fixes.items() if ' ' in _option_value(v)]
+    if spaced:
+        lines.append(f'  ({", ".join(spaced)}: --cfg-options drops the spaces inside names; '
+                     'write these in the config file instead)')
+    return lines
