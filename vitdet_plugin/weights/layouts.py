@@ -19,6 +19,7 @@ from typing import Callable, List, Mapping, Optional, Tuple, Union
 
 from torch import Tensor
 
+from .arch_read import arch_mismatch, read_arch
 from .checkpoint_io import CheckpointError
 from .common import LoadReport, StateDict, check_state_dict, checkpoint_state_dict
 from .official_vit import OFFICIAL_FAMILIES
@@ -207,8 +208,13 @@ def load_checkpoint(checkpoint: Union[str, os.PathLike, Mapping],
     elif target.family == 'ViT':
         allow = tuple(p.pattern for p in OPTIONAL_PARTS
                       if not any(p.match(k) for k in converted))
-    report = check_state_dict(converted, target.expected, allow,
-                              source=f'{layout.family} checkpoint ({layout.name} layout)',
+    source = f'{layout.family} checkpoint ({layout.name} layout)'
+    mismatch = arch_mismatch(read_arch({k: v.shape for k, v in converted.items()}),
+                             read_arch(target.expected), source, target.owner,
+                             target.arch_presets)
+    if mismatch:
+        raise CheckpointError(mismatch)
+    report = check_state_dict(converted, target.expected, allow, source=source,
                               owner=target.owner, dropped=dropped)
     return converted, report
 

@@ -32,6 +32,8 @@ class CheckpointTarget:
         patch_size: the patch kernel size (a family kernel of another size is resampled).
         rope_temperature, rope_ref_grid: DINOv3 / EVA-02: the rotary settings.
         in_stride: simple FPN: the stride of its input.
+        arch_presets: the backbone's arch presets (``{name: fields}``), to name the one that
+            builds a checkpoint of another size.
     """
     family: str
     owner: str
@@ -45,3 +47,4 @@ class CheckpointTarget:
     rope_temperature: Optional[float] = None
     rope_ref_grid: Optional[Pair] = None
     in_stride: int = 16
+    arch_presets: Mapping[str, Mapping[str, object]] = dataclasses.field(default_factory=dict)

@@ -305,7 +305,7 @@ class PlainViTBackbone(BackboneContract, BaseModule):
             self.FAMILY, type(self).__name__, state_shapes(self), pos_grid=self.pretrain_grid,
             patch_size=(self.patch_size, self.patch_size),
             rope_temperature=None if spec is None else float(spec.temperature),
-            rope_ref_grid=None if spec is None else spec.ref_grid)
+            rope_ref_grid=None if spec is None else spec.ref_grid, arch_presets=self.ARCH.PRESETS)
 
     def init_weights(self) -> None:
         """Load the ``init_cfg`` checkpoint (any layout of this family in the layout table), or

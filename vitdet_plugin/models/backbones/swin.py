@@ -163,7 +163,8 @@ class SwinBackbone(WindowBackbone):
         pos = self.absolute_pos_embed.shape[-2:] if self.use_abs_pos_embed else None
         return CheckpointTarget('Swin', type(self).__name__, state_shapes(self),
                                 window_size=self.window_size, out_indices=self.out_indices,
-                                pos_grid=(pos[0], pos[1]) if pos is not None else None)
+                                pos_grid=(pos[0], pos[1]) if pos is not None else None,
+                                arch_presets=SwinArch.PRESETS)
 
     def init_weights(self) -> None:
         """Truncated-normal init, or load ``init_cfg.checkpoint`` through the layout table."""

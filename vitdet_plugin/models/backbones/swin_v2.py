@@ -206,7 +206,8 @@ class SwinV2Backbone(WindowBackbone):
         windows = tuple((p[0] or w[0], p[1] or w[1])
                         for p, w in zip(self.pretrained_window_sizes, self.window_sizes))
         return CheckpointTarget('Swin V2', type(self).__name__, state_shapes(self),
-                                out_indices=self.out_indices, pretrained_windows=windows)
+                                out_indices=self.out_indices, pretrained_windows=windows,
+                                arch_presets=SwinV2Arch.PRESETS)
 
     def init_weights(self) -> None:
         """Load ``init_cfg.checkpoint`` through the converters, or initialise as the official
