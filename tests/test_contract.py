@@ -5,6 +5,8 @@ A new backbone gets these tests by being registered (and listing a tiny config i
 implementations.
 """
 import copy
+import inspect
+import re
 from typing import Dict, List
 
 import pytest
@@ -307,3 +309,14 @@ def test_neck_own_checkpoint_round_trip_through_init_cfg(name, variant, tmp_path
     want, got = ref.state_dict(), neck.state_dict()
     assert got.keys() == want.keys()
     assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize('name', ['SwinBackbone', 'SwinV2Backbone', 'ViTBackbone',
+                                  'DINOv2Backbone', 'DINOv3Backbone', 'EVA02Backbone'])
+def test_every_constructor_argument_is_documented_on_the_class(name):
+    """``help(DINOv2Backbone)`` shows each argument's docs (not only the base class's)."""
+    cls = MODELS.get(name)
+    args = inspect.getdoc(cls).split('Args:', 1)[1]
+    missing = [p for p in inspect.signature(cls.__init__).parameters
+               if p != 'self' and not re.search(rf'\b{p}\b', args)]
+    assert missing == [], f'{name} does not document {missing}'

@@ -117,8 +117,13 @@ class PlainViTBackbone(BackboneContract, BaseModule):
         with_cp: activation checkpointing per block; fused_attn: SDPA (False: eager).
         norm_cfg: the blocks' norms (default LayerNorm, the arch's eps); act_cfg: the GELU
             MLP's activation.
+        in_channels: image channels.
+        drop_rate, attn_drop_rate: dropout after the projections / on the attention weights.
+        pretrained: deprecated mmdet spelling of ``init_cfg=dict(type='Pretrained',
+            checkpoint=...)``.
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH[, prefix=...])`` loads a
-            checkpoint of this family (:meth:`load_pretrained`).
+            checkpoint of this family in any of its layouts (official, timm, ours; see
+            :mod:`vitdet_plugin.weights.layouts`).
     """
 
     ARCH: ClassVar[Type[PlainViTArch]] = PlainViTArch
@@ -416,7 +421,16 @@ def _partitioned_tables(spec: RopeSpec, hw: Tuple[int, int], window: Tuple[int, 
             window_partition(cos.reshape(1, *padded, d), window))    # (nW, N, d)
 
 
+def family_docs(cls: Type[PlainViTBackbone]) -> Type[PlainViTBackbone]:
+    """Append :class:`PlainViTBackbone`'s argument docs to a family's docstring, so that
+    ``help(DINOv2Backbone)`` shows them."""
+    base = PlainViTBackbone.__doc__ or ''
+    cls.__doc__ = f"{cls.__doc__}\n\n{base[base.index('    Args:'):]}"
+    return cls
+
+
 @MODELS.register_module()
+@family_docs
 class DINOv2Backbone(PlainViTBackbone):
     """DINOv2 (with registers: ``num_reg_tokens=4``): patch 14, position grid 518 / 14 = 37,
     LayerScale, fused qkv bias; no rotary embedding. Presets: small / base / large / giant."""
@@ -429,6 +443,7 @@ class DINOv2Backbone(PlainViTBackbone):
 
 
 @MODELS.register_module()
+@family_docs
 class DINOv3Backbone(PlainViTBackbone):
     """DINOv3: patch 16, 4 register tokens, DINOv3 rope (temperature 100, half rotation), no
     absolute position embedding, LayerScale; ``qkv_bias='qv'`` for the ``*_qkvb`` checkpoints.
@@ -443,6 +458,7 @@ class DINOv3Backbone(PlainViTBackbone):
 
 
 @MODELS.register_module()
+@family_docs
 class EVA02Backbone(PlainViTBackbone):
     """EVA-02: patch 14, position grid 224 / 14 = 16, EVA-02 rope (temperature 1e4 on the 16 x
     16 pretraining grid, interleaved pairs), q / v biases, SwiGLU (sub-LN for B / L); window 16

@@ -74,6 +74,8 @@ class SwinBackbone(WindowBackbone):
             timm, mmdet/mmpretrain or our own checkpoints (format detected, weights_only; a
             path, ``~`` path or http(s) URL; optional ``prefix`` and, for a checkpoint with a
             rectangular window, ``src_window_size=(h, w)``).
+        pretrained: deprecated mmdet spelling of ``init_cfg=dict(type='Pretrained',
+            checkpoint=...)``.
     """
 
     NO_DECAY_PARAMS = ('absolute_pos_embed', 'relative_position_bias_table')

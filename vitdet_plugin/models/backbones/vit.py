@@ -38,6 +38,16 @@ class ViTBackbone(PlainViTBackbone):
             12/24/32, heads 12/16/16, global blocks [2,5,8,11]/[5,11,17,23]/[7,15,23,31],
             drop path 0.1/0.4/0.5) or a dict of :class:`~.vit_archs.ViTArch` fields; arguments
             given directly override it.
+        embed_dims, depth, num_heads, global_attn_indexes, drop_path_rate, mlp_ratio: override
+            the preset's fields.
+        in_channels: image channels.
+        patch_size: patch embedding stride (the output stride).
+        window_size: the window of the window-attention blocks.
+        out_indices: blocks whose outputs are returned (``(-1,)``: the last).
+        drop_rate, attn_drop_rate: dropout after the projections / on the attention weights.
+        frozen_stages: ``-1`` trains all; ``0`` freezes the embeddings; ``k`` also the first
+            ``k`` blocks.
+        with_cp: activation checkpointing per block; fused_attn: SDPA (False: eager).
         stem_channels: optional convolutional stem for training from scratch (not in
             pretrained checkpoints); ``stem_norm_cfg``: its norms (default BN).
         img_size: input size the global blocks' relative-position tables are sized for
@@ -51,6 +61,8 @@ class ViTBackbone(PlainViTBackbone):
         accel: ``'auto'`` (default): in CPU training the MLPs recompute their GELU in backward
             (:class:`~..layers.Mlp`); ``'off'``: the plain path everywhere.
         norm_cfg, act_cfg: the blocks' norms (default LN, eps 1e-6) and MLP activation.
+        pretrained: deprecated mmdet spelling of ``init_cfg=dict(type='Pretrained',
+            checkpoint=...)``.
         pyramid: no longer accepted (the simple pyramid is the neck ``ViTSimpleFPN``); giving
             it raises an error that spells out the equivalent ``neck`` config.
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads timm ViT / DeiT / MAE,
