@@ -99,3 +99,26 @@ def test_loaded_lines_name_the_report_when_a_module_keeps_one():
     cfg.load_from = 'run/iter_8.pth'
     assert loaded_init_lines(model, cfg)[1] == \
         'init neck (Identity): loaded from load_from=run/iter_8.pth'
+
+
+def test_loaded_line_of_a_real_backbone_says_layout_and_tensors(tmp_path):
+    """A timm Swin file loaded by SwinBackbone's init_weights: the line counts the tensors the
+    model received and names the layout the table detected."""
+    import timm
+    import torch
+    from types import SimpleNamespace
+
+    from mmdet.registry import MODELS
+    path = tmp_path / 'swin_t_timm.pth'
+    torch.save(timm.create_model('swin_tiny_patch4_window7_224', pretrained=False).state_dict(),
+               path)
+    part = dict(type='SwinBackbone', out_indices=(1, 2, 3),
+                init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    backbone = MODELS.build(part)
+    backbone.init_weights()
+    model = SimpleNamespace(backbone=backbone)
+    cfg = Config(dict(model=dict(type='X', backbone=part)))
+    output_norms = 2 * 3  # norm1..norm3 weight + bias: detection-only, not in the checkpoint
+    assert loaded_init_lines(model, cfg) == [
+        f'init backbone (SwinBackbone): loaded from {path}, '
+        f'{len(backbone.state_dict()) - output_norms} tensors, Swin timm layout']

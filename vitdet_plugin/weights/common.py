@@ -122,10 +122,12 @@ def hw_pair(size: Sequence[int], name: str) -> Tuple[int, int]:
 
 class LoadReport(NamedTuple):
     """What a strict load did: the keys loaded, the model keys that were allowed to stay at
-    their initial values, and the checkpoint keys dropped as not the module's."""
+    their initial values, the checkpoint keys dropped as not the module's, and the checkpoint's
+    layout (``'DINOv2 official'``; '' where no layout table was asked)."""
     loaded: List[str]
     missing_allowed: List[str]
     dropped: List[str]
+    layout: str = ''
 
 
 def is_square_grid(cells: int) -> bool:

@@ -216,7 +216,7 @@ def load_checkpoint(checkpoint: Union[str, os.PathLike, Mapping],
         raise CheckpointError(mismatch)
     report = check_state_dict(converted, target.expected, allow, source=source,
                               owner=target.owner, dropped=dropped)
-    return converted, report
+    return converted, report._replace(layout=f'{layout.family} {layout.name}')
 
 
 def _neck_layout(sd: StateDict) -> Layout:

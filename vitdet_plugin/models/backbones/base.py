@@ -34,6 +34,9 @@ TRUNC_NORMAL_STD = 0.02
 SpecT = TypeVar('SpecT', bound='ArchSpec')
 
 
+#: Attribute where a module keeps the LoadReport of its ``init_cfg`` checkpoint (read by the
+#: pre-flight hook's init-source lines, :mod:`vitdet_plugin.checks.init_sources`).
+INIT_REPORT_ATTR = 'init_report'
 #: Class attribute of the modules whose ``init_weights`` loads their own Pretrained ``init_cfg``
 #: strictly (our backbones and necks); a detector leaves those to them and loads the others'
 #: itself (:mod:`vitdet_plugin.models.detectors.pretrained_parts`).
@@ -94,8 +97,9 @@ def load_init_checkpoint(module: nn.Module, *options: str) -> bool:
     pretrained = pretrained_init_cfg(getattr(module, 'init_cfg', None))
     if pretrained is None:
         return False
-    load_pretrained(module, pretrained['checkpoint'], pretrained.get('prefix'),
-                    **{name: pretrained.get(name) for name in options})
+    report = load_pretrained(module, pretrained['checkpoint'], pretrained.get('prefix'),
+                             **{name: pretrained.get(name) for name in options})
+    setattr(module, INIT_REPORT_ATTR, report)  # the train log's "init backbone ..." line
     setattr(module, '_is_init', True)  # noqa: B010  (mmengine BaseModule's init flag)
     return True
 
