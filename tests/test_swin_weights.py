@@ -319,7 +319,9 @@ def test_checkpoint_path_forms(tmp_path, monkeypatch):
     url = 'http://127.0.0.1:9/swin_tiny.pth'
     cached = tmp_path / 'torch' / 'hub' / 'checkpoints' / 'swin_tiny.pth'
     with pytest.raises(CheckpointError, match=r'cannot download checkpoint .*place it at '
-                                              + re.escape(repr(str(cached)))):
+                                              + re.escape(repr(str(cached)))
+                                              + '; or set init_cfg=None to start from random '
+                                                'weights$'):
         _ours(init_cfg=dict(type='Pretrained', checkpoint=url)).init_weights()
     cached.write_bytes((tmp_path / 'a.pth').read_bytes())
     model = _ours(init_cfg=dict(type='Pretrained', checkpoint=url))

@@ -81,7 +81,8 @@ def resolve_checkpoint_path(path: Union[str, os.PathLike], cache_dir: Optional[s
             except Exception as e:  # network errors come in many types
                 raise CheckpointError(
                     f'cannot download checkpoint {path!r} ({type(e).__name__}: {e}); download '
-                    f'it yourself and give the local path, or place it at {local!r}') from e
+                    f'it yourself and give the local path, or place it at {local!r}; or set '
+                    'init_cfg=None to start from random weights') from e
         return local
     path = os.path.expanduser(path)
     if not os.path.isfile(path):
