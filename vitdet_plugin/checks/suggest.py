@@ -15,7 +15,7 @@ import os
 import os.path as osp
 import re
 import shlex
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..config import EVALUATOR_KEYS, LOADER_KEYS, is_remote, iter_datasets
 
@@ -49,36 +49,42 @@ def _relative(found: str, root: str, given: str) -> str:
     return found if osp.isabs(given) or not root else osp.relpath(found, root)
 
 
+def stage_datasets(cfg: Any, stages: Sequence[str]) -> Iterator[Tuple[str, dict, str]]:
+    """``(stage, dataset config, its config path)`` of every dataset of ``stages``' loaders."""
+    for stage in stages:
+        for key in LOADER_KEYS[stage]:
+            loader = cfg.get(key)
+            if isinstance(loader, dict):
+                for ds, path in iter_datasets(loader.get('dataset'), f'{key}.dataset'):
+                    yield stage, ds, path
+
+
 def file_suggestions(cfg: Any, stages: Sequence[str]) -> Dict[str, str]:
     """``config key -> value`` for each missing ``ann_file`` / ``data_prefix.img`` (and
     evaluator ``ann_file``) of ``stages`` that one file or folder in the expected place fits."""
     out: Dict[str, str] = {}
+    for stage, ds, path in stage_datasets(cfg, stages):
+        root = ds.get('data_root') or ''
+        ann = ds.get('ann_file')
+        if isinstance(ann, str) and ann and not is_remote(ann):
+            full = ann if osp.isabs(ann) else osp.join(root, ann)
+            if not osp.exists(full):
+                folder = osp.dirname(full) if osp.isdir(osp.dirname(full)) else root
+                name = _pick(folder, stage, False, '.json')
+                if name:
+                    out[f'{path}.ann_file'] = _relative(
+                        osp.join(folder, name), root, ann)
+        prefix = ds.get('data_prefix')
+        img = prefix.get('img') if isinstance(prefix, dict) else None
+        if isinstance(img, str) and img and not is_remote(img):
+            full = img if osp.isabs(img) else osp.join(root, img)
+            if not osp.exists(full):
+                parent = osp.dirname(full.rstrip('/')) or root
+                name = _pick(parent, stage, True)
+                if name:
+                    out[f'{path}.data_prefix.img'] = _relative(
+                        osp.join(parent, name), root, img) + '/'
     for stage in stages:
-        for key in LOADER_KEYS[stage]:
-            loader = cfg.get(key)
-            if not isinstance(loader, dict):
-                continue
-            for ds, path in iter_datasets(loader.get('dataset'), f'{key}.dataset'):
-                root = ds.get('data_root') or ''
-                ann = ds.get('ann_file')
-                if isinstance(ann, str) and ann and not is_remote(ann):
-                    full = ann if osp.isabs(ann) else osp.join(root, ann)
-                    if not osp.exists(full):
-                        folder = osp.dirname(full) if osp.isdir(osp.dirname(full)) else root
-                        name = _pick(folder, stage, False, '.json')
-                        if name:
-                            out[f'{path}.ann_file'] = _relative(
-                                osp.join(folder, name), root, ann)
-                prefix = ds.get('data_prefix')
-                img = prefix.get('img') if isinstance(prefix, dict) else None
-                if isinstance(img, str) and img and not is_remote(img):
-                    full = img if osp.isabs(img) else osp.join(root, img)
-                    if not osp.exists(full):
-                        parent = osp.dirname(full.rstrip('/')) or root
-                        name = _pick(parent, stage, True)
-                        if name:
-                            out[f'{path}.data_prefix.img'] = _relative(
-                                osp.join(parent, name), root, img) + '/'
         for key in EVALUATOR_KEYS[stage]:
             ev = cfg.get(key)
             ann = ev.get('ann_file') if isinstance(ev, dict) else None
@@ -122,23 +128,18 @@ def class_suggestions(cfg: Any, stages: Sequence[str]) -> Tuple[Dict[str, ClassN
     from .data import _coco_class
     found: Dict[str, Tuple[str, ...]] = {}
     defaults: Dict[str, Tuple[str, Tuple[str, ...]]] = {}
-    for stage in stages:
-        for key in LOADER_KEYS[stage]:
-            loader = cfg.get(key)
-            if not isinstance(loader, dict):
-                continue
-            for ds, path in iter_datasets(loader.get('dataset'), f'{key}.dataset'):
-                cls = _coco_class(ds.get('type'))
-                meta = ds.get('metainfo')
-                if cls is None or (isinstance(meta, dict) and meta.get('classes') is not None):
-                    continue
-                ann = ds.get('ann_file') or ''
-                full = ann if osp.isabs(ann) else osp.join(ds.get('data_root') or '', ann)
-                names = _json_categories(full) if osp.isfile(full) else None
-                own = tuple(getattr(cls, 'METAINFO', {}).get('classes', ()))
-                if names and names != own:
-                    found[f'{path}.metainfo.classes'] = names
-                    defaults[path] = (cls.__name__, own)
+    for _stage, ds, path in stage_datasets(cfg, stages):
+        cls = _coco_class(ds.get('type'))
+        meta = ds.get('metainfo')
+        if cls is None or (isinstance(meta, dict) and meta.get('classes') is not None):
+            continue
+        ann = ds.get('ann_file') or ''
+        full = ann if osp.isabs(ann) else osp.join(ds.get('data_root') or '', ann)
+        names = _json_categories(full) if osp.isfile(full) else None
+        own = tuple(getattr(cls, 'METAINFO', {}).get('classes', ()))
+        if names and names != own:
+            found[f'{path}.metainfo.classes'] = names
+            defaults[path] = (cls.__name__, own)
     lines = []
     for names in dict.fromkeys(found.values()):
         paths = [k[:-len('.metainfo.classes')] for k, v in found.items() if v == names]

@@ -88,3 +88,11 @@ def check_accel(mode: object) -> str:
                          "('auto': our CPU kernels on CPU, the plain path elsewhere; 'off': "
                          'the plain path everywhere)')
     return mode
+
+
+def head_dim(dim: int, num_heads: int) -> int:
+    """Channels per attention head; a ``ValueError`` when ``num_heads`` does not divide ``dim``."""
+    if num_heads <= 0 or dim % num_heads:
+        raise ValueError(f'embed dims {dim} must be divisible by num_heads={num_heads}; '
+                         'choose a head count that divides the channel count')
+    return dim // num_heads

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from ...functional.attention import attend
 from ...functional.window import MASKED_LOGIT
+from .arguments import head_dim
 
 __all__ = ['MASKED_LOGIT', 'Attention', 'attend', 'eager_attention',
            'register_fusable_attention', 'set_fused_attention']
@@ -36,12 +37,9 @@ class Attention(nn.Module):
                  attn_drop: float = 0.0, proj_drop: float = 0.0, fused: bool = True,
                  scale: Optional[float] = None) -> None:
         super().__init__()
-        if num_heads <= 0 or dim % num_heads:
-            raise ValueError(f'embed dims {dim} must be divisible by num_heads={num_heads}; '
-                             'choose a head count that divides the channel count')
         self.dim = dim
         self.num_heads = num_heads
-        self.head_dim = dim // num_heads
+        self.head_dim = head_dim(dim, num_heads)
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = float(attn_drop)
         self.proj = nn.Linear(dim, dim)

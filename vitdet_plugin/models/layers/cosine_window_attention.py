@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from ...functional import SizeCache, attend, relative_position_index, window_bias
 from ...functional.cpb import log_spaced_relative_coords
 from .attention import register_fusable_attention
+from .arguments import head_dim
 
 #: ``logit_scale`` starts at ``log(10)``: cosine similarities are multiplied by 10 at first.
 LOGIT_SCALE_INIT = math.log(10.0)
@@ -56,11 +57,8 @@ class CosineWindowAttention(nn.Module):
                  pretrained_window_size: Tuple[int, int] = (0, 0), qkv_bias: bool = True,
                  attn_drop: float = 0.0, proj_drop: float = 0.0, fused: bool = True) -> None:
         super().__init__()
-        if num_heads <= 0 or dim % num_heads:
-            raise ValueError(f'embed dims {dim} must be divisible by num_heads={num_heads}; '
-                             'choose a head count that divides the channel count')
         self.num_heads = num_heads
-        self.head_dim = dim // num_heads
+        self.head_dim = head_dim(dim, num_heads)
         self.window_size: Tuple[int, int] = (int(window_size[0]), int(window_size[1]))
         self.pretrained_window_size: Tuple[int, int] = (int(pretrained_window_size[0]),
                                                         int(pretrained_window_size[1]))

@@ -19,6 +19,7 @@ from ...functional.attention import attend
 from ...functional.rel_pos import bias_table_size, relative_position_index
 from ...functional.size_cache import SizeCache
 from ...functional.window import from_windows, to_windows
+from .arguments import head_dim
 from .attention import register_fusable_attention
 from .mlp import DropPath, Mlp
 
@@ -47,11 +48,8 @@ class WindowAttention(nn.Module):
                  qkv_bias: bool = True, qk_scale: Optional[float] = None,
                  attn_drop: float = 0.0, proj_drop: float = 0.0, fused: bool = True) -> None:
         super().__init__()
-        if num_heads <= 0 or dim % num_heads:
-            raise ValueError(f'embed dims {dim} must be divisible by num_heads={num_heads}; '
-                             'choose a head count that divides the channel count')
         self.num_heads = num_heads
-        self.head_dim = dim // num_heads
+        self.head_dim = head_dim(dim, num_heads)
         self.scale = qk_scale or self.head_dim ** -0.5  # `qk_scale or head_dim ** -0.5` upstream
         self.window_size: Tuple[int, int] = (int(window_size[0]), int(window_size[1]))
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
