@@ -15,8 +15,8 @@ from torch import Tensor, nn
 
 from ...functional import SizeCache, attend, relative_position_index, window_bias
 from ...functional.cpb import log_spaced_relative_coords
-from .attention import register_fusable_attention
 from .arguments import head_dim
+from .attention import register_fusable_attention
 
 #: ``logit_scale`` starts at ``log(10)``: cosine similarities are multiplied by 10 at first.
 LOGIT_SCALE_INIT = math.log(10.0)
