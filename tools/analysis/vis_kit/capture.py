@@ -14,7 +14,7 @@ modules are read by duck typing (typed ``Any``), so backbones built the same way
 """
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -168,11 +168,19 @@ def run_backbone(backbone: Any, inputs: Tensor,
 
 
 # ----------------------------------------------------------------------------- attention
-def _split_qk(qkv: Tensor, heads: int) -> Tuple[Tensor, Tensor]:
-    """``(nW, N, 3C)`` projections -> ``q``, ``k``, each ``(nW, heads, N, C / heads)``."""
-    nw, n, c3 = qkv.shape
-    q, k, _ = qkv.view(nw, n, 3, heads, c3 // (3 * heads)).permute(2, 0, 3, 1, 4).unbind(0)
-    return q, k
+def window_qkv(attn: Union[WindowAttention, CosineWindowAttention],
+               windows: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """``q, k, v`` ``(nW, heads, N, d)`` of Swin V1 / V2 window attention on ``(nW, N, C)``
+    windows, projected as the module does (V2: ``q_bias``, no key bias, ``v_bias``)."""
+    if isinstance(attn, CosineWindowAttention) and attn.q_bias is not None:
+        bias: Optional[Tensor] = torch.cat([attn.q_bias, torch.zeros_like(attn.q_bias),
+                                            attn.v_bias])
+    else:
+        bias = attn.qkv.bias
+    qkv = F.linear(windows, attn.qkv.weight, bias)                 # (nW, N, 3C)
+    nw, n, _ = qkv.shape
+    q, k, v = qkv.view(nw, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    return q, k, v
 
 
 def swin_attention_probs(attn: WindowAttention, windows: Tensor,
@@ -183,7 +191,7 @@ def swin_attention_probs(attn: WindowAttention, windows: Tensor,
     the ``(nW, N, N)`` shift mask passed with them, or None. The formula of the module:
     ``softmax(q k^T * scale + relative_position_bias + mask)``.
     """
-    q, k = _split_qk(attn.qkv(windows), attn.num_heads)         # (nW, heads, N, d)
+    q, k, _ = window_qkv(attn, windows)                          # (nW, heads, N, d)
     logits = (q * attn.scale) @ k.transpose(-2, -1) + attn.relative_position_bias()
     if mask is not None:
         logits = logits + mask.unsqueeze(1).to(logits.dtype)      # (nW, 1, N, N)
@@ -213,9 +221,7 @@ def cosine_window_attention_probs(attn: CosineWindowAttention, windows: Tensor,
                                   mask: Optional[Tensor]) -> Tensor:
     """Attention probabilities ``(nW, heads, N, N)`` of Swin V2 cosine window attention:
     ``softmax(cos(q, k) * exp(min(logit_scale, max)) + position_bias() + mask)``."""
-    bias = (None if attn.q_bias is None else
-            torch.cat([attn.q_bias, torch.zeros_like(attn.q_bias), attn.v_bias]))
-    q, k = _split_qk(F.linear(windows, attn.qkv.weight, bias), attn.num_heads)  # (nW, heads, N, d)
+    q, k, _ = window_qkv(attn, windows)                          # (nW, heads, N, d)
     scale = attn.logit_scale.clamp(max=LOGIT_SCALE_MAX).exp()    # (heads, 1, 1)
     logits = (F.normalize(q, dim=-1) * scale) @ F.normalize(k, dim=-1).transpose(-2, -1)
     logits = logits + attn.position_bias()
@@ -243,7 +249,10 @@ def attention_output(attn: Any, call: Call, probs: Tensor) -> Tensor:
     """The module's output from ``probs``: ``proj(probs @ v)``, shaped like its output."""
     x = call.arg(0, 'x')
     tokens = x.reshape(x.shape[0], -1, x.shape[-1])              # (B', N, C)
-    _, _, v = attn.qkv_heads(tokens)                             # (B', heads, N, d)
+    if isinstance(attn, ViTAttention):
+        v = attn.qkv_heads(tokens)[2]                            # (B', heads, N, d)
+    else:
+        v = window_qkv(attn, tokens)[2]
     out = (probs @ v).transpose(1, 2).reshape(tokens.shape)      # (B', N, C)
     if isinstance(attn, ViTAttention):
         out = attn.norm(out)                                     # EVA-02's sub-LN (or none)
