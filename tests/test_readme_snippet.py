@@ -115,7 +115,8 @@ def test_two_iterations_log_where_each_part_came_from(data_root, tmp_path):
         f'init backbone (SwinBackbone): loads {ckpt} (init_cfg Pretrained)',
         'init neck (FPN): random init (no Pretrained init_cfg)',
         'init bbox_head (RetinaHead): random init (no Pretrained init_cfg)',
-        f'init backbone (SwinBackbone): loaded from {ckpt}',
+        f'init backbone (SwinBackbone): loaded from {ckpt}, '
+        f'{len(swin_t.state_dict())} tensors, Swin ours layout',
         'init neck (FPN): randomly initialised (no Pretrained init_cfg, no load_from)',
         'init bbox_head (RetinaHead): randomly initialised (no Pretrained init_cfg, no '
         'load_from)'], log[-3000:]
