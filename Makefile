@@ -36,8 +36,8 @@ demo-detr: env  ## after make demo: a DETR-style head on its (frozen) backbone a
 benchmark: env  ## ours vs mmdet vs timm, printed as ratios
 	$(PY) tools/benchmark.py
 
-gpu-wheels:     ## .whl/: the wheels (CPython 3.12, ~7 MiB; nothing is built there) tools/env/gpu_check.sh installs on a lent GPU
-	bash tools/env/gpu_wheels.sh
+gpu-wheels:     ## .whl/: the wheels (CPython 3.12, ~7 MiB; nothing is built there) tools/dev/gpu_check.sh installs on a lent GPU
+	bash tools/dev/gpu_wheels.sh
 
 clean-env:
 	rm -rf .venv
