@@ -415,7 +415,7 @@ def reference_ext(reference: str) -> Tuple[Any, str]:
         return ours_ext(), 'vitdet_plugin.ops (--reference ours)'
     compiled = compiled_ext()
     if compiled is None:
-        raise SystemExit(f'ops_parity: {COMPILED_MISSING}: this process has no compiled '
+        raise SystemExit(f'op_parity: {COMPILED_MISSING}: this process has no compiled '
                          'mmcv._ext to compare with; run it with the Python of an environment '
                          'built by `make env MMCV=compiled` (or pass --reference ours)')
     return compiled, 'compiled mmcv._ext'
