@@ -26,15 +26,24 @@ def _stock_path(name: str) -> str:
     import mmdet
     return osp.join(osp.dirname(mmdet.__file__), '.mim', 'configs', name)
 TINY_HW = (96, 128)
+#: A fixed-size batch pad (ViTDet's BatchFixedSizePad to 1024 x 1024) shrinks with the input:
+#: the tiny images still get padded (96 -> 128 rows), to 1/64 of the area.
+TINY_PAD = (128, 128)
 TINY_PROPOSALS = dict(nms_pre=200, max_per_img=50)
+#: Two-stage models: the width of the neck and of every head convolution / fc that follows it
+#: (256 and 1024 in the configs), so that the RoI heads' 4-conv towers and their optimizer step
+#: do not dominate a tiny input. The structure (convs, norms, stages) is the config's.
+TINY_HEAD_WIDTH = 32
+HEAD_WIDTH_KEYS = ('in_channels', 'out_channels', 'feat_channels', 'conv_out_channels',
+                   'fc_out_channels')
 
 # Small variants of our backbones, applied by backbone type (never by config name); a
 # callable gets the full-size backbone (to keep its number of stages).
 TINY_BACKBONE = {
-    'SwinBackbone': lambda full: dict(
+    **{swin: lambda full: dict(
         embed_dims=32, depths=[2] * len(full.depths),
         num_heads=[2 ** i for i in range(len(full.depths))], window_size=4,
-        drop_path_rate=0.0, init_cfg=None),
+        drop_path_rate=0.0, init_cfg=None) for swin in ('SwinBackbone', 'SwinV2Backbone')},
     'ViTBackbone': lambda full: dict(embed_dims=64, depth=2, num_heads=2, global_attn_indexes=(1,),
                                      window_size=4, init_cfg=None),
     **{family: lambda full: dict(embed_dims=64, depth=2, num_heads=2, global_attn_indexes=(1,),
@@ -69,6 +78,11 @@ def _shrink(model_cfg):
     new = getattr(MODELS.build(copy.deepcopy(bb)), 'out_channels', None)
     if old is not None and new is not None:
         _replace_in_channels(model_cfg, list(old), list(new))
+    for aug in (model_cfg.get('data_preprocessor') or {}).get('batch_augments') or []:
+        if 'size' in aug:
+            aug.size = TINY_PAD
+    if 'rpn_head' in model_cfg:
+        _narrow_heads(model_cfg, model_cfg.neck.out_channels)
     # query-based detectors pick top-k encoder tokens: a tiny input has fewer than 900
     if 'num_queries' in model_cfg:
         model_cfg.num_queries = min(model_cfg.num_queries, TINY_QUERIES)
@@ -82,6 +96,24 @@ def _shrink(model_cfg):
             if isinstance(target, dict):
                 target.update(value)
     return model_cfg
+
+
+def _narrow_heads(model_cfg, width: int) -> None:
+    """Every channel count of the neck and the heads (not the backbone) that is the neck's
+    ``width``, and every fc width, becomes :data:`TINY_HEAD_WIDTH`."""
+    def walk(node):
+        if isinstance(node, list):
+            for item in node:
+                walk(item)
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                if key in HEAD_WIDTH_KEYS and isinstance(value, int) and (
+                        value == width or key == 'fc_out_channels'):
+                    node[key] = TINY_HEAD_WIDTH
+                elif key != 'backbone':
+                    walk(value)
+
+    walk(model_cfg)
 
 
 def _replace_in_channels(model_cfg, old: list, new: list) -> None:
