@@ -1,6 +1,7 @@
 """Every config under configs/ loads, builds, trains one step and predicts on CPU; stock mmdet
 Swin configs work with only the backbone type changed; data_root overrides really move data."""
 import copy
+import functools
 import glob
 import os.path as osp
 import shlex
@@ -20,6 +21,17 @@ CONFIG_IDS = [osp.relpath(p, osp.join(ROOT, 'configs')) for p in CONFIGS]
 # 'mmdet::swin/...', without mmengine's pkg_resources-based package lookup)
 STOCK = ['swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py',
          'swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py']
+
+
+@functools.cache
+def _loaded(path: str):
+    return load_config(path)
+
+
+def _config(path: str):
+    """``load_config(path)`` (no options), parsed once per file: a copy of the parsed config
+    (five tests read each config; its _base_ files are parsed only once)."""
+    return copy.deepcopy(_loaded(path))
 
 
 def _stock_path(name: str) -> str:
@@ -152,7 +164,7 @@ def _is_maskformer(path: str) -> bool:
     """MaskFormer / Mask2Former configs train on panoptic ground truth (per-segment masks and
     labels, stuff included) that mmdet's demo_mm_inputs does not make: tests/test_mask2former.py
     trains and predicts them with such data."""
-    return load_config(path).model.type in ('MaskFormer', 'Mask2Former')
+    return _config(path).model.type in ('MaskFormer', 'Mask2Former')
 
 
 #: Configs trained and predicted here (the MaskFormer family: see _is_maskformer).
@@ -235,7 +247,7 @@ def test_config_neck_matches_backbone(path):
     """At the config's own size, the neck consumes exactly the backbone's outputs. Built and
     run on the meta device: only shapes are read, so the full-size backbone (ViT-L, Swin-B)
     needs no weights initialised nor arithmetic done; an op that needs values fails there."""
-    cfg = load_config(path)
+    cfg = _config(path)
     with torch.device('meta'):
         backbone = _build(dict(cfg.model.backbone, init_cfg=None))
         with torch.no_grad():
@@ -255,7 +267,7 @@ def test_maskformer_configs_are_trained_elsewhere():
 
 @pytest.mark.parametrize('path', [p for p, _ in TRAINABLE], ids=[i for _, i in TRAINABLE])
 def test_config_trains_and_predicts(path):
-    cfg = load_config(path)
+    cfg = _config(path)
     _train_and_predict(_shrink(cfg.model), cfg.optim_wrapper)
 
 
@@ -325,7 +337,7 @@ def _arch(bb, key):
 
 # ----------------------------------------------------------------------------- data_root
 def _data_cfg(path):
-    cfg = load_config(path)
+    cfg = _config(path)
     if 'data_root' not in cfg:
         pytest.skip(f'{osp.relpath(path, ROOT)} has no top-level data_root')
     return cfg
@@ -387,7 +399,7 @@ def test_missing_data_message_gives_working_override(path, tmp_path, monkeypatch
     for item in shlex.split(line)[1:]:
         k, v = item.split('=', 1)
         options[k] = DictAction._parse_iterable(v)
-    plain = load_config(path)
+    plain = _config(path)
     plain.merge_from_dict(options)
     propagated = load_config(path, {'data_root': '/path/to/data/'})
     for key in ('train_dataloader', 'val_dataloader', 'test_dataloader', 'val_evaluator',
