@@ -1,4 +1,5 @@
 """tools/: train/test/resume round trip, analysis tools, missing-data errors."""
+import glob
 import importlib.util
 import json
 import re
@@ -246,3 +247,32 @@ def test_benchmark_runs_at_a_size_below_one_window_per_stage(tmp_path, monkeypat
         benchmark.main(['--repeats', '0'])
     assert exit_info.value.code == 2
     assert '--repeats must be at least 1, got 0' in capsys.readouterr().err
+
+
+#: The user entry points of tools/ (the developer kits are under tools/dev/).
+PYTHON_TOOLS = ('train', 'test', 'benchmark', 'convert_weights', 'export_onnx', 'make_shapes',
+                'analysis/feature_shapes', 'analysis/get_flops', 'analysis/visualize')
+SHELL_TOOLS = ('dist_train.sh', 'demo.sh')
+
+
+def test_every_user_entry_point_answers_help(monkeypatch, capsys):
+    """Each user command of tools/ prints its usage for --help and exits 0 (the Python ones in
+    this process, as their scripts would: tools/ and tools/analysis/ on the path)."""
+    monkeypatch.syspath_prepend(osp.join(ROOT, 'tools', 'analysis'))
+    monkeypatch.syspath_prepend(osp.join(ROOT, 'tools'))
+    found = {osp.relpath(p, osp.join(ROOT, 'tools'))[:-len('.py')] for p in
+             [*glob.glob(osp.join(ROOT, 'tools', '*.py')),
+              *glob.glob(osp.join(ROOT, 'tools', 'analysis', '*.py'))]}
+    assert found == set(PYTHON_TOOLS)
+    for name in PYTHON_TOOLS:
+        with pytest.raises(SystemExit) as exit_info:
+            _tool(name).main(['--help'])
+        assert exit_info.value.code == 0, name
+        assert capsys.readouterr().out.startswith('usage: '), name
+    for script in SHELL_TOOLS:
+        done = subprocess.run(['bash', osp.join(ROOT, 'tools', script), '--help'],
+                              capture_output=True, text=True, timeout=60)
+        with open(osp.join(ROOT, 'tools', script)) as f:
+            header = f.read().split('\nset -euo pipefail')[0].splitlines()[1:]  # the comment
+        assert done.returncode == 0, (script, done.stderr)
+        assert done.stdout.splitlines() == [line[2:] for line in header], script
