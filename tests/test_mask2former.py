@@ -206,8 +206,8 @@ def test_full_size_backbone_feeds_the_pixel_decoder(name: str) -> None:
         feeds_head = backbone
         if model_cfg.get('neck') is not None:  # the ViT's simple pyramid reads its one map
             feeds_head = MODELS.build(copy.deepcopy(model_cfg.neck))
-        assert (feeds_head.in_channels, feeds_head.in_stride) == (backbone.out_channels[-1],
-                                                                  backbone.out_strides[-1])
+            assert (feeds_head.in_channels, feeds_head.in_stride) == (
+                backbone.out_channels[-1], backbone.out_strides[-1])
     assert list(feeds_head.out_strides) == list(model_cfg.panoptic_head.strides) == [4, 8, 16, 32]
     assert list(feeds_head.out_channels) == list(model_cfg.panoptic_head.in_channels)
 
