@@ -65,6 +65,9 @@ TINY_BACKBONE = {
 
 
 TINY_QUERIES = 30
+#: Transformer encoder / decoder depth of the shrunk DETR-style models: two layers keep what
+#: depth adds (a layer refining the previous one's boxes, auxiliary losses per layer).
+TINY_LAYERS = 2
 
 
 def _build(cfg_model):
@@ -98,6 +101,11 @@ def _shrink(model_cfg):
     # query-based detectors pick top-k encoder tokens: a tiny input has fewer than 900
     if 'num_queries' in model_cfg:
         model_cfg.num_queries = min(model_cfg.num_queries, TINY_QUERIES)
+    for part, key in (('encoder', 'num_layers'), ('decoder', 'num_layers'),
+                      ('bbox_head', 'num_encoder_layers'), ('bbox_head', 'num_decoder_layers')):
+        node = model_cfg.get(part)
+        if isinstance(node, dict) and isinstance(node.get(key), int):
+            node[key] = min(node[key], TINY_LAYERS)
     # fewer RoIs per image for two-stage models (the per-RoI heads dominate on tiny inputs)
     for cfg_key, stage, key, value in (('train_cfg', 'rcnn', 'sampler', dict(num=64)),
                                        ('train_cfg', 'rpn_proposal', None, TINY_PROPOSALS),
