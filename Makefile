@@ -13,7 +13,8 @@ lint: env       ## ruff (package, tools, tests, configs) + mypy (package, tools)
 	$(PY) -m ruff check vitdet_plugin tools tests configs
 	$(PY) -m mypy vitdet_plugin tools
 
-# the default suite runs in TEST_JOBS processes (pytest-xdist), a test file per process at a time
+# the default suite runs in TEST_JOBS processes (pytest-xdist), a test file per process at a time;
+# it ends with its slowest files (tests/conftest.py); .ci/run holds it to a time budget
 TEST_JOBS ?= 2
 test: env       ## the default (fast) test suite
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
@@ -36,8 +37,8 @@ demo-detr: env  ## after make demo: a DETR-style head on its (frozen) backbone a
 benchmark: env  ## ours vs mmdet vs timm, printed as ratios
 	$(PY) tools/benchmark.py
 
-gpu-wheels:     ## .whl/: the wheels (CPython 3.12, ~7 MiB; nothing is built there) tools/env/gpu_check.sh installs on a lent GPU
-	bash tools/env/gpu_wheels.sh
+gpu-wheels:     ## .whl/: the wheels (CPython 3.12, ~7 MiB; nothing is built there) tools/dev/gpu_check.sh installs on a GPU machine
+	bash tools/dev/gpu_wheels.sh
 
 clean-env:
 	rm -rf .venv

@@ -1,5 +1,7 @@
+import collections
 import os
 import sys
+from typing import Any, Dict
 
 import pytest
 import torch
@@ -43,3 +45,27 @@ def _uninitialized_memory_is_nan():
     yield
     torch.use_deterministic_algorithms(prev_mode, warn_only=prev_warn)
     torch.utils.deterministic.fill_uninitialized_memory = prev_fill
+
+
+# ------------------------------------------------------------------ the slowest files, printed
+#: Files listed at the end of a run that spans several (``make test`` prints them; .ci/run also
+#: holds the whole suite to a time budget).
+SLOWEST_FILES_SHOWN = 15
+_FILE_SECONDS: Dict[str, float] = collections.defaultdict(float)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Sum setup + call + teardown per test file (under xdist the controller gets every
+    worker's reports here)."""
+    _FILE_SECONDS[report.nodeid.split('::', 1)[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if len(_FILE_SECONDS) < 2:
+        return
+    ranked = sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:SLOWEST_FILES_SHOWN]
+    terminalreporter.section(f'slowest {len(ranked)} test files (setup + call + teardown, '
+                             f's; {sum(_FILE_SECONDS.values()):.0f} s in all '
+                             f'{len(_FILE_SECONDS)} files)')
+    for path, seconds in ranked:
+        terminalreporter.write_line(f'{seconds:8.1f}  {path}')

@@ -1,4 +1,4 @@
-"""tools/benchmark.py (its code in tools/bench/): per-device plans, the CUDA timing path chosen
+"""tools/benchmark.py (its code in tools/dev/bench/): per-device plans, the CUDA timing path chosen
 without a GPU, option resolution for both models, memory measures, table lines."""
 import os.path as osp
 import re
@@ -12,16 +12,16 @@ ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 @pytest.fixture
 def bench(monkeypatch):
-    """The ``bench`` package as ``python tools/benchmark.py`` sees it (tools/ on the path)."""
+    """The ``dev.bench`` package as ``python tools/benchmark.py`` sees it (tools/ on the path)."""
     monkeypatch.syspath_prepend(osp.join(ROOT, 'tools'))
-    import bench.plan
-    import bench.rows
-    return bench
+    import dev.bench.plan
+    import dev.bench.rows
+    return dev.bench
 
 
 @pytest.fixture
 def cli(bench):
-    """tools/benchmark.py, the command line, as a module (``bench`` beside it on the path)."""
+    """tools/benchmark.py, the command line, as a module (tools/ on the path)."""
     import benchmark
     return benchmark
 
@@ -124,7 +124,7 @@ def test_bad_options_are_argument_errors(cli, capsys, argv, message):
 
 
 def test_mmdet_swin_spec_read_off_the_weights(bench):
-    from bench.models import mmdet_swin_spec
+    from dev.bench.models import mmdet_swin_spec
     table = 'attn.w_msa.relative_position_bias_table'
     sd = {'patch_embed.projection.weight': torch.zeros(32, 3, 4, 4)}
     for stage, (depth, heads) in enumerate([(2, 2), (3, 4)]):
@@ -161,9 +161,11 @@ def test_vit_row_runs_with_every_option(tmp_path, cli):
 
 
 def test_benchmark_script_has_no_path_edits():
-    for path in [osp.join(ROOT, 'tools', 'benchmark.py')] + [
-            osp.join(ROOT, 'tools', 'bench', f) for f in ('compiled.py', 'models.py', 'ops.py',
-                                                          'plan.py', 'rows.py')]:
+    bench = osp.join(ROOT, 'tools', 'dev', 'bench')
+    for path in [osp.join(ROOT, 'tools', 'benchmark.py'), osp.join(ROOT, 'tools', 'dev',
+                                                                   'op_parity.py')] + [
+            osp.join(bench, f) for f in ('compiled.py', 'models.py', 'ops.py', 'plan.py',
+                                         'rows.py')]:
         text = open(path).read()
         assert not re.search(r'sys\.path\.(insert|append)', text), path
     assert not osp.exists(osp.join(ROOT, 'tools', 'benchmark_vit.py'))

@@ -1,5 +1,5 @@
 """The GPU check kit on CPU: the wheel list against the installed stack and its dependency
-closure, the dry run of tools/env/gpu_check.sh, the runner's step skipping, budget and kill logic
+closure, the dry run of tools/dev/gpu_check.sh, the runner's step skipping, budget and kill logic
 (the real runner with stub commands: ``--fake``, ``GPU_CHECK_FAKE_FAIL``), the incremental
 result writing of checks and benchmark rows, the report table, the CLI."""
 import importlib.metadata as md
@@ -17,7 +17,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
-TOOLS = ROOT / 'tools' / 'env'  # the environment and GPU kits
+TOOLS = ROOT / 'tools' / 'dev'  # the developer kits: the GPU check
 SCRIPT = TOOLS / 'gpu_check.sh'
 KIT = TOOLS / 'gpu_check.py'
 STEPS = ['environment', 'install-wheels', 'install-plugin', 'checks-ops', 'checks-backbones',
@@ -54,7 +54,7 @@ def kit(monkeypatch):
 
 @pytest.fixture
 def cli(kit):
-    """tools/env/gpu_check.py, the command line, as a module (tools/env/ on the path)."""
+    """tools/dev/gpu_check.py, the command line, as a module (tools/dev/ on the path)."""
     import gpu_check
     return gpu_check
 

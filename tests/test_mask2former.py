@@ -198,14 +198,16 @@ def test_config_loss_and_predict(name: str) -> None:
 @pytest.mark.parametrize('name', CONFIGS)
 def test_full_size_backbone_feeds_the_pixel_decoder(name: str) -> None:
     """At the config's own size: four maps at strides 4 / 8 / 16 / 32 with the channels the
-    head's pixel decoder is built for."""
+    head's pixel decoder is built for. Built on the meta device: only the contract is read,
+    no full-size weights are allocated or initialised."""
     model_cfg = _config(name).model
-    backbone = MODELS.build(copy.deepcopy(model_cfg.backbone))
-    feeds_head = backbone
-    if model_cfg.get('neck') is not None:  # the ViT's simple pyramid reads its one map
-        feeds_head = MODELS.build(copy.deepcopy(model_cfg.neck))
-        assert (feeds_head.in_channels, feeds_head.in_stride) == (backbone.out_channels[-1],
-                                                                  backbone.out_strides[-1])
+    with torch.device('meta'):
+        backbone = MODELS.build(dict(copy.deepcopy(model_cfg.backbone), init_cfg=None))
+        feeds_head = backbone
+        if model_cfg.get('neck') is not None:  # the ViT's simple pyramid reads its one map
+            feeds_head = MODELS.build(copy.deepcopy(model_cfg.neck))
+            assert (feeds_head.in_channels, feeds_head.in_stride) == (
+                backbone.out_channels[-1], backbone.out_strides[-1])
     assert list(feeds_head.out_strides) == list(model_cfg.panoptic_head.strides) == [4, 8, 16, 32]
     assert list(feeds_head.out_channels) == list(model_cfg.panoptic_head.in_channels)
 

@@ -1,4 +1,5 @@
-"""tools/bench/ops.py (``tools/benchmark.py --model ops``) and tools/analysis/ops_parity.py:
+"""tools/dev/op_parity.py (the op-parity module: extension swap, detector comparison) and
+tools/dev/bench/ops.py (``tools/benchmark.py --model ops``):
 the extension swap reaches every mmcv op, the rows alternate ours and the reference, the
 command line, and both tools' message where compiled mmcv is absent."""
 import argparse
@@ -21,10 +22,10 @@ OP_MODULES = ('mmcv.ops.nms', 'mmcv.ops.roi_align', 'mmcv.ops.focal_loss',
 
 @pytest.fixture
 def bench(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    """The ``bench`` package as ``python tools/benchmark.py`` sees it (tools/ on the path)."""
+    """The ``dev.bench`` package as ``python tools/benchmark.py`` sees it (tools/ on the path)."""
     monkeypatch.syspath_prepend(osp.join(ROOT, 'tools'))
-    import bench.ops
-    return bench
+    import dev.bench.ops
+    return dev.bench
 
 
 def _cli() -> types.ModuleType:
@@ -35,10 +36,10 @@ def _cli() -> types.ModuleType:
 
 
 @pytest.fixture
-def parity(monkeypatch: pytest.MonkeyPatch, bench: types.ModuleType) -> types.ModuleType:
-    monkeypatch.syspath_prepend(osp.join(ROOT, 'tools', 'analysis'))
-    import ops_parity
-    return ops_parity
+def parity(bench: types.ModuleType) -> types.ModuleType:
+    """``dev.op_parity`` (tools/ on the path, by the ``bench`` fixture)."""
+    import dev.op_parity
+    return dev.op_parity
 
 
 class FakeExt:
@@ -57,38 +58,38 @@ def _boxes() -> Dict[str, torch.Tensor]:
     return dict(boxes=boxes, scores=torch.tensor([0.9, 0.8, 0.7]))
 
 
-def test_use_ext_swaps_every_op_module_and_restores(bench: types.ModuleType) -> None:
+def test_use_ext_swaps_every_op_module_and_restores(parity: Any) -> None:
     import mmcv.ops
-    holders = {m.__name__: m for m in bench.ops.ext_holders()}
+    holders = {m.__name__: m for m in parity.ext_holders()}
     assert set(OP_MODULES) <= set(holders)
     before = {name: vars(m)['ext_module'] for name, m in holders.items()}
     fake = FakeExt()
-    with bench.ops.use_ext(fake):
+    with parity.use_ext(fake):
         assert all(vars(m)['ext_module'] is fake for m in holders.values())
         dets, keep = mmcv.ops.nms(**_boxes(), iou_threshold=0.5)
     assert fake.calls == ['nms'] and keep.tolist() == [0] and dets.shape == (1, 5)
     assert {name: vars(m)['ext_module'] for name, m in holders.items()} == before
-    with pytest.raises(RuntimeError, match='inside'), bench.ops.use_ext(fake):
+    with pytest.raises(RuntimeError, match='inside'), parity.use_ext(fake):
         raise RuntimeError('inside')
     assert {name: vars(m)['ext_module'] for name, m in holders.items()} == before
 
 
-def test_recording_ext_forwards_to_ours(bench: types.ModuleType, parity: Any) -> None:
+def test_recording_ext_forwards_to_ours(parity: Any) -> None:
     import mmcv.ops
-    recording = parity.RecordingExt(bench.ops.ours_ext())
-    with bench.ops.use_ext(recording):
+    recording = parity.RecordingExt(parity.ours_ext())
+    with parity.use_ext(recording):
         _, keep = mmcv.ops.nms(**_boxes(), iou_threshold=0.5)
     assert keep.tolist() == [0, 2] and recording.calls == {'nms': 1}
 
 
-def test_ext_dispatch_routes_cpu_paths_and_restores(bench: types.ModuleType) -> None:
+def test_ext_dispatch_routes_cpu_paths_and_restores(parity: Any) -> None:
     import mmcv.ops.multi_scale_deform_attn as msda
     from mmdet.models.losses import FocalLoss
     pytorch_msda, forward = msda.multi_scale_deformable_attn_pytorch, FocalLoss.forward
     fake = FakeExt()
     calls: List[str] = []
     fake.sigmoid_focal_loss_forward = lambda *a, **k: calls.append('fwd')
-    with bench.ops.use_ext(fake), bench.ops.ext_dispatch():
+    with parity.use_ext(fake), parity.ext_dispatch():
         assert msda.multi_scale_deformable_attn_pytorch is not pytorch_msda
         FocalLoss()(torch.zeros(4, 3), torch.tensor([0, 1, 2, 3]))
     assert calls == ['fwd']  # mmcv's op: on CPU mmdet would use its PyTorch loss
@@ -96,14 +97,14 @@ def test_ext_dispatch_routes_cpu_paths_and_restores(bench: types.ModuleType) -> 
     assert FocalLoss.forward is forward
 
 
-def test_compiled_ext_tells_ours_from_compiled(bench: types.ModuleType,
+def test_compiled_ext_tells_ours_from_compiled(parity: Any,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    bench.ops.ext_holders()  # mmcv.ops imported
-    monkeypatch.setitem(sys.modules, 'mmcv._ext', bench.ops.ours_ext())
-    assert bench.ops.compiled_ext() is None
+    parity.ext_holders()  # mmcv.ops imported
+    monkeypatch.setitem(sys.modules, 'mmcv._ext', parity.ours_ext())
+    assert parity.compiled_ext() is None
     compiled = types.ModuleType('mmcv._ext')
     monkeypatch.setitem(sys.modules, 'mmcv._ext', compiled)
-    assert bench.ops.compiled_ext() is compiled
+    assert parity.compiled_ext() is compiled
 
 
 def test_model_ops_arguments(bench: types.ModuleType, monkeypatch: pytest.MonkeyPatch,
@@ -205,3 +206,18 @@ def test_parity_comparisons(parity: Any) -> None:
     assert g['worst'] == 'a' and g['max_rel'] == pytest.approx(0.1)
     losses = parity.compare_losses({'loss': torch.tensor(1.5)}, {'loss': torch.tensor(1.0)})
     assert losses == [dict(term='loss', ours=1.5, ref=1.0, abs=0.5, rel=0.5)]
+
+
+def test_shared_error_measures(parity: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One op-parity module: the benchmark rows and the GPU op checks measure with its errors."""
+    a, b = torch.tensor([1.0, 2.0, -4.0]), torch.tensor([1.0, 2.5, -4.0])
+    assert parity.rel_err(a, b) == pytest.approx(0.5 / 4.0)
+    assert parity.rel_l2(a, b) == pytest.approx(0.5 / float(b.norm()))
+    assert parity.rel_err(torch.zeros(0), torch.zeros(0)) == 0.0
+    assert parity.rel_err(a, torch.zeros(3)) > 1e30  # a zero reference: no division by zero
+    monkeypatch.syspath_prepend(osp.join(ROOT, 'tools', 'dev'))
+    import dev.bench.ops
+    import gpu_check_kit.op_checks
+    assert gpu_check_kit.op_checks.rel_err is dev.bench.ops.rel_err is parity.rel_err
+    assert gpu_check_kit.op_checks.rel_l2 is parity.rel_l2
+    assert dev.bench.ops.rel_diff([a], [b]) == parity.rel_err(a, b)

@@ -473,8 +473,8 @@ def test_benchmark_models_compute_the_same_function_where_they_must(monkeypatch)
     """``tools/benchmark.py --model swinv2``: timm's weights reach ours (last maps equal at a
     size where every stage is whole windows); elsewhere the difference is only recorded."""
     monkeypatch.syspath_prepend(osp.join(ROOT, 'tools'))
-    from bench.models import build
-    from bench.rows import check_parity
+    from dev.bench.models import build
+    from dev.bench.rows import check_parity
 
     aligned = build('swinv2', 'tiny', (256, 256), with_cp=False)
     assert aligned.parity_ref == 'timm' and aligned.parity_sizes == ((256, 256),)

@@ -1,4 +1,5 @@
 """tools/: train/test/resume round trip, analysis tools, missing-data errors."""
+import glob
 import importlib.util
 import json
 import re
@@ -229,9 +230,10 @@ def test_test_tool_prepares_cpu_distributed(monkeypatch, tmp_path):
     assert seen == ['pytorch']
 
 
-def test_benchmark_runs_at_a_size_below_one_window_per_stage(tmp_path):
+def test_benchmark_runs_at_a_size_below_one_window_per_stage(tmp_path, monkeypatch, capsys):
     """Small inputs (stages smaller than a 7x7 window) used to break the timm model's weight
-    load; the tool prints its ratio row. Bad --repeats is an argument error."""
+    load; the tool, run as the script it is (its harness in tools/dev/bench), prints its ratio
+    row. Bad --repeats is an argument error (parsed in this process: no second interpreter)."""
     tool = [sys.executable, osp.join(ROOT, 'tools', 'benchmark.py')]
     res = subprocess.run(tool + ['--sizes', '64x96', '--repeats', '1', '--processes', '1',
                                  '--skip-backward', '--train-size', '64x96', '--same-process'],
@@ -239,5 +241,38 @@ def test_benchmark_runs_at_a_size_below_one_window_per_stage(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert re.search(r'64x96 +\| fwd: ours [\d.]+ \(mmdet [\d.]+, timm [\d.]+\) ratio /mmdet '
                      r'[\d.]+x, /timm [\d.]+x', res.stdout), res.stdout
-    res = subprocess.run(tool + ['--repeats', '0'], capture_output=True, text=True, timeout=60)
-    assert res.returncode == 2 and '--repeats must be at least 1, got 0' in res.stderr
+    monkeypatch.syspath_prepend(osp.join(ROOT, 'tools'))  # as running the script gives
+    benchmark = _tool('benchmark')
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(['--repeats', '0'])
+    assert exit_info.value.code == 2
+    assert '--repeats must be at least 1, got 0' in capsys.readouterr().err
+
+
+#: The user entry points of tools/ (the developer kits are under tools/dev/).
+PYTHON_TOOLS = ('train', 'test', 'benchmark', 'convert_weights', 'export_onnx', 'make_shapes',
+                'analysis/feature_shapes', 'analysis/get_flops', 'analysis/visualize')
+SHELL_TOOLS = ('dist_train.sh', 'demo.sh')
+
+
+def test_every_user_entry_point_answers_help(monkeypatch, capsys):
+    """Each user command of tools/ prints its usage for --help and exits 0 (the Python ones in
+    this process, as their scripts would: tools/ and tools/analysis/ on the path)."""
+    monkeypatch.syspath_prepend(osp.join(ROOT, 'tools', 'analysis'))
+    monkeypatch.syspath_prepend(osp.join(ROOT, 'tools'))
+    found = {osp.relpath(p, osp.join(ROOT, 'tools'))[:-len('.py')] for p in
+             [*glob.glob(osp.join(ROOT, 'tools', '*.py')),
+              *glob.glob(osp.join(ROOT, 'tools', 'analysis', '*.py'))]}
+    assert found == set(PYTHON_TOOLS)
+    for name in PYTHON_TOOLS:
+        with pytest.raises(SystemExit) as exit_info:
+            _tool(name).main(['--help'])
+        assert exit_info.value.code == 0, name
+        assert capsys.readouterr().out.startswith('usage: '), name
+    for script in SHELL_TOOLS:
+        done = subprocess.run(['bash', osp.join(ROOT, 'tools', script), '--help'],
+                              capture_output=True, text=True, timeout=60)
+        with open(osp.join(ROOT, 'tools', script)) as f:
+            header = f.read().split('\nset -euo pipefail')[0].splitlines()[1:]  # the comment
+        assert done.returncode == 0, (script, done.stderr)
+        assert done.stdout.splitlines() == [line[2:] for line in header], script

@@ -30,15 +30,15 @@ CUDA: 800x1216 (ViT: 1024x1024), batch 2, fp32 and bf16 autocast, forward and tr
 peak CUDA allocation of a training forward + backward above the model's own footprint.
 
 ``--compile``: the training step only (CPU: 512x512, batch 2), ours compiled vs the reference
-eager and compiled the same way (and ours eager): ``tools/bench/compiled.py``.
+eager and compiled the same way (and ours eager): ``tools/dev/bench/compiled.py``.
 
 Columns: ``fwd`` forward seconds (eval, no grad); ``fwd+bwd`` training forward + backward
 seconds; ``mem MB`` as above. Before timing, ours is checked against mmdet (Swin) or timm
 (ViT) on the same input.
 
-This file is the command line; the measuring code is the ``bench`` package beside it
-(``tools/bench/``: plan, models, rows, compiled, ops; no entry point of its own), imported with
-``tools/`` on the path, which running this script gives.
+This file is the command line; the measuring code is the developer package ``dev.bench``
+(``tools/dev/bench/``: plan, models, rows, compiled, ops; no entry point of its own), imported
+with ``tools/`` on the path, which running this script gives.
 """
 import argparse
 import json
@@ -49,13 +49,13 @@ from typing import Callable, List, Optional, Sequence
 
 import torch
 
-from bench.compiled import (compile_row_specs, format_compiled_row,
-                            measure_compiled_row, resolve_compile)
-from bench.ops import run_ops
-from bench.plan import (CLOCKS, DEFAULT_ARCH, DTYPES, MODELS, DevicePlan,
-                        check_repeats, make_timer, parse_size, plan_for)
-from bench.rows import (Row, RowSettings, RowSpec, format_row, measure_row,
-                        pool_rows, run_row_in_child, with_cp_line)
+from dev.bench.compiled import (compile_row_specs, format_compiled_row,
+                                measure_compiled_row, resolve_compile)
+from dev.bench.ops import run_ops
+from dev.bench.plan import (CLOCKS, DEFAULT_ARCH, DTYPES, MODELS, DevicePlan,
+                            check_repeats, make_timer, parse_size, plan_for)
+from dev.bench.rows import (Row, RowSettings, RowSpec, format_row, measure_row,
+                            pool_rows, run_row_in_child, with_cp_line)
 
 
 def _size(text: str) -> tuple:
@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--compile', action='store_true',
                    help='the training step under torch.compile (inductor): ours compiled vs '
                         'the reference eager and compiled the same way, at --train-size '
-                        '(default batch 2); see tools/bench/compiled.py')
+                        '(default batch 2); see tools/dev/bench/compiled.py')
     p.add_argument('--clock', choices=CLOCKS, default='wall',
                    help="'cpu': process CPU time (all threads), robust on a shared machine; "
                         'CPU only')
@@ -198,7 +198,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Row]:
     # mmdet's SwinTransformer(with_cp=True) calls checkpoint() without use_reentrant
     warnings.filterwarnings('ignore', message='torch.utils.checkpoint: the use_reentrant')
     torch.manual_seed(0)
-    if args.model == 'ops':  # tools/bench/ops.py: its own rows, in this process
+    if args.model == 'ops':  # tools/dev/bench/ops.py: its own rows, in this process
         return run_ops(args)
     if args.row is not None:  # child process: one row, as JSON on the last stdout line
         print(json.dumps(measure_of(args)(settings_of(args), RowSpec.parse(args.row))),

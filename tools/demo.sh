@@ -24,6 +24,11 @@
 #   PYTHON         interpreter           (default: .venv/bin/python)
 set -euo pipefail
 
+if [ "${1:-}" = -h ] || [ "${1:-}" = --help ]; then  # the comment above, as the help
+    sed -n '2,/^set -euo pipefail/p' "$0" | sed '$d; s/^# \{0,1\}//'
+    exit 0
+fi
+
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"

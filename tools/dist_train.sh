@@ -21,6 +21,11 @@
 # resume with the same command plus --resume (work_dir/last_checkpoint).
 set -euo pipefail
 
+if [ "${1:-}" = -h ] || [ "${1:-}" = --help ]; then  # the comment above, as the help
+    sed -n '2,/^set -euo pipefail/p' "$0" | sed '$d; s/^# \{0,1\}//'
+    exit 0
+fi
+
 if [ $# -lt 2 ]; then
     echo "usage: $0 CONFIG NUM_PROCS [tools/train.py options...]" >&2
     exit 2

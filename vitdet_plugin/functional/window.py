@@ -78,8 +78,8 @@ def window_reverse(windows: Tensor, window_size: Tuple[int, int], hw: Tuple[int,
     return x.permute(0, 1, 3, 2, 4, 5).reshape(b, h, w, c)
 
 
-def _region_labels(length: SizeLike, window: int, shift: int,
-                   device: Optional[torch.device]) -> Tensor:
+def region_labels(length: SizeLike, window: int, shift: int,
+                  device: Optional[torch.device]) -> Tensor:
     """Region of each position along one padded axis after the cyclic shift: 0 in
     ``[0, L - window)``, 1 in ``[L - window, L - shift)``, 2 in ``[L - shift, L)`` (the Swin
     detection code's slices). Without a shift on this axis, one region: nothing wraps."""
@@ -95,8 +95,8 @@ def _build_shift_mask(hw: Tuple[SizeLike, SizeLike], window_size: Tuple[int, int
     """The mask of :func:`shifted_window_mask`, built from the sizes with tensor ops only (no
     in-place slice writes, no branch on the sizes), so symbolic sizes trace into one graph."""
     hp, wp = hw
-    rows = _region_labels(hp, window_size[0], shift_size[0], device)      # (Hp,)
-    cols = _region_labels(wp, window_size[1], shift_size[1], device)      # (Wp,)
+    rows = region_labels(hp, window_size[0], shift_size[0], device)      # (Hp,)
+    cols = region_labels(wp, window_size[1], shift_size[1], device)      # (Wp,)
     region = (rows[:, None] * NUM_REGIONS + cols[None, :])[None, :, :, None]  # (1, Hp, Wp, 1)
     windows = window_partition(region, window_size).squeeze(-1)     # (nW, N)
     different = windows.unsqueeze(1) != windows.unsqueeze(2)        # (nW, N, N)

@@ -105,7 +105,7 @@ setattr(CompileFreeOpsFinder, MARKER, True)
 
 def new_ext_module() -> types.ModuleType:
     """A new compile-free ``mmcv._ext`` module, not registered anywhere: what the finder's
-    loader creates, for comparing the two backends in one process (``tools/bench/ops.py``)."""
+    loader creates, for comparing the two backends in one process (``tools/dev/bench/ops.py``)."""
     module = types.ModuleType(EXT_NAME)
     _ExtLoader().exec_module(module)
     return module

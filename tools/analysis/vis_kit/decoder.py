@@ -32,9 +32,8 @@ from vis_kit.figures import (FONT_SIZE, OVERLAY_ALPHA, Picture, colorbar, panel_
                              text_panel, title)
 from vis_kit.model import Detector, ModelInput
 from vis_kit.pictures import canvas_hw, draw_input_padded, suptitle, token_extent
-from vitdet_plugin.models.heads.multiscale_memory import FlatMemory
-from vitdet_plugin.models.heads.sdpa_detr_head import HeadOutputs, SdpaDETRHead
-from vitdet_plugin.models.layers.cross_attention import MultiheadCrossAttention
+from vitdet_plugin.models.heads import FlatMemory, HeadOutputs, SdpaDETRHead
+from vitdet_plugin.models.layers import MultiheadCrossAttention
 
 #: Queries drawn unless ``--top`` says otherwise.
 DEFAULT_TOP = 5

@@ -15,7 +15,7 @@ from vis_kit import VisualizeError
 from vitdet_plugin.functional import MASKED_LOGIT, window_partition
 
 # The model's per-axis region rule is private (no public accessor yet): reused, not copied.
-from vitdet_plugin.functional.window import NUM_REGIONS, _region_labels
+from vitdet_plugin.functional.window import NUM_REGIONS, region_labels
 
 
 @dataclass(frozen=True)
@@ -64,11 +64,11 @@ def shift_region_labels(padded_hw: Sequence[int], window: Sequence[int],
                         shift: Sequence[int]) -> Tensor:
     """``(Hp, Wp)`` region labels ``0..8`` of the rolled, padded map (Swin's ``img_mask``):
     tokens of different labels meet inside a shifted window and must not attend to each other.
-    Built from the model's own per-axis rule (``functional.window._region_labels``, which its
+    Built from the model's own per-axis rule (``functional.window.region_labels``, which its
     shift mask is made of); :func:`check_labels_match_mask` checks them against the mask the
     model used."""
-    rows = _region_labels(int(padded_hw[0]), int(window[0]), int(shift[0]), None)
-    cols = _region_labels(int(padded_hw[1]), int(window[1]), int(shift[1]), None)
+    rows = region_labels(int(padded_hw[0]), int(window[0]), int(shift[0]), None)
+    cols = region_labels(int(padded_hw[1]), int(window[1]), int(shift[1]), None)
     return rows[:, None] * NUM_REGIONS + cols[None, :]
 
 

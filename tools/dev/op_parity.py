@@ -1,14 +1,22 @@
-"""Whole detectors on the compile-free mmcv ops vs compiled mmcv, in one process.
+"""The op-parity module: the compile-free mmcv ops (``vitdet_plugin.ops``) against a reference,
+shared by the three comparisons, and the whole-detector comparison as a command line.
 
-    python tools/analysis/ops_parity.py [--detectors retinanet mask_rcnn mask2former dino]
-                                        [--device cpu] [--json PATH]
+    python tools/dev/op_parity.py [--detectors retinanet mask_rcnn mask2former dino]
+                                  [--device cpu] [--reference compiled|ours] [--json PATH]
 
-Needs compiled mmcv (``make env MMCV=compiled``); ``--reference ours`` runs the same comparison
-with our ops on both sides (only the CPU routing of :func:`bench.ops.ext_dispatch` differs), for
-a check without it. Each detector is built once from its config (random init from a fixed
-seed, then every weight perturbed so that heads and sampling offsets are not at their special
-init values) and fed the same generated shapes images, then run twice, every ``mmcv.ops``
-module switched between extensions with :func:`bench.ops.use_ext`:
+Shared (imported as ``dev.op_parity`` with ``tools/`` on the path): the extension switch
+(:func:`use_ext`: every ``mmcv.ops`` module calls one ``mmcv._ext``, so compiled mmcv and a fresh
+compile-free one run the same mmcv code in one process; :func:`ext_dispatch`: mmcv / mmdet's
+CPU-only PyTorch paths routed to the extension as on CUDA), the error measures
+(:func:`rel_err`, :func:`rel_l2`), generated shapes batches and the shrunk detectors. Used by
+``tools/benchmark.py --model ops`` (``dev/bench/ops.py``: timed rows, ours vs compiled) and the
+GPU check (``dev/gpu_check_kit/op_checks.py``: each op on CUDA vs CPU).
+
+The command line needs compiled mmcv (``make env MMCV=compiled``); ``--reference ours`` runs the
+same comparison with our ops on both sides (only the CPU routing of :func:`ext_dispatch`
+differs), for a check without it. Each detector is built once from its config (random init from
+a fixed seed, then every weight perturbed so that heads and sampling offsets are not at their
+special init values) and fed the same generated shapes images, then run twice:
 
 * ``ref``: compiled ``mmcv._ext`` with mmcv / mmdet's own dispatch: on CPU compiled mmcv has no
   kernel for sigmoid focal loss or multi-scale deformable attention, so there mmdet / mmcv run
@@ -28,25 +36,27 @@ import argparse
 import collections
 import contextlib
 import copy
-import importlib.util
 import json
-import os.path as osp
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+import types
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
-TOOLS = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not pip-installed
-    sys.path.insert(0, osp.dirname(TOOLS))
-if TOOLS not in sys.path:  # tools/bench (the ``bench`` package of tools/benchmark.py)
-    sys.path.insert(0, TOOLS)
-
-from bench.ops import (COMPILED_MISSING, MASK2FORMER_CONFIG, MASK_RCNN_CONFIG, SEED,  # noqa: E402
-                       build_detector, compiled_ext, ext_dispatch, model_config, ours_ext,
-                       shapes_batch, shrink_mask2former, use_ext)
-
+Outputs = List[Tensor]
+#: Printed in place of the reference where compiled mmcv is absent.
+COMPILED_MISSING = 'compiled mmcv not installed (make env MMCV=compiled)'
+REPO, SEED = Path(__file__).resolve().parents[2], 0
+#: ``im2col_step`` of mmcv's MultiScaleDeformableAttnFunction (its modules' default).
+MSDA_IM2COL = 64
+MASK_RCNN_CONFIG = 'configs/demo/swin_mask_rcnn_shapes.py'
+MASK2FORMER_CONFIG, M2F_IMAGE = 'configs/swin_mask2former_instance.py', 128   # 128x128 batches
+M2F_TINY = dict(feat=32, heads=2, ffn=64, queries=8, decoder_layers=3, encoder_layers=1,
+                points=2, mask_points=256)
+M2F_SWIN = dict(embed_dims=32, depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8], window_size=4,
+                drop_path_rate=0.0)
 DETECTORS = ('retinanet', 'mask_rcnn', 'mask2former', 'dino')
 REFERENCES = ('compiled', 'ours')
 RETINANET_CONFIG = 'configs/demo/swin_retinanet_shapes.py'
@@ -68,6 +78,161 @@ GRAD_FLOOR = 1e-3
 MASK_THRESHOLD = 0.5
 
 
+# ------------------------------------------------------------------ the two extension modules
+def ext_holders() -> List[types.ModuleType]:
+    """Every loaded ``mmcv.ops.*`` module that calls the extension (``ext_module``)."""
+    import mmcv.ops  # noqa: F401  (imports every op module)
+    return [m for name, m in sorted(sys.modules.items())
+            if name.startswith('mmcv.ops.') and isinstance(m, types.ModuleType)
+            and 'ext_module' in vars(m)]
+
+
+@contextlib.contextmanager
+def use_ext(module: Any) -> Iterator[None]:
+    """Within the block, every ``mmcv.ops.*`` module calls ``module`` as its extension."""
+    saved = [(vars(holder), vars(holder)['ext_module']) for holder in ext_holders()]
+    for namespace, _ in saved:
+        namespace['ext_module'] = module
+    try:
+        yield
+    finally:
+        for namespace, old in saved:
+            namespace['ext_module'] = old
+
+
+def compiled_ext() -> Optional[types.ModuleType]:
+    """mmcv's compiled ``mmcv._ext`` if this process loaded it (ours has ``BACKEND``)."""
+    ext = sys.modules.get('mmcv._ext') if ext_holders() else None
+    return None if ext is None or hasattr(ext, 'BACKEND') else ext
+
+
+def ours_ext() -> types.ModuleType:
+    from vitdet_plugin.ops.startup import new_ext_module  # a fresh compile-free mmcv._ext
+    return new_ext_module()
+
+
+@contextlib.contextmanager
+def ext_dispatch() -> Iterator[None]:
+    """Route to the extension what mmcv / mmdet send to PyTorch on CPU, as they do on CUDA:
+    ``MultiScaleDeformableAttention`` -> ``MultiScaleDeformableAttnFunction``, mmdet's
+    ``FocalLoss`` with class-index targets -> ``sigmoid_focal_loss`` (mmcv's op)."""
+    import mmcv.ops.multi_scale_deform_attn as msda
+    from mmdet.models.losses import focal_loss as fl
+    pytorch_msda, focal_forward = msda.multi_scale_deformable_attn_pytorch, fl.FocalLoss.forward
+
+    def msda_ext(value: Tensor, shapes: Tensor, loc: Tensor, attn: Tensor) -> Tensor:
+        start = torch.cat([shapes.new_zeros(1), shapes.prod(1).cumsum(0)[:-1]])
+        return msda.MultiScaleDeformableAttnFunction.apply(value, shapes, start, loc, attn,
+                                                           MSDA_IM2COL)
+
+    def focal(self: Any, pred: Tensor, target: Tensor, weight: Optional[Tensor] = None,
+              avg_factor: Optional[float] = None, reduction_override: Optional[str] = None
+              ) -> Tensor:
+        if not self.use_sigmoid or self.activated or pred.dim() == target.dim():
+            return focal_forward(self, pred, target, weight, avg_factor, reduction_override)
+        return self.loss_weight * fl.sigmoid_focal_loss(
+            pred, target, weight, gamma=self.gamma, alpha=self.alpha,
+            reduction=reduction_override or self.reduction, avg_factor=avg_factor)
+
+    patches = ((msda, 'multi_scale_deformable_attn_pytorch', msda_ext, pytorch_msda),
+               (fl.FocalLoss, 'forward', focal, focal_forward))
+    try:
+        for owner, name, new, _ in patches:
+            setattr(owner, name, new)
+        yield
+    finally:
+        for owner, name, _, old in patches:
+            setattr(owner, name, old)
+
+
+# ------------------------------------------------------------------------ error measures
+def rel_err(a: Tensor, b: Tensor) -> float:
+    """``max|a - b| / max|b|`` in float64 on the CPU (0 for empty tensors)."""
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    if not b.numel():
+        return 0.0
+    return float((a - b).abs().max() / b.abs().max().clamp_min(torch.finfo(torch.float32).tiny))
+
+
+def rel_l2(a: Tensor, b: Tensor) -> float:
+    """``|a - b|_2 / |b|_2`` in float64 on the CPU."""
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    return float((a - b).norm() / b.norm().clamp_min(torch.finfo(torch.float32).tiny))
+
+
+# ------------------------------------------------------------------ generated data, detectors
+def shapes_batch(num: int, size: int, seed: int = SEED) -> dict:
+    """``num`` generated shapes images (uint8 CHW) with boxes, labels and masks: the input of
+    a detector's ``data_preprocessor``."""
+    import numpy as np
+    from mmdet.structures import DetDataSample, mask
+    from mmengine.structures import InstanceData
+    from vitdet_plugin.datasets.shapes import ShapesSpec, image_rng, mask_to_bbox, render_scene
+    spec = ShapesSpec(image_size=size, object_size=(size // 6, size // 2))
+    inputs, samples = [], []
+    for i in range(num):
+        scene = render_scene(image_rng(seed, 'train', i), spec)
+        xywh = torch.tensor([mask_to_bbox(o.mask) for o in scene.objects], dtype=torch.float32)
+        sample = DetDataSample(metainfo=dict(img_id=i, img_shape=(size, size),
+                                             ori_shape=(size, size), scale_factor=(1.0, 1.0)))
+        sample.gt_instances = InstanceData(
+            bboxes=torch.cat([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], 1),
+            labels=torch.tensor([o.label for o in scene.objects]),
+            masks=mask.BitmapMasks(np.stack([o.mask for o in scene.objects]).astype(np.uint8),
+                              size, size))
+        inputs.append(torch.from_numpy(scene.img).permute(2, 0, 1).contiguous())
+        samples.append(sample)
+    return dict(inputs=inputs, data_samples=samples)
+
+
+def model_config(path: str) -> Any:
+    from vitdet_plugin.config import load_config  # the config, its _base_ files resolved
+    return load_config(str(REPO / path)).model
+
+
+def shrink_mask2former(cfg: Any, pad: int = M2F_IMAGE) -> Any:
+    """Mask2Former shrunk in size only, as ``tests/test_mask2former.py`` shrinks it."""
+    from mmdet.registry import MODELS
+    cfg, t = copy.deepcopy(cfg), M2F_TINY
+    cfg.backbone.update(M2F_SWIN, init_cfg=None)
+    cfg.panoptic_head.in_channels = list(MODELS.build(copy.deepcopy(cfg.backbone)).out_channels)
+    for aug in cfg.data_preprocessor.get('batch_augments') or []:
+        aug.size = (pad, pad)
+    head = cfg.panoptic_head
+    head.update(feat_channels=t['feat'], out_channels=t['feat'], num_queries=t['queries'])
+    head.positional_encoding.num_feats = head.pixel_decoder.positional_encoding.num_feats = (
+        t['feat'] // 2)
+    encoder, decoder = head.pixel_decoder.encoder, head.transformer_decoder
+    encoder.num_layers, decoder.num_layers = t['encoder_layers'], t['decoder_layers']
+    encoder.layer_cfg.self_attn_cfg.update(embed_dims=t['feat'], num_heads=t['heads'],
+                                           num_points=t['points'])
+    for key in ('self_attn_cfg', 'cross_attn_cfg'):
+        decoder.layer_cfg[key].update(embed_dims=t['feat'], num_heads=t['heads'])
+    for layer in (encoder, decoder):
+        layer.layer_cfg.ffn_cfg.update(embed_dims=t['feat'], feedforward_channels=t['ffn'])
+    cfg.train_cfg.num_points = t['mask_points']
+    return cfg
+
+
+def build_detector(cfg: Any, perturb: float, seed: int = SEED) -> Any:
+    """The detector of a model config: ``init_weights`` from ``seed``, plus noise."""
+    from mmdet.registry import MODELS
+    from mmengine.logging import MMLogger
+    from mmengine.registry import init_default_scope
+    import vitdet_plugin  # noqa: F401  (registers our modules)
+    init_default_scope('mmdet')
+    MMLogger.get_instance('vitdet_plugin_ops', log_level='WARNING')  # no init_weights report
+    torch.manual_seed(seed)
+    model = MODELS.build(copy.deepcopy(cfg))
+    model.init_weights()
+    with torch.no_grad():  # off init's special values (MSDA's whole-pixel sampling offsets)
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * perturb)
+    return model
+
+
+
+# ----------------------------------------------------------------- whole detectors
 class RecordingExt:
     """An extension module that counts the calls of each function and forwards them."""
 
@@ -191,7 +356,7 @@ def compare_preds(ours: Sequence[Any], ref: Sequence[Any]) -> Dict[str, Any]:
 
 def compare_detector(name: str, ref_ext: Any, ours: Any, device: str,
                      perturb: float = PERTURB_STD) -> Dict[str, Any]:
-    model = build_detector(detector_config(name), perturb=perturb).to(device)
+    model = build_detector(detector_config(name), perturb).to(device)
     batch, state = shapes_batch(BATCH, IMAGE[name]), copy.deepcopy(model.state_dict())
     ref = run_side(model, state, batch, ref_ext, dispatch=False)
     mine = run_side(model, state, batch, ours, dispatch=True)
@@ -232,7 +397,7 @@ def details(r: Dict[str, Any]) -> List[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog='tools/analysis/ops_parity.py', description=__doc__,
+    p = argparse.ArgumentParser(prog='tools/dev/op_parity.py', description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--detectors', nargs='+', choices=DETECTORS, default=list(DETECTORS))
     p.add_argument('--device', default='cpu')
@@ -250,7 +415,7 @@ def reference_ext(reference: str) -> Tuple[Any, str]:
         return ours_ext(), 'vitdet_plugin.ops (--reference ours)'
     compiled = compiled_ext()
     if compiled is None:
-        raise SystemExit(f'ops_parity: {COMPILED_MISSING}: this process has no compiled '
+        raise SystemExit(f'op_parity: {COMPILED_MISSING}: this process has no compiled '
                          'mmcv._ext to compare with; run it with the Python of an environment '
                          'built by `make env MMCV=compiled` (or pass --reference ours)')
     return compiled, 'compiled mmcv._ext'

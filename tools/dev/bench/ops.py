@@ -1,7 +1,8 @@
 """``--model ops``: the compile-free mmcv ops (``vitdet_plugin.ops``) against compiled mmcv.
 
 Every ``mmcv.ops.*`` module calls the extension as its module global ``ext_module``;
-:func:`use_ext` points all of them at one extension, so in ONE process compiled ``mmcv._ext``
+``dev.op_parity.use_ext`` (the op-parity module) points all of them at one extension, so in
+ONE process compiled ``mmcv._ext``
 and a fresh compile-free one (``new_ext_module()``) run the same mmcv code, alternately on
 every repeat, after ``--warmup`` untimed rounds. Each row: the medians, the ratio ours /
 reference (< 1 is better) and ``diff``, the largest ``max|ours - ref| / max|ref|`` over the
@@ -15,31 +16,29 @@ reference is compiled say so. Training steps (loss + backward, the same random w
 inputs): the demo Mask R-CNN and a shrunk Mask2Former (:func:`mask2former_setup`).
 """
 import argparse
-import contextlib
 import copy
 import json
 import os
 import statistics
-import sys
-import types
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
-Outputs = List[Tensor]
+from ..op_parity import (COMPILED_MISSING, M2F_IMAGE, MASK2FORMER_CONFIG, MASK_RCNN_CONFIG,
+                         MSDA_IM2COL, SEED, Outputs, build_detector, compiled_ext, ext_dispatch,
+                         model_config, ours_ext, rel_err, shapes_batch, shrink_mask2former,
+                         use_ext)
+
 Fn = Callable[[], Outputs]
-#: Printed in place of the reference where compiled mmcv is absent.
-COMPILED_MISSING = 'compiled mmcv not installed (make env MMCV=compiled)'
 #: ``mmcv._ext`` functions that compiled mmcv 2.1.0 has CPU kernels for (its
 #: ``ops/csrc/pytorch/cpu``); elsewhere on CPU mmcv / mmdet call pure-PyTorch code.
 COMPILED_CPU_OPS = frozenset({
     'nms', 'softnms', 'nms_match', 'bbox_overlaps', 'roi_align_forward', 'roi_align_backward',
     'deform_conv_forward', 'deform_conv_backward_input', 'deform_conv_backward_parameters',
     'modulated_deform_conv_forward', 'modulated_deform_conv_backward'})
-REPO, SEED, PERTURB_STD = Path(__file__).resolve().parents[2], 0, 0.02  # noise on init weights
+PERTURB_STD = 0.02  # noise on the initialised weights of the training-step rows
 COMPILED, PYTORCH = 'compiled mmcv', 'mmcv/mmdet PyTorch (CPU path)'  # kinds of reference
 GROUP_OPS, GROUP_MSDA, GROUP_TRAIN = 'ops', 'ms_deform_attn', 'training step'
 #: Timed seconds a row aims at: a slower row gets fewer repeats than ``--repeats`` (at least
@@ -57,84 +56,12 @@ ROI_STRIDE, P2_BOX_SIDES = 4, (16.0, 112.0)    # FPN P2, where mmdet maps RoIs u
 RETINA_STRIDES, RETINA_ANCHORS, RETINA_BATCH = (8, 16, 32, 64, 128), 9, 2
 FOCAL_GAMMA, FOCAL_ALPHA, FOCAL_POSITIVES = 2.0, 0.25, 0.01   # positives: anchors with a class
 MSDA_STRIDES = (8, 16, 32, 64)    # DINO / Mask2Former pixel decoder: 4 levels
-MSDA_HEADS, MSDA_POINTS, MSDA_CHANNELS, MSDA_IM2COL = 8, 4, 256, 64
+MSDA_HEADS, MSDA_POINTS, MSDA_CHANNELS = 8, 4, 256
 DCN_CHANNELS, DCN_KERNEL, DCN_STRIDE = 256, 3, 16   # a ResNet stage-4 3x3 DCN at stride 16
 OFFSET_STD = 2.0                                    # px of the random deformable offsets
-MASK_RCNN_CONFIG, DEMO_IMAGE, DEMO_BATCH = 'configs/demo/swin_mask_rcnn_shapes.py', 192, 2
-MASK2FORMER_CONFIG, M2F_IMAGE = 'configs/swin_mask2former_instance.py', 128   # 128x128 batches
-M2F_TINY = dict(feat=32, heads=2, ffn=64, queries=8, decoder_layers=3, encoder_layers=1,
-                points=2, mask_points=256)
-M2F_SWIN = dict(embed_dims=32, depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8], window_size=4,
-                drop_path_rate=0.0)
+DEMO_IMAGE, DEMO_BATCH = 192, 2   # the demo Mask R-CNN's training batch
 MSDA_OPS, ROI_OPS = ('ms_deform_attn_forward', 'ms_deform_attn_backward'), ('roi_align_forward',
                                                                              'roi_align_backward')
-
-
-# ------------------------------------------------------------------ the two extension modules
-def ext_holders() -> List[types.ModuleType]:
-    """Every loaded ``mmcv.ops.*`` module that calls the extension (``ext_module``)."""
-    import mmcv.ops  # noqa: F401  (imports every op module)
-    return [m for name, m in sorted(sys.modules.items())
-            if name.startswith('mmcv.ops.') and isinstance(m, types.ModuleType)
-            and 'ext_module' in vars(m)]
-
-
-@contextlib.contextmanager
-def use_ext(module: Any) -> Iterator[None]:
-    """Within the block, every ``mmcv.ops.*`` module calls ``module`` as its extension."""
-    saved = [(vars(holder), vars(holder)['ext_module']) for holder in ext_holders()]
-    for namespace, _ in saved:
-        namespace['ext_module'] = module
-    try:
-        yield
-    finally:
-        for namespace, old in saved:
-            namespace['ext_module'] = old
-
-
-def compiled_ext() -> Optional[types.ModuleType]:
-    """mmcv's compiled ``mmcv._ext`` if this process loaded it (ours has ``BACKEND``)."""
-    ext = sys.modules.get('mmcv._ext') if ext_holders() else None
-    return None if ext is None or hasattr(ext, 'BACKEND') else ext
-
-
-def ours_ext() -> types.ModuleType:
-    from vitdet_plugin.ops.startup import new_ext_module  # a fresh compile-free mmcv._ext
-    return new_ext_module()
-
-
-@contextlib.contextmanager
-def ext_dispatch() -> Iterator[None]:
-    """Route to the extension what mmcv / mmdet send to PyTorch on CPU, as they do on CUDA:
-    ``MultiScaleDeformableAttention`` -> ``MultiScaleDeformableAttnFunction``, mmdet's
-    ``FocalLoss`` with class-index targets -> ``sigmoid_focal_loss`` (mmcv's op)."""
-    import mmcv.ops.multi_scale_deform_attn as msda
-    from mmdet.models.losses import focal_loss as fl
-    pytorch_msda, focal_forward = msda.multi_scale_deformable_attn_pytorch, fl.FocalLoss.forward
-
-    def msda_ext(value: Tensor, shapes: Tensor, loc: Tensor, attn: Tensor) -> Tensor:
-        start = torch.cat([shapes.new_zeros(1), shapes.prod(1).cumsum(0)[:-1]])
-        return msda.MultiScaleDeformableAttnFunction.apply(value, shapes, start, loc, attn,
-                                                           MSDA_IM2COL)
-
-    def focal(self: Any, pred: Tensor, target: Tensor, weight: Optional[Tensor] = None,
-              avg_factor: Optional[float] = None, reduction_override: Optional[str] = None
-              ) -> Tensor:
-        if not self.use_sigmoid or self.activated or pred.dim() == target.dim():
-            return focal_forward(self, pred, target, weight, avg_factor, reduction_override)
-        return self.loss_weight * fl.sigmoid_focal_loss(
-            pred, target, weight, gamma=self.gamma, alpha=self.alpha,
-            reduction=reduction_override or self.reduction, avg_factor=avg_factor)
-
-    patches = ((msda, 'multi_scale_deformable_attn_pytorch', msda_ext, pytorch_msda),
-               (fl.FocalLoss, 'forward', focal, focal_forward))
-    try:
-        for owner, name, new, _ in patches:
-            setattr(owner, name, new)
-        yield
-    finally:
-        for owner, name, _, old in patches:
-            setattr(owner, name, old)
 
 
 # ------------------------------------------------------------------------------ the op rows
@@ -273,76 +200,6 @@ def dcn_case(modulated: bool) -> Case:
 
 
 # ----------------------------------------------------------------------- detector training
-def shapes_batch(num: int, size: int, seed: int = SEED) -> dict:
-    """``num`` generated shapes images (uint8 CHW) with boxes, labels and masks: the input of
-    a detector's ``data_preprocessor``."""
-    import numpy as np
-    from mmdet.structures import DetDataSample, mask
-    from mmengine.structures import InstanceData
-    from vitdet_plugin.datasets.shapes import ShapesSpec, image_rng, mask_to_bbox, render_scene
-    spec = ShapesSpec(image_size=size, object_size=(size // 6, size // 2))
-    inputs, samples = [], []
-    for i in range(num):
-        scene = render_scene(image_rng(seed, 'train', i), spec)
-        xywh = torch.tensor([mask_to_bbox(o.mask) for o in scene.objects], dtype=torch.float32)
-        sample = DetDataSample(metainfo=dict(img_id=i, img_shape=(size, size),
-                                             ori_shape=(size, size), scale_factor=(1.0, 1.0)))
-        sample.gt_instances = InstanceData(
-            bboxes=torch.cat([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], 1),
-            labels=torch.tensor([o.label for o in scene.objects]),
-            masks=mask.BitmapMasks(np.stack([o.mask for o in scene.objects]).astype(np.uint8),
-                              size, size))
-        inputs.append(torch.from_numpy(scene.img).permute(2, 0, 1).contiguous())
-        samples.append(sample)
-    return dict(inputs=inputs, data_samples=samples)
-
-
-def model_config(path: str) -> Any:
-    from vitdet_plugin.config import load_config  # the config, its _base_ files resolved
-    return load_config(str(REPO / path)).model
-
-
-def shrink_mask2former(cfg: Any, pad: int = M2F_IMAGE) -> Any:
-    """Mask2Former shrunk in size only, as ``tests/test_mask2former.py`` shrinks it."""
-    from mmdet.registry import MODELS
-    cfg, t = copy.deepcopy(cfg), M2F_TINY
-    cfg.backbone.update(M2F_SWIN, init_cfg=None)
-    cfg.panoptic_head.in_channels = list(MODELS.build(copy.deepcopy(cfg.backbone)).out_channels)
-    for aug in cfg.data_preprocessor.get('batch_augments') or []:
-        aug.size = (pad, pad)
-    head = cfg.panoptic_head
-    head.update(feat_channels=t['feat'], out_channels=t['feat'], num_queries=t['queries'])
-    head.positional_encoding.num_feats = head.pixel_decoder.positional_encoding.num_feats = (
-        t['feat'] // 2)
-    encoder, decoder = head.pixel_decoder.encoder, head.transformer_decoder
-    encoder.num_layers, decoder.num_layers = t['encoder_layers'], t['decoder_layers']
-    encoder.layer_cfg.self_attn_cfg.update(embed_dims=t['feat'], num_heads=t['heads'],
-                                           num_points=t['points'])
-    for key in ('self_attn_cfg', 'cross_attn_cfg'):
-        decoder.layer_cfg[key].update(embed_dims=t['feat'], num_heads=t['heads'])
-    for layer in (encoder, decoder):
-        layer.layer_cfg.ffn_cfg.update(embed_dims=t['feat'], feedforward_channels=t['ffn'])
-    cfg.train_cfg.num_points = t['mask_points']
-    return cfg
-
-
-def build_detector(cfg: Any, seed: int = SEED, perturb: float = PERTURB_STD) -> Any:
-    """The detector of a model config: ``init_weights`` from ``seed``, plus noise."""
-    from mmdet.registry import MODELS
-    from mmengine.logging import MMLogger
-    from mmengine.registry import init_default_scope
-    import vitdet_plugin  # noqa: F401  (registers our modules)
-    init_default_scope('mmdet')
-    MMLogger.get_instance('vitdet_plugin_ops', log_level='WARNING')  # no init_weights report
-    torch.manual_seed(seed)
-    model = MODELS.build(copy.deepcopy(cfg))
-    model.init_weights()
-    with torch.no_grad():  # off init's special values (MSDA's whole-pixel sampling offsets)
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * perturb)
-    return model
-
-
 def train_step(model: Any, batch: dict) -> Fn:
     """Loss + backward of ``model`` on ``batch``, the RNG reseeded (samplers, point picks);
     returns the loss and all parameter gradients as one vector."""
@@ -361,14 +218,15 @@ def train_step(model: Any, batch: dict) -> Fn:
 
 
 def mask_rcnn_setup(device: str) -> Pair:
-    model = build_detector(model_config(MASK_RCNN_CONFIG)).to(device)
+    model = build_detector(model_config(MASK_RCNN_CONFIG), PERTURB_STD).to(device)
     return Pair(train_step(model, shapes_batch(DEMO_BATCH, DEMO_IMAGE)))
 
 
 def mask2former_setup(device: str) -> Pair:
     """Ours with the deformable attention on our kernel (:func:`ext_dispatch`); on CPU the
     reference is mmcv's PyTorch path (on CUDA both take the extension)."""
-    model = build_detector(shrink_mask2former(model_config(MASK2FORMER_CONFIG))).to(device)
+    model = build_detector(shrink_mask2former(model_config(MASK2FORMER_CONFIG)),
+                           PERTURB_STD).to(device)
     step = train_step(model, shapes_batch(DEMO_BATCH, M2F_IMAGE))
     return Pair(lambda: _dispatched(step), step)
 
@@ -406,9 +264,7 @@ def rel_diff(ours: Outputs, ref: Outputs) -> Optional[float]:
     """Largest ``max|o - r| / max|r|`` over the outputs; None where their shapes differ."""
     if len(ours) != len(ref) or any(o.shape != r.shape for o, r in zip(ours, ref)):
         return None
-    tiny = torch.finfo(torch.float32).tiny
-    return max([float((o.double() - r.double()).abs().max() / r.abs().max().clamp_min(tiny))
-                for o, r in zip(ours, ref) if r.numel()] or [0.0])
+    return max([rel_err(o, r) for o, r in zip(ours, ref)] or [0.0])
 
 
 def row_repeats(args: argparse.Namespace, round_seconds: float) -> int:

@@ -13,7 +13,7 @@ import torch
 Size = Tuple[int, int]
 
 #: Models the benchmark compares (ours against each reference); ``ops``: the compile-free mmcv
-#: ops against compiled mmcv (``tools/bench/ops.py``).
+#: ops against compiled mmcv (``tools/dev/bench/ops.py``).
 MODELS = ('swin', 'swinv2', 'vit', 'dinov2', 'dinov3', 'eva02', 'ops')
 #: Plain ViTs, benchmarked at :data:`VIT_SIZES`.
 PLAIN_VITS = ('vit', 'dinov2', 'dinov3', 'eva02')

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# make gpu-wheels: download, into .whl/ (ignored by git), the wheels of tools/env/gpu_wheels.txt
+# make gpu-wheels: download, into .whl/ (ignored by git), the wheels of tools/dev/gpu_wheels.txt
 # for the lent GPU machine (CPython 3.12 / manylinux x86_64): what it lacks to run
-# tools/env/gpu_check.sh. Wheels only (no sdist: nothing is built there). Needs PyPI; idempotent;
+# tools/dev/gpu_check.sh. Wheels only (no sdist: nothing is built there). Needs PyPI; idempotent;
 # in the default folder, files the list no longer names are removed.
 #
 #   WHEEL_DIR   where to put them  (default: .whl in the repository)
@@ -12,7 +12,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 DEFAULT_DEST="$ROOT/.whl"
 DEST="${WHEEL_DIR:-$DEFAULT_DEST}"
 PY="${PYTHON:-python3}"
-LIST="$ROOT/tools/env/gpu_wheels.txt"
+LIST="$ROOT/tools/dev/gpu_wheels.txt"
 # The device tool carries at most 64 MiB with the working tree; keep the wheels well under it.
 MAX_MIB=40
 # The GPU machine's interpreter and platform (pip matches manylinux_2_N exactly).
@@ -53,10 +53,10 @@ for f in "$DEST"/*; do
     done
     [ "$keep" = 1 ] && continue
     if [ "$DEST" = "$DEFAULT_DEST" ]; then
-        say "removing $base (not in tools/env/gpu_wheels.txt)"
+        say "removing $base (not in tools/dev/gpu_wheels.txt)"
         rm -rf "$f"
     else
-        say "warning: $base is not in tools/env/gpu_wheels.txt (remove it: pip installs every wheel)"
+        say "warning: $base is not in tools/dev/gpu_wheels.txt (remove it: pip installs every wheel)"
     fi
 done
 
@@ -64,6 +64,6 @@ size_kib=$(du -sk "$DEST" | cut -f1)
 say "$(ls "$DEST" | wc -l) files, $((size_kib / 1024)) MiB ($size_kib KiB) in $DEST, $((SECONDS - start)) s"
 if [ $((size_kib / 1024)) -gt "$MAX_MIB" ]; then
     echo "$DEST holds $((size_kib / 1024)) MiB, over the $MAX_MIB MiB kept for the device" \
-         "tool's 64 MiB carry limit: remove files not in tools/env/gpu_wheels.txt" >&2
+         "tool's 64 MiB carry limit: remove files not in tools/dev/gpu_wheels.txt" >&2
     exit 1
 fi

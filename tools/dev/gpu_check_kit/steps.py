@@ -1,4 +1,4 @@
-"""The steps of ``tools/env/gpu_check.sh`` and the runner (``tools/env/gpu_check.py run``).
+"""The steps of ``tools/dev/gpu_check.sh`` and the runner (``tools/dev/gpu_check.py run``).
 
 Each step is a list of commands with the steps it needs and an upper bound on its time. The
 runner goes through them in order under one budget: a step whose needed step did not pass is
@@ -42,7 +42,7 @@ BENCH_WARMUP = 3
 PASSED, FAILED, TIMEOUT, SKIPPED = 'passed', 'failed', 'timeout', 'skipped'
 RUNNING, INTERRUPTED = 'running', 'interrupted'
 NOT_SELECTED = 'not selected (--only)'
-#: ``checks GROUP`` groups (tools/env/gpu_check_kit/checks.py), one step each.
+#: ``checks GROUP`` groups (tools/dev/gpu_check_kit/checks.py), one step each.
 CHECK_GROUPS = ('ops', 'backbones', 'detectors', 'dino')
 #: Seconds each step may take at most (the budget may give it less).
 CAPS_S: Dict[str, int] = {
@@ -104,7 +104,7 @@ class Settings:
 
 def plan(s: Settings) -> List[Step]:
     """The steps, in order."""
-    kit = (s.python, str(s.root / 'tools' / 'env' / 'gpu_check.py'))
+    kit = (s.python, str(s.root / 'tools' / 'dev' / 'gpu_check.py'))
     io = ('--results', str(s.results), '--out', str(s.out))
     wheels = tuple(sorted(str(p) for p in s.wheels.glob('*.whl'))) or (str(s.wheels / '*.whl'),)
     pip = (s.python, '-m', 'pip', 'install', *PIP_FLAGS, '--target', str(s.site), *wheels)
@@ -128,7 +128,8 @@ def plan(s: Settings) -> List[Step]:
 
 def child_env(s: Settings) -> Dict[str, str]:
     """The steps' environment: the target site, then the working tree, then ``tools/`` (the
-    benchmark steps import ``tools/benchmark.py`` and its ``bench`` package) on PYTHONPATH."""
+    benchmark steps import ``tools/benchmark.py`` and ``dev.bench``, the op checks
+    ``dev.op_parity``) on PYTHONPATH."""
     env = dict(os.environ)
     paths = [str(s.site), str(s.root), str(s.root / 'tools')] + (
         [env['PYTHONPATH']] if env.get('PYTHONPATH') else [])

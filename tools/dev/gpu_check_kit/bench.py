@@ -1,5 +1,5 @@
-"""``tools/env/gpu_check.py bench NAME -- <tools/benchmark.py arguments>``: the benchmark's
-rows, measured by the benchmark's own code (tools/benchmark.py and tools/bench/: argument
+"""``tools/dev/gpu_check.py bench NAME -- <tools/benchmark.py arguments>``: the benchmark's
+rows, measured by the benchmark's own code (tools/benchmark.py and tools/dev/bench/: argument
 defaults, models, parity check, timing, memory), one row at a time in this process, each
 written to disk as soon as it is measured.
 
@@ -46,11 +46,11 @@ def main(name: str, argv: Sequence[str], results: Path, out: Optional[Path]) -> 
     import vitdet_plugin  # noqa: F401  (first: the compile-free ops, before mmdet's imports)
 
     import torch
-    # tools/benchmark.py (the command line) and its bench package: tools/ is on the steps'
+    # tools/benchmark.py (the command line) and its dev.bench package: tools/ is on the steps'
     # PYTHONPATH (steps.child_env)
     from benchmark import build_parser, header, measure_of, resolve, row_specs, settings_of
-    from bench.plan import size_text
-    from bench.rows import format_row
+    from dev.bench.plan import size_text
+    from dev.bench.rows import format_row
 
     args = resolve(build_parser(), list(argv))
     if args.compile:

@@ -1,4 +1,4 @@
-"""The functional GPU checks, by group (``tools/env/gpu_check.py checks GROUP``):
+"""The functional GPU checks, by group (``tools/dev/gpu_check.py checks GROUP``):
 
 * ``ops``: mmcv's ops on the compile-free backend, CUDA vs CPU (:mod:`.op_checks`);
 * ``backbones``: SwinBackbone / ViTBackbone CUDA vs CPU in fp32 (TF32 off), bf16 autocast;

@@ -1,7 +1,8 @@
 """mmcv's ops on the compile-free backend (``vitdet_plugin.ops``): CUDA against CPU.
 
-Both sides call ``mmcv.ops`` (so ``mmcv._ext`` is ours on both); NMS is also held against
-torchvision's and multi-scale deformable attention against mmcv's pure-PyTorch
+Both sides call ``mmcv.ops`` (so ``mmcv._ext`` is ours on both), measured with the op-parity
+module's errors (``tools/dev/op_parity.py``); NMS is also held against torchvision's and
+multi-scale deformable attention against mmcv's pure-PyTorch
 ``multi_scale_deformable_attn_pytorch`` on CPU. bf16 checks compare a bf16 run with an fp32 run
 on the same bf16-rounded inputs, so only the op's own arithmetic differs (mmcv's compiled CUDA
 kernels have no bf16 for focal loss, NMS or RoIAlign; ours must). Each check raises
@@ -14,6 +15,8 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 from torch import Tensor
+
+from dev.op_parity import rel_err, rel_l2  # the op-parity module (tools/ on the steps' path)
 
 #: fp32 CUDA vs CPU: max |cuda - cpu| / max |cpu| of outputs and gradients.
 OP_TOL = 1e-4
@@ -70,16 +73,6 @@ def _gen() -> torch.Generator:
     return torch.Generator().manual_seed(SEED)
 
 
-def _rel(a: Tensor, b: Tensor) -> float:
-    a, b = a.detach().double().cpu(), b.detach().double().cpu()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
-
-
-def _rel_l2(a: Tensor, b: Tensor) -> float:
-    a, b = a.detach().double().cpu(), b.detach().double().cpu()
-    return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
-
-
 def _on(device: str, t: Tensor) -> bool:
     return t.device.type == torch.device(device).type
 
@@ -106,7 +99,7 @@ def _fwd_bwd(fn: Callable[..., Tensor], inputs: Sequence[Tensor], grad_out: Tens
 
 def _parity(name: str, dev: Tuple[Tensor, List[Tensor]], ref: Tuple[Tensor, List[Tensor]],
             labels: Sequence[str], tol: float = OP_TOL) -> str:
-    errs = [_rel(dev[0], ref[0])] + [_rel(g, r) for g, r in zip(dev[1], ref[1])]
+    errs = [rel_err(dev[0], ref[0])] + [rel_err(g, r) for g, r in zip(dev[1], ref[1])]
     text = ', '.join(f'{k} {e:.1e}' for k, e in zip(['out', *labels], errs))
     assert all(e <= tol for e in errs), f'{name}: {text} (tol {tol:.0e})'
     return f'{text} (tol {tol:.0e})'
@@ -117,8 +110,8 @@ def _bf16_parity(name: str, half: Tuple[Tensor, List[Tensor]],
     tensors = [half[0], *half[1]]
     assert half[0].dtype == torch.bfloat16, f'{name}: bf16 inputs gave {half[0].dtype} output'
     assert all(torch.isfinite(t).all() for t in tensors), f'{name}: non-finite bf16 results'
-    err_out = _rel(half[0], full[0])
-    err_grads = [_rel_l2(g, r) for g, r in zip(half[1], full[1])]
+    err_out = rel_err(half[0], full[0])
+    err_grads = [rel_l2(g, r) for g, r in zip(half[1], full[1])]
     text = ', '.join([f'out {err_out:.1e}'] + [f'{k} L2 {e:.1e}'
                                                 for k, e in zip(labels, err_grads)])
     assert err_out <= BF16_OUT_TOL and all(e <= BF16_GRAD_TOL for e in err_grads), (
@@ -261,7 +254,7 @@ def check_sigmoid_focal_loss(device: str) -> str:
         texts.append(f'{reduction}: {text}')
     ref_loss = _sigmoid_focal_reference(logits, target)
     dev_loss = _sigmoid_focal('none')(logits.to(device), target.to(device))
-    err = _rel(dev_loss, ref_loss)
+    err = rel_err(dev_loss, ref_loss)
     assert err <= OP_TOL, f'sigmoid_focal_loss vs the float64 formula: {err:.1e}'
     return '; '.join(texts) + f'; vs float64 formula {err:.1e}'
 
@@ -285,7 +278,7 @@ def check_softmax_focal_loss(device: str) -> str:
     per_sample = softmax_focal_loss(logits, target, FOCAL_GAMMA, FOCAL_ALPHA, None, 'none')
     per_sample_dev = softmax_focal_loss(logits.to(device), target_dev, FOCAL_GAMMA,
                                         FOCAL_ALPHA, None, 'none')
-    err = _rel(per_sample_dev, per_sample)
+    err = rel_err(per_sample_dev, per_sample)
     assert err <= OP_TOL, f'softmax_focal_loss none: {device} vs CPU {err:.1e}'
 
     def fn(x: Tensor, t: Tensor) -> Tensor:

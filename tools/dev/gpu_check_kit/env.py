@@ -2,7 +2,7 @@
 
 * :func:`environment_main`: GPU, driver, Python, torch / CUDA / cuDNN, torchvision, timm; written
   and printed before anything is installed; fails when torch sees no CUDA device.
-* :func:`wheels_main`: the carried ``.whl/`` holds exactly the wheels of tools/env/gpu_wheels.txt,
+* :func:`wheels_main`: the carried ``.whl/`` holds exactly the wheels of tools/dev/gpu_wheels.txt,
   one version each (two versions of one package stop pip's whole install).
 * :func:`stack_main`: after the wheels are installed into the target site and the working tree
   is on ``PYTHONPATH``: ``import vitdet_plugin`` (first: it puts the compile-free ops in place),
@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from .results import ENVIRONMENT_PART, STACK_PART, error_line, publish, write_part
 
 ROOT = Path(__file__).resolve().parents[3]
-WHEEL_LIST = ROOT / 'tools' / 'env' / 'gpu_wheels.txt'
+WHEEL_LIST = ROOT / 'tools' / 'dev' / 'gpu_wheels.txt'
 SMI_QUERY = ('nvidia-smi', '--query-gpu=name,driver_version,memory.total',
              '--format=csv,noheader')
 SMI_TIMEOUT_S = 20
@@ -101,7 +101,7 @@ def normalize(name: str) -> str:
 
 
 def wheel_list(path: Path = WHEEL_LIST) -> Dict[str, str]:
-    """tools/env/gpu_wheels.txt: normalized name -> pinned version."""
+    """tools/dev/gpu_wheels.txt: normalized name -> pinned version."""
     pins: Dict[str, str] = {}
     for line in path.read_text().splitlines():
         spec = line.split('#')[0].split()

@@ -15,7 +15,7 @@ from .models import Compared, Features, build
 from .plan import DevicePlan, Size, Timer, autocast_for, memory_bytes, parse_size, size_text
 
 #: The script that runs a row in a fresh process (``--row``).
-BENCHMARK_SCRIPT = Path(__file__).resolve().parent.parent / 'benchmark.py'
+BENCHMARK_SCRIPT = Path(__file__).resolve().parents[2] / 'benchmark.py'  # tools/
 #: Timed columns (lists of seconds per model); ``MEMORY`` holds one number per model.
 TIMED = ('fwd', 'fwd+bwd')
 MEMORY = 'mem MB'

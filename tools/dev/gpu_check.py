@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""``python tools/env/gpu_check.py run | environment | wheels | stack | checks | bench | report``.
+"""``python tools/dev/gpu_check.py run | environment | wheels | stack | checks | bench | report``.
 
-``run`` (what ``bash tools/env/gpu_check.sh`` calls) goes through every step
+``run`` (what ``bash tools/dev/gpu_check.sh`` calls) goes through every step
 (``gpu_check_kit/steps.py``); the
 other commands are the steps' own, run by it in fresh interpreters. Imports stay lazy: ``run``,
 ``wheels`` and ``report`` need the standard library only.
@@ -48,10 +48,10 @@ def _add_io(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog='tools/env/gpu_check.py', description=__doc__,
+    p = argparse.ArgumentParser(prog='tools/dev/gpu_check.py', description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest='command', required=True)
-    run = sub.add_parser('run', help='every step (tools/env/gpu_check.sh)', epilog=RUN_EPILOG,
+    run = sub.add_parser('run', help='every step (tools/dev/gpu_check.sh)', epilog=RUN_EPILOG,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument('--dry-run', action='store_true', help="print every step's commands")
     run.add_argument('--only', default=None,
@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help='comma-separated steps whose stub hangs (implies --fake)')
     env = sub.add_parser('environment', help='GPU, driver, torch stack versions')
     _add_io(env)
-    wheels = sub.add_parser('wheels', help='the wheel folder matches tools/env/gpu_wheels.txt')
+    wheels = sub.add_parser('wheels', help='the wheel folder matches tools/dev/gpu_wheels.txt')
     wheels.add_argument('--wheels', type=Path, required=True)
     stack = sub.add_parser('stack', help='the installed OpenMMLab stack and the ops backend')
     stack.add_argument('--site', type=Path, required=True, help='the target site')

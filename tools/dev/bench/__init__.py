@@ -4,6 +4,7 @@
 Modules: :mod:`.plan` (per-device defaults, timer, precision, memory measure; no device
 touched), :mod:`.models` (the compared models with the same weights, through public APIs),
 :mod:`.rows` (one measured row, pooling, printing), :mod:`.compiled` (``--compile``),
-:mod:`.ops` (``--model ops``). Not an entry point: imported as ``bench`` with ``tools/`` on the
-path, which running ``python tools/benchmark.py`` gives.
+:mod:`.ops` (``--model ops``). Not an entry point: imported as ``dev.bench`` with ``tools/`` on
+the path, which running ``python tools/benchmark.py`` gives. The op rows share the op-parity
+module ``dev.op_parity`` (``tools/dev/op_parity.py``).
 """
