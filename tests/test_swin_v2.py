@@ -287,8 +287,13 @@ def test_v1_checkpoint_into_v2_and_the_reverse_are_refused(tmp_path):
 def test_mismatched_architecture_is_a_strict_error():
     ref = _timm()
     model = SwinV2Backbone(arch=dict(embed_dims=EMBED, depths=(2, 2, 1, 2), num_heads=HEADS))
-    with pytest.raises(CheckpointError, match=r'unexpected in the Swin V2 checkpoint \(timm '
-                                              r'layout\): layers\.2\.blocks\.1\.'):
+    with pytest.raises(CheckpointError, match=r'^the Swin V2 checkpoint \(timm layout\) holds '
+                                              r'embed_dims=32, depths=\(2, 2, 2, 2\), '
+                                              r'num_heads=\(2, 4, 4, 8\); SwinV2Backbone was '
+                                              r'built with embed_dims=32, depths=\(2, 2, 1, 2\), '
+                                              r'num_heads=\(2, 4, 4, 8\): set its architecture '
+                                              r'arguments to embed_dims=32, depths=\(2, 2, 2, 2\), '
+                                              r'num_heads=\(2, 4, 4, 8\)$'):
         load_pretrained(model, ref.state_dict())
 
 

@@ -246,14 +246,25 @@ def test_unrecognised_checkpoint_format():
         load_pretrained(_ours(), {'state_dict': {'conv1.weight': torch.zeros(3)}})
 
 
-def test_checkpoint_for_a_different_arch_lists_keys():
+def test_checkpoint_for_a_different_arch_names_both():
     src = randomize_(SwinBackbone(arch='tiny'))
     with pytest.raises(CheckpointError) as err:
         load_pretrained(_ours(), src.state_dict())
-    msg = str(err.value)
-    assert 'shape mismatch' in msg and 'patch_embed.proj.weight: checkpoint (96, 3, 4, 4)' \
-        ' vs model (32, 3, 4, 4)' in msg
-    assert 'unexpected in the Swin checkpoint (ours layout): layers.2.blocks.2.' in msg
+    assert str(err.value) == (
+        'the Swin checkpoint (ours layout) holds embed_dims=96, depths=(2, 2, 6, 2), '
+        "num_heads=(3, 6, 12, 24) (arch='tiny'); SwinBackbone was built with embed_dims=32, "
+        "depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4): build it with arch='tiny'")
+
+
+def test_same_arch_other_mlp_width_lists_the_keys():
+    """Where the read architecture agrees (embed dims, depths, heads), the strict check lists
+    every key that differs (fc1 weight and bias, fc2 weight of 8 blocks)."""
+    src = randomize_(SwinBackbone(arch=ARCH, mlp_ratio=2.0))
+    with pytest.raises(CheckpointError) as err:
+        load_pretrained(_ours(), src.state_dict())
+    assert str(err.value).startswith(
+        'the Swin checkpoint (ours layout) does not match SwinBackbone: shape mismatch for 24 '
+        'keys: layers.0.blocks.0.mlp.fc1.weight: checkpoint (64, 32) vs model (128, 32), ')
 
 
 def test_missing_backbone_keys_are_an_error():
