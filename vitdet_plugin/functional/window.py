@@ -21,8 +21,6 @@ MASKED_LOGIT = -100.0
 NUM_REGIONS = 3
 
 _SHIFT_MASKS: SizeCache[Tensor] = SizeCache()
-#: Which positions of a padded map hold the image, per (size, padded size, device).
-_INSIDE: SizeCache[Tensor] = SizeCache()
 
 
 def padded_size(hw: Tuple[int, int], multiple: Tuple[int, int]) -> Tuple[int, int]:
@@ -35,21 +33,13 @@ def padded_size(hw: Tuple[int, int], multiple: Tuple[int, int]) -> Tuple[int, in
             (hw[1] + multiple[1] - 1) // multiple[1] * multiple[1])
 
 
-def pad_to_multiple(x: Tensor, multiple: Tuple[int, int],
-                    fill: Optional[Tensor] = None) -> Tensor:
-    """Pad a ``(B, H, W, C)`` tensor at the bottom/right to multiples of ``multiple``: with
-    zeros, or with the channel vector ``fill`` ``(C,)`` (e.g. what a projection gives a zero
-    token)."""
+def pad_to_multiple(x: Tensor, multiple: Tuple[int, int]) -> Tensor:
+    """Zero-pad a ``(B, H, W, C)`` tensor at the bottom/right to multiples of ``multiple``."""
     h, w = x.shape[1:3]
     hp, wp = padded_size((h, w), multiple)  # ceil-div: simple symbolic sizes downstream
     pad_h, pad_w = hp - h, wp - w
     if not known_zero(pad_h, pad_w):  # symbolic sizes always pad (maybe by 0): no guard
         x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))                    # (B, Hp, Wp, C)
-        if fill is not None:
-            inside = _INSIDE.get((h, w, hp, wp, x.device), lambda: (
-                (torch.arange(hp, device=x.device) < h)[:, None]
-                & (torch.arange(wp, device=x.device) < w)[None, :]))  # (Hp, Wp)
-            x = torch.where(inside[:, :, None], x, fill.to(x.dtype))
     return x
 
 
@@ -135,17 +125,17 @@ class WindowGrid(NamedTuple):
         return shifted_window_mask(self.padded, self.window, self.shift, device, dtype)
 
 
-def to_windows(x: Tensor, window_size: Tuple[int, int], shift_size: Tuple[int, int] = (0, 0),
-               fill: Optional[Tensor] = None) -> Tuple[Tensor, WindowGrid]:
-    """The one window flow: pad at the bottom/right to whole windows (zeros, or the channel
-    vector ``fill``), roll by ``-shift_size`` (when non-zero), partition.
+def to_windows(x: Tensor, window_size: Tuple[int, int],
+               shift_size: Tuple[int, int] = (0, 0)) -> Tuple[Tensor, WindowGrid]:
+    """The one window flow: zero-pad at the bottom/right to whole windows, roll by
+    ``-shift_size`` (when non-zero), partition.
 
     ``(B, H, W, C)`` -> windows ``(B * nW, wh * ww, C)`` and the :class:`WindowGrid` that
     :func:`from_windows` reverses. Detection semantics: a shifted grid always shifts, also
     when the map is a single window.
     """
     h, w = x.shape[1:3]
-    x = pad_to_multiple(x, window_size, fill)                       # (B, Hp, Wp, C)
+    x = pad_to_multiple(x, window_size)                             # (B, Hp, Wp, C)
     hp, wp = x.shape[1:3]
     if any(shift_size):
         x = torch.roll(x, (-shift_size[0], -shift_size[1]), dims=(1, 2))

@@ -51,11 +51,6 @@ class Attention(nn.Module):
         """``(..., C)`` tokens -> ``(..., 3C)``: queries, keys and values, concatenated."""
         return self.qkv(x)
 
-    def padding_qkv(self) -> Optional[Tensor]:
-        """``(3C,)``: what :meth:`project_qkv` gives a zero (padding) token, i.e. the bias
-        (None: no bias, zeros)."""
-        return self.qkv.bias
-
     def split_heads(self, qkv: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """``(B, N, 3C)`` -> q, k, v, each ``(B, heads, N, head_dim)`` (views of one buffer)."""
         b, n, _ = qkv.shape

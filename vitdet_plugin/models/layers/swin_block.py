@@ -11,14 +11,13 @@ from functools import partial
 from typing import Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from torch import Tensor, nn
 
 from ...functional.attention import attend
 from ...functional.rel_pos import bias_table_size, relative_position_index
 from ...functional.size_cache import SizeCache
-from ...functional.window import from_windows, to_windows
+from ...functional.window import from_windows, to_windows, window_bias
 from .arguments import head_dim
 from .attention import register_fusable_attention
 from .mlp import DropPath, Mlp
@@ -68,19 +67,15 @@ class WindowAttention(nn.Module):
         heads, d = self.num_heads, self.head_dim
         qkv = self.qkv(x).view(bw, n, 3, heads, d)                   # (B * nW, N, 3, heads, d)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)               # (B * nW, heads, N, d)
-        bias = self.relative_position_bias()                         # (1, heads, N, N)
         if mask is not None:
             # windows folded into the heads: one image's bias + mask broadcasts over the batch
             nw = mask.shape[0]
             q, k, v = (t.reshape(bw // nw, nw * heads, n, d)
                        for t in (q, k, v))                           # (B, nW * heads, N, d)
-            bias = (bias + mask.unsqueeze(1)).reshape(1, nw * heads, n, n)  # (1, nW*heads, N, N)
         dropout_p = self.attn_drop if self.training else 0.0
-        if self.fused:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype),
-                                                 dropout_p=dropout_p, scale=self.scale)
-        else:  # the explicit formula: the reference of the parity tests
-            out = attend(q, k, v, bias, dropout_p, fused=False, scale=self.scale)  # as q
+        # bias (1, heads, N, N), with a mask (1, nW * heads, N, N); SDPA, or the formula
+        out = attend(q, k, v, window_bias(self.relative_position_bias(), mask), dropout_p,
+                     self.fused, self.scale)                         # as q
         out = out.reshape(bw, heads, n, d).transpose(1, 2)           # (B * nW, N, heads, d)
         return self.proj_drop(self.proj(out.reshape(bw, n, c)))      # (B * nW, N, C)
 
