@@ -118,22 +118,31 @@ def _shrink(model_cfg):
     return model_cfg
 
 
+def _rewrite_outside_backbone(node, rewrite) -> None:
+    """Walk the dicts and lists below ``node``, never into a ``backbone``: ``rewrite(key,
+    value)`` gives a key's new value, or None to keep it and walk into it."""
+    if isinstance(node, list):
+        for item in node:
+            _rewrite_outside_backbone(item, rewrite)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            new = rewrite(key, value)
+            if new is not None:
+                node[key] = new
+            elif key != 'backbone':
+                _rewrite_outside_backbone(value, rewrite)
+
+
 def _narrow_heads(model_cfg, width: int) -> None:
     """Every channel count of the neck and the heads (not the backbone) that is the neck's
     ``width``, and every fc width, becomes :data:`TINY_HEAD_WIDTH`."""
-    def walk(node):
-        if isinstance(node, list):
-            for item in node:
-                walk(item)
-        elif isinstance(node, dict):
-            for key, value in node.items():
-                if key in HEAD_WIDTH_KEYS and isinstance(value, int) and (
-                        value == width or key == 'fc_out_channels'):
-                    node[key] = TINY_HEAD_WIDTH
-                elif key != 'backbone':
-                    walk(value)
+    def narrow(key, value):
+        if key in HEAD_WIDTH_KEYS and isinstance(value, int) and (
+                value == width or key == 'fc_out_channels'):
+            return TINY_HEAD_WIDTH
+        return None
 
-    walk(model_cfg)
+    _rewrite_outside_backbone(model_cfg, narrow)
 
 
 def _replace_in_channels(model_cfg, old: list, new: list) -> None:
@@ -144,19 +153,12 @@ def _replace_in_channels(model_cfg, old: list, new: list) -> None:
             and neck.in_channels in old:
         neck.in_channels = new[old.index(neck.in_channels)]
 
-    def walk(node):
-        if isinstance(node, list):
-            for item in node:
-                walk(item)
-        elif isinstance(node, dict):
-            for key, value in node.items():
-                if key == 'in_channels' and isinstance(value, (list, tuple)) \
-                        and list(value) == old:
-                    node[key] = list(new)
-                elif key != 'backbone':
-                    walk(value)
+    def follow(key, value):
+        if key == 'in_channels' and isinstance(value, (list, tuple)) and list(value) == old:
+            return list(new)
+        return None
 
-    walk(model_cfg)
+    _rewrite_outside_backbone(model_cfg, follow)
 
 
 def _batch(model, with_mask: bool, num_classes: int, with_semantic: bool = False):
