@@ -60,11 +60,11 @@ def _register_fault_hook() -> None:
 
 def main(argv) -> None:
     import torch
+    from dist_worker import tiny_cfg
     from mmengine.config import Config
     from mmengine.runner import Runner
 
     import vitdet_plugin  # noqa: F401
-    from dist_worker import tiny_cfg
     from vitdet_plugin.engine.dist import prepare_cpu_distributed
     from vitdet_plugin.engine.dist_faults import HANG_GRACE_S, train_with_fault_report
     data_root, work_dir, mode, fault_rank, fault_iter, max_iters, ckpt, timeout = argv[:8]

@@ -1,8 +1,12 @@
 """Small helpers shared by the test modules."""
+import contextlib
+import importlib.util
+import io
 import os
 import sysconfig
 from pathlib import Path
-from typing import Dict, Sequence
+from types import ModuleType
+from typing import Dict, List, NamedTuple, Sequence
 
 import torch
 from torch import Tensor
@@ -46,3 +50,35 @@ def subprocess_env(no_site: bool, **extra: str) -> Dict[str, str]:
         env['PYTHONPATH'] = os.pathsep.join([sysconfig.get_paths()['purelib'], str(ROOT)])
     env.update(extra)
     return env
+
+
+def load_tool(path: str) -> ModuleType:
+    """The script ``tools/<path>`` (e.g. ``'convert_weights.py'``, ``'analysis/feature_shapes.py'``)
+    imported as a module (``tools/`` is no package), to call its ``main(argv)`` in this process:
+    a subprocess would pay the torch + mmdet import (~5 s on 2 cores) per call."""
+    file = ROOT / 'tools' / path
+    spec = importlib.util.spec_from_file_location(
+        'vitdet_tool_' + path[:-len('.py')].replace('/', '_'), file)
+    assert spec is not None and spec.loader is not None, file
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class ToolRun(NamedTuple):
+    """What :func:`run_tool` saw: the exit code and the text written to stdout / stderr."""
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_tool(path: str, args: List[str]) -> ToolRun:
+    """``tools/<path>`` ``main(args)`` in this process, as its command line would run it: the
+    exit code (``main``'s return value or argparse's ``SystemExit``) and its output."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = load_tool(path).main(args)
+        except SystemExit as e:  # argparse errors (2), --help (0)
+            code = e.code if isinstance(e.code, int) else 1
+    return ToolRun(int(code or 0), out.getvalue(), err.getvalue())

@@ -13,8 +13,12 @@ import torch.nn.functional as F
 from helpers import assert_close_rel, randomize_
 
 import vitdet_plugin  # noqa: F401
-from vitdet_plugin.functional import (pad_to_multiple, padded_size, shifted_window_mask,
-                                      window_partition)
+from vitdet_plugin.functional import (
+    pad_to_multiple,
+    padded_size,
+    shifted_window_mask,
+    window_partition,
+)
 from vitdet_plugin.models.backbones import SwinBackbone, ViTBackbone, swin_inference
 from vitdet_plugin.models.backbones.swin_inference import window_plan, window_sources
 from vitdet_plugin.models.layers import Mlp, check_accel, gelu_linear

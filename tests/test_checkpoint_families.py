@@ -27,8 +27,14 @@ from test_vit_weights_detectron2 import _neck
 from timm.models.swin_transformer import SwinTransformer as TimmSwin
 
 import vitdet_plugin  # noqa: F401
-from vitdet_plugin.models.backbones import (DINOv2Backbone, DINOv3Backbone, EVA02Backbone,
-                                            SwinBackbone, SwinV2Backbone, ViTBackbone)
+from vitdet_plugin.models.backbones import (
+    DINOv2Backbone,
+    DINOv3Backbone,
+    EVA02Backbone,
+    SwinBackbone,
+    SwinV2Backbone,
+    ViTBackbone,
+)
 from vitdet_plugin.models.backbones.base import load_pretrained
 from vitdet_plugin.weights import LAYOUTS, CheckpointError, checkpoint_state_dict, detect_layout
 from vitdet_plugin.weights.vit import simple_fpn_to_detectron2

@@ -22,8 +22,7 @@ from helpers import max_rel_err, randomize_
 from torch import Tensor, nn
 
 import vitdet_plugin  # noqa: F401
-from vitdet_plugin.models.backbones import (SwinBackbone, SwinV2Backbone, ViTBackbone,
-                                            swin_inference)
+from vitdet_plugin.models.backbones import SwinBackbone, SwinV2Backbone, ViTBackbone, swin_inference
 from vitdet_plugin.models.layers import mlp as mlp_module
 from vitdet_plugin.models.necks import ViTSimpleFPN
 

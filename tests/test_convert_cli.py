@@ -1,10 +1,14 @@
-"""tools/convert_weights.py: converts Swin and ViT checkpoints into loadable files."""
+"""tools/convert_weights.py: converts Swin and ViT checkpoints into loadable files.
+
+The first test runs the script as a command (a subprocess: the entry point, its imports and
+exit code); the others call its ``main`` in this process (:func:`helpers.run_tool`), which
+sees the same arguments, output and exit codes without paying the imports again."""
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
-from helpers import randomize_
+from helpers import randomize_, run_tool
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.models.backbones.swin import SwinBackbone
@@ -15,14 +19,15 @@ ARCH = dict(embed_dims=32, depths=(2, 2), num_heads=(2, 4))
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, str(ROOT / 'tools' / 'convert_weights.py'), *args],
-                          capture_output=True, text=True)
+    return run_tool('convert_weights.py', list(args))
 
 
 def test_convert_mmdet_swin_checkpoint_with_window_resize(tmp_path):
     src = randomize_(SwinBackbone(arch=ARCH, out_indices=(0, 1)))
     torch.save({'state_dict': swin_to_mmdet(src.state_dict())}, tmp_path / 'mm.pth')
-    res = _cli(str(tmp_path / 'mm.pth'), str(tmp_path / 'ours.pth'), '--window-size', '12')
+    res = subprocess.run([sys.executable, str(ROOT / 'tools' / 'convert_weights.py'),
+                          str(tmp_path / 'mm.pth'), str(tmp_path / 'ours.pth'),
+                          '--window-size', '12'], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "a Swin checkpoint (mmdet layout) -> " in res.stdout
     assert res.stdout.strip().endswith("load it with type='SwinBackbone'")

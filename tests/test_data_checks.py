@@ -11,8 +11,7 @@ from mmengine.config import Config
 from PIL import Image
 
 from vitdet_plugin.checks import data as data_checks
-from vitdet_plugin.checks.data import (DataCheckError, DataSummary, check_annotations,
-                                       resized_size)
+from vitdet_plugin.checks.data import DataCheckError, DataSummary, check_annotations, resized_size
 from vitdet_plugin.config import apply_cfg_options
 from vitdet_plugin.datasets import CLASSES, ShapesSpec, generate_split
 

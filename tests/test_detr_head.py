@@ -12,8 +12,11 @@ from mmengine.structures import InstanceData
 
 import vitdet_plugin  # noqa: F401  (registers our modules)
 from vitdet_plugin.models.heads import SdpaDETRHead, SetCriterion
-from vitdet_plugin.models.layers import (MultiheadCrossAttention, eager_attention,
-                                         set_fused_attention)
+from vitdet_plugin.models.layers import (
+    MultiheadCrossAttention,
+    eager_attention,
+    set_fused_attention,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_CLASSES = 5
@@ -405,6 +408,7 @@ def test_detr_configs_build_and_run_a_loss_step(name, mmdet_scope):
 def _coco_bbox_map(model, imgs, samples) -> float:
     """COCO bbox mAP (mmdet's CocoMetric) of ``model`` on the given images."""
     from mmdet.evaluation import CocoMetric
+
     from vitdet_plugin.datasets.shapes import CLASSES
     model.eval()
     with torch.no_grad():

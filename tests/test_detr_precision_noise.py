@@ -3,10 +3,9 @@
 import pytest
 import torch
 from mmengine.structures import InstanceData
-
-import vitdet_plugin  # noqa: F401  (registers our modules)
 from test_detr_head import NUM_CLASSES, padded_batch, small_head
 
+import vitdet_plugin  # noqa: F401  (registers our modules)
 
 #: box noise of the band test, in half box sizes (small enough that no box is clamped)
 BAND_NOISE = 0.4

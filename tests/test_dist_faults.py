@@ -19,13 +19,16 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import pytest
 import torch
-
-import vitdet_plugin  # noqa: F401
 from dist_fault_worker import FAULT_MESSAGE
 from dist_worker import make_data, tiny_cfg
 from test_distributed import _free_port
-from vitdet_plugin.engine.dist import (DEFAULT_COLLECTIVE_TIMEOUT_S, collective_timeout,
-                                       prepare_cpu_distributed)
+
+import vitdet_plugin  # noqa: F401
+from vitdet_plugin.engine.dist import (
+    DEFAULT_COLLECTIVE_TIMEOUT_S,
+    collective_timeout,
+    prepare_cpu_distributed,
+)
 from vitdet_plugin.engine.dist_faults import WATCHDOG_EXIT_CODE
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))

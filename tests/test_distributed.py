@@ -15,9 +15,9 @@ import sys
 
 import pytest
 import torch
+from dist_worker import BUDGET_S, SECONDS_PER_ITER, make_data
 
 import vitdet_plugin  # noqa: F401
-from dist_worker import BUDGET_S, SECONDS_PER_ITER, make_data
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 WORLD_SIZE = 2

@@ -6,12 +6,12 @@ from typing import Dict, List
 
 import pytest
 import torch
+from dist_worker import make_data, tiny_cfg
 from mmengine.hooks import Hook
 from mmengine.optim import OptimWrapper
 from mmengine.runner import Runner
 
 import vitdet_plugin  # noqa: F401
-from dist_worker import make_data, tiny_cfg
 from vitdet_plugin.engine.nonfinite import NonFiniteCheckHook, NonFiniteError
 
 NAN_AT = 2          # the iteration (1-based) whose loss is poisoned

@@ -2,22 +2,27 @@
 parity with PyTorch at three input sizes that are no multiple of a patch, window or stride:
 Swin, Swin V2 and ViT (+ its simple-pyramid neck) backbones, and RetinaNet's raw head outputs from
 ``configs/swin_retinanet.py`` through ``tools/export_onnx.py``."""
-import importlib.util
 import os.path as osp
 import re
 
-import pytest
-import torch
-from helpers import randomize_
-
-import vitdet_plugin  # noqa: F401
-from vitdet_plugin.deploy import (CHECK_SIZES, DEFAULT_TOLERANCE, DetectorPart,
-                                  build_detector_part, check_sizes, export_onnx, ort_session)
-from vitdet_plugin.models.backbones import SwinBackbone, SwinV2Backbone, ViTBackbone
-from vitdet_plugin.models.necks import ViTSimpleFPN
-
 import onnxruntime  # noqa: F401  (the deploy extra, installed by make env)
 import onnxscript  # noqa: F401
+import pytest
+import torch
+from helpers import load_tool, randomize_
+
+import vitdet_plugin  # noqa: F401
+from vitdet_plugin.deploy import (
+    CHECK_SIZES,
+    DEFAULT_TOLERANCE,
+    DetectorPart,
+    build_detector_part,
+    check_sizes,
+    export_onnx,
+    ort_session,
+)
+from vitdet_plugin.models.backbones import SwinBackbone, SwinV2Backbone, ViTBackbone
+from vitdet_plugin.models.necks import ViTSimpleFPN
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 #: Batch of the check images: another batch than the export's example (2), so a batch baked
@@ -82,11 +87,7 @@ def test_vit_backbone_exports_with_dynamic_sizes(tmp_path, pyramid):
 
 
 def _tool(name: str):
-    path = osp.join(ROOT, 'tools', name)
-    spec = importlib.util.spec_from_file_location(f'vitdet_tool_{name[:-3]}', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool(name)
 
 
 def test_retinanet_raw_outputs_export_through_the_tool(tmp_path, capsys):

@@ -34,16 +34,16 @@ def test_custom_imports_registers_our_names_and_leaves_mmdet_alone():
 
 
 def test_config_without_the_import_gives_a_clear_error():
-    from mmengine.registry import init_default_scope
     from mmdet.registry import MODELS
+    from mmengine.registry import init_default_scope
     init_default_scope('mmdet')
     with pytest.raises(KeyError, match='not in the mmdet::model registry'):
         MODELS.build(dict(type='NotARegisteredBackbone'))
 
 
 def test_our_names_do_not_shadow_mmdet():
-    from mmdet.registry import MODELS
     import mmdet.models  # noqa: F401
+    from mmdet.registry import MODELS
     ours = {name for name, cls in MODELS.module_dict.items()
             if cls.__module__.startswith('vitdet_plugin')}
     assert 'SwinBackbone' in ours

@@ -9,8 +9,11 @@ from mmengine.config import Config
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.checks import ConfigCheckError
-from vitdet_plugin.checks.init_sources import (loaded_init_lines, planned_init_lines,
-                                               unreachable_weights)
+from vitdet_plugin.checks.init_sources import (
+    loaded_init_lines,
+    planned_init_lines,
+    unreachable_weights,
+)
 from vitdet_plugin.checks.preflight import preflight
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -104,10 +107,10 @@ def test_loaded_lines_name_the_report_when_a_module_keeps_one():
 def test_loaded_line_of_a_real_backbone_says_layout_and_tensors(tmp_path):
     """A timm Swin file loaded by SwinBackbone's init_weights: the line counts the tensors the
     model received and names the layout the table detected."""
-    import timm
-    import torch
     from types import SimpleNamespace
 
+    import timm
+    import torch
     from mmdet.registry import MODELS
     path = tmp_path / 'swin_t_timm.pth'
     torch.save(timm.create_model('swin_tiny_patch4_window7_224', pretrained=False).state_dict(),

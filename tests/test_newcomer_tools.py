@@ -1,18 +1,15 @@
 """The smaller first-hour fixes of issue 38: nominal strides in feature_shapes.py, --show-dir
 under the work dir in tools/test.py, a one-line refusal from tools/export_onnx.py."""
-import importlib.util
 import os.path as osp
 
 import pytest
+from helpers import load_tool
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
 def _tool(path: str):
-    spec = importlib.util.spec_from_file_location(osp.basename(path)[:-3], osp.join(ROOT, path))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool(path[len('tools/'):])
 
 
 @pytest.mark.parametrize('input_hw, map_hw, want', [

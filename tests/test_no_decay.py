@@ -17,8 +17,11 @@ from torch import nn
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.config import load_config
-from vitdet_plugin.engine import (NoDecayOptimWrapperConstructor, backbone_no_decay_names,
-                                  decay_report)
+from vitdet_plugin.engine import (
+    NoDecayOptimWrapperConstructor,
+    backbone_no_decay_names,
+    decay_report,
+)
 from vitdet_plugin.engine import no_decay as no_decay_module
 from vitdet_plugin.models.backbones import SwinBackbone
 

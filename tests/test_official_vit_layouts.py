@@ -16,15 +16,18 @@ import pytest
 import timm  # a test dependency: never skipped
 import torch
 import torch.nn.functional as F
+from helpers import max_rel_err, randomize_
 from timm.layers.patch_embed import resample_patch_embed
 from timm.models import eva as timm_eva
 from timm.models import vision_transformer as timm_vit
 from torch import Tensor
 
-from helpers import max_rel_err, randomize_
-
-from vitdet_plugin.weights import (OFFICIAL_VIT_LAYOUTS, detect_official_vit_layout,
-                                   official_to_timm, resample_patch_kernel)
+from vitdet_plugin.weights import (
+    OFFICIAL_VIT_LAYOUTS,
+    detect_official_vit_layout,
+    official_to_timm,
+    resample_patch_kernel,
+)
 from vitdet_plugin.weights.checkpoint_io import CheckpointError
 from vitdet_plugin.weights.official_vit import eva02_det_window_blocks
 

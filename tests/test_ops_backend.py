@@ -11,9 +11,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import subprocess_env
 
 import vitdet_plugin  # noqa: F401
-from helpers import subprocess_env
 from vitdet_plugin.ops import COMPILED_FIX, IMPLEMENTED, MissingCompiledOpError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,6 +122,7 @@ def test_every_op_mmcv_ops_loads_resolves():
     """Each name mmcv's modules ask ``load_ext`` for is either implemented or raises the
     error above at call time; the implemented ones are real functions of ours."""
     import mmcv.ops  # noqa: F401
+
     from vitdet_plugin.ops.registry import resolve
     for name in IMPLEMENTED:
         fn = resolve(name)

@@ -7,16 +7,15 @@ outputs and gradients, several non-square levels, sampling locations outside [0,
 import re
 from typing import Dict, List, Sequence, Tuple
 
+import mmcv
 import pytest
 import torch
+from mmcv.ops import MultiScaleDeformableAttention
+from mmcv.ops import multi_scale_deform_attn as msda
 from torch import Tensor
 
 import vitdet_plugin  # noqa: F401  (installs the mmcv._ext stand-in before mmcv.ops)
 from vitdet_plugin.ops import OpInputError
-
-import mmcv
-from mmcv.ops import MultiScaleDeformableAttention
-from mmcv.ops import multi_scale_deform_attn as msda
 
 MSDA = msda.MultiScaleDeformableAttnFunction.apply
 REFERENCE = msda.multi_scale_deformable_attn_pytorch

@@ -13,11 +13,17 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from mmcv.cnn import build_conv_layer
+from mmcv.ops import (
+    DeformConv2d,
+    DeformConv2dPack,
+    ModulatedDeformConv2d,
+    ModulatedDeformConv2dPack,
+    deform_conv2d,
+    modulated_deform_conv2d,
+)
 
 import vitdet_plugin  # noqa: F401  (installs the mmcv._ext stand-in before mmcv.ops)
-from mmcv.cnn import build_conv_layer
-from mmcv.ops import (DeformConv2d, DeformConv2dPack, ModulatedDeformConv2d,
-                      ModulatedDeformConv2dPack, deform_conv2d, modulated_deform_conv2d)
 from vitdet_plugin.ops import OpInputError
 from vitdet_plugin.ops import deform_conv as ops
 

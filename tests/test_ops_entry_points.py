@@ -12,9 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 import mmdet
+import pytest
 from helpers import subprocess_env
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,18 +10,17 @@ import math
 import re
 from typing import Dict, Optional
 
+import mmcv
 import pytest
 import torch
 import torch.nn.functional as F
+from mmcv.ops import SigmoidFocalLoss, sigmoid_focal_loss, softmax_focal_loss
+from mmcv.ops import focal_loss as mmcv_focal_loss
+from mmdet.models.losses import focal_loss as mmdet_focal_loss
 from torch import Tensor
 
 import vitdet_plugin  # noqa: F401  (installs the mmcv._ext stand-in before mmcv.ops)
 from vitdet_plugin.ops import OpInputError
-
-import mmcv
-from mmcv.ops import SigmoidFocalLoss, sigmoid_focal_loss, softmax_focal_loss
-from mmcv.ops import focal_loss as mmcv_focal_loss
-from mmdet.models.losses import focal_loss as mmdet_focal_loss
 
 N, C = 12, 5
 #: float64 results vs the references: rounding only.

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 import torchvision
+from mmcv import ops
 
 import vitdet_plugin  # noqa: F401  (the compile-free ops)
-from mmcv import ops
 from vitdet_plugin.ops import OpInputError
 
 #: boxes per random set; several sets so the greedy order matters

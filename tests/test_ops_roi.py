@@ -12,9 +12,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import pytest
 import torch
+from mmcv.ops import RoIAlign, RoIPool, roi_align
 
 import vitdet_plugin  # noqa: F401  (installs the mmcv._ext stand-in before mmcv.ops)
-from mmcv.ops import RoIAlign, RoIPool, roi_align
 from vitdet_plugin.ops import OpInputError
 from vitdet_plugin.ops import roi as ops
 

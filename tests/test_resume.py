@@ -4,11 +4,11 @@ import os.path as osp
 
 import pytest
 import torch
+from dist_worker import make_data, tiny_cfg
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
 import vitdet_plugin  # noqa: F401
-from dist_worker import make_data, tiny_cfg
 from vitdet_plugin.engine.hooks import RNG_STATE_KEY, get_rng_state, set_rng_state
 from vitdet_plugin.weights.checkpoint_io import CheckpointError
 
@@ -236,6 +236,7 @@ def test_load_from_url_refuses_malicious_checkpoint(tmp_path, monkeypatch):
 
     import mmengine.runner.checkpoint as mmengine_checkpoint
     from mmengine.runner.checkpoint import load_checkpoint
+
     from vitdet_plugin.weights.checkpoint_io import safe_load_from_http
 
     served = tmp_path / 'served'

@@ -7,8 +7,13 @@ import numpy as np
 import pytest
 
 from vitdet_plugin.datasets import shapes
-from vitdet_plugin.datasets.shapes import (CLASSES, ShapesSpec, generate_dataset, image_rng,
-                                           render_image)
+from vitdet_plugin.datasets.shapes import (
+    CLASSES,
+    ShapesSpec,
+    generate_dataset,
+    image_rng,
+    render_image,
+)
 
 NUM_TRAIN, NUM_VAL = 12, 4
 
@@ -127,8 +132,8 @@ def test_bad_spec_is_refused(kwargs, match):
 
 def test_mmdet_coco_dataset_reads_it(dataset):
     """The demo configs' real loading path: mmdet CocoDataset + the config's pipeline."""
-    from mmengine.registry import init_default_scope
     from mmdet.registry import DATASETS
+    from mmengine.registry import init_default_scope
 
     from vitdet_plugin.config import load_config
 
@@ -150,12 +155,8 @@ def test_mmdet_coco_dataset_reads_it(dataset):
 def test_make_shapes_reuse_keeps_a_dataset_made_with_other_options(tmp_path, capsys):
     """``make demo`` runs ``make_shapes.py --reuse``: a set made with another seed and generator
     options under DEMO_DATA is used as it is (not refused, not regenerated)."""
-    import importlib.util
-    import os.path as osp
-    path = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools', 'make_shapes.py')
-    spec_ = importlib.util.spec_from_file_location('vitdet_tool_make_shapes', path)
-    tool = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(tool)
+    from helpers import load_tool
+    tool = load_tool('make_shapes.py')
     root = str(tmp_path / 'other') + '/'
     other = ShapesSpec(image_size=48, classes=('circle', 'star'), objects=(1, 2),
                        object_size=(12, 24))

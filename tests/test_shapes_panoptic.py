@@ -15,8 +15,13 @@ import pytest
 import torch
 
 from vitdet_plugin.datasets import shapes
-from vitdet_plugin.datasets.shapes import (ShapesSpec, generate_dataset, image_rng,
-                                           render_scene, strokes_mask)
+from vitdet_plugin.datasets.shapes import (
+    ShapesSpec,
+    generate_dataset,
+    image_rng,
+    render_scene,
+    strokes_mask,
+)
 from vitdet_plugin.datasets.shapes_panoptic import STUFF_CLASSES, decode_ids, panoptic_classes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -286,9 +291,8 @@ def test_mmdet_panoptic_dataset_and_pipeline(dataset):
 
 def _perfect_predictions(sample) -> dict:
     """The ground truth of one packed sample as a panoptic + instance + semantic prediction."""
-    from mmengine.structures import InstanceData, PixelData
-
     from mmdet.evaluation.functional import INSTANCE_OFFSET
+    from mmengine.structures import InstanceData, PixelData
 
     sem = sample.gt_sem_seg.sem_seg.clone()  # (1, H, W) labels
     pan = sem.clone().long()
@@ -307,8 +311,8 @@ def _perfect_predictions(sample) -> dict:
 def test_metrics_score_ground_truth_perfectly(dataset):
     """The config's CocoPanopticMetric (PQ), CocoMetric on the instance JSON and SemSegMetric
     (mIoU) on the ground truth fed back as predictions."""
-    from mmengine.evaluator import Evaluator
     from mmdet.registry import DATASETS
+    from mmengine.evaluator import Evaluator
 
     cfg = _cfg(dataset)
     ds = DATASETS.build(cfg.val_dataloader.dataset)

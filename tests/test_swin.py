@@ -8,9 +8,9 @@ from helpers import assert_close_rel, max_rel_err, randomize_
 from torch import nn
 
 import vitdet_plugin  # noqa: F401
+from vitdet_plugin.models.backbones.base import load_pretrained
 from vitdet_plugin.models.backbones.swin import SWIN_ARCHS, SwinBackbone
 from vitdet_plugin.models.layers import eager_attention, set_recompute_gelu
-from vitdet_plugin.models.backbones.base import load_pretrained
 from vitdet_plugin.weights.swin import swin_to_mmdet
 
 SMALL = dict(arch=dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4)))

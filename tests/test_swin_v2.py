@@ -5,7 +5,6 @@ model's own state dict, clear errors, the CLI converter and the two configs.
 The generic backbone contract (shapes at odd sizes, freezing, with_cp, layer ids, no-decay
 names, meta build, own checkpoints) runs in ``test_contract.py`` (``TINY['SwinV2Backbone']``).
 """
-import importlib.util
 import math
 import os.path as osp
 import re
@@ -14,7 +13,7 @@ from typing import Dict, List
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_close_rel, randomize_
+from helpers import assert_close_rel, load_tool, randomize_
 from mmdet.registry import MODELS
 from timm.models.swin_transformer_v2 import SwinTransformerV2
 from torch import Tensor
@@ -22,10 +21,9 @@ from torch import Tensor
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.functional.cpb import log_spaced_relative_coords
 from vitdet_plugin.models.backbones import SwinBackbone, SwinV2Backbone
-from vitdet_plugin.models.backbones.swin_v2 import SwinV2Block
-from vitdet_plugin.weights import CheckpointError
 from vitdet_plugin.models.backbones.base import load_pretrained
-from vitdet_plugin.weights import detect_layout
+from vitdet_plugin.models.backbones.swin_v2 import SwinV2Block
+from vitdet_plugin.weights import CheckpointError, detect_layout
 from vitdet_plugin.weights.swin_v2 import check_pretrained_windows, convert_swin_v2
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -408,10 +406,7 @@ def test_pretrained_window_mismatch_is_reported():
 
 
 def test_convert_cli_detects_swin_v2(tmp_path):
-    spec = importlib.util.spec_from_file_location('convert_weights',
-                                                  osp.join(ROOT, 'tools', 'convert_weights.py'))
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    cli = load_tool('convert_weights.py')
     ref = _timm()
     torch.save({'model': _official_from_timm(ref)}, tmp_path / 'official.pth')
     assert cli.main([str(tmp_path / 'official.pth'), str(tmp_path / 'ours.pth')]) == 0

@@ -1,29 +1,24 @@
 """tools/: train/test/resume round trip, analysis tools, missing-data errors."""
 import glob
-import importlib.util
 import json
-import re
 import os
 import os.path as osp
+import re
 import subprocess
 import sys
 
 import pytest
 import torch
+from helpers import load_tool, subprocess_env
 
 import vitdet_plugin  # noqa: F401
-from helpers import subprocess_env
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = osp.join(ROOT, 'configs/demo/swin_retinanet_shapes.py')
 
 
 def _tool(name: str):
-    path = osp.join(ROOT, 'tools', f'{name}.py')
-    spec = importlib.util.spec_from_file_location(f'vitdet_tool_{osp.basename(name)}', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool(f'{name}.py')
 
 
 # ----------------------------------------------------------------------------- analysis tools
@@ -77,6 +72,7 @@ def test_get_flops(capsys):
     tool = _tool('analysis/get_flops')
     flops, params = tool.main([DEMO, '--shape', '256', '256'])
     from mmdet.registry import MODELS
+
     from vitdet_plugin.config import load_config
     model = MODELS.build(load_config(DEMO).model).eval()
     assert params == sum(p.numel() for p in model.parameters())

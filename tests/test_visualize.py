@@ -19,6 +19,7 @@ import visualize  # noqa: E402
 from vis_kit.capture import attention_output, attention_probs, record_calls  # noqa: E402
 from vis_kit.figures import PANEL_PX  # noqa: E402
 from vis_kit.model import build_detector, image_input  # noqa: E402
+
 from vitdet_plugin.functional import MASKED_LOGIT, window_partition  # noqa: E402
 
 DEMO = osp.join(ROOT, 'configs/demo/swin_retinanet_shapes.py')

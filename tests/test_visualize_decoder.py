@@ -20,10 +20,10 @@ sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis'))
 import visualize  # noqa: E402
 from vis_kit import VisualizeError  # noqa: E402
 from vis_kit.capture import Call  # noqa: E402
-from vis_kit.decoder import (cross_attention_output, cross_attention_probs,  # noqa: E402
-                             decoder_picture)
+from vis_kit.decoder import cross_attention_output, cross_attention_probs, decoder_picture  # noqa: E402
 from vis_kit.figures import PANEL_PX  # noqa: E402
 from vis_kit.model import build_detector, image_input  # noqa: E402
+
 from vitdet_plugin.functional import attend  # noqa: E402
 
 #: The demo SdpaDETR shrunk: Swin 16 wide (strides 8/16/32, 32/64/128 channels), head 32 wide,

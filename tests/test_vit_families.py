@@ -12,10 +12,14 @@ from timm.layers.pos_embed_sincos import RotaryEmbeddingCat, RotaryEmbeddingDino
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.functional import RopeSpec, rope_tables
-from vitdet_plugin.models.backbones import (DINOv2Backbone, DINOv3Backbone, EVA02Backbone,
-                                            ViTBackbone)
-from vitdet_plugin.weights.checkpoint_io import CheckpointError
+from vitdet_plugin.models.backbones import (
+    DINOv2Backbone,
+    DINOv3Backbone,
+    EVA02Backbone,
+    ViTBackbone,
+)
 from vitdet_plugin.models.backbones.base import load_pretrained
+from vitdet_plugin.weights.checkpoint_io import CheckpointError
 from vitdet_plugin.weights.vit_families import convert_vit_family, detect_vit_family
 
 #: fp32 bound of the issue: max |ours - timm| / max |timm|.

@@ -5,22 +5,20 @@ from functools import partial
 from typing import Optional
 
 import pytest
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-from helpers import assert_close_rel, randomize_
-
 import timm.models.vision_transformer as timm_vit  # a test dependency: never skipped
 import timm.models.vision_transformer_sam as timm_sam
+import torch
+import torch.nn.functional as F
+from helpers import assert_close_rel, randomize_
+from torch import nn
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.models.backbones import ViTBackbone
+from vitdet_plugin.models.backbones.base import load_pretrained
 from vitdet_plugin.models.layers import resize_rel_pos
 from vitdet_plugin.models.necks import ViTSimpleFPN
-from vitdet_plugin.weights.checkpoint_io import CheckpointError
-from vitdet_plugin.models.backbones.base import load_pretrained
 from vitdet_plugin.weights import detect_layout
+from vitdet_plugin.weights.checkpoint_io import CheckpointError
 from vitdet_plugin.weights.vit import convert_vit, simple_fpn_to_detectron2
 
 LN6 = partial(nn.LayerNorm, eps=1e-6)

@@ -15,18 +15,22 @@ from typing import List
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import assert_close_rel, randomize_
+from test_vit_weights import ARCH, d2_checkpoint, ours, samvit
 from torch import nn
 
 import vitdet_plugin  # noqa: F401
-from helpers import assert_close_rel, randomize_
-from test_vit_weights import ARCH, d2_checkpoint, ours, samvit
 from vitdet_plugin.models.backbones import ViTBackbone
+from vitdet_plugin.models.backbones.base import load_pretrained
 from vitdet_plugin.models.necks import ViTSimpleFPN
 from vitdet_plugin.weights.checkpoint_io import CheckpointError
-from vitdet_plugin.models.backbones.base import load_pretrained
-from vitdet_plugin.weights.vit import (convert_simple_fpn, convert_vit, convert_vitdet_to_mmdet,
-                                       simple_fpn_part, simple_fpn_to_detectron2)
-
+from vitdet_plugin.weights.vit import (
+    convert_simple_fpn,
+    convert_vit,
+    convert_vitdet_to_mmdet,
+    simple_fpn_part,
+    simple_fpn_to_detectron2,
+)
 
 #: detectron2's LayerNorm (channels-first) epsilon, detectron2/layers/batch_norm.py
 D2_LN_EPS = 1e-6
