@@ -6,10 +6,11 @@ test_import_graph.py`` keeps it that way). Caches here hold only what depends on
 (see :mod:`.size_cache`).
 """
 from .attention import attend
-from .rel_pos import (bias_table_size, decomposed_rel_pos_bias, decomposed_rel_pos_channels,
-                      decomposed_rel_pos_embeddings, decomposed_rel_pos_terms,
-                      interpolation_dtype, relative_position_index, resize_pos_grid,
-                      resize_rel_pos)
+from .decomposed_rel_pos import (decomposed_rel_pos_bias, decomposed_rel_pos_channels,
+                                 decomposed_rel_pos_embeddings, decomposed_rel_pos_terms,
+                                 resize_rel_pos)
+from .rel_pos import (bias_table_size, interpolation_dtype, relative_position_index,
+                      resize_pos_grid)
 from .rope import (ROPE_FORMULATIONS, RopeSpec, apply_rope, check_rope_spec,
                    rope_axis_coords, rope_frequencies, rope_tables)
 from .size_cache import SizeCache, builds_cache
