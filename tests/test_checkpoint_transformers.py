@@ -64,7 +64,7 @@ HF_MODELS: Dict[str, Callable[[], nn.Module]] = {
         hf.Dinov2WithRegistersConfig(**DINO2, num_register_tokens=4, use_swiglu_ffn=True)),
     'DINOv3ViTModel': lambda: hf.DINOv3ViTModel(hf.DINOv3ViTConfig(
         **{**VIT, 'intermediate_size': 2 * WIDTH, 'layer_norm_eps': 1e-5},
-        num_register_tokens=4, use_gated_mlp=True)),
+        num_register_tokens=4, use_gated_mlp=True, hidden_act='silu')),
     'SwinModel': lambda: hf.SwinBackbone(hf.SwinConfig(**SWIN, out_features=['stage1', 'stage2'])),
     'Swinv2Model': lambda: hf.Swinv2ForImageClassification(hf.Swinv2Config(**SWIN)),
     'ViTModel': lambda: hf.ViTForImageClassification(hf.ViTConfig(**VIT)),
@@ -101,7 +101,7 @@ DROPPED = {
     'DINOv3ViTModel': ['embeddings.mask_token'],
     'SwinModel': ['swin.layernorm.weight', 'swin.layernorm.bias'],
     'Swinv2Model': ['classifier.weight', 'classifier.bias', 'norm.weight', 'norm.bias'],
-    'ViTModel': ['classifier.weight', 'classifier.bias', 'norm.weight', 'norm.bias'],
+    'ViTModel': ['classifier.weight', 'classifier.bias', 'cls_token', 'norm.weight', 'norm.bias'],
 }
 #: Input sizes (h, w): the pretraining grid and one off it (non-square, not a window multiple).
 SIZES = {'Dinov2Model': ((56, 56), (70, 42)), 'Dinov2WithRegistersModel': ((56, 56), (70, 42)),
@@ -138,8 +138,9 @@ def reference_maps(name: str, model: nn.Module, x: torch.Tensor) -> Tuple[torch.
         if name == 'SwinModel':  # SwinBackbone: stage outputs through its output norms
             return tuple(model(x).feature_maps)
         if name == 'Swinv2Model':  # stage outputs before the merge (our output norms: init)
-            out = model.swinv2(x, output_hidden_states=True, interpolate_pos_encoding=True,
-                               output_hidden_states_before_downsampling=True)
+            inner = model.swinv2
+            out = inner.encoder(*inner.embeddings(x), output_hidden_states=True,
+                                output_hidden_states_before_downsampling=True)
             return tuple(out.reshaped_hidden_states[1:3])
         if name.startswith('Dinov2'):
             inner = getattr(model, 'dinov2', model)
@@ -158,7 +159,7 @@ def reference_maps(name: str, model: nn.Module, x: torch.Tensor) -> Tuple[torch.
         else:
             tokens = emb(x, interpolate_pos_encoding=True)[:, 1:]
         maps = []
-        for layer in model.vit.encoder.layer:
+        for layer in model.vit.layers:
             tokens = layer(tokens)
             tokens = tokens[0] if isinstance(tokens, tuple) else tokens
             maps.append(_tokens_to_maps(tokens, hw))
