@@ -18,11 +18,13 @@ import json
 import logging
 import os
 import re
+import tempfile
 from typing import Callable, Dict, Tuple
 
 import pytest
 import torch
 import transformers as hf
+from safetensors.torch import load_file
 from torch import nn
 
 import vitdet_plugin  # noqa: F401
@@ -113,6 +115,14 @@ SIZES = {'Dinov2Model': ((56, 56), (70, 42)), 'Dinov2WithRegistersModel': ((56, 
 def save(model: nn.Module, folder: str, **kw) -> str:
     model.save_pretrained(folder, **kw)
     return folder
+
+
+def saved_state_dict(name: str) -> Dict[str, torch.Tensor]:
+    """The tensors ``save_pretrained`` writes for the :data:`HF_MODELS` model ``name`` (the
+    hub's names), for tests that need the state dict rather than the folder."""
+    with tempfile.TemporaryDirectory() as folder:
+        save(perturbed(HF_MODELS[name]()), folder)
+        return load_file(os.path.join(folder, 'model.safetensors'))
 
 
 @pytest.fixture(scope='module')
@@ -241,7 +251,6 @@ def test_a_sharded_folder_loads_and_a_missing_shard_is_named(folders, tmp_path):
 
 def test_a_pytorch_model_bin_folder_is_read_weights_only(folders, tmp_path):
     """Older hub folders hold ``pytorch_model.bin`` (torch.save of the saved names)."""
-    from safetensors.torch import load_file
     model, folder = folders['ViTModel']
     old = tmp_path / 'bin'
     old.mkdir()
