@@ -288,7 +288,7 @@ def test_a_config_of_another_width_names_the_arguments(tmp_path):
         load_pretrained(model, folder)
 
 
-def test_registers_rope_and_pretrained_windows_are_checked(folders, tmp_path):
+def test_registers_rope_activation_and_pretrained_windows_are_checked(folders, tmp_path):
     _, regs = folders['Dinov2WithRegistersModel']
     model = DINOv2Backbone(arch=dict(embed_dims=WIDTH, depth=DEPTH, num_heads=HEADS,
                                      mlp='swiglu_packed', mlp_ratio=DINO2_SWIGLU_RATIO),
@@ -307,6 +307,13 @@ def test_registers_rope_and_pretrained_windows_are_checked(folders, tmp_path):
             'rope=dict(temperature=10000): build it with rope=dict(temperature=100)')
     with pytest.raises(CheckpointError, match='^' + re.escape(want) + '$'):
         load_pretrained(model, dinov3)
+    gelu_gated = _folder_with(tmp_path, hf.DINOv3ViTModel(hf.DINOv3ViTConfig(
+        **{**VIT, 'intermediate_size': 2 * WIDTH}, use_gated_mlp=True, hidden_act='gelu')), 'act')
+    want = (f"the transformers folder {gelu_gated!r} (config.json: DINOv3ViTModel) has "
+            "hidden_act='gelu'; our gated MLP (SwiGLU) computes 'silu', no argument changes "
+            "that: a model with hidden_act='gelu' cannot be loaded")
+    with pytest.raises(CheckpointError, match='^' + re.escape(want) + '$'):
+        load_pretrained(model, gelu_gated)
     v2 = _folder_with(tmp_path, hf.Swinv2Model(hf.Swinv2Config(
         **SWIN, pretrained_window_sizes=[8, 8])), 'v2')
     want = (f"the transformers folder {v2!r} (config.json: Swinv2Model) has "

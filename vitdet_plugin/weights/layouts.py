@@ -228,16 +228,7 @@ def load_checkpoint(checkpoint: Union[str, os.PathLike, Mapping],
     sd = checkpoint_state_dict(checkpoint, prefix)
     layout = (_neck_layout(sd) if target.family == NECK
               else detect_layout(sd, target.family, target.owner))
-    config = read_transformers_config(checkpoint) if isinstance(checkpoint, (str, os.PathLike)) \
-        else None
-    if config is not None:  # a transformers folder: its config.json against the model
-        mismatch = config_mismatch(config, layout.family, target,
-                                   f'transformers folder {os.fspath(checkpoint)!r}')
-        if mismatch:
-            raise CheckpointError(mismatch)
-        if target.src_window_size is None and config_window(config) is not None:
-            target = dataclasses.replace(target, src_window_size=config_window(config))
-    converted, dropped = layout.convert(sd, target)
+    converted, dropped = layout.convert(sd, _folder_target(checkpoint, layout, target))
     _log_dropped(layout, dropped, checkpoint)
     allow: Tuple[str, ...] = ()
     if target.family in ('Swin', 'Swin V2'):
@@ -254,6 +245,26 @@ def load_checkpoint(checkpoint: Union[str, os.PathLike, Mapping],
     report = check_state_dict(converted, target.expected, allow, source=source,
                               owner=target.owner, dropped=dropped)
     return converted, report._replace(layout=f'{layout.family} {layout.name}')
+
+
+def _folder_target(checkpoint: Union[str, os.PathLike, Mapping], layout: Layout,
+                   target: CheckpointTarget) -> CheckpointTarget:
+    """``target`` checked against a transformers folder's ``config.json`` (a mismatch is a
+    :class:`CheckpointError` naming both and the fix), with the folder's Swin window as the
+    source window of the bias tables; ``target`` itself for any other checkpoint."""
+    if not isinstance(checkpoint, (str, os.PathLike)):
+        return target
+    config = read_transformers_config(checkpoint)
+    if config is None:
+        return target
+    mismatch = config_mismatch(config, layout.family, target,
+                               f'transformers folder {os.fspath(checkpoint)!r}')
+    if mismatch:
+        raise CheckpointError(mismatch)
+    window = config_window(config)
+    if target.src_window_size is None and window is not None:
+        return dataclasses.replace(target, src_window_size=window)
+    return target
 
 
 def _neck_layout(sd: StateDict) -> Layout:

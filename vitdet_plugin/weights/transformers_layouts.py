@@ -23,7 +23,7 @@ Task wrappers keep the model under one attribute (``dinov2.``, ``dinov2_with_reg
 ``SwinBackbone``'s ``hidden_states_norms.stage{k}`` are our output norms ``norm{k - 1}``.
 """
 import re
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -205,13 +205,13 @@ def transformers_to_reference(sd: Mapping[str, Tensor], name: str
 
 
 # ----------------------------------------------------------------------------- config.json
-def config_arch(config: Mapping[str, object]) -> Tuple[str, Dict[str, object]]:
+def config_arch(config: Mapping[str, Any]) -> Tuple[str, Dict[str, object]]:
     """The transformers class of a ``config.json`` (by its ``model_type``) and the
     architecture it describes in our argument names (``embed_dims``, ``depth(s)``,
     ``num_heads``, ``patch_size``, ``num_reg_tokens``, ``mlp``, ``window_size``, ...)."""
     model_type = str(config.get('model_type'))
     model = MODEL_TYPES.get(model_type, '')
-    c = dict(config)
+    c = config
     if model in ('SwinModel', 'Swinv2Model'):
         arch: Dict[str, object] = dict(embed_dims=c['embed_dim'], depths=tuple(c['depths']),
                                        num_heads=tuple(c['num_heads']),
@@ -227,23 +227,23 @@ def config_arch(config: Mapping[str, object]) -> Tuple[str, Dict[str, object]]:
     arch = dict(embed_dims=c['hidden_size'], depth=c['num_hidden_layers'],
                 num_heads=c['num_attention_heads'], patch_size=c['patch_size'])
     if model.startswith('Dinov2'):
-        arch['num_reg_tokens'] = int(c.get('num_register_tokens') or 0)  # type: ignore[arg-type]
+        arch['num_reg_tokens'] = int(c.get('num_register_tokens') or 0)
         arch['mlp'] = 'swiglu_packed' if c.get('use_swiglu_ffn') else 'gelu'
     elif model == 'DINOv3ViTModel':
         arch['num_reg_tokens'] = c.get('num_register_tokens', 0)
         arch['mlp'] = 'swiglu' if c.get('use_gated_mlp') else 'gelu'
-        arch['rope_temperature'] = float(c['rope_theta'])  # type: ignore[arg-type]
+        arch['rope_temperature'] = float(c['rope_theta'])
     else:
         arch['qkv_bias'] = 'qkv' if c.get('qkv_bias', True) else 'none'
     return model, arch
 
 
-def _v2_windows(c: Mapping[str, object]) -> Tuple[Tuple[int, int], ...]:
+def _v2_windows(c: Mapping[str, Any]) -> Tuple[Tuple[int, int], ...]:
     """Per stage, the window Swin V2 normalised its relative offsets by: the pretrained
     window where given (> 0), else its own (``Swinv2SelfAttention``)."""
-    own = int(c['window_size'])  # type: ignore[call-overload]
-    given: Sequence[int] = c.get('pretrained_window_sizes') or ()  # type: ignore[assignment]
-    depths: Sequence[int] = c['depths']  # type: ignore[assignment]
+    own = int(c['window_size'])
+    given: Sequence[int] = c.get('pretrained_window_sizes') or ()
+    depths: Sequence[int] = c['depths']
     return tuple((p, p) if p else (own, own)
                  for p in list(given)[:len(depths)] + [0] * (len(depths) - len(given)))
 
@@ -281,7 +281,7 @@ def _text(name: str, value: object) -> str:
     return f'{name}={value!r}'
 
 
-def config_mismatch(config: Mapping[str, object], family: str, target: CheckpointTarget,
+def config_mismatch(config: Mapping[str, Any], family: str, target: CheckpointTarget,
                     source: str) -> str:
     """The error for a transformers ``config.json`` that describes another architecture
     than ``target`` (``family``: the family of the folder's weights), naming both values
@@ -289,6 +289,9 @@ def config_mismatch(config: Mapping[str, object], family: str, target: Checkpoin
     model, found = config_arch(config)
     if not model or target.expected is None:
         return ''
+    activation = _activation(model, config)
+    if activation:
+        return f'the {source} (config.json: {model}) has {activation}'
     have = model_arch(target)
     skip = _ADAPTED.get(family, ())
     diff = [k for k, v in found.items() if k in have and k not in skip and not _same(v, have[k])]
@@ -307,12 +310,28 @@ def config_mismatch(config: Mapping[str, object], family: str, target: Checkpoin
             f"build it with {', '.join(fix)}")
 
 
-def config_window(config: Mapping[str, object]) -> Optional[Tuple[int, int]]:
+def _activation(model: str, config: Mapping[str, Any]) -> str:
+    """What is wrong with the MLP activation of ``config`` ('' when ours computes it): our
+    MLPs are exact GELU and SiLU-gated (SwiGLU); transformers' DINOv3 gates with its
+    ``hidden_act``, its DINOv2 SwiGLU always with SiLU."""
+    if model.startswith('Dinov2') and config.get('use_swiglu_ffn'):
+        return ''
+    gated = bool(config.get('use_gated_mlp'))
+    want = 'silu' if gated else 'gelu'
+    act = config.get('hidden_act', want)
+    if act == want:
+        return ''
+    kind = 'gated MLP (SwiGLU)' if gated else 'MLP (exact GELU)'
+    return (f'hidden_act={act!r}; our {kind} computes {want!r}, no argument changes that: '
+            f'a model with hidden_act={act!r} cannot be loaded')
+
+
+def config_window(config: Mapping[str, Any]) -> Optional[Tuple[int, int]]:
     """The window a transformers Swin V1 folder was trained with (its bias tables are resized
     from it to the model's), or None for another class."""
     if config.get('model_type') != 'swin':
         return None
-    w = int(config['window_size'])  # type: ignore[call-overload]
+    w = int(config['window_size'])
     return (w, w)
 
 
