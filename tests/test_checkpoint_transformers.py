@@ -33,6 +33,7 @@ from vitdet_plugin.models.backbones import (DINOv2Backbone, DINOv3Backbone, Swin
                                             SwinV2Backbone, ViTBackbone)
 from vitdet_plugin.models.backbones.base import load_pretrained
 from vitdet_plugin.weights import CheckpointError
+from vitdet_plugin.weights.transformers_layouts import config_mismatch
 
 #: Relative L2 tolerance of a feature map (fp32; the same operations in another order).
 RTOL = 1e-5
@@ -286,6 +287,18 @@ def test_a_config_of_another_width_names_the_arguments(tmp_path):
             "num_heads=12: build it with embed_dims=384, num_heads=6")
     with pytest.raises(CheckpointError, match='^' + re.escape(want) + '$'):
         load_pretrained(model, folder)
+
+
+def test_the_preset_that_builds_a_config_is_named():
+    """DINOv2-S's config.json (transformers' own, no weights needed) given to a small custom
+    model: the fix is the preset."""
+    config = hf.Dinov2Config(hidden_size=384, num_hidden_layers=12,
+                             num_attention_heads=6).to_dict()
+    target = OURS['Dinov2Model']().checkpoint_target()
+    assert config_mismatch(config, 'DINOv2', target, 'folder') == (
+        'the folder (config.json: Dinov2Model) has embed_dims=384, depth=12, num_heads=6; '
+        'DINOv2Backbone was built with embed_dims=32, depth=2, num_heads=2: build it with '
+        "arch='small'")
 
 
 def test_registers_rope_activation_and_pretrained_windows_are_checked(folders, tmp_path):
