@@ -132,7 +132,7 @@ def _rename(key: str) -> str:
         if m:
             rest = key[m.end():]
             for part, new in _BLOCK_RENAMES:
-                rest, n = re.subn('^' + part, new, rest)
+                rest, n = re.subn(f'^(?:{part})', new, rest)
                 if n:
                     break
             return m.expand(repl) + rest
