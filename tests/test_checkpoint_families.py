@@ -4,10 +4,12 @@ product families x layouts x backbones).
 
 The checkpoints are built as the loading tests build them (tests/test_swin_weights.py,
 test_swin_v2.py, test_vit_weights.py, test_official_vit_layouts.py,
-test_vit_weights_detectron2.py): from tiny randomly initialised reference models (timm, mmdet)
-and the hand-written official layouts of those tests.
+test_vit_weights_detectron2.py, test_checkpoint_transformers.py): from tiny randomly
+initialised reference models (timm, mmdet, transformers' save_pretrained files) and the
+hand-written official layouts of those tests.
 """
 import re
+from functools import partial
 from typing import Callable, Dict, Tuple
 
 import pytest
@@ -21,6 +23,7 @@ from test_swin_v2 import _ours as _swin_v2
 from test_swin_v2 import _timm as _timm_swin_v2
 from test_swin_weights import _official_from
 from test_swin_weights import _ours as _swin
+from test_checkpoint_transformers import HF_MODELS, saved_state_dict
 from test_vit_weights import _mmpretrain_layout, _timm_vit, d2_checkpoint, sam_checkpoint, samvit
 from test_vit_weights import ours as _vit
 from test_vit_weights_detectron2 import _neck
@@ -37,6 +40,7 @@ from vitdet_plugin.models.backbones import (
 )
 from vitdet_plugin.models.backbones.base import load_pretrained
 from vitdet_plugin.weights import LAYOUTS, CheckpointError, checkpoint_state_dict, detect_layout
+from vitdet_plugin.weights.transformers_layouts import TRANSFORMERS_MODELS
 from vitdet_plugin.weights.vit import simple_fpn_to_detectron2
 
 #: The patch-14 models of tests/test_official_vit_layouts.py are built for 56 px (a 4 x 4
@@ -129,6 +133,9 @@ CHECKPOINTS: Dict[Tuple[str, str], Callable[[], dict]] = {
     ('EVA-02', 'ours'): lambda: randomize_(BACKBONES['EVA-02'][1]()).state_dict(),
     (NECK[0], 'detectron2'): _neck_detectron2,
     (NECK[0], 'ours'): lambda: _neck().state_dict(),
+    # transformers' save_pretrained files (tests/test_checkpoint_transformers.py)
+    **{(family, f'transformers {name}'): partial(saved_state_dict, name)
+       for name, family in TRANSFORMERS_MODELS.items()},
 }
 CASES = [(family, layout, receiver) for family, layout in CHECKPOINTS
          for receiver in BACKBONES if receiver != family]
@@ -137,7 +144,7 @@ CASES = [(family, layout, receiver) for family, layout in CHECKPOINTS
 def test_the_cross_product_covers_every_layout_of_the_table():
     assert set(CHECKPOINTS) == {(layout.family, layout.name) for layout in LAYOUTS}
     assert {layout.family for layout in LAYOUTS} == set(BACKBONES) | {NECK[0]}
-    assert len(CASES) == 142
+    assert len(CASES) == 142 + 5 * len(HF_MODELS)
 
 
 @pytest.fixture(scope='module')

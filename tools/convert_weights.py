@@ -7,14 +7,19 @@
     python tools/convert_weights.py swinv2_tiny_patch4_window8_256.pth swinv2_t_ours.pth
     python tools/convert_weights.py dinov2_vitb14_reg4_pretrain.pth dinov2_b_ours.pth
     python tools/convert_weights.py eva02_B_pt_in21k_p14.pt eva02_b16_ours.pth --patch-size 16
+    python tools/convert_weights.py path/to/dinov2-base dinov2_b_ours.pth   # transformers folder
 
 The source layout is detected by the one table of ``vitdet_plugin.weights.layouts`` (official
 Microsoft Swin, Swin detection repo, timm, mmdet / mmpretrain for Swin; official, timm,
 mmpretrain for Swin V2; timm / DeiT / MAE, SAM, detectron2 ViTDet, mmpretrain for ViT; the
 official facebookresearch / baaivision files and timm's for DINOv2, DINOv3, EVA-02 and
-EVA-02/det's detectors, ``--model vit_family``; a bare simple-FPN neck). Files are read with
-``torch.load(weights_only=True)``; the output is ``{'state_dict': sd, 'meta': {...}}``, loadable
-with ``init_cfg=dict(type='Pretrained', checkpoint=OUT)``.
+EVA-02/det's detectors, ``--model vit_family``; Hugging Face transformers ``Dinov2Model``,
+``Dinov2WithRegistersModel``, ``DINOv3ViTModel``, ``SwinModel``, ``Swinv2Model``, ``ViTModel``,
+``ViTMAEModel`` and their task wrappers; a bare simple-FPN neck). A transformers model folder
+(``config.json`` + ``model.safetensors``, or its shards and index, or ``pytorch_model.bin``) is
+read like a file. Files are read with ``torch.load(weights_only=True)``; the output is
+``{'state_dict': sd, 'meta': {...}}``, loadable with ``init_cfg=dict(type='Pretrained',
+checkpoint=OUT)``.
 """
 import argparse
 import os
@@ -36,7 +41,7 @@ MODEL_FAMILIES = {'swin': ('Swin',), 'swinv2': ('Swin V2',), 'vit': ('ViT',),
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('src', help='input checkpoint')
+    p.add_argument('src', help='input checkpoint: a file, a URL or a transformers model folder')
     p.add_argument('dst', help='output checkpoint (.pth)')
     p.add_argument('--model', choices=['auto', *MODEL_FAMILIES], default='auto')
     p.add_argument('--prefix', default=None,

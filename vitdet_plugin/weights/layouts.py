@@ -15,12 +15,12 @@ The module then loads the returned state dict itself.
 import dataclasses
 import logging
 import os
-from typing import Callable, List, Mapping, Optional, Tuple, Union
+from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from torch import Tensor
 
 from .arch_read import arch_mismatch, read_arch
-from .checkpoint_io import CheckpointError
+from .checkpoint_io import CheckpointError, read_transformers_config
 from .common import LoadReport, StateDict, check_state_dict, checkpoint_state_dict
 from .official_vit import OFFICIAL_FAMILIES
 from .swin import (SWIN_FORMATS, SWIN_UNRECOGNISED, convert_swin, drop_unused_output_norms,
@@ -28,6 +28,8 @@ from .swin import (SWIN_FORMATS, SWIN_UNRECOGNISED, convert_swin, drop_unused_ou
 from .swin_v2 import (SWIN_V2_FORMATS, SWIN_V2_UNRECOGNISED, check_pretrained_windows,
                       convert_swin_v2, swin_v2_layout)
 from .target import CheckpointTarget
+from .transformers_layouts import (TRANSFORMERS_MODELS, config_mismatch, config_window,
+                                   transformers_layout, transformers_to_reference)
 from .vit import (OPTIONAL_PARTS, PYRAMID_KEY, VIT_FORMATS, VIT_UNRECOGNISED, convert_vit,
                   simple_fpn_layout, simple_fpn_part, vit_layout)
 from .vit_families import (FAMILY_LAYOUTS, VIT_FAMILIES, VIT_FAMILY_UNRECOGNISED,
@@ -113,6 +115,31 @@ def _family(family: str, official: Optional[str]
     return convert
 
 
+def _transformers(family: str
+                  ) -> Callable[[StateDict, str, CheckpointTarget], Tuple[StateDict, List[str]]]:
+    """A transformers layout's converter: renamed to the family's reference layout
+    (:mod:`.transformers_layouts`), then that layout's converter."""
+    reference: Dict[str, Convert] = {
+        'Swin': lambda sd, t: _swin(sd, 'official', t),
+        'Swin V2': lambda sd, t: _swin_v2(sd, 'official', t),
+        'ViT': lambda sd, t: _vit(sd, 'timm_vit', t),
+        'DINOv2': lambda sd, t: convert_family_checkpoint(sd, 'DINOv2', 'dinov2', t),
+        'DINOv3': lambda sd, t: convert_family_checkpoint(sd, 'DINOv3', 'dinov3', t)}
+
+    def convert(sd: StateDict, name: str, t: CheckpointTarget) -> Tuple[StateDict, List[str]]:
+        renamed, dropped = transformers_to_reference(sd, name)
+        converted, more = reference[family](renamed, t)
+        return converted, dropped + more
+    return convert
+
+
+def _transformers_layouts() -> List[Layout]:
+    """The transformers classes (``'transformers Dinov2Model'``, ...), one layout each."""
+    return [layout for model, family in TRANSFORMERS_MODELS.items()
+            for layout in _layouts(family, (f'transformers {model}',), transformers_layout,
+                                   _transformers(family))]
+
+
 # ----------------------------------------------------------------------------- the table
 def _layouts(family: str, names: Tuple[str, ...],
              classify: Callable[[Mapping[str, Tensor]], Optional[str]],
@@ -148,7 +175,8 @@ def _vit_family_layouts() -> List[Layout]:
 
 #: Every layout we load, in the order :func:`detect_layout` asks them.
 LAYOUTS: Tuple[Layout, ...] = tuple(
-    _vit_family_layouts()
+    _transformers_layouts()
+    + _vit_family_layouts()
     + _layouts('Swin V2', SWIN_V2_FORMATS, swin_v2_layout, _swin_v2)
     + _layouts('Swin', SWIN_FORMATS, swin_layout, _swin)
     + _layouts('ViT', VIT_FORMATS, vit_layout, _vit)
@@ -200,7 +228,7 @@ def load_checkpoint(checkpoint: Union[str, os.PathLike, Mapping],
     sd = checkpoint_state_dict(checkpoint, prefix)
     layout = (_neck_layout(sd) if target.family == NECK
               else detect_layout(sd, target.family, target.owner))
-    converted, dropped = layout.convert(sd, target)
+    converted, dropped = layout.convert(sd, _folder_target(checkpoint, layout, target))
     _log_dropped(layout, dropped, checkpoint)
     allow: Tuple[str, ...] = ()
     if target.family in ('Swin', 'Swin V2'):
@@ -217,6 +245,26 @@ def load_checkpoint(checkpoint: Union[str, os.PathLike, Mapping],
     report = check_state_dict(converted, target.expected, allow, source=source,
                               owner=target.owner, dropped=dropped)
     return converted, report._replace(layout=f'{layout.family} {layout.name}')
+
+
+def _folder_target(checkpoint: Union[str, os.PathLike, Mapping], layout: Layout,
+                   target: CheckpointTarget) -> CheckpointTarget:
+    """``target`` checked against a transformers folder's ``config.json`` (a mismatch is a
+    :class:`CheckpointError` naming both and the fix), with the folder's Swin window as the
+    source window of the bias tables; ``target`` itself for any other checkpoint."""
+    if not isinstance(checkpoint, (str, os.PathLike)):
+        return target
+    config = read_transformers_config(checkpoint)
+    if config is None:
+        return target
+    mismatch = config_mismatch(config, layout.family, target,
+                               f'transformers folder {os.fspath(checkpoint)!r}')
+    if mismatch:
+        raise CheckpointError(mismatch)
+    window = config_window(config)
+    if target.src_window_size is None and window is not None:
+        return dataclasses.replace(target, src_window_size=window)
+    return target
 
 
 def _neck_layout(sd: StateDict) -> Layout:

@@ -34,6 +34,8 @@ class CheckpointTarget:
         in_stride: simple FPN: the stride of its input.
         arch_presets: the backbone's arch presets (``{name: fields}``), to name the one that
             builds a checkpoint of another size.
+        arch_fields: the plain ViTs' resolved arch (``embed_dims``, ``num_heads``, ``mlp``,
+            ``num_reg_tokens``, ...), checked against a transformers folder's config.json.
     """
     family: str
     owner: str
@@ -48,3 +50,4 @@ class CheckpointTarget:
     rope_ref_grid: Optional[Pair] = None
     in_stride: int = 16
     arch_presets: Mapping[str, Mapping[str, object]] = dataclasses.field(default_factory=dict)
+    arch_fields: Mapping[str, object] = dataclasses.field(default_factory=dict)

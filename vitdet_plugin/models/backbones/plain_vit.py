@@ -39,6 +39,7 @@ weights): DINOv3 keep 0.0008 / drop 0.0011, EVA-02 keep 0.0267 / drop 0.0286. Ke
 the closer one in both families (and registers exist to take the high-norm artefacts off the
 patch tokens), hence the default.
 """
+import dataclasses
 import re
 from typing import ClassVar, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
@@ -310,7 +311,8 @@ class PlainViTBackbone(BackboneContract, BaseModule):
             self.FAMILY, type(self).__name__, state_shapes(self), pos_grid=self.pretrain_grid,
             patch_size=(self.patch_size, self.patch_size),
             rope_temperature=None if spec is None else float(spec.temperature),
-            rope_ref_grid=None if spec is None else spec.ref_grid, arch_presets=self.ARCH.PRESETS)
+            rope_ref_grid=None if spec is None else spec.ref_grid, arch_presets=self.ARCH.PRESETS,
+            arch_fields=dataclasses.asdict(self.arch))
 
     def init_weights(self) -> None:
         """Load the ``init_cfg`` checkpoint (any layout of this family in the layout table), or
