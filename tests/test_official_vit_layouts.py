@@ -199,8 +199,9 @@ def test_dinov3_refuses_buffers_it_cannot_drop():
         official_to_timm(official, 'dinov3', qkv_bias=False)
     assert str(e.value) == (
         'dinov3 checkpoint: blocks.0.attn.qkv.bias has non-zero q / v biases, which a model '
-        'without qkv bias (timm vit_*_patch16_dinov3) would lose; convert with qkv_bias=None '
-        'or True and use the *_qkvb model')
+        "without qkv bias would lose: build DINOv3Backbone with q / v biases (arch=dict(..., "
+        "qkv_bias='qv')); for timm, convert with qkv_bias=None or True and use the *_qkvb "
+        'model')
 
 
 # ---------------------------------------------------------------------------- EVA-02

@@ -204,8 +204,9 @@ def _split_dinov3_qkv_bias(key: str, bias: Tensor, mask: Optional[Tensor],
         if torch.count_nonzero(q) or torch.count_nonzero(v):
             raise CheckpointError(
                 f'dinov3 checkpoint: {key} has non-zero q / v biases, which a model without '
-                'qkv bias (timm vit_*_patch16_dinov3) would lose; convert with qkv_bias=None '
-                'or True and use the *_qkvb model')
+                'qkv bias would lose: build DINOv3Backbone with q / v biases (arch=dict(..., '
+                "qkv_bias='qv')); for timm, convert with qkv_bias=None or True and use the "
+                '*_qkvb model')
         return None
     return q, v
 
