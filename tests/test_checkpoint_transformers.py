@@ -24,11 +24,11 @@ from typing import Callable, Dict, Tuple
 import pytest
 import torch
 import transformers as hf
+from helpers import load_tool
 from safetensors.torch import load_file
 from torch import nn
 
 import vitdet_plugin  # noqa: F401
-from tools.convert_weights import main as convert_main
 from vitdet_plugin.models.backbones import (DINOv2Backbone, DINOv3Backbone, SwinBackbone,
                                             SwinV2Backbone, ViTBackbone)
 from vitdet_plugin.models.backbones.base import load_pretrained
@@ -355,7 +355,7 @@ def test_a_directory_without_config_is_refused(tmp_path):
 def test_convert_weights_reads_a_folder(folders, tmp_path, caplog):
     _, folder = folders['SwinModel']
     out = str(tmp_path / 'swin_ours.pth')
-    assert convert_main([folder, out]) == 0
+    assert load_tool('convert_weights.py').main([folder, out]) == 0
     with caplog.at_level(logging.INFO, 'vitdet_plugin'):
         a, _ = loaded('SwinModel', folder)
         b, report = loaded('SwinModel', out)
