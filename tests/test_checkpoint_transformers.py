@@ -361,3 +361,53 @@ def test_convert_weights_reads_a_folder(folders, tmp_path, caplog):
         b, report = loaded('SwinModel', out)
     assert report.layout == 'Swin ours'
     assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
+
+
+#: ``config.json`` values of published hub models (facebook/dinov2-{base,giant},
+#: facebook/dinov2-with-registers-small, facebook/dinov3-vit{b,l}16-pretrain-lvd1689m,
+#: microsoft/swin-{tiny-patch4-window7-224,base-patch4-window12-384},
+#: microsoft/swinv2-tiny-patch4-window8-256, google/vit-base-patch16-224,
+#: facebook/vit-mae-large; transformers' defaults for the rest) and the backbone that loads each.
+HUB_CONFIGS = {
+    'dinov2-base': ('DINOv2', lambda: hf.Dinov2Config(
+        hidden_size=768, num_hidden_layers=12, num_attention_heads=12, image_size=518),
+        lambda: DINOv2Backbone(arch='base')),
+    'dinov2-giant': ('DINOv2', lambda: hf.Dinov2Config(
+        hidden_size=1536, num_hidden_layers=40, num_attention_heads=24, image_size=518,
+        use_swiglu_ffn=True), lambda: DINOv2Backbone(arch='giant')),
+    'dinov2-with-registers-small': ('DINOv2', lambda: hf.Dinov2WithRegistersConfig(
+        hidden_size=384, num_hidden_layers=12, num_attention_heads=6, image_size=518,
+        num_register_tokens=4), lambda: DINOv2Backbone(arch='small', num_reg_tokens=4)),
+    'dinov3-vitb16': ('DINOv3', lambda: hf.DINOv3ViTConfig(
+        hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+        rope_theta=100.0, num_register_tokens=4, layer_norm_eps=1e-5),
+        lambda: DINOv3Backbone(arch='base')),
+    'dinov3-vitl16': ('DINOv3', lambda: hf.DINOv3ViTConfig(
+        hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
+        rope_theta=100.0, num_register_tokens=4, layer_norm_eps=1e-5),
+        lambda: DINOv3Backbone(arch='large')),
+    'swin-tiny': ('Swin', hf.SwinConfig, lambda: SwinBackbone(arch='tiny')),
+    'swin-base-384': ('Swin', lambda: hf.SwinConfig(
+        embed_dim=128, depths=[2, 2, 18, 2], num_heads=[4, 8, 16, 32], window_size=12,
+        image_size=384), lambda: SwinBackbone(arch='base', window_size=12)),
+    'swinv2-tiny-256': ('Swin V2', lambda: hf.Swinv2Config(window_size=8, image_size=256),
+                        lambda: SwinV2Backbone(arch='tiny', window_size=8)),
+    'vit-base': ('ViT', hf.ViTConfig, lambda: ViTBackbone(arch='base')),
+    'vit-mae-large': ('ViT', lambda: hf.ViTMAEConfig(
+        hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
+        lambda: ViTBackbone(arch='large')),
+}
+
+
+@pytest.mark.parametrize('name', list(HUB_CONFIGS))
+def test_published_configs_agree_with_the_presets(name):
+    """The config.json of each published model passes the check against the preset that
+    builds it (the backbone built on the meta device: full size, no memory), and the same
+    config against another size is refused naming the preset."""
+    family, config, build = HUB_CONFIGS[name]
+    with torch.device('meta'):
+        target = build().checkpoint_target()
+    assert config_mismatch(config().to_dict(), family, target, 'folder') == ''
+    smaller = dict(config().to_dict(), num_hidden_layers=2, depths=[1, 1, 1, 1])
+    message = config_mismatch(smaller, family, target, 'folder')
+    assert message.startswith('the folder (config.json: ') and ': build it with depth' in message
