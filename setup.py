@@ -101,7 +101,7 @@ setup(
         # as its numpy<2 pin would make pip downgrade numpy, opencv-python and ml_dtypes here;
         # elsewhere: pip install --no-deps panopticapi-lite==0.2.0
         # transformers 5: the parity tests of its checkpoint layouts (save_pretrained folders;
-        # its 5.x names, tests/test_checkpoint_transformers.py)
+        # its 5.x names, tests/weights/test_checkpoint_transformers.py)
         'tests': ['pytest>=7', 'pytest-xdist>=3.5', 'timm>=1.0.9', 'transformers>=5,<6',
                   'ruff==0.17.6', 'mypy==2.4.1'],
         # tools/export_onnx.py: torch's dynamo ONNX exporter (onnxscript) and the check

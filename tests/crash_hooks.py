@@ -1,5 +1,5 @@
 """Test-only hook that pauses a training process at a chosen moment so the test can SIGKILL it
-there (imported by the configs of tests/test_crash_resume.py through ``custom_imports``).
+there (imported by the configs of tests/engine/test_crash_resume.py through ``custom_imports``).
 
 ``CRASH_AT=<point>:<iteration>`` in the environment picks the moment; the process writes
 ``<work_dir>/paused`` (its content names the point) and sleeps until it is killed:

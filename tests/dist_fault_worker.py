@@ -1,5 +1,5 @@
-"""Per-rank entry point of tests/test_dist_faults.py: the tiny DDP config of dist_worker, with a
-rank that fails on purpose at a given iteration.
+"""Per-rank entry point of tests/engine/test_dist_faults.py: the tiny DDP config of dist_worker,
+with a rank that fails on purpose at a given iteration.
 
     python tests/dist_fault_worker.py DATA_ROOT WORK_DIR MODE FAULT_RANK FAULT_ITER \
         MAX_ITERS CKPT_INTERVAL TIMEOUT_S [WRAP [HANG_GRACE_S]]

@@ -1,7 +1,7 @@
 """A tiny RetinaNet + SwinBackbone training config on a generated shapes dataset.
 
-Used in-process by tests/test_resume.py and tests/test_errors.py, and as the per-rank entry
-point of tests/test_distributed.py (``torchrun tests/dist_worker.py DATA_ROOT WORK_DIR``):
+Used in-process by tests/engine/test_resume.py and tests/test_errors.py, and as the per-rank entry
+point of tests/engine/test_distributed.py (``torchrun tests/dist_worker.py DATA_ROOT WORK_DIR``):
 each rank trains under DDP with a wall-clock budget (TimeBudgetHook; rank 1's clock runs
 slower) and crash-safe checkpoints, and writes ``rank{R}.pt`` with its final weights.
 """

@@ -38,7 +38,7 @@ def randomize_(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return module
 
 
-ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def subprocess_env(no_site: bool, **extra: str) -> Dict[str, str]:
@@ -47,7 +47,7 @@ def subprocess_env(no_site: bool, **extra: str) -> Dict[str, str]:
     .pth file (the compile-free ops' hook) runs."""
     env = {k: v for k, v in os.environ.items() if k not in ('VITDET_MMCV_OPS', 'PYTHONPATH')}
     if no_site:
-        env['PYTHONPATH'] = os.pathsep.join([sysconfig.get_paths()['purelib'], str(ROOT)])
+        env['PYTHONPATH'] = os.pathsep.join([sysconfig.get_paths()['purelib'], str(REPO_ROOT)])
     env.update(extra)
     return env
 
@@ -56,7 +56,7 @@ def load_tool(path: str) -> ModuleType:
     """The script ``tools/<path>`` (e.g. ``'convert_weights.py'``, ``'analysis/feature_shapes.py'``)
     imported as a module (``tools/`` is no package), to call its ``main(argv)`` in this process:
     a subprocess would pay the torch + mmdet import (~5 s on 2 cores) per call."""
-    file = ROOT / 'tools' / path
+    file = REPO_ROOT / 'tools' / path
     spec = importlib.util.spec_from_file_location(
         'vitdet_tool_' + path[:-len('.py')].replace('/', '_'), file)
     assert spec is not None and spec.loader is not None, file

@@ -1,9 +1,9 @@
 """Bad inputs get clear errors: the argument, the value and what is accepted.
 
 Checkpoint errors (missing file, unrecognised format, different arch listed by key, malicious
-pickle) are covered in tests/test_swin_weights.py and tests/test_vit_weights.py; the resume
-path's malicious-pickle refusal in tests/test_resume.py; config data_root checks in
-tests/test_configs.py.
+pickle) are covered in tests/weights/test_swin_weights.py and
+tests/weights/test_vit_weights.py; the resume path's malicious-pickle refusal in
+tests/engine/test_resume.py; config data_root checks in tests/configs/test_configs.py.
 """
 import glob
 import os.path as osp

@@ -134,3 +134,24 @@ def test_the_private_name_check_finds_each_form():
         'vitdet_plugin.functional.window._region_labels', 'vitdet_plugin.models._internal.thing',
         'vitdet_plugin._hidden', 'vitdet_plugin.functional.window._build_shift_mask'}
     assert any(True for _ in TOOLS.rglob('*.py'))
+
+
+#: Test modules about the project as a whole (docs, README, import rules, the install's
+#: foundation, cross-package error messages): tests/ top level.
+CROSS_CUTTING = {'test_docs.py', 'test_readme_snippet.py', 'test_import_graph.py',
+                 'test_foundation.py', 'test_errors.py'}
+
+
+def test_tests_mirror_the_package():
+    """A module's tests are found by its name: tests/<path>/ holds the tests of
+    vitdet_plugin/<path>/ (tests/tools/ and tests/configs/: of the top-level tools/ and
+    configs/); only the cross-cutting modules stay at the top level."""
+    tests = PACKAGE.parent / 'tests'
+    dirs = {p.parent.relative_to(tests) for p in tests.rglob('test_*.py')} - {Path('.')}
+    assert dirs, 'no test directories found'
+    unmirrored = sorted(str(d) for d in dirs
+                        if not (PACKAGE / d).is_dir()
+                        and not (PACKAGE.parent / d.parts[0]).is_dir())
+    assert not unmirrored, f'test directories with no package directory: {unmirrored}'
+    loose = sorted(p.name for p in tests.glob('test_*.py') if p.name not in CROSS_CUTTING)
+    assert not loose, f'move these into the tests/ directory of what they test: {loose}'

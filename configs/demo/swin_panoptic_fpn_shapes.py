@@ -16,7 +16,7 @@
 #   4-stage, 256 px, 96-channel Mask R-CNN demo. Mask2Former / DETR-style set prediction
 #   (Hungarian matching, 100 queries, point-sampled mask losses) needs far more updates from
 #   scratch (the DETR demos learn boxes slowly on this data), so it is not the demo's model; its
-#   configs are covered by tests (tests/test_mask2former.py).
+#   configs are covered by tests (tests/models/heads/test_mask2former.py).
 # * the stuff head (PanopticFPNHead on P3-P5, 64 channels, GN) adds ~15 % per iteration and the
 #   panoptic output; box head with GIoU on decoded boxes (mmdet's faster-rcnn giou recipe) and
 #   32 sampled RoIs per image: segm mAP 0.308 -> 0.358 (PQ 33.4 -> 41.0, mIoU 31.2 -> 38.0).

@@ -24,10 +24,11 @@ special init values) and fed the same generated shapes images, then run twice:
 * ``ours``: the compile-free ``mmcv._ext``, with those two routed to the extension as on CUDA.
 
 Detectors: RetinaNet (``configs/demo/swin_retinanet_shapes.py``), Mask R-CNN
-(``configs/demo/swin_mask_rcnn_shapes.py``), Mask2Former (``configs/swin_mask2former_instance.py``
-shrunk as ``tests/test_mask2former.py`` does) and DINO (``configs/swin_dino.py`` shrunk as
-``tests/test_detr_head.py`` does). Per detector: every loss term of a training forward (abs /
-relative difference), the gradients after backward (norm, largest difference relative to the
+(``configs/demo/swin_mask_rcnn_shapes.py``), Mask2Former
+(``configs/swin_mask2former_instance.py`` shrunk as ``tests/models/heads/test_mask2former.py``
+does) and DINO (``configs/swin_dino.py`` shrunk as ``tests/models/heads/test_detr_head.py``
+does). Per detector: every loss term of a training forward (abs / relative difference), the
+gradients after backward (norm, largest difference relative to the
 largest gradient, the worst parameter), and the eval predictions (detections per image; in
 their order: largest box and score difference, label agreement, mask pixel agreement and IoU).
 The extension functions each side called are listed under the table.
@@ -67,7 +68,8 @@ IMAGE = {'retinanet': 192, 'mask_rcnn': 192, 'mask2former': 128, 'dino': 128}
 #: Noise added to every initialised weight: random-init heads otherwise score every anchor at
 #: the focal-loss prior (0.01, under RetinaNet's 0.05 threshold: no detections).
 PERTURB_STD = 0.05
-#: Shrunk DINO (tests/test_detr_head.py): backbone, one encoder / decoder layer, 30 queries.
+#: Shrunk DINO (tests/models/heads/test_detr_head.py): backbone, one encoder / decoder layer,
+#: 30 queries.
 DINO_SWIN = dict(embed_dims=32, depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8])
 DINO_NECK_IN = [64, 128, 256]
 DINO_QUERIES, DINO_DN_QUERIES = 30, 10
@@ -191,7 +193,7 @@ def model_config(path: str) -> Any:
 
 
 def shrink_mask2former(cfg: Any, pad: int = M2F_IMAGE) -> Any:
-    """Mask2Former shrunk in size only, as ``tests/test_mask2former.py`` shrinks it."""
+    """Mask2Former shrunk in size only, as ``tests/models/heads/test_mask2former.py`` shrinks it."""
     from mmdet.registry import MODELS
     cfg, t = copy.deepcopy(cfg), M2F_TINY
     cfg.backbone.update(M2F_SWIN, init_cfg=None)

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # The compiled-mmcv build (`make env MMCV=compiled`, tools/env/setup_env.sh), shared with
-# tests/test_mmcv_sdist.py, which runs these steps on the real PyPI sdist short of compiling.
+# tests/ops/test_mmcv_sdist.py, which runs these steps on the real PyPI sdist short of compiling.
 # Source it; it defines:
 #
 #   MMCV_VERSION                       the mmcv that mmdet 3.3.0 accepts (mmdet refuses >= 2.2)

@@ -42,8 +42,9 @@ DET_SIZE = (800, 1216)
 DET_ITEMS = [5, 3]
 DET_CONFIGS = ('configs/swin_retinanet.py', 'configs/swin_mask_rcnn.py')
 NOISE_STD = 0.02
-#: DINO, shrunk as tests/test_detr_head.py does (a stem Swin, fewer layers and queries), at a
-#: small image size: the deformable attention of its encoder and decoder runs on CUDA.
+#: DINO, shrunk as tests/models/heads/test_detr_head.py does (a stem Swin, fewer layers and
+#: queries), at a small image size: the deformable attention of its encoder and decoder runs
+#: on CUDA.
 DINO_CONFIG = 'configs/swin_dino.py'
 DINO_SIZE = (320, 416)
 DINO_SWIN = dict(embed_dims=32, depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8])

@@ -30,14 +30,14 @@ default window, 14, is DINOv3's 224 / 16 pretraining grid).
 
 ``prefix_tokens``: ``'keep'`` (default) carries the cls / register tokens through every block;
 in window blocks every window attends to them as extra tokens and their outputs are averaged
-over the windows of the image. ``'drop'`` removes them after the embedding (ViTDet /
-EVA-02-det drop the cls token; the model then has no ``cls_token`` / ``reg_token``, a
-checkpoint's are reported as dropped). Measured (``tests/test_vit_family_windows.py::
-test_prefix_token_choice_measured``: random weights, 4 blocks of which 2 global, window 3 on a
-5 x 7 grid, relative L2 distance of the patch features to the all-global model with the same
-weights): DINOv3 keep 0.0008 / drop 0.0011, EVA-02 keep 0.0267 / drop 0.0286. Keeping them is
-the closer one in both families (and registers exist to take the high-norm artefacts off the
-patch tokens), hence the default.
+over the windows of the image. ``'drop'`` removes them after the embedding (ViTDet / EVA-02-det
+drop the cls token; the model then has no ``cls_token`` / ``reg_token``, a checkpoint's are
+reported as dropped). Measured
+(``tests/models/backbones/test_vit_family_windows.py::test_prefix_token_choice_measured``:
+random weights, 4 blocks of which 2 global, window 3 on a 5 x 7 grid, relative L2 distance of
+the patch features to the all-global model with the same weights): DINOv3 keep 0.0008 / drop
+0.0011, EVA-02 keep 0.0267 / drop 0.0286. Keeping them is the closer one in both families (and
+registers exist to take the high-norm artefacts off the patch tokens), hence the default.
 """
 import dataclasses
 import re

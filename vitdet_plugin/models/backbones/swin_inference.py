@@ -7,8 +7,8 @@ arithmetic (page faults of fresh multi-megabyte blocks, evicted caches), so here
 on one flat buffer ``(B * H * W, C)``: chunks of windows are gathered, normalised, attended and
 scatter-added back (the residual), padding tokens never enter the ``qkv`` / ``proj`` GEMMs, and
 the MLP runs over row chunks with ``fc2`` accumulated straight into the buffer. Same values as
-the plain path (``tests/test_accel.py``). Measured against the plain path (docs/speed.md):
-0.69x the Swin-T forward time at 800x1216, 0.61x at 1024x1024, no gain at 224x224.
+the plain path (``tests/models/backbones/test_accel.py``). Measured against the plain path
+(docs/speed.md): 0.69x the Swin-T forward time at 800x1216, 0.61x at 1024x1024, no gain at 224x224.
 
 :class:`~vitdet_plugin.models.backbones.swin.SwinBackbone` runs it when
 :func:`chunked_inference_applies` (CPU, no autograd, no autocast, no graph capture) and calls
