@@ -1,11 +1,12 @@
 # shellcheck shell=bash
 # STACK=onedl (`make env STACK=onedl`, tools/env/setup_env.sh): the maintained OpenMMLab fork
 # (github.com/VBTI-development), whose distributions import as mmengine, mmcv and mmdet.
-# Source it after setup_env.sh has defined PY, PIP, BIN, ROOT, VENV, say and have; it defines:
+# Source it; install_onedl runs after setup_env.sh has defined PY, PIP, BIN, ROOT, VENV,
+# PANOPTICAPI, say and have. It defines:
 #
 #   ONEDL_MMENGINE, ONEDL_MMCV_VERSION, ONEDL_MMDET   the pinned versions
-#   install_onedl     the fork, then the plugin (editable) with its test extra, neither pulling
-#                     OpenMMLab's own mmengine / mmdet back in
+#   install_onedl     the fork, the plugin (editable) with its test extra, neither pulling
+#                     OpenMMLab's own mmengine / mmdet back in, and panopticapi (as make env)
 #
 # What PyPI has: onedl-mmengine as a wheel; onedl-mmcv and onedl-mmdetection as sdists only.
 # onedl-mmdetection is pure Python. onedl-mmcv's setup.py compiles its extension (mmcv._ext) only
@@ -23,15 +24,17 @@ ONEDL_REPLACES=(mmengine mmcv mmcv-lite mmdet)
 
 install_onedl() {
     local dist stamp want reqs
-    # the fork's pins, the plugin's requirements (setup.py) and the plugin itself, as installed
+    local pins="onedl-mmengine==$ONEDL_MMENGINE onedl-mmcv==$ONEDL_MMCV_VERSION"
+    pins+=" onedl-mmdetection==$ONEDL_MMDET $PANOPTICAPI"
+    # skipped when setup.py and the pins are unchanged since the last successful install
     stamp="$VENV/.vitdet_plugin_setup.sha256"
-    want="$( (cat "$ROOT/setup.py"; echo "onedl $ONEDL_MMENGINE $ONEDL_MMCV_VERSION $ONEDL_MMDET") \
-        | sha256sum | cut -d' ' -f1)"
+    want="$( (cat "$ROOT/setup.py"; echo "$pins") | sha256sum | cut -d' ' -f1)"
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && have onedl-mmengine "$ONEDL_MMENGINE" \
             && have onedl-mmcv "$ONEDL_MMCV_VERSION" && have onedl-mmdetection "$ONEDL_MMDET" && \
-            "$PY" -c "import mmengine, mmdet, pytest, timm, vitdet_plugin" >/dev/null 2>&1; then
+            "$PY" -c "import mmengine, mmdet, pytest, timm, vitdet_plugin, panopticapi.evaluation" \
+            >/dev/null 2>&1; then
         say "onedl-mmengine $ONEDL_MMENGINE, onedl-mmcv $ONEDL_MMCV_VERSION, onedl-mmdetection" \
-            "$ONEDL_MMDET, the plugin (editable) and its test extra already installed"
+            "$ONEDL_MMDET, the plugin (editable), its test extra, panopticapi already installed"
         return
     fi
     for dist in "${ONEDL_REPLACES[@]}"; do
@@ -54,6 +57,8 @@ install_onedl() {
     env -u PIP_NO_BUILD_ISOLATION "${PIP[@]}" install -q "${BIN[@]}" \
         --no-binary onedl-mmcv,onedl-mmdetection "onedl-mmengine==$ONEDL_MMENGINE" \
         "onedl-mmcv==$ONEDL_MMCV_VERSION" "onedl-mmdetection==$ONEDL_MMDET" "${reqs[@]}"
+    say "installing $PANOPTICAPI (--no-deps: it pins numpy<2, its code runs on numpy 2)"
+    "${PIP[@]}" install -q "${BIN[@]}" --no-deps "$PANOPTICAPI"
     echo "$want" > "$stamp"
 }
 

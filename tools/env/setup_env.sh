@@ -189,9 +189,9 @@ mmcv_download_sdist_with_tools() {
 # (and opencv-python, ml_dtypes) below what torch 2.14 and opencv 5 use; its code needs only
 # numpy (1 or 2), so it is installed on its own with --no-deps instead of in setup.py's extras.
 # The dependencies come as wheels; the plugin itself is pure Python (its build compiles nothing).
+PANOPTICAPI="panopticapi-lite==0.2.0"
 install_plugin() {
-    local PANOPTICAPI STAMP WANT
-    PANOPTICAPI="panopticapi-lite==0.2.0"
+    local STAMP WANT
     STAMP="$VENV/.vitdet_plugin_setup.sha256"
     WANT="$( (cat "$ROOT/setup.py"; echo "$PANOPTICAPI") | sha256sum | cut -d' ' -f1)"
     if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && \
