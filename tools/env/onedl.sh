@@ -53,8 +53,9 @@ install_onedl() {
         "sdist without torch: no extension, no compiler), onedl-mmdetection $ONEDL_MMDET and the" \
         "plugin's requirements but mmengine / mmdet: ${reqs[*]}"
     # sdists allowed for the fork's two only; build isolation (pip's default) is what keeps
-    # torch, and with it the C++ build, away from onedl-mmcv's setup.py
-    env -u PIP_NO_BUILD_ISOLATION "${PIP[@]}" install -q "${BIN[@]}" \
+    # torch, and with it the C++ build, away from onedl-mmcv's setup.py. --no-warn-conflicts:
+    # pip would report the plugin's two OpenMMLab pins as an ERROR (what `pip check` says too).
+    env -u PIP_NO_BUILD_ISOLATION "${PIP[@]}" install -q --no-warn-conflicts "${BIN[@]}" \
         --no-binary onedl-mmcv,onedl-mmdetection "onedl-mmengine==$ONEDL_MMENGINE" \
         "onedl-mmcv==$ONEDL_MMCV_VERSION" "onedl-mmdetection==$ONEDL_MMDET" "${reqs[@]}"
     say "installing $PANOPTICAPI (--no-deps: it pins numpy<2, its code runs on numpy 2)"
