@@ -10,7 +10,7 @@ MMCV ?= lite
 
 .PHONY: env lint test test-all smoke demo demo-seg demo-detr benchmark clean-env gpu-wheels
 
-env:            ## build .venv: torch 2.14.1, mmcv-lite 2.1.0 (MMCV=compiled: with ops), mmdet 3.3.0, plugin
+env:            ## build .venv: torch 2.14.1, mmcv-lite 2.1.0 (MMCV=compiled: with ops), mmdet 3.3.0, plugin (STACK=onedl: .venv-onedl, the fork)
 	MMCV=$(MMCV) STACK=$(STACK) bash tools/env/setup_env.sh
 
 lint: env       ## ruff (package, tools, tests, configs) + mypy (package, tools); ruff.toml, mypy.ini
