@@ -1,13 +1,17 @@
 # vitdet_plugin developer commands. See README.md.
-PY := .venv/bin/python
+# openmmlab: mmdet 3.3.0, mmengine 0.10.7, mmcv 2.1.0 in .venv (default);
+# onedl: the maintained fork (onedl-mmdetection, onedl-mmengine, onedl-mmcv) in .venv-onedl
+STACK ?= openmmlab
+VENV := $(if $(filter onedl,$(STACK)),.venv-onedl,.venv)
+PY := $(VENV)/bin/python
 # lite: mmcv-lite + the plugin's compile-free ops (default, wheels only, minutes);
 # compiled: mmcv 2.1.0 built with ops from its sdist (g++, Python headers, 20-40 min)
 MMCV ?= lite
 
-.PHONY: env lint test test-all demo demo-seg demo-detr benchmark clean-env gpu-wheels
+.PHONY: env lint test test-all smoke demo demo-seg demo-detr benchmark clean-env gpu-wheels
 
-env:            ## build .venv: torch 2.14.1, mmcv-lite 2.1.0 (MMCV=compiled: with ops), mmdet 3.3.0, plugin
-	MMCV=$(MMCV) bash tools/env/setup_env.sh
+env:            ## build .venv: torch 2.14.1, mmcv-lite 2.1.0 (MMCV=compiled: with ops), mmdet 3.3.0, plugin (STACK=onedl: .venv-onedl, the fork)
+	MMCV=$(MMCV) STACK=$(STACK) bash tools/env/setup_env.sh
 
 lint: env       ## ruff (package, tools, tests, configs) + mypy (package, tools); ruff.toml, mypy.ini
 	$(PY) -m ruff check vitdet_plugin tools tests configs
@@ -21,6 +25,26 @@ test: env       ## the default (fast) test suite
 
 test-all: env   ## every test, slow ones included
 	$(PY) -m pytest -q -m "slow or not slow"
+
+# The stack smoke subset (.ci/run runs it on STACK=onedl): import, registry and the version gate;
+# one training step and inference of the demo Swin RetinaNet and Mask R-CNN, and of mmdet's own
+# Swin configs with our backbone; mmdet's tools/train.py and init_detector through the ops hook;
+# the checkpoint-loading tests. README.md "Stacks" says what else runs on the fork.
+SMOKE_TESTS := \
+	tests/test_foundation.py \
+	'tests/test_configs.py::test_config_trains_and_predicts[demo/swin_retinanet_shapes.py]' \
+	'tests/test_configs.py::test_config_trains_and_predicts[demo/swin_mask_rcnn_shapes.py]' \
+	tests/test_configs.py::test_stock_mmdet_config_with_our_backbone \
+	tests/test_ops_entry_points.py \
+	tests/test_checkpoint_arch.py \
+	tests/test_checkpoint_families.py \
+	tests/test_swin_weights.py \
+	tests/test_vit_weights.py \
+	tests/test_vit_weights_detectron2.py \
+	tests/test_official_vit_layouts.py \
+	tests/test_vit_family_loading.py
+smoke: env      ## the stack smoke subset (SMOKE_TESTS) on STACK's venv
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile $(SMOKE_TESTS)
 
 demo: env       ## generate the shapes dataset, train + evaluate the demo Swin RetinaNet on CPU
 	bash tools/demo.sh
@@ -41,4 +65,4 @@ gpu-wheels:     ## .whl/: the wheels (CPython 3.12, ~7 MiB; nothing is built the
 	bash tools/dev/gpu_wheels.sh
 
 clean-env:
-	rm -rf .venv
+	rm -rf $(VENV)

@@ -1,4 +1,5 @@
 """Package, registration, the mmcv ops backend and the torch>=2.6 checkpoint fix."""
+import importlib.metadata
 import re
 import subprocess
 import sys
@@ -10,6 +11,16 @@ import torch
 
 import vitdet_plugin
 from vitdet_plugin import compat
+
+#: How each stack's refusals end: the command that installs it (README "Stacks").
+FIXES = {
+    'openmmlab': ("run `make env` in the vitdet_plugin checkout (mmcv-lite 2.1.0 with the "
+                  "plugin's compile-free ops; `make env MMCV=compiled` builds mmcv 2.1.0 with its "
+                  "own ops)"),
+    'onedl': ("run `make env STACK=onedl` in the vitdet_plugin checkout (onedl-mmengine, "
+              "onedl-mmcv without its extension and the plugin's compile-free ops, "
+              "onedl-mmdetection)"),
+}
 
 
 def test_custom_imports_registers_our_names_and_leaves_mmdet_alone():
@@ -30,7 +41,9 @@ def test_custom_imports_registers_our_names_and_leaves_mmdet_alone():
     """)
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == 'SwinBackbone (96, 192, 384, 768) (4, 8, 16, 32)'
+    # the last line: the fork's mmdet 3.5 prints 'Could not import OneDL. Skipping OneDL
+    # datasets.' on import (twice) where its optional `onedl` package is absent
+    assert out.stdout.splitlines()[-1] == 'SwinBackbone (96, 192, 384, 768) (4, 8, 16, 32)'
 
 
 def test_config_without_the_import_gives_a_clear_error():
@@ -61,10 +74,25 @@ def test_mmcv_ops_are_usable():
     assert dets.shape == (2, 5)
 
 
-def test_version_gate_names_the_fix(monkeypatch):
+@pytest.mark.parametrize('stack, mmcv_range', [('openmmlab', '2.0.0rc4 <= mmcv < 2.2.0'),
+                                               ('onedl', '2.3.0 <= mmcv < 2.4.0')])
+def test_version_gate_names_the_fix(monkeypatch, stack, mmcv_range):
+    """The fork is told apart by its mmdet distribution (onedl-mmdetection), and each stack is
+    held to its own versions: mmcv 2.2.0 is in neither range."""
     import mmcv
+    real_version = importlib.metadata.version
+
+    def version(name: str) -> str:
+        if name == 'onedl-mmdetection':
+            if stack == 'onedl':
+                return '3.5.1'
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real_version(name)
+
+    monkeypatch.setattr(importlib.metadata, 'version', version)
     monkeypatch.setattr(mmcv, '__version__', '2.2.0')
-    with pytest.raises(ImportError, match=r'mmcv 2\.2\.0 is not supported.*make env'):
+    with pytest.raises(ImportError, match=re.escape(
+            f'mmcv 2.2.0 is not supported: vitdet_plugin needs {mmcv_range}; {FIXES[stack]}')):
         compat.check_stack()
 
 
@@ -77,13 +105,13 @@ def test_missing_ops_names_the_fix(monkeypatch):
             raise ModuleNotFoundError("No module named 'mmcv._ext'")
         return real_import(name, *args, **kwargs)
 
+    import mmcv
     monkeypatch.setattr(builtins, '__import__', fake_import)
     monkeypatch.delenv('VITDET_MMCV_OPS', raising=False)
     with pytest.raises(ImportError, match=re.escape(
-            "mmcv 2.1.0 cannot load mmcv.ops (no compiled extension, and the compile-free ops "
-            "are off or not installed: VITDET_MMCV_OPS=auto): No module named 'mmcv._ext'; run "
-            "`make env` in the vitdet_plugin checkout (mmcv-lite 2.1.0 with the plugin's "
-            "compile-free ops; `make env MMCV=compiled` builds mmcv 2.1.0 with its own ops)")):
+            f"mmcv {mmcv.__version__} cannot load mmcv.ops (no compiled extension, and the "
+            "compile-free ops are off or not installed: VITDET_MMCV_OPS=auto): No module named "
+            f"'mmcv._ext'; {FIXES[compat.installed_stack().name]}")):
         compat.check_stack()
 
 

@@ -8,7 +8,9 @@ changes nothing. In order:
 2. The supported stack is checked (mmcv, mmengine, mmdet versions, and that ``mmcv.ops`` loads:
    on mmcv's compiled extension or on the compile-free ops of :mod:`vitdet_plugin.ops`); a broken
    one raises :class:`UnsupportedEnvironmentError` naming the fix (``make env``) instead of
-   failing later deep inside a model build.
+   failing later deep inside a model build. Two stacks are supported, each with its own version
+   ranges (:func:`installed_stack` tells them apart): OpenMMLab's last releases, and the
+   maintained fork (onedl-mmdetection, onedl-mmengine, onedl-mmcv; ``make env STACK=onedl``).
 3. Safe checkpoint loading (:mod:`vitdet_plugin.weights.checkpoint_io`): mmengine's checkpoint
    objects allow-listed for ``torch.load(weights_only=True)`` (mmengine#1655), and mmengine's
    loaders for local files and URLs routed through the weights_only reader with its trust list.
@@ -24,8 +26,9 @@ Registering our modules in mmdet's and mmengine's registries is separate: import
 """
 import functools
 import importlib
+import importlib.metadata
 import os
-from typing import Callable
+from typing import Callable, Dict, NamedTuple, Tuple
 
 import torch
 
@@ -37,6 +40,28 @@ MMENGINE_RANGE = ('0.10.0', '0.11.0')
 MMDET_RANGE = ('3.0.0', '3.4.0')
 FIX_HINT = ('run `make env` in the vitdet_plugin checkout (mmcv-lite 2.1.0 with the plugin\'s '
             'compile-free ops; `make env MMCV=compiled` builds mmcv 2.1.0 with its own ops)')
+#: The distribution of the maintained fork's mmdet: installed, it selects :data:`ONEDL`.
+ONEDL_MMDET_DISTRIBUTION = 'onedl-mmdetection'
+ONEDL_FIX_HINT = ('run `make env STACK=onedl` in the vitdet_plugin checkout (onedl-mmengine, '
+                  'onedl-mmcv without its extension and the plugin\'s compile-free ops, '
+                  'onedl-mmdetection)')
+
+
+class Stack(NamedTuple):
+    """A supported mmcv / mmengine / mmdet combination: a half-open version range per package
+    (``lo <= version < hi``) and the command that installs it."""
+    name: str
+    ranges: Dict[str, Tuple[str, str]]
+    fix_hint: str
+
+
+#: OpenMMLab's last releases (mmdet 3.3 refuses mmcv >= 2.2).
+OPENMMLAB = Stack('openmmlab', {'mmcv': MMCV_RANGE, 'mmengine': MMENGINE_RANGE,
+                                'mmdet': MMDET_RANGE}, FIX_HINT)
+#: The maintained fork (onedl-mmcv 2.3, onedl-mmengine 0.10.8+, onedl-mmdetection 3.5), which
+#: imports as mmcv / mmengine / mmdet.
+ONEDL = Stack('onedl', {'mmcv': ('2.3.0', '2.4.0'), 'mmengine': ('0.10.8', '0.11.0'),
+                        'mmdet': ('3.5.0', '3.6.0')}, ONEDL_FIX_HINT)
 #: ``ops_backend()`` for mmcv's own compiled extension.
 COMPILED_BACKEND = 'compiled'
 
@@ -50,29 +75,38 @@ def _version_in(version: str, lo: str, hi: str) -> bool:
     return parse(lo) <= parse(version) < parse(hi)
 
 
+def installed_stack() -> Stack:
+    """:data:`ONEDL` where the fork's mmdet distribution is installed, else :data:`OPENMMLAB`."""
+    try:
+        importlib.metadata.version(ONEDL_MMDET_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return OPENMMLAB
+    return ONEDL
+
+
 def check_stack() -> None:
     """Raise :class:`ImportError` with the fix when mmcv/mmengine/mmdet are unusable."""
+    stack = installed_stack()
     try:
         import mmcv
         import mmdet
         import mmengine
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise UnsupportedEnvironmentError(f'vitdet_plugin needs mmcv, mmengine and mmdet: {e}; '
-                                          f'{FIX_HINT}') from e
-    for name, module, (lo, hi) in (('mmcv', mmcv, MMCV_RANGE),
-                                   ('mmengine', mmengine, MMENGINE_RANGE),
-                                   ('mmdet', mmdet, MMDET_RANGE)):
+                                          f'{stack.fix_hint}') from e
+    for name, module in (('mmcv', mmcv), ('mmengine', mmengine), ('mmdet', mmdet)):
+        lo, hi = stack.ranges[name]
         if not _version_in(module.__version__, lo, hi):
             raise UnsupportedEnvironmentError(
                 f'{name} {module.__version__} is not supported: vitdet_plugin needs '
-                f'{lo} <= {name} < {hi}; {FIX_HINT}')
+                f'{lo} <= {name} < {hi}; {stack.fix_hint}')
     try:
         from mmcv.ops import nms  # noqa: F401  (loads the extension: compiled or ours)
     except (ImportError, ModuleNotFoundError, OSError) as e:
         raise UnsupportedEnvironmentError(
             f'mmcv {mmcv.__version__} cannot load mmcv.ops (no compiled extension, and the '
             f'compile-free ops are off or not installed: VITDET_MMCV_OPS='
-            f'{os.environ.get("VITDET_MMCV_OPS", "auto")}): {e}; {FIX_HINT}') from e
+            f'{os.environ.get("VITDET_MMCV_OPS", "auto")}): {e}; {stack.fix_hint}') from e
 
 
 def ops_backend() -> str:

@@ -11,9 +11,14 @@
 #                        cached as a wheel; CUDA ops too when nvcc and a GPU are present).
 #                        Needs g++ >= 10 and the Python headers; 20-40 minutes on 2 cores.
 #
+#   STACK=onedl builds .venv-onedl on the maintained OpenMMLab fork instead (tools/env/onedl.sh):
+#   onedl-mmengine, onedl-mmdetection and onedl-mmcv built without its extension (pure Python:
+#   the compile-free ops stand in), the plugin (editable, --no-deps) with its test extra.
+#
 # Environment variables:
-#   MMCV                lite | compiled                    (default: lite)
-#   VITDET_VENV         venv directory                     (default: .venv)
+#   STACK               openmmlab | onedl                  (default: openmmlab)
+#   MMCV                lite | compiled                    (default: lite; onedl: lite only)
+#   VITDET_VENV         venv directory                     (default: .venv; onedl: .venv-onedl)
 #   VITDET_PYTHON       interpreter used to create it      (default: python3.11)
 #   VITDET_WHEEL_CACHE  where the built mmcv wheel is kept (default: ~/.cache/vitdet_plugin/wheels;
 #                       CUDA builds in its cudaXX.Y/ subdirectory; one wheel per Python version)
@@ -21,7 +26,14 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-VENV="${VITDET_VENV:-$ROOT/.venv}"
+STACK="${STACK:-openmmlab}"
+case "$STACK" in
+    openmmlab) VENV="${VITDET_VENV:-$ROOT/.venv}" ;;
+    onedl) VENV="${VITDET_VENV:-$ROOT/.venv-onedl}" ;;
+    *) echo "STACK=$STACK: choose STACK=openmmlab (default: mmdet 3.3.0, mmengine 0.10.7, mmcv" \
+            "2.1.0) or STACK=onedl (the maintained fork: onedl-mmdetection, onedl-mmengine," \
+            "onedl-mmcv)" >&2; exit 2 ;;
+esac
 PY_BOOT="${VITDET_PYTHON:-python3.11}"
 WHEELS="${VITDET_WHEEL_CACHE:-$HOME/.cache/vitdet_plugin/wheels}"
 MMCV="${MMCV:-lite}"
@@ -29,6 +41,9 @@ TORCH_SPEC=(torch==2.14.1 torchvision==0.29.1)
 # MMCV_VERSION and the compiled-mmcv build steps
 # shellcheck source=tools/env/mmcv_sdist.sh
 source "$ROOT/tools/env/mmcv_sdist.sh"
+# ONEDL_*: the fork's pins and install steps (STACK=onedl)
+# shellcheck source=tools/env/onedl.sh
+source "$ROOT/tools/env/onedl.sh"
 export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
 START=$SECONDS
 
@@ -38,6 +53,11 @@ case "$MMCV" in
     *) echo "MMCV=$MMCV: choose MMCV=lite (default: mmcv-lite + the plugin's compile-free ops)" \
             "or MMCV=compiled (mmcv $MMCV_VERSION built with ops from its sdist)" >&2; exit 2 ;;
 esac
+if [ "$STACK/$MMCV" = onedl/compiled ]; then
+    echo "STACK=onedl runs on the plugin's compile-free ops only (onedl-mmcv is built without" \
+         "its extension): drop MMCV=compiled, or use the default STACK for compiled mmcv" >&2
+    exit 2
+fi
 
 if [ ! -x "$VENV/bin/python" ]; then
     say "creating virtualenv $VENV with $PY_BOOT"
@@ -162,8 +182,6 @@ mmcv_download_sdist_with_tools() {
     PYTHONPATH="$1/buildtools${PYTHONPATH:+:$PYTHONPATH}" mmcv_download_sdist "$PY" "$1"
 }
 
-"install_$MMCV"
-
 # The plugin (editable) with mmengine, mmdet, the test and deploy (onnx, onnxscript,
 # onnxruntime) extras, and panopticapi (mmdet's CocoPanopticDataset / CocoPanopticMetric, the
 # shapes panoptic tests); skipped when setup.py and PANOPTICAPI are unchanged since the last
@@ -172,18 +190,29 @@ mmcv_download_sdist_with_tools() {
 # numpy (1 or 2), so it is installed on its own with --no-deps instead of in setup.py's extras.
 # The dependencies come as wheels; the plugin itself is pure Python (its build compiles nothing).
 PANOPTICAPI="panopticapi-lite==0.2.0"
-STAMP="$VENV/.vitdet_plugin_setup.sha256"
-WANT="$( (cat "$ROOT/setup.py"; echo "$PANOPTICAPI") | sha256sum | cut -d' ' -f1)"
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && \
-        "$PY" -c "import mmengine, mmdet, pytest, timm, onnxruntime, onnxscript, vitdet_plugin
+install_plugin() {
+    local STAMP WANT
+    STAMP="$VENV/.vitdet_plugin_setup.sha256"
+    WANT="$( (cat "$ROOT/setup.py"; echo "$PANOPTICAPI") | sha256sum | cut -d' ' -f1)"
+    if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && \
+            "$PY" -c "import mmengine, mmdet, pytest, timm, onnxruntime, onnxscript, vitdet_plugin
 import panopticapi.evaluation" >/dev/null 2>&1; then
-    say "plugin (editable), mmengine, mmdet, test and deploy extras, panopticapi already installed"
+        say "plugin (editable), mmengine, mmdet, test and deploy extras, panopticapi already installed"
+    else
+        say "installing the plugin (editable) with mmengine 0.10.7, mmdet 3.3.0, test and deploy extras"
+        "${PIP[@]}" install -q --only-binary :all: --no-binary vitdet_plugin -e "$ROOT[tests,deploy]"
+        say "installing $PANOPTICAPI (--no-deps: it pins numpy<2, its code runs on numpy 2)"
+        "${PIP[@]}" install -q "${BIN[@]}" --no-deps "$PANOPTICAPI"
+        echo "$WANT" > "$STAMP"
+    fi
+}
+
+if [ "$STACK" = onedl ]; then
+    install_onedl  # tools/env/onedl.sh: the fork, then the plugin
+    MMCV_VERSION="$ONEDL_MMCV_VERSION"  # the mmcv the checks below expect
 else
-    say "installing the plugin (editable) with mmengine 0.10.7, mmdet 3.3.0, test and deploy extras"
-    "${PIP[@]}" install -q --only-binary :all: --no-binary vitdet_plugin -e "$ROOT[tests,deploy]"
-    say "installing $PANOPTICAPI (--no-deps: it pins numpy<2, its code runs on numpy 2)"
-    "${PIP[@]}" install -q "${BIN[@]}" --no-deps "$PANOPTICAPI"
-    echo "$WANT" > "$STAMP"
+    "install_$MMCV"
+    install_plugin
 fi
 
 # The check a new interpreter makes: `import mmdet.models` (mmcv.ops, before any import of
