@@ -32,17 +32,17 @@ test-all: env   ## every test, slow ones included
 # the checkpoint-loading tests. README.md "Stacks" says what else runs on the fork.
 SMOKE_TESTS := \
 	tests/test_foundation.py \
-	'tests/test_configs.py::test_config_trains_and_predicts[demo/swin_retinanet_shapes.py]' \
-	'tests/test_configs.py::test_config_trains_and_predicts[demo/swin_mask_rcnn_shapes.py]' \
-	tests/test_configs.py::test_stock_mmdet_config_with_our_backbone \
-	tests/test_ops_entry_points.py \
-	tests/test_checkpoint_arch.py \
-	tests/test_checkpoint_families.py \
-	tests/test_swin_weights.py \
-	tests/test_vit_weights.py \
-	tests/test_vit_weights_detectron2.py \
-	tests/test_official_vit_layouts.py \
-	tests/test_vit_family_loading.py
+	'tests/configs/test_configs.py::test_config_trains_and_predicts[demo/swin_retinanet_shapes.py]' \
+	'tests/configs/test_configs.py::test_config_trains_and_predicts[demo/swin_mask_rcnn_shapes.py]' \
+	tests/configs/test_configs.py::test_stock_mmdet_config_with_our_backbone \
+	tests/ops/test_ops_entry_points.py \
+	tests/weights/test_checkpoint_arch.py \
+	tests/weights/test_checkpoint_families.py \
+	tests/weights/test_swin_weights.py \
+	tests/weights/test_vit_weights.py \
+	tests/weights/test_vit_weights_detectron2.py \
+	tests/weights/test_official_vit_layouts.py \
+	tests/weights/test_vit_family_loading.py
 smoke: env      ## the stack smoke subset (SMOKE_TESTS) on STACK's venv
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile $(SMOKE_TESTS)
 
