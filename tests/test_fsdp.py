@@ -8,10 +8,12 @@ the parameters and optimizer state; resuming from the first checkpoint continues
 bit-identically; the checkpoint is a plain full state dict that one process loads strictly.
 """
 import json
+import math
 import os
 import os.path as osp
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -145,3 +147,62 @@ def _flat(node):
     if isinstance(node, (list, tuple)):
         return [_flat(v) for v in node]
     return node
+
+
+@pytest.mark.slow
+def test_fsdp_configs_train_a_shrunk_step_on_two_ranks(tmp_path):
+    """Each shipped FSDP config (model, layer decay, runner, wrapper), shrunk, trains one
+    iteration on 2 gloo ranks with finite losses."""
+    from fsdp_shrink import FSDP_CONFIGS
+    data = make_data(str(tmp_path / 'data'))
+    work = str(tmp_path / 'work')
+    os.makedirs(work)
+    job = torchrun('configs', data, work, *[osp.join(ROOT, p) for p in FSDP_CONFIGS],
+                   timeout=2 * JOB_TIMEOUT_S)
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-6000:]
+    for path in FSDP_CONFIGS:
+        res = json.load(open(osp.join(work, osp.basename(path)[:-3] + '.json')))
+        assert res['wrapper'] == 'FSDP2Wrapper' and res['iter'] == 1, res
+        assert len(res['losses']) == 1 and math.isfinite(res['losses'][0]), res
+
+
+@pytest.mark.slow
+def test_rank_killed_mid_run_other_exits_within_bound_last_checkpoint_loads(tmp_path):
+    """Rank 1 SIGKILLs itself at iteration 4 of a sharded run (checkpoints every 2): the job
+    ends within the fault-handling bound of tests/test_dist_faults.py and iter_2.pth, written
+    before the kill, loads strictly on one process."""
+    from mmdet.registry import MODELS
+    from mmengine.runner import load_checkpoint
+    from test_dist_faults import EXIT_BOUND_S
+
+    from fsdp_worker import KILL_AT_ITER, KILL_CKPT_INTERVAL
+    data = make_data(str(tmp_path / 'data'))
+    work = str(tmp_path / 'work')
+    os.makedirs(work)
+    env = dict(os.environ, OMP_NUM_THREADS='1', MKL_NUM_THREADS='1', PYTHONUNBUFFERED='1',
+               PYTHONPATH=os.pathsep.join([ROOT, osp.join(ROOT, 'tests'),
+                                           os.environ.get('PYTHONPATH', '')]))
+    cmd = [sys.executable, '-m', 'torch.distributed.run', f'--nproc_per_node={WORLD_SIZE}',
+           '--nnodes=1', '--master_addr=127.0.0.1', f'--master_port={_free_port()}',
+           WORKER, 'kill', data, work]
+    proc = subprocess.Popen(cmd, env=env, cwd=work, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    killed_at, lines = None, []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if killed_at is None and 'rank 1: SIGKILL at iteration' in line:
+                killed_at = time.monotonic()
+        proc.wait(timeout=JOB_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    ended = time.monotonic()
+    assert killed_at is not None, ''.join(lines[-60:])
+    assert proc.returncode != 0
+    assert ended - killed_at <= EXIT_BOUND_S, (ended - killed_at, ''.join(lines[-40:]))
+    last = KILL_CKPT_INTERVAL * ((KILL_AT_ITER - 1) // KILL_CKPT_INTERVAL)
+    ckpt = osp.join(work, f'iter_{last}.pth')
+    model = MODELS.build(vit_cfg(data, work, 1, 1, 1, 'none')['model'])
+    load_checkpoint(model, ckpt, strict=True)
+    assert torch.load(ckpt, weights_only=False)['meta']['iter'] == last
