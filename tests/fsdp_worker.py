@@ -6,7 +6,8 @@ images a single process sees in two accumulated iterations. Modes:
 
 * ``train``: FSDP2Runner trains 2 iterations (a checkpoint after each), recording every rank's
   losses, the gathered gradients of the first step and the bytes of the local shards; then a
-  second runner resumes from ``iter_1.pth`` and trains to iteration 2 (``resume/iter_2.pth``).
+  second runner resumes from ``iter_1.pth`` and trains to iteration 2 (``resume/iter_2.pth``);
+  a third one builds the model on rank 0 only (``init_on_rank0``) and trains 1 iteration.
 * ``kill``: as ``train`` for 50 iterations under the fault report; rank 1 SIGKILLs itself
   at iteration :data:`KILL_AT_ITER`.
 * ``configs``: a shrunk training step of each FSDP config in ``sys.argv[4:]``.
@@ -130,6 +131,14 @@ def train(data_root: str, work: str) -> None:
                               experiment_name='fsdp_resume'))
     resumed.train()
     result['resumed_losses'] = _recorder(resumed).losses
+    # rank 0 alone builds the weights (the others on the meta device) and sends the shards
+    cfg = vit_cfg(data_root, osp.join(work, 'rank0_init'), 1, 1, 1, 'pytorch',
+                  experiment_name='fsdp_rank0_init',
+                  model_wrapper_cfg=dict(type='FSDP2Wrapper', init_on_rank0=True))
+    rank0_init = _runner(cfg)
+    result['built_on_meta'] = rank0_init.model.built_on_meta
+    rank0_init.train()
+    result['rank0_init_losses'] = _recorder(rank0_init).losses
     if rank == 0:
         torch.save(rec.grads, osp.join(work, 'grads.pt'))
     with open(osp.join(work, f'rank{rank}.json'), 'w') as f:

@@ -5,7 +5,8 @@ The 2-rank step (one image per rank) must give the losses, gathered gradients an
 weights of one process accumulating the same two images over two iterations
 (``accumulative_counts=2``: the same mean of the two gradients); each rank holds about half of
 the parameters and optimizer state; resuming from the first checkpoint continues
-bit-identically; the checkpoint is a plain full state dict that one process loads strictly.
+bit-identically; the checkpoint is a plain full state dict that one process loads strictly;
+a model built on rank 0 only (the others on the meta device) trains identically.
 """
 import json
 import math
@@ -132,6 +133,15 @@ def test_fsdp_step_equals_single_process_shares_bytes_resumes_bit_identically(
         assert _flat(resumed['optimizer'][key]) == _flat(straight['optimizer'][key]), key
     assert resumed['param_schedulers'] == straight['param_schedulers']
 
+    # init_on_rank0: rank 1 built its model on the meta device and got its shards from rank 0:
+    # the first step's losses and weights are the ones of the run that built it everywhere
+    assert [res['built_on_meta'] for res in ranks] == [False, True]
+    for res in ranks:
+        assert res['rank0_init_losses'] == res['losses'][:1]
+    rank0_init = torch.load(osp.join(work, 'rank0_init', 'iter_1.pth'), weights_only=False)
+    for name, w in fsdp_ckpt['state_dict'].items():
+        assert torch.equal(rank0_init['state_dict'][name], w), name
+
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     """``|a - b| / |b|`` (L2 norms over the whole tensor; 0 when both are 0)."""
@@ -172,6 +182,7 @@ def test_rank_killed_mid_run_other_exits_within_bound_last_checkpoint_loads(tmp_
     ends within the fault-handling bound of tests/test_dist_faults.py and iter_2.pth, written
     before the kill, loads strictly on one process."""
     from mmdet.registry import MODELS
+    from mmengine.registry import init_default_scope
     from mmengine.runner import load_checkpoint
     from test_dist_faults import EXIT_BOUND_S
 
@@ -203,6 +214,7 @@ def test_rank_killed_mid_run_other_exits_within_bound_last_checkpoint_loads(tmp_
     assert ended - killed_at <= EXIT_BOUND_S, (ended - killed_at, ''.join(lines[-40:]))
     last = KILL_CKPT_INTERVAL * ((KILL_AT_ITER - 1) // KILL_CKPT_INTERVAL)
     ckpt = osp.join(work, f'iter_{last}.pth')
+    init_default_scope('mmdet')
     model = MODELS.build(vit_cfg(data, work, 1, 1, 1, 'none')['model'])
     load_checkpoint(model, ckpt, strict=True)
     assert torch.load(ckpt, weights_only=False)['meta']['iter'] == last

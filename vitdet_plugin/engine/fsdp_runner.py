@@ -30,9 +30,10 @@ from typing import Any, Dict, Optional, Union
 from mmengine.dist import broadcast_object_list, get_rank, is_main_process
 from mmengine.model import is_model_wrapper
 from mmengine.optim import OptimWrapper
-from mmengine.registry import RUNNERS
+from mmengine.registry import MODEL_WRAPPERS, RUNNERS
 from mmengine.runner import Runner
 from mmengine.runner.checkpoint import _load_checkpoint
+import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict,
@@ -98,10 +99,22 @@ class FSDP2Runner(Runner):
         """The stock build, then ``init_weights`` (random init, ``init_cfg`` pretrained) on the
         whole model, before it is sharded; the same on one process, so a single-process run
         of the same seed starts from the same weights."""
+        wrapper_cfg = self.cfg.get('model_wrapper_cfg') or {}
+        if self.distributed and wrapper_cfg.get('init_on_rank0') and get_rank() != 0:
+            with torch.device('meta'):  # shards only, sent by rank 0 (FSDP2Wrapper)
+                return super().build_model(model)
         built = super().build_model(model)
         if hasattr(built, 'init_weights'):
             built.init_weights()
         return built
+
+    def wrap_model(self, model_wrapper_cfg: Optional[Dict], model: nn.Module) -> nn.Module:
+        """The stock wrapping, except that a model on the meta device stays there (the
+        wrapper allocates its shards)."""
+        if not (self.distributed and any(p.is_meta for p in model.parameters())):
+            return super().wrap_model(model_wrapper_cfg, model)
+        return MODEL_WRAPPERS.build(dict(model_wrapper_cfg or dict(type=WRAPPER_TYPE)),
+                                    default_args=dict(module=model))
 
     def _init_model_weights(self) -> None:
         """Nothing: :meth:`build_model` did it."""
