@@ -86,10 +86,12 @@ def measure_rank(option: str, out_path: str) -> None:
     from mmdet.registry import MODELS
     from mmengine.model import MMDistributedDataParallel
     from mmengine.optim import OptimWrapper
+    from mmengine.registry import init_default_scope
 
     import vitdet_plugin  # noqa: F401
     from vitdet_plugin.engine.fsdp import FSDP2Wrapper
     torch.set_num_threads(1)
+    init_default_scope('mmdet')
     dist.init_process_group('gloo')
     name, kind, with_cp = next(o for o in OPTIONS if o[0] == option)
     torch.manual_seed(0)
@@ -104,8 +106,10 @@ def measure_rank(option: str, out_path: str) -> None:
     params = list(wrapped.parameters())
     optim = OptimWrapper(torch.optim.AdamW(params, lr=1e-4, weight_decay=0.05))
     grads: Dict[str, int] = {}
-    optim.optimizer.register_step_pre_hook(lambda opt, a, k: grads.setdefault(
-        'bytes', _local_bytes([p.grad for p in params if p.grad is not None])))
+
+    def count_grads(opt: Any, args: Any, kwargs: Any) -> None:  # before the step, after clip
+        grads['bytes'] = _local_bytes([p.grad for p in params if p.grad is not None])
+    optim.optimizer.register_step_pre_hook(count_grads)
     wrapped.train()
     times = []
     for _ in range(2):  # the second step: AdamW state allocated, caches warm
