@@ -218,3 +218,27 @@ def test_rank_killed_mid_run_other_exits_within_bound_last_checkpoint_loads(tmp_
     model = MODELS.build(vit_cfg(data, work, 1, 1, 1, 'none')['model'])
     load_checkpoint(model, ckpt, strict=True)
     assert torch.load(ckpt, weights_only=False)['meta']['iter'] == last
+
+
+def test_config_mistakes_are_refused_with_the_fix():
+    from vitdet_plugin.engine.fsdp import FSDP2Wrapper, mixed_precision_policy
+    from vitdet_plugin.engine.fsdp_runner import check_fsdp_config
+    check_fsdp_config(dict(model_wrapper_cfg=dict(type='MMDistributedDataParallel')))  # DDP
+    with pytest.raises(ValueError, match=r"^model_wrapper_cfg\.type='FSDP2Wrapper' needs "
+                       r"runner_type='FSDP2Runner' in the config"):
+        check_fsdp_config(dict(model_wrapper_cfg=dict(type='FSDP2Wrapper')))
+    with pytest.raises(ValueError, match=r"model_wrapper_cfg\.type='MMDistributedDataParallel' "
+                       r"is not it: drop model_wrapper_cfg or set type='FSDP2Wrapper'$"):
+        check_fsdp_config(dict(runner_type='FSDP2Runner',
+                               model_wrapper_cfg=dict(type='MMDistributedDataParallel')))
+    with pytest.raises(ValueError, match=r'^EMAHook is not supported with FSDP2Runner'):
+        check_fsdp_config(dict(runner_type='FSDP2Runner', custom_hooks=[dict(type='EMAHook')]))
+    with pytest.raises(ValueError, match=r"^mixed_precision\.param_dtype='bf16' is not one of "
+                       r"\['bfloat16', 'float16', 'float32'\]"):
+        mixed_precision_policy(dict(param_dtype='bf16'))
+    with pytest.raises(ValueError, match=r"^mixed_precision has unknown keys \['dtype'\]"):
+        mixed_precision_policy(dict(dtype='bfloat16'))
+    policy = mixed_precision_policy(dict(param_dtype='bfloat16', reduce_dtype='float32'))
+    assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
+    with pytest.raises(RuntimeError, match=r'^FSDP2Wrapper needs an initialised process group'):
+        FSDP2Wrapper(torch.nn.Linear(2, 2))
