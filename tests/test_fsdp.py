@@ -242,3 +242,12 @@ def test_config_mistakes_are_refused_with_the_fix():
     assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
     with pytest.raises(RuntimeError, match=r'^FSDP2Wrapper needs an initialised process group'):
         FSDP2Wrapper(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='CPU-only refusal')
+def test_cpu_offload_without_cuda_is_refused(monkeypatch):
+    from vitdet_plugin.engine.fsdp import FSDP2Wrapper
+    monkeypatch.setattr(torch.distributed, 'is_initialized', lambda: True)
+    with pytest.raises(ValueError, match=r'^FSDP2Wrapper\(cpu_offload=True\) moves the shards of '
+                       r'a GPU model to host memory; without CUDA .* set cpu_offload=False$'):
+        FSDP2Wrapper(torch.nn.Linear(2, 2), cpu_offload=True)

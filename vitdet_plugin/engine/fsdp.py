@@ -152,6 +152,10 @@ class FSDP2Wrapper(nn.Module):
             raise RuntimeError("FSDP2Wrapper needs an initialised process group: start the job "
                                'with tools/dist_train.sh CONFIG N (or torchrun ... tools/train.py '
                                "CONFIG --launcher pytorch), also for a single process")
+        if cpu_offload and not torch.cuda.is_available():
+            raise ValueError('FSDP2Wrapper(cpu_offload=True) moves the shards of a GPU model to '
+                             'host memory; without CUDA the model is on the CPU already: set '
+                             'cpu_offload=False')
         #: the module arrived on the meta device (``init_on_rank0``, ranks other than 0)
         self.built_on_meta = any(p.is_meta for p in module.parameters())
         if self.built_on_meta and not init_on_rank0:
