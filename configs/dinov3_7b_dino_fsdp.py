@@ -16,3 +16,5 @@ model = dict(
     ),
     neck=dict(in_channels=4096))
 optim_wrapper = dict(paramwise_cfg=dict(layer_decay_rate=0.9))  # 40 blocks
+# only rank 0 builds the 27 GB of fp32 weights; the other ranks receive their shards
+model_wrapper_cfg = dict(init_on_rank0=True)
