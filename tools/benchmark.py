@@ -11,6 +11,7 @@ Same config, same weights, the models interleaved on every repeat; results as ra
     python tools/benchmark.py --device cuda         # GPU: 800x1216 batch 2, fp32 and bf16
     python tools/benchmark.py --model vit --device cuda --json vit.json
     python tools/benchmark.py --model ops           # compile-free mmcv ops vs compiled mmcv
+    python tools/benchmark.py --fsdp-memory         # DDP vs FSDP2 per-rank memory, 2 CPU ranks
 
 Swin: ours vs mmdet's ``SwinTransformer`` and timm's swin. ViT: ours vs timm's samvit (its
 features before the neck). DINOv2 / DINOv3 / EVA-02 (``--model dinov2|dinov3|eva02``): ours
@@ -49,6 +50,7 @@ from typing import Callable, List, Optional, Sequence
 
 import torch
 
+from dev.bench.fsdp_memory import run_fsdp_memory
 from dev.bench.compiled import (compile_row_specs, format_compiled_row,
                                 measure_compiled_row, resolve_compile)
 from dev.bench.ops import run_ops
@@ -104,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--processes', type=int, default=None,
                    help='fresh processes per row, repeats pooled (CPU 3, CUDA 1)')
     p.add_argument('--json', default=None, metavar='PATH', help='also write the rows as JSON')
+    p.add_argument('--fsdp-memory', action='store_true',
+                   help='per-rank bytes and peak RSS of a ViT-L detector step on 2 CPU ranks, '
+                   'DDP vs FSDP2 vs FSDP2 + checkpointing, and the computed 8-GPU table '
+                   '(tools/dev/bench/fsdp_memory.py)')
     p.add_argument('--row', default=None, help=argparse.SUPPRESS)  # internal: one child row
     return p
 
@@ -200,6 +206,12 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Row]:
     torch.manual_seed(0)
     if args.model == 'ops':  # tools/dev/bench/ops.py: its own rows, in this process
         return run_ops(args)
+    if args.fsdp_memory:  # tools/dev/bench/fsdp_memory.py: 2-rank jobs of its own
+        report = run_fsdp_memory()
+        if args.json:
+            with open(args.json, 'w') as f:
+                json.dump(report, f, indent=1)
+        return []
     if args.row is not None:  # child process: one row, as JSON on the last stdout line
         print(json.dumps(measure_of(args)(settings_of(args), RowSpec.parse(args.row))),
               flush=True)

@@ -29,6 +29,7 @@ from vitdet_plugin.checks import (ConfigCheckError, DataCheckError, drop_preflig
 from vitdet_plugin.config import DatasetNotFoundError, load_config
 from vitdet_plugin.engine.dist import prepare_cpu_distributed
 from vitdet_plugin.engine.dist_faults import DistributedFaultError, train_with_fault_report
+from vitdet_plugin.engine.fsdp_runner import check_fsdp_config
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -116,7 +117,8 @@ def main(argv=None) -> None:
     stages = ('train', 'val') if cfg.get('val_cfg') and cfg.get('val_dataloader') else ('train',)
     try:
         preflight(cfg, stages, config_path=args.config, tool='tools/train.py')
-    except (DatasetNotFoundError, ConfigCheckError, DataCheckError) as e:
+        check_fsdp_config(cfg)  # FSDP2Wrapper needs FSDP2Runner
+    except (DatasetNotFoundError, ConfigCheckError, DataCheckError, ValueError) as e:
         sys.exit(f'error: {e}')
     drop_preflight_hook(cfg)  # its checks just ran
     prepare_cpu_distributed(cfg)  # gloo + CPU DDP wrapper when torchrun runs without GPUs

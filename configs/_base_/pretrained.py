@@ -24,3 +24,10 @@ eva02_b_in21k_p14 = ('https://huggingface.co/Yuxin-CV/EVA-02/resolve/main/eva02/
 # DINOv3 ViT-B/16: Meta hands out download links on request (github.com/facebookresearch/dinov3),
 # so there is no public URL; put the file here (or point the key at your copy)
 dinov3_vitb16 = 'checkpoints/dinov3_vitb16_pretrain_lvd1689m.pth'
+# DINOv3 ViT-L/16 and ViT-7B/16 (facebookresearch/dinov3 dinov3_vitl16 / dinov3_vit7b16, LVD-1689M):
+# on request from Meta as well; put the files here (or point the keys at your copies)
+dinov3_vitl16 = 'checkpoints/dinov3_vitl16_pretrain_lvd1689m.pth'
+dinov3_vit7b16 = 'checkpoints/dinov3_vit7b16_pretrain_lvd1689m.pth'
+# the official MIM-pretrained EVA-02-L (baaivision/EVA, EVA-02 "asuka" release)
+eva02_l_in21k_p14 = ('https://huggingface.co/Yuxin-CV/EVA-02/resolve/main/eva02/pt/'
+                     'eva02_L_pt_in21k_p14.pt')

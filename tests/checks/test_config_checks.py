@@ -40,6 +40,8 @@ NEEDS_CHECKPOINT = {
                                             'model.neck.init_cfg.checkpoint'),
     # DINOv3's official file is handed out on request: the config names a local path
     'dinov3_dino.py': ('model.backbone.init_cfg.checkpoint',),
+    'dinov3_7b_dino_fsdp.py': ('model.backbone.init_cfg.checkpoint',),
+    'dinov3_l_cascade_mask_rcnn_fsdp.py': ('model.backbone.init_cfg.checkpoint',),
 }
 
 

@@ -7,7 +7,8 @@ raises "Found no NVIDIA driver" and the second is rejected by DDP for CPU module
 :func:`prepare_cpu_distributed` fixes a config before the Runner is built: it initialises the
 process group itself with gloo (the Runner then skips ``init_dist``), with the collective
 timeout of ``env_cfg.dist_cfg.timeout`` (:data:`DEFAULT_COLLECTIVE_TIMEOUT_S` if unset), and
-sets ``model_wrapper_cfg.device_ids=None``. On machines with CUDA it only checks the timeout.
+sets ``model_wrapper_cfg.device_ids=None`` (DDP; ``FSDP2Wrapper`` is left as it is). On
+machines with CUDA it only checks the timeout.
 
 What happens when a rank dies, and the report of it: :mod:`.dist_faults`.
 """
@@ -22,6 +23,8 @@ import torch.distributed as torch_dist
 #: environment variables torchrun / ``tools/dist_train.sh`` set for every process
 TORCHRUN_ENV = ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')
 
+#: model wrappers that are not DDP (no ``device_ids`` / ``broadcast_buffers``)
+NON_DDP_WRAPPERS = ('FSDP2Wrapper',)
 TIMEOUT_KEY = 'env_cfg.dist_cfg.timeout'
 #: how long a collective (all-reduce, broadcast, barrier) waits for the slowest rank before it
 #: raises: 30 min, torch's gloo default and mmengine's suggested value. It has to outlast the
@@ -70,10 +73,12 @@ def prepare_cpu_distributed(cfg: MutableMapping, backend: str = 'gloo') -> bool:
         torch_dist.init_process_group(backend=backend, rank=int(os.environ['RANK']),
                                       world_size=int(os.environ['WORLD_SIZE']),
                                       timeout=timedelta(seconds=timeout))
-    wrapper = cfg.get('model_wrapper_cfg') or dict(
-        type='MMDistributedDataParallel',
-        find_unused_parameters=cfg.get('find_unused_parameters', False))
-    wrapper['device_ids'] = None  # CPU modules: DDP rejects device ids
-    wrapper.setdefault('broadcast_buffers', False)  # what mmengine uses for its default DDP
+    wrapper = cfg.get('model_wrapper_cfg') or (
+        dict(type='FSDP2Wrapper') if cfg.get('runner_type') == 'FSDP2Runner' else dict(
+            type='MMDistributedDataParallel',
+            find_unused_parameters=cfg.get('find_unused_parameters', False)))
+    if wrapper.get('type') not in NON_DDP_WRAPPERS:
+        wrapper['device_ids'] = None  # CPU modules: DDP rejects device ids
+        wrapper.setdefault('broadcast_buffers', False)  # what mmengine uses for its default DDP
     cfg['model_wrapper_cfg'] = wrapper
     return True

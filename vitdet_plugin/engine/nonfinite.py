@@ -30,6 +30,7 @@ from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 NONFINITE_ACTIONS = ('raise', 'log')
 #: what the model's own forward output (its loss dict) is called in the records
@@ -75,11 +76,22 @@ def _optimizers(optim_wrapper: Any) -> List[torch.optim.Optimizer]:
 
 
 def _max_abs(tensors: List[Tensor]) -> Tensor:
-    """The largest ``|value|`` of all ``tensors`` (NaN if any is NaN) in one fused pass."""
+    """The largest ``|value|`` of all ``tensors`` (NaN if any is NaN) in one fused pass. For
+    FSDP2's DTensor shards: of this rank's shards, summed over the ranks (non-finite if any
+    rank's is), so every rank takes the same decision."""
+    sharded = [t for t in tensors if isinstance(t, DTensor)]
+    local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+    local = [t for t in local if t.numel()]  # a rank's shard of a tiny parameter can be empty
     get_total_norm = getattr(torch.nn.utils, 'get_total_norm', None)  # torch >= 2.6
-    if get_total_norm is not None:
-        return get_total_norm(tensors, norm_type=math.inf)
-    return torch.stack([torch.linalg.vector_norm(t, math.inf) for t in tensors]).max()
+    if not local:
+        total = torch.zeros(())
+    elif get_total_norm is not None:
+        total = get_total_norm(local, norm_type=math.inf)
+    else:
+        total = torch.stack([torch.linalg.vector_norm(t, math.inf) for t in local]).max()
+    if sharded:
+        torch.distributed.all_reduce(total, group=sharded[0].device_mesh.get_group())
+    return total
 
 
 class _Record:

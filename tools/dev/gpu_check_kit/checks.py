@@ -3,6 +3,7 @@
 * ``ops``: mmcv's ops on the compile-free backend, CUDA vs CPU (:mod:`.op_checks`);
 * ``backbones``: SwinBackbone / ViTBackbone CUDA vs CPU in fp32 (TF32 off), bf16 autocast;
 * ``detectors``: one bf16 AMP training step and one inference step of RetinaNet and Mask R-CNN;
+  an FSDP2Wrapper step on a world of 1 (bf16 mixed-precision policy, checkpointing);
 * ``dino``: a shrunk DINO (configs/swin_dino.py) training step in fp32 and in bf16 AMP, then
   inference: MultiScaleDeformableAttention on CUDA inside a real detector.
 
@@ -51,6 +52,10 @@ DINO_SWIN = dict(embed_dims=32, depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8])
 DINO_LAYERS = 2
 DINO_QUERIES = 100
 DINO_DN_QUERIES = 20
+#: FSDP2Wrapper check: configs/vit_mask_rcnn.py with a small ViT at a small size
+FSDP_CONFIG = 'configs/vit_mask_rcnn.py'
+FSDP_VIT = dict(embed_dims=192, depth=4, num_heads=3, global_attn_indexes=(1, 3))
+FSDP_SIZE = (256, 384)
 #: parameters a DINO training step must update: the backbone and the deformable attention
 DINO_UPDATED = ('backbone.', 'sampling_offsets')
 
@@ -231,9 +236,55 @@ def backbone_checks(device: str) -> List[Check]:
     return checks
 
 
+def check_fsdp2_world_of_one(device: str) -> str:
+    """FSDP2Wrapper on a world of 1 (docs/large_models.md): a shrunk ViT Mask R-CNN sharded
+    per block with bf16 parameters / fp32 gradient reduction and activation checkpointing,
+    one training step through the layer-decay optimizer and clip_grad over DTensors, one
+    inference step, then the full state dict gathered to the CPU as a checkpoint saves it.
+    It proves the wrapper, the mixed-precision casts and the DTensor optimizer path on this
+    GPU's kernels; not the multi-GPU collectives (NCCL all-gather / reduce-scatter)."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from vitdet_plugin.config import load_config
+    from vitdet_plugin.engine.fsdp import FSDP2Wrapper
+    cfg = load_config(str(ROOT / FSDP_CONFIG))
+    cfg.model.backbone.update(arch=dict(FSDP_VIT), init_cfg=None)
+    cfg.model.neck.in_channels = FSDP_VIT['embed_dims']
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group('nccl' if device.startswith('cuda') else 'gloo', rank=0,
+                            world_size=1, init_method=f'tcp://127.0.0.1:{port}')
+    try:
+        model = _build(cfg.model, device)
+        wrapped = FSDP2Wrapper(model, activation_checkpointing=True, mixed_precision=dict(
+            param_dtype='bfloat16', reduce_dtype='float32'))
+        dtypes: List[torch.dtype] = []
+        model.backbone.register_forward_hook(lambda m, a, out: dtypes.append(out[0].dtype))
+        text = _train_and_infer(f'{FSDP_CONFIG} FSDP2', wrapped,
+                                _optim_wrapper(wrapped, cfg.optim_wrapper, False),
+                                _demo_data(cfg.model, FSDP_SIZE, True), ['backbone.'])
+        assert dtypes and set(dtypes) == {torch.bfloat16}, dtypes
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                    cpu_offload=True))
+        tensors = [v for v in full.values() if isinstance(v, Tensor)]
+        assert tensors and len(tensors) == len(full) and all(
+            type(v) is Tensor and v.device.type == 'cpu' for v in tensors)
+        assert {v.dtype for v in tensors if v.is_floating_point()} == {torch.float32}
+    finally:
+        dist.destroy_process_group()
+    return f'{text}; backbone ran in bf16; full state dict of {len(full)} tensors on the CPU'
+
+
 def detector_checks(device: str) -> List[Check]:
-    return [(f'{Path(c).stem} bf16 train + infer', partial(check_detector, c, device))
-            for c in DET_CONFIGS]
+    checks: List[Check] = [(f'{Path(c).stem} bf16 train + infer',
+                            partial(check_detector, c, device)) for c in DET_CONFIGS]
+    checks.append(('FSDP2 world of 1: bf16 params, checkpointing, train + infer + full state',
+                   partial(check_fsdp2_world_of_one, device)))
+    return checks
 
 
 def dino_checks(device: str) -> List[Check]:

@@ -60,7 +60,8 @@ WHAT: Dict[str, str] = {
     'checks-ops': 'nms, batched_nms, roi_align, focal losses, ms_deform_attn, deform conv: '
                   'CUDA vs CPU, bf16',
     'checks-backbones': 'SwinBackbone / ViTBackbone CUDA vs CPU fp32, bf16 fwd+bwd',
-    'checks-detectors': 'RetinaNet and Mask R-CNN: bf16 AMP train step + inference',
+    'checks-detectors': 'RetinaNet and Mask R-CNN: bf16 AMP train step + inference; '
+                        'FSDP2Wrapper on a world of 1 (bf16 params, checkpointing)',
     'checks-dino': 'shrunk DINO: fp32 and bf16 AMP train step + inference (deformable '
                    'attention on CUDA)',
     'benchmark-swin': 'tools/benchmark.py --model swin --device cuda (row by row)',

@@ -449,7 +449,7 @@ class DINOv2Backbone(PlainViTBackbone):
 class DINOv3Backbone(PlainViTBackbone):
     """DINOv3: patch 16, 4 register tokens, DINOv3 rope (temperature 100, half rotation), no
     absolute position embedding, LayerScale; ``qkv_bias='qv'`` for the ``*_qkvb`` checkpoints.
-    Presets: small / small_plus / base / large / huge_plus (7B left out)."""
+    Presets: small / small_plus / base / large / huge_plus / 7b."""
 
     ARCH = DINOv3Arch
     FAMILY = 'DINOv3'

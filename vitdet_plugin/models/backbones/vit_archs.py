@@ -5,9 +5,9 @@ of each family (:class:`ViTArch`: ViTDet; :class:`DINOv2Arch`, :class:`DINOv3Arc
 
 The spec holds everything a block needs: width, heads, MLP kind, q / k / v bias mode, sub-LN,
 LayerScale, decomposed relative positions, residual conv blocks. Global-attention blocks follow
-ViTDet / EVA-02-det (the last block of each quarter). DINOv3 7B (4096 wide, 40 blocks, 6.7B
-parameters) is left out: no detection setup here would fit it; a custom arch dict builds it
-(``mlp='swiglu', mlp_ratio=2, mlp_align=64``).
+ViTDet / EVA-02-det (the last block of each quarter). DINOv3 7B (``'7b'``: 4096 wide, 40 blocks,
+6.7B parameters; facebookresearch/dinov3 ``dinov3_vit7b16``, timm ``vit_7b_patch16_dinov3``)
+trains sharded across GPUs (docs/large_models.md).
 """
 import dataclasses
 from typing import ClassVar, Optional, Sequence, Tuple
@@ -34,6 +34,10 @@ EVA02_MLP_RATIO = 4 * 2 / 3
 DINOV2_GIANT_MLP_RATIO = 2.66667
 #: DINOv3 S+ / H+ round their SwiGLU width up to a multiple of this.
 DINOV3_MLP_ALIGN = 8
+#: DINOv3 7B (``ffn_ratio=3, ffn_layer='swiglu64'``): SwiGLU width int(3 * 4096 * 2 / 3) = 8192
+#: = 2 x 4096, rounded up to a multiple of 64.
+DINOV3_7B_MLP_RATIO = 2.0
+DINOV3_7B_MLP_ALIGN = 64
 #: Number of evenly spaced global-attention blocks for custom ``arch`` dicts (as the presets).
 NUM_GLOBAL_BLOCKS = 4
 
@@ -171,9 +175,9 @@ class DINOv2Arch(PlainViTArch):
 
 @dataclasses.dataclass(frozen=True)
 class DINOv3Arch(PlainViTArch):
-    """DINOv3 presets (``vit_{small,small_plus,base,large,huge_plus}_patch16_dinov3``; the
-    ``*_qkvb`` checkpoints: give ``qkv_bias='qv'``). 7B is left out (see the module); custom
-    arch dicts default to DINOv3's block options."""
+    """DINOv3 presets (``vit_{small,small_plus,base,large,huge_plus,7b}_patch16_dinov3``; the
+    ``*_qkvb`` checkpoints: give ``qkv_bias='qv'``); custom arch dicts default to DINOv3's
+    block options."""
 
     qkv_bias: str = 'none'
     layer_scale: Optional[float] = DINO_LAYER_SCALE
@@ -189,6 +193,10 @@ class DINOv3Arch(PlainViTArch):
         'large': dict(embed_dims=1024, depth=24, num_heads=16, drop_path_rate=0.4),
         'huge_plus': dict(_DINOV3_SWIGLU, embed_dims=1280, depth=32, num_heads=20,
                           drop_path_rate=0.5),
+        # no qkv bias; its untied norm (local_cls_norm: cls / storage tokens of local crops) is
+        # pretraining-only; the patch tokens' final norm is `norm`, as in every preset
+        '7b': dict(mlp='swiglu', mlp_ratio=DINOV3_7B_MLP_RATIO, mlp_align=DINOV3_7B_MLP_ALIGN,
+                   embed_dims=4096, depth=40, num_heads=32, drop_path_rate=0.5),
     }
 
 

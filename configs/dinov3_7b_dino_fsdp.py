@@ -1,0 +1,20 @@
+# mmdet's DINO (4-scale, 12 epochs, COCO) on DINOv3 7B/16 trained sharded (FSDP2 over the GPUs,
+# configs/_base_/fsdp.py; 6.7B backbone parameters: 107 GB of fp32 weights + gradients + AdamW
+# state in all, 13.4 GB per GPU of 8, docs/large_models.md): configs/dinov3_dino.py with
+# vitdet_plugin DINOv3Backbone '7b' (embed 4096, depth 40, heads 32, SwiGLU 8192 wide, no qkv
+# bias, 4 storage tokens, 2-D rope base 100, LayerScale, 16x16 window attention with global
+# attention in blocks 9, 19, 29, 39, drop path 0.5), ViTSimpleFPN strides 8-64.
+# DINOv3 weights: the official dinov3_vit7b16 file (configs/_base_/pretrained.py: a local path;
+# Meta gives it on request) or timm's vit_7b_patch16_dinov3. To train the head on a frozen
+# backbone (DINOv3's own detector): model.backbone.frozen_stages=40.
+_base_ = ['./dinov3_dino.py', './_base_/fsdp.py']
+
+model = dict(
+    backbone=dict(
+        arch='7b',
+        init_cfg=dict(type='Pretrained', checkpoint=_base_.dinov3_vit7b16),
+    ),
+    neck=dict(in_channels=4096))
+optim_wrapper = dict(paramwise_cfg=dict(layer_decay_rate=0.9))  # 40 blocks
+# only rank 0 builds the 27 GB of fp32 weights; the other ranks receive their shards
+model_wrapper_cfg = dict(init_on_rank0=True)
