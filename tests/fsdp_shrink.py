@@ -1,5 +1,5 @@
 """A shipped FSDP config shrunk to a 1-iteration 2-rank CPU run on the shapes data: the
-config's model (backbone shrunk as tests/test_configs.py shrinks it, same layout), optimizer
+config's model (backbone shrunk as tests/configs/test_configs.py shrinks it, same layout), optimizer
 (layer decay) and runner / wrapper, fp32 (bf16 mixed precision is the GPU check kit's)."""
 import copy
 

@@ -1,4 +1,5 @@
-"""Per-rank entry point of tests/test_fsdp.py: ``torchrun tests/fsdp_worker.py MODE DATA WORK``.
+"""Per-rank entry point of tests/engine/test_fsdp.py:
+``torchrun tests/fsdp_worker.py MODE DATA WORK``.
 
 The model is a tiny plain-ViT RetinaNet (dist_worker's, ViT backbone + simple pyramid) on the
 shapes dataset, one image per rank, no random augmentation, so a 2-rank step sees exactly the

@@ -23,8 +23,9 @@ import vitdet_plugin  # noqa: F401
 from dist_worker import make_data
 from fsdp_worker import TRAIN_ITERS, register_recorder, vit_cfg
 from test_distributed import _free_port
+from helpers import REPO_ROOT
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+ROOT = str(REPO_ROOT)
 WORKER = osp.join(ROOT, 'tests', 'fsdp_worker.py')
 WORLD_SIZE = 2
 JOB_TIMEOUT_S = 240
@@ -179,7 +180,7 @@ def test_fsdp_configs_train_a_shrunk_step_on_two_ranks(tmp_path):
 @pytest.mark.slow
 def test_rank_killed_mid_run_other_exits_within_bound_last_checkpoint_loads(tmp_path):
     """Rank 1 SIGKILLs itself at iteration 4 of a sharded run (checkpoints every 2): the job
-    ends within the fault-handling bound of tests/test_dist_faults.py and iter_2.pth, written
+    ends within the fault-handling bound of tests/engine/test_dist_faults.py and iter_2.pth, written
     before the kill, loads strictly on one process."""
     from mmdet.registry import MODELS
     from mmengine.registry import init_default_scope
