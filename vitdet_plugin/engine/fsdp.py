@@ -18,7 +18,7 @@ The module must hold its initial weights when it is wrapped (``FSDP2Runner`` ini
 them right after building the model).
 
 Checkpoints, resume and loading a full checkpoint into a sharded model:
-:mod:`.fsdp_checkpoint` (``FSDP2CheckpointHook``). Which option when, memory per GPU and the
+:mod:`.fsdp_runner` (``FSDP2Runner``). Which option when, memory per GPU and the
 ``torchrun`` commands: docs/large_models.md.
 """
 from typing import Any, Dict, List, Optional, Sequence, Union
