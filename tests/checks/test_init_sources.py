@@ -32,16 +32,24 @@ PUBLISHED = {
              'eva02_B_pt_in21k_p14.pt',
     'dinov3': 'checkpoints/dinov3_vitb16_pretrain_lvd1689m.pth',  # given on request only
 }
+#: the large backbones' configs (docs/large_models.md) start from their own size's release
+PUBLISHED_LARGE = {
+    'dinov3_l_cascade_mask_rcnn_fsdp.py': 'checkpoints/dinov3_vitl16_pretrain_lvd1689m.pth',
+    'eva02_l_cascade_mask_rcnn_fsdp.py': 'https://huggingface.co/Yuxin-CV/EVA-02/resolve/main/'
+                                         'eva02/pt/eva02_L_pt_in21k_p14.pt',
+    'dinov3_7b_dino_fsdp.py': 'checkpoints/dinov3_vit7b16_pretrain_lvd1689m.pth',
+}
 #: a URL nothing answers (a closed local port): the offline case, without a network
 CLOSED = 'http://127.0.0.1:9/weights/swin_tiny_patch4_window7_224.pth'
 
 
 def test_every_full_config_names_its_published_weights():
-    assert len(FULL_CONFIGS) == 15
+    assert len(FULL_CONFIGS) == 18
     for path in FULL_CONFIGS:
-        family = osp.basename(path).split('_')[0]
+        name = osp.basename(path)
+        want = PUBLISHED_LARGE.get(name) or PUBLISHED[name.split('_')[0]]
         init = Config.fromfile(path).model.backbone.init_cfg
-        assert init == dict(type='Pretrained', checkpoint=PUBLISHED[family]), path
+        assert init == dict(type='Pretrained', checkpoint=want), path
 
 
 def test_demo_configs_say_they_start_from_random_init():

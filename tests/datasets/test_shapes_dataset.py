@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import REPO_ROOT
 
 from vitdet_plugin.datasets import shapes
 from vitdet_plugin.datasets.shapes import (
@@ -137,7 +138,7 @@ def test_mmdet_coco_dataset_reads_it(dataset):
 
     from vitdet_plugin.config import load_config
 
-    cfg = load_config(str(Path(__file__).parents[1] / 'configs/_base_/datasets/'
+    cfg = load_config(str(REPO_ROOT / 'configs/_base_/datasets/'
                           'shapes_instance.py'), {'data_root': str(dataset) + '/'})
     init_default_scope('mmdet')
     ds = DATASETS.build(cfg.val_dataloader.dataset)

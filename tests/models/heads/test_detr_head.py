@@ -11,6 +11,7 @@ from mmdet.structures import DetDataSample
 from mmengine.structures import InstanceData
 
 import vitdet_plugin  # noqa: F401  (registers our modules)
+from helpers import REPO_ROOT
 from vitdet_plugin.models.heads import SdpaDETRHead, SetCriterion
 from vitdet_plugin.models.layers import (
     MultiheadCrossAttention,
@@ -18,7 +19,7 @@ from vitdet_plugin.models.layers import (
     set_fused_attention,
 )
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = str(REPO_ROOT)
 NUM_CLASSES = 5
 CHANNELS = (16, 32, 64)
 STRIDES = (8, 16, 32)

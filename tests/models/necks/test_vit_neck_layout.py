@@ -57,8 +57,7 @@ def _config(name: str) -> Any:
 def _tiny(name: str, model_cfg: Any) -> Any:
     """The config's model, shrunk in size only (either layout)."""
     if 'panoptic_head' in model_cfg:
-        sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-        from test_mask2former import _shrink
+        from test_mask2former import _shrink  # tests/models/heads (conftest puts it on sys.path)
         return _shrink(model_cfg)
     cfg = copy.deepcopy(model_cfg)
     cfg.backbone.update(TINY_DETR_VIT)
