@@ -9,6 +9,7 @@ images a single process sees in two accumulated iterations. Modes:
   losses, the gathered gradients of the first step and the bytes of the local shards; then a
   second runner resumes from ``iter_1.pth`` and trains to iteration 2 (``resume/iter_2.pth``);
   a third one builds the model on rank 0 only (``init_on_rank0``) and trains 1 iteration.
+  Every run has an ``EMAHook`` (:data:`EMA_HOOK`).
 * ``kill``: as ``train`` for 50 iterations under the fault report; rank 1 SIGKILLs itself
   at iteration :data:`KILL_AT_ITER`.
 * ``configs``: a shrunk training step of each FSDP config in ``sys.argv[4:]``.
@@ -28,6 +29,10 @@ KILL_AT_ITER = 4
 KILL_MAX_ITERS = 50
 #: checkpoints every 2 iterations in the kill run: iter_2.pth exists when rank 1 dies
 KILL_CKPT_INTERVAL = 2
+#: mmdet's EMA (ExpMomentumEMA, buffers averaged too); gamma 1 instead of 2000 so that the
+#: second update moves the average by ~14% of the step (momentum (1 - m) e^(-2/gamma) + m)
+EMA_HOOK = dict(type='EMAHook', ema_type='ExpMomentumEMA', momentum=0.0002, gamma=1,
+                update_buffers=True, priority=49)
 
 
 def vit_cfg(data_root: str, work_dir: str, max_iters: int, ckpt_interval: int,
@@ -54,7 +59,7 @@ def vit_cfg(data_root: str, work_dir: str, max_iters: int, ckpt_interval: int,
     cfg['default_hooks']['checkpoint']['max_keep_ckpts'] = -1
     cfg['param_scheduler'] = [dict(type='MultiStepLR', by_epoch=False, milestones=[1],
                                    gamma=0.5)]
-    cfg['custom_hooks'] = list(cfg['custom_hooks']) + [dict(type='FsdpRecorder')]
+    cfg['custom_hooks'] = list(cfg['custom_hooks']) + [dict(EMA_HOOK), dict(type='FsdpRecorder')]
     if launcher == 'pytorch':
         cfg['runner_type'] = 'FSDP2Runner'
     return cfg
@@ -124,9 +129,12 @@ def train(data_root: str, work: str) -> None:
     runner = _runner(vit_cfg(data_root, osp.join(work, 'fsdp'), TRAIN_ITERS, 1, 1, 'pytorch'))
     runner.train()
     rec = _recorder(runner)
+    ema = next(h for h in runner.hooks if 'EMA' in type(h).__name__)
     result = dict(losses=rec.losses, bytes=local_bytes(runner),
                   wrapper=type(runner.model).__name__,
-                  param_types=sorted({type(p).__name__ for p in runner.model.parameters()}))
+                  param_types=sorted({type(p).__name__ for p in runner.model.parameters()}),
+                  ema_hook=type(ema).__name__,
+                  ema_types=sorted({type(p).__name__ for p in ema.ema_model.parameters()}))
     resumed = _runner(vit_cfg(data_root, osp.join(work, 'resume'), TRAIN_ITERS, 1, 1, 'pytorch',
                               resume=True, load_from=osp.join(work, 'fsdp', 'iter_1.pth'),
                               experiment_name='fsdp_resume'))
