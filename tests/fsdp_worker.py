@@ -123,6 +123,23 @@ def _recorder(runner):
     return next(h for h in runner.hooks if type(h).__name__ == 'FsdpRecorder')
 
 
+def validation_swap(runner, ema) -> Dict[str, Any]:
+    """The EMA hook's validation swap around an eval forward (which leaves the root's
+    parameters gathered): the gathered model weights inside (``val``) and after (``after``)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from vitdet_plugin.engine.fsdp_runner import GATHER
+    import torch
+    ema.before_val_epoch(runner)
+    detector = runner.model.module
+    with torch.no_grad():  # a forward without backward (the train batch has no scale_factor)
+        detector(**detector.data_preprocessor(next(iter(runner.train_dataloader))),
+                 mode='tensor')
+    inside = get_model_state_dict(runner.model.module, options=GATHER)
+    ema.after_val_epoch(runner)
+    return dict(val=inside, after=get_model_state_dict(runner.model.module, options=GATHER))
+
+
 def train(data_root: str, work: str) -> None:
     import torch
     rank = int(os.environ['RANK'])
@@ -135,6 +152,7 @@ def train(data_root: str, work: str) -> None:
                   param_types=sorted({type(p).__name__ for p in runner.model.parameters()}),
                   ema_hook=type(ema).__name__,
                   ema_types=sorted({type(p).__name__ for p in ema.ema_model.parameters()}))
+    swapped = validation_swap(runner, ema)
     resumed = _runner(vit_cfg(data_root, osp.join(work, 'resume'), TRAIN_ITERS, 1, 1, 'pytorch',
                               resume=True, load_from=osp.join(work, 'fsdp', 'iter_1.pth'),
                               experiment_name='fsdp_resume'))
@@ -150,6 +168,7 @@ def train(data_root: str, work: str) -> None:
     result['rank0_init_losses'] = _recorder(rank0_init).losses
     if rank == 0:
         torch.save(rec.grads, osp.join(work, 'grads.pt'))
+        torch.save(swapped, osp.join(work, 'ema_swap.pt'))
     with open(osp.join(work, f'rank{rank}.json'), 'w') as f:
         json.dump(result, f)
 

@@ -143,6 +143,11 @@ def test_fsdp_step_equals_single_process_shares_bytes_resumes_bit_identically(
             print('step', step, key, 'max rel. L2 error', max(
                 rel_l2(w, theirs[key][n]) for n, w in ours[key].items() if w.is_floating_point()))
     assert int(fsdp_2['ema_state_dict']['steps']) == TRAIN_ITERS
+    # validation runs the averaged weights, training continues with the trained ones
+    swap = torch.load(osp.join(work, 'ema_swap.pt'), weights_only=True)
+    for name, w in fsdp_2['state_dict'].items():
+        assert torch.equal(swap['val'][name], w), name
+        assert torch.equal(swap['after'][name], fsdp_2['ema_state_dict']['module.' + name]), name
     moved = max(rel_l2(fsdp_2['state_dict'][k], fsdp_2['ema_state_dict']['module.' + k])
                 for k in fsdp_2['state_dict'] if fsdp_2['state_dict'][k].is_floating_point())
     assert moved > 100 * TOL, moved  # the average is not the trained weights
