@@ -287,6 +287,13 @@ def test_config_mistakes_are_refused_with_the_fix():
                        r"use type='EMAHook' or train with DDP$"):
         check_fsdp_config(dict(runner_type='FSDP2Runner', launcher='pytorch',
                                custom_hooks=[dict(type='MyEMAHook')]))
+    amp = dict(runner_type='FSDP2Runner', launcher='pytorch',
+               optim_wrapper=dict(type='AmpOptimWrapper', dtype='bfloat16'))
+    with pytest.raises(ValueError, match=r'^optim_wrapper AmpOptimWrapper with FSDP2Runner needs '
+                       r'use_fsdp=True \(ShardedGradScaler: .*\); or use FSDP2Wrapper'):
+        check_fsdp_config(amp)
+    amp['optim_wrapper']['use_fsdp'] = True
+    check_fsdp_config(amp)
     from vitdet_plugin.engine.fsdp_ema import FSDP2EMAHook
     with pytest.raises(ValueError, match=r'^EMAHook\(device=\.\.\.\) is not supported with '
                        r'FSDP2Runner: .* drop device$'):

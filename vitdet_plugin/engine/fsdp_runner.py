@@ -79,6 +79,13 @@ def check_fsdp_config(cfg: Any) -> None:
                          f"or set type='{WRAPPER_TYPE}'")
     emas = [h for h in cfg.get('custom_hooks') or [] if str(h.get('type')).endswith('EMAHook')
             and h.get('type') not in EMA_HOOK_TYPES]
+    optim = cfg.get('optim_wrapper') or {}
+    if (optim.get('type') == 'AmpOptimWrapper' and not optim.get('use_fsdp')
+            and cfg.get('launcher', 'none') != 'none'):
+        raise ValueError("optim_wrapper AmpOptimWrapper with FSDP2Runner needs use_fsdp=True "
+                         '(ShardedGradScaler: its inf check is all-reduced over the ranks; '
+                         "GradScaler checks only this rank's gradient shards, so ranks could "
+                         'skip different steps); or use FSDP2Wrapper(mixed_precision=...)')
     if emas and cfg.get('launcher', 'none') != 'none':  # one process: no shards, stock hooks
         raise ValueError(f'{emas[0]["type"]} is not supported with {RUNNER_TYPE} (only '
                          f"mmengine's EMAHook gets sharded averaged weights, as {EMA_HOOK}); use "
