@@ -9,7 +9,8 @@ images a single process sees in two accumulated iterations. Modes:
   losses, the gathered gradients of the first step and the bytes of the local shards; then a
   second runner resumes from ``iter_1.pth`` and trains to iteration 2 (``resume/iter_2.pth``);
   a third one builds the model on rank 0 only (``init_on_rank0``) and trains 1 iteration.
-  Every run has an ``EMAHook`` (:data:`EMA_HOOK`).
+  Every run has an ``EMAHook`` (:data:`EMA_HOOK`); a fourth one trains 1 iteration with
+  ``AmpOptimWrapper`` (:func:`amp_cfg`).
 * ``kill``: as ``train`` for 50 iterations under the fault report; rank 1 SIGKILLs itself
   at iteration :data:`KILL_AT_ITER`.
 * ``configs``: a shrunk training step of each FSDP config in ``sys.argv[4:]``.
@@ -62,6 +63,20 @@ def vit_cfg(data_root: str, work_dir: str, max_iters: int, ckpt_interval: int,
     cfg['custom_hooks'] = list(cfg['custom_hooks']) + [dict(EMA_HOOK), dict(type='FsdpRecorder')]
     if launcher == 'pytorch':
         cfg['runner_type'] = 'FSDP2Runner'
+    return cfg
+
+
+def amp_cfg(cfg: dict) -> dict:
+    """``cfg`` trained with ``AmpOptimWrapper`` (bf16 autocast; distributed: the sharded scaler
+    on the CPU, one process: GradScaler, off without CUDA) and no EMA; mmengine refuses
+    ``AmpOptimWrapper`` without an accelerator: its assertion is bypassed (the wrapper itself
+    is unchanged: autocast, scaler, step)."""
+    import mmengine.optim.optimizer.amp_optimizer_wrapper as amp
+    amp.is_cuda_available = lambda: True
+    cfg['optim_wrapper'].update(type='AmpOptimWrapper', dtype='bfloat16')
+    if cfg['launcher'] != 'none':
+        cfg['optim_wrapper'].update(use_fsdp=True, loss_scale=dict(device='cpu'))
+    cfg['custom_hooks'] = [h for h in cfg['custom_hooks'] if h['type'] != 'EMAHook']
     return cfg
 
 
@@ -166,6 +181,10 @@ def train(data_root: str, work: str) -> None:
     result['built_on_meta'] = rank0_init.model.built_on_meta
     rank0_init.train()
     result['rank0_init_losses'] = _recorder(rank0_init).losses
+    amp = _runner(amp_cfg(vit_cfg(data_root, osp.join(work, 'amp'), 1, 1, 1, 'pytorch',
+                                  experiment_name='fsdp_amp')))
+    amp.train()
+    result['amp_losses'] = _recorder(amp).losses
     if rank == 0:
         torch.save(rec.grads, osp.join(work, 'grads.pt'))
         torch.save(swapped, osp.join(work, 'ema_swap.pt'))

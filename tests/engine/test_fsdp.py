@@ -21,7 +21,7 @@ import torch
 
 import vitdet_plugin  # noqa: F401
 from dist_worker import make_data
-from fsdp_worker import TRAIN_ITERS, register_recorder, vit_cfg
+from fsdp_worker import TRAIN_ITERS, amp_cfg, register_recorder, vit_cfg
 from test_distributed import _free_port
 from helpers import REPO_ROOT
 
@@ -36,6 +36,8 @@ TOL = 1e-6
 #: AdamW divides tiny gradients by their tiny second moments (measured 2026-12-02: 2.2e-6);
 #: the averaged weights of that step stay within TOL
 SECOND_STEP_TOL = 1e-5
+#: bf16 autocast against fp32: relative loss difference (bf16 has an 8-bit mantissa, 2^-8)
+BF16_TOL = 2 ** -8
 #: a rank's share of the bytes: 1/2, give or take the parameters a world of 2 cannot split
 #: evenly (odd first dims: one more row on rank 0)
 SHARE_SLACK = 0.02
@@ -82,6 +84,19 @@ def _single_process_reference(data: str, work: str):
     return next(h for h in runner.hooks if type(h).__name__ == 'FsdpRecorder'), cfg
 
 
+def _single_process_amp_losses(data: str, work: str) -> list:
+    """The losses of the first two images on one process under ``AmpOptimWrapper`` (bf16)."""
+    from mmengine.config import Config
+    from mmengine.registry import RUNNERS
+    cfg = amp_cfg(vit_cfg(data, work, WORLD_SIZE, WORLD_SIZE, 1, 'none',
+                          experiment_name='single_amp'))
+    cfg['optim_wrapper']['accumulative_counts'] = WORLD_SIZE
+    cfg['runner_type'] = 'FSDP2Runner'
+    runner = RUNNERS.build(Config(cfg))
+    runner.train()
+    return next(h for h in runner.hooks if type(h).__name__ == 'FsdpRecorder').losses
+
+
 @pytest.fixture(scope='module')
 def fsdp_job(tmp_path_factory):
     tmp = tmp_path_factory.mktemp('fsdp')
@@ -106,6 +121,13 @@ def test_fsdp_step_equals_single_process_shares_bytes_resumes_bit_identically(
     for r in range(WORLD_SIZE):
         assert abs(ranks[r]['losses'][0] - ref.losses[r]) <= TOL * abs(ref.losses[r]), \
             (r, ranks[r]['losses'][0], ref.losses[r])
+
+    # AmpOptimWrapper (bf16 autocast) on the sharded model: the single process's AMP losses,
+    # within bf16 rounding of the fp32 ones
+    amp = _single_process_amp_losses(data, str(tmp_path / 'single_amp'))
+    for r in range(WORLD_SIZE):
+        assert abs(ranks[r]['amp_losses'][0] - amp[r]) <= TOL * abs(amp[r]), (r, amp)
+        assert 0 < abs(amp[r] - ref.losses[r]) <= BF16_TOL * abs(ref.losses[r]), (r, amp)
 
     grads = torch.load(osp.join(work, 'grads.pt'), weights_only=True)
     assert grads.keys() == ref.grads.keys()
