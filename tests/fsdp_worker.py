@@ -66,13 +66,15 @@ def vit_cfg(data_root: str, work_dir: str, max_iters: int, ckpt_interval: int,
     return cfg
 
 
+#: module and name of the accelerator check in ``AmpOptimWrapper.__init__``
+AMP_DEVICE_CHECK = ('mmengine.optim.optimizer.amp_optimizer_wrapper', 'is_cuda_available')
+
+
 def amp_cfg(cfg: dict) -> dict:
     """``cfg`` trained with ``AmpOptimWrapper`` (bf16 autocast; distributed: the sharded scaler
-    on the CPU, one process: GradScaler, off without CUDA) and no EMA; mmengine refuses
-    ``AmpOptimWrapper`` without an accelerator: its assertion is bypassed (the wrapper itself
-    is unchanged: autocast, scaler, step)."""
-    import mmengine.optim.optimizer.amp_optimizer_wrapper as amp
-    amp.is_cuda_available = lambda: True
+    on the CPU, one process: GradScaler, off without CUDA) and no EMA. mmengine refuses
+    ``AmpOptimWrapper`` without an accelerator: the caller bypasses that assertion
+    (:data:`AMP_DEVICE_CHECK`; the wrapper itself is unchanged: autocast, scaler, step)."""
     cfg['optim_wrapper'].update(type='AmpOptimWrapper', dtype='bfloat16')
     if cfg['launcher'] != 'none':
         cfg['optim_wrapper'].update(use_fsdp=True, loss_scale=dict(device='cpu'))
@@ -181,6 +183,9 @@ def train(data_root: str, work: str) -> None:
     result['built_on_meta'] = rank0_init.model.built_on_meta
     rank0_init.train()
     result['rank0_init_losses'] = _recorder(rank0_init).losses
+    import importlib
+    module, name = AMP_DEVICE_CHECK
+    setattr(importlib.import_module(module), name, lambda: True)
     amp = _runner(amp_cfg(vit_cfg(data_root, osp.join(work, 'amp'), 1, 1, 1, 'pytorch',
                                   experiment_name='fsdp_amp')))
     amp.train()

@@ -21,7 +21,7 @@ import torch
 
 import vitdet_plugin  # noqa: F401
 from dist_worker import make_data
-from fsdp_worker import TRAIN_ITERS, amp_cfg, register_recorder, vit_cfg
+from fsdp_worker import AMP_DEVICE_CHECK, TRAIN_ITERS, amp_cfg, register_recorder, vit_cfg
 from test_distributed import _free_port
 from helpers import REPO_ROOT
 
@@ -36,8 +36,9 @@ TOL = 1e-6
 #: AdamW divides tiny gradients by their tiny second moments (measured 2026-12-02: 2.2e-6);
 #: the averaged weights of that step stay within TOL
 SECOND_STEP_TOL = 1e-5
-#: bf16 autocast against fp32: relative loss difference (bf16 has an 8-bit mantissa, 2^-8)
-BF16_TOL = 2 ** -8
+#: bf16 autocast against fp32: relative loss difference, a few bf16 roundings (bf16 keeps 8
+#: significant bits: 2^-8 each); measured 2026-12-02: 3.4e-3
+BF16_TOL = 2 ** -6
 #: a rank's share of the bytes: 1/2, give or take the parameters a world of 2 cannot split
 #: evenly (odd first dims: one more row on rank 0)
 SHARE_SLACK = 0.02
@@ -110,7 +111,7 @@ def fsdp_job(tmp_path_factory):
 
 
 def test_fsdp_step_equals_single_process_shares_bytes_resumes_bit_identically(
-        fsdp_job, tmp_path):
+        fsdp_job, tmp_path, monkeypatch):
     data, work, ranks = fsdp_job
     ref, ref_cfg = _single_process_reference(data, str(tmp_path / 'single'))
     for res in ranks:
@@ -124,7 +125,9 @@ def test_fsdp_step_equals_single_process_shares_bytes_resumes_bit_identically(
 
     # AmpOptimWrapper (bf16 autocast) on the sharded model: the single process's AMP losses,
     # within bf16 rounding of the fp32 ones
+    monkeypatch.setattr('.'.join(AMP_DEVICE_CHECK), lambda: True)
     amp = _single_process_amp_losses(data, str(tmp_path / 'single_amp'))
+    print('AMP / fp32 loss rel. difference', [abs(a - f) / f for a, f in zip(amp, ref.losses)])
     for r in range(WORLD_SIZE):
         assert abs(ranks[r]['amp_losses'][0] - amp[r]) <= TOL * abs(amp[r]), (r, amp)
         assert 0 < abs(amp[r] - ref.losses[r]) <= BF16_TOL * abs(ref.losses[r]), (r, amp)
