@@ -79,8 +79,9 @@ class FSDP2EMAHook(EMAHook):
         self.ema_model = MODELS.build(self.ema_cfg, default_args=dict(model=plain_copy(model)))
 
     def _swap_ema_parameters(self) -> None:
-        """The stock swap, on the local shards (each FSDP unit resharded first: after an eval
-        forward the root's parameters may still be gathered)."""
+        """The stock swap, on the local shards (each FSDP unit resharded first: with
+        ``FSDP2Wrapper(reshard_after_forward=False)`` a forward without backward leaves the
+        parameters gathered)."""
         if self.sharded:
             for module in self.src_model.modules():
                 if isinstance(module, FSDPModule):
