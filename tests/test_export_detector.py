@@ -118,7 +118,9 @@ def test_infer_onnxruntime_without_torch_equals_pytorch_backend(exported, tmp_pa
     assert run.returncode == 0, run.stderr
     assert (ort_out / '000.png').is_file()
     ckpt = tmp_path / 'model.pth'
-    torch.save({'state_dict': model.state_dict()}, ckpt)
+    classes = OnnxDetector(path).classes
+    torch.save({'state_dict': model.state_dict(), 'meta': {'dataset_meta': {'classes': classes}}},
+               ckpt)
     tool = _tool('infer.py')
     cfg_path = tmp_path / 'tiny.py'
     cfg_path.write_text(_config_text(config, options))

@@ -76,7 +76,9 @@ def run_pytorch(files: Sequence[str], config: str, checkpoint: Optional[str]
         detections.append(Detections(boxes=np.asarray(p['bboxes'], np.float32)[order],
                                      scores=scores[order],
                                      labels=np.asarray(p['labels'], np.int64)[order]))
-    classes = list(inferencer.model.dataset_meta['classes'])
+    # the config's classes, else the checkpoint's (mmdet falls back to COCO's without them)
+    metainfo = inferencer.cfg.test_dataloader.dataset.get('metainfo') or {}
+    classes = list(metainfo.get('classes') or inferencer.model.dataset_meta['classes'])
     return detections, classes
 
 

@@ -221,8 +221,10 @@ class EndToEndDetector(nn.Module):
             top, idx = scores.topk(k, dim=1)                                 # (B, k)
             anchor = idx // num_classes
             picked = torch.gather(deltas, 1, anchor[..., None].expand(-1, -1, BOX_DIM))
-            boxes = head.bbox_coder.decode(anchors[anchor], picked, max_shape=(h, w))
-            all_boxes.append(boxes)
+            # decoded as one (B * k, 4) batch, mmdet's per-image path; clipped below
+            boxes = head.bbox_coder.decode(anchors[anchor].reshape(-1, BOX_DIM),
+                                           picked.reshape(-1, BOX_DIM))
+            all_boxes.append(_clip(boxes.reshape(b, -1, BOX_DIM), h, w))
             all_scores.append(top)
             all_labels.append(idx % num_classes)
         boxes = torch.cat(all_boxes, 1)                                      # (B, N, 4)
