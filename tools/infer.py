@@ -84,7 +84,8 @@ def run_pytorch(files: Sequence[str], config: str, checkpoint: Optional[str]
 
 def coco_json(files: Sequence[str], detections: Sequence[Detections], classes: Sequence[str]
               ) -> Dict[str, Any]:
-    images, annotations = [], []
+    images: List[Dict[str, Any]] = []
+    annotations: List[Dict[str, Any]] = []
     for i, (path, det) in enumerate(zip(files, detections)):
         h, w = load_image(path).shape[:2]
         images.append(dict(id=i, file_name=osp.basename(path), width=w, height=h))

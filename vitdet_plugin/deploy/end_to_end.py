@@ -74,7 +74,8 @@ def _nms_fake(boxes: Tensor, scores: Tensor, max_per_class: int, iou_threshold: 
 
 def nms_onnx(boxes, scores, max_per_class: int, iou_threshold: float, score_threshold: float):
     """Translation of ``vitdet_deploy::nms`` to ONNX ``NonMaxSuppression`` (corner boxes)."""
-    from onnxscript import opset18 as op
+    from onnxscript import opset18
+    op: Any = opset18  # its typed signatures reject the constants' generic type
     return op.NonMaxSuppression(boxes, scores, op.Constant(value_ints=[max_per_class]),
                                 op.Constant(value_floats=[iou_threshold]),
                                 op.Constant(value_floats=[score_threshold]),
@@ -86,7 +87,7 @@ def translation_table() -> dict:
     return {torch.ops.vitdet_deploy.nms.default: nms_onnx}
 
 
-def check_exportable(model: nn.Module) -> str:
+def check_exportable(model: Any) -> str:
     """The kind of end-to-end graph ``model`` exports to (``'detr'`` or ``'dense'``), or a
     ``ValueError`` saying why it cannot."""
     name = type(model).__name__
@@ -117,7 +118,9 @@ DENSE_HEADS = ('RetinaHead', 'RetinaSepBNHead', 'AnchorHead')
 class EndToEndDetector(nn.Module):
     """uint8 image batch -> padded detections (module docstring); ``model`` in eval mode."""
 
-    def __init__(self, model: nn.Module) -> None:
+    model: Any  # an mmdet detector (its parts are untyped)
+
+    def __init__(self, model: Any) -> None:
         super().__init__()
         self.kind = check_exportable(model)
         self.model = model

@@ -1,10 +1,9 @@
 """An end-to-end graph in onnxruntime vs mmdet's own ``predict`` on the same uint8 images."""
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import Any, List, Sequence, Tuple
 
 import numpy as np
 import torch
-from torch import nn
 
 from .runner import INPUT_NAME
 
@@ -31,7 +30,7 @@ class Parity:
                 and self.score_error <= SCORE_TOLERANCE and self.labels_equal)
 
 
-def mmdet_predict(model: nn.Module, image: torch.Tensor
+def mmdet_predict(model: Any, image: torch.Tensor
                   ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """mmdet's ``predict`` of ``model`` on one ``(3, H, W)`` uint8 image already at the
     graph's input size (its data preprocessor: channel flip, mean / std, padding):
@@ -49,14 +48,14 @@ def mmdet_predict(model: nn.Module, image: torch.Tensor
             pred.labels[order].numpy())
 
 
-def _untied(scores: np.ndarray) -> np.ndarray:
+def untied(scores: np.ndarray) -> np.ndarray:
     """True at the ranks whose score differs from both neighbours' by more than the tolerance
     (a tie may be broken either way)."""
     gaps = np.abs(np.diff(scores)) > SCORE_TOLERANCE
     return np.concatenate(([True], gaps)) & np.concatenate((gaps, [True]))
 
 
-def compare(session, model: nn.Module, images: Sequence[torch.Tensor]) -> List[Parity]:
+def compare(session: Any, model: Any, images: Sequence[torch.Tensor]) -> List[Parity]:
     """Each ``(3, H, W)`` uint8 image through ``session`` (as a batch of 1) and mmdet."""
     results = []
     for image in images:
@@ -65,11 +64,12 @@ def compare(session, model: nn.Module, images: Sequence[torch.Tensor]) -> List[P
         ref_boxes, ref_scores, ref_labels = mmdet_predict(model, image)
         m = min(n, len(ref_scores))
         side = float(max(image.shape[-2:]))
-        untied = _untied(ref_scores[:m])
+        untied_ranks = untied(ref_scores[:m])
         results.append(Parity(
             size=(int(image.shape[-2]), int(image.shape[-1])), num_onnx=n,
             num_torch=len(ref_scores),
-            box_error=float(np.abs(boxes[0, :m] - ref_boxes[:m])[untied].max(initial=0)) / side,
+            box_error=float(np.abs(boxes[0, :m] - ref_boxes[:m])[untied_ranks].max(initial=0))
+            / side,
             score_error=float(np.abs(scores[0, :m] - ref_scores[:m]).max(initial=0)),
-            labels_equal=bool((labels[0, :m] == ref_labels[:m])[untied].all())))
+            labels_equal=bool((labels[0, :m] == ref_labels[:m])[untied_ranks].all())))
     return results
