@@ -175,6 +175,11 @@ def test_detectors_that_cannot_export_are_refused(capsys):
     with pytest.raises(ValueError, match=r'MaskRCNN is a two-stage detector: its end-to-end '
                                          r'export .* is not implemented'):
         check_exportable(mask_rcnn)
+    _, dino = build_model(osp.join(ROOT, 'configs', 'swin_dino.py'),
+                          cfg_options={'model.backbone.init_cfg': None})
+    with pytest.raises(ValueError, match=r'DINO with DINOHead: no end-to-end export \(supported: '
+                                         r'SdpaDETR with SdpaDETRHead'):
+        check_exportable(dino)
     code = _tool('export_onnx.py').main([osp.join(ROOT, 'configs', 'swin_mask_rcnn.py'),
                                          '--out', 'x.onnx', '--part', 'detector',
                                          '--cfg-options', 'model.backbone.init_cfg=None'])

@@ -106,9 +106,9 @@ def check_exportable(model: Any) -> str:
         return 'dense'
     raise ValueError(f'{name} with {type(head).__name__}: no end-to-end export (supported: '
                      f'SdpaDETR with SdpaDETRHead, and the sigmoid anchor heads {DENSE_HEADS}; '
-                     'mmdet DINO / DeformableDETR heads are not: their predict path calls '
-                     'mmcv deformable attention with per-image Python loops); export --part '
-                     'neck')
+                     'mmdet DINO / DeformableDETR heads are not implemented: their predict '
+                     'loops over images in Python and their multi-scale deformable attention '
+                     'is an mmcv op); export --part neck')
 
 
 #: Anchor heads whose test-time path is ``AnchorHead.predict_by_feat`` unchanged.
