@@ -18,11 +18,14 @@ if TYPE_CHECKING:
 __all__ = ['EXPORT_SAMPLE_SIZE', 'INPUT_NAME', 'OPSET', 'PARTS', 'DetectorPart',
            'build_detector_part', 'dynamic_shapes', 'export_onnx', 'CHECK_SIZES',
            'DEFAULT_TOLERANCE', 'Latency', 'SizeCheck', 'check_sizes', 'latency', 'ort_session']
-#: The submodule of each public name (the first eight: onnx_export, the rest: ort_check).
-_LAZY = {name: 'onnx_export' if i < 8 else 'ort_check' for i, name in enumerate(__all__)}
+#: The submodules that define the names above (imported on first use).
+_SUBMODULES = ('onnx_export', 'ort_check')
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-    return getattr(importlib.import_module(f'.{_LAZY[name]}', __name__), name)
+    if name in __all__:
+        for sub in _SUBMODULES:
+            module = importlib.import_module(f'.{sub}', __name__)
+            if hasattr(module, name):
+                return getattr(module, name)
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -23,14 +23,13 @@ import torch
 from torch import Tensor, nn
 
 from ..models.layers import eager_attention
+from .runner import INPUT_NAME  # the graph's input name, one for every export
 
 #: Parts of a detector that can be exported (each includes the ones before it).
 PARTS = ('backbone', 'neck', 'head')
 #: Size of the example input the exporter traces with. Any size works (the graph is dynamic);
 #: an odd one that is no multiple of a patch or window keeps every padding path in the trace.
 EXPORT_SAMPLE_SIZE: Tuple[int, int] = (233, 311)
-#: Input name of the exported graph.
-INPUT_NAME = 'image'
 #: The exported graph's opset (torch's dynamo exporter supports 18 and newer).
 OPSET = 18
 
