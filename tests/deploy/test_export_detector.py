@@ -13,7 +13,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from helpers import ROOT, randomize_, subprocess_env
+from helpers import REPO_ROOT, randomize_, subprocess_env
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.deploy.end_to_end import (OUTPUT_NAMES, PAD_LABEL, EndToEndDetector,
@@ -42,7 +42,7 @@ SIZES = ((96, 128), (75, 117), (130, 99))
     'detr', pytest.param('retinanet', marks=pytest.mark.slow)])  # export: ~1 min CPU each
 def exported(request, tmp_path_factory):
     config, options = TINY[request.param]
-    cfg, model = build_model(osp.join(ROOT, config), cfg_options=dict(options))
+    cfg, model = build_model(osp.join(REPO_ROOT, config), cfg_options=dict(options))
     randomize_(model)  # spread-out scores: a ranking to compare
     module = EndToEndDetector(model)
     path = str(tmp_path_factory.mktemp(request.param) / 'model.onnx')
@@ -111,9 +111,10 @@ def test_infer_onnxruntime_without_torch_equals_pytorch_backend(exported, tmp_pa
     kind, model, _, path = exported
     config, options = TINY[kind]
     folder = _write_images(tmp_path / 'images')
-    env = subprocess_env(no_site=False, PYTHONPATH=ROOT)
+    env = subprocess_env(no_site=False, PYTHONPATH=REPO_ROOT)
     ort_out = tmp_path / 'ort'
-    run = subprocess.run([sys.executable, '-c', BLOCKED_RUN, osp.join(ROOT, 'tools', 'infer.py'),
+    infer = osp.join(REPO_ROOT, 'tools', 'infer.py')
+    run = subprocess.run([sys.executable, '-c', BLOCKED_RUN, infer,
                           str(folder), '--out-dir', str(ort_out), '--backend', 'onnxruntime',
                           '--onnx', path], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
@@ -147,14 +148,14 @@ def test_infer_onnxruntime_without_torch_equals_pytorch_backend(exported, tmp_pa
 def _config_text(config: str, options: dict) -> str:
     """A config file: ``config`` with ``options`` (dotted keys) applied."""
     from vitdet_plugin.config import load_config
-    cfg = load_config(osp.join(ROOT, config), dict(options))
+    cfg = load_config(osp.join(REPO_ROOT, config), dict(options))
     cfg.model.backbone.init_cfg = None
     return cfg.pretty_text
 
 
 def _tool(name: str):
     spec = importlib.util.spec_from_file_location(f'vitdet_tool_{name[:-3]}',
-                                                  osp.join(ROOT, 'tools', name))
+                                                  osp.join(REPO_ROOT, 'tools', name))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -170,17 +171,17 @@ def test_runner_refuses_bad_images(exported):
 
 
 def test_detectors_that_cannot_export_are_refused(capsys):
-    _, mask_rcnn = build_model(osp.join(ROOT, 'configs', 'swin_mask_rcnn.py'),
+    _, mask_rcnn = build_model(osp.join(REPO_ROOT, 'configs', 'swin_mask_rcnn.py'),
                                cfg_options={'model.backbone.init_cfg': None})
     with pytest.raises(ValueError, match=r'MaskRCNN is a two-stage detector: its end-to-end '
                                          r'export .* is not implemented'):
         check_exportable(mask_rcnn)
-    _, dino = build_model(osp.join(ROOT, 'configs', 'swin_dino.py'),
+    _, dino = build_model(osp.join(REPO_ROOT, 'configs', 'swin_dino.py'),
                           cfg_options={'model.backbone.init_cfg': None})
     with pytest.raises(ValueError, match=r'DINO with DINOHead: no end-to-end export \(supported: '
                                          r'SdpaDETR with SdpaDETRHead'):
         check_exportable(dino)
-    code = _tool('export_onnx.py').main([osp.join(ROOT, 'configs', 'swin_mask_rcnn.py'),
+    code = _tool('export_onnx.py').main([osp.join(REPO_ROOT, 'configs', 'swin_mask_rcnn.py'),
                                          '--out', 'x.onnx', '--part', 'detector',
                                          '--cfg-options', 'model.backbone.init_cfg=None'])
     assert code == 2
