@@ -9,6 +9,8 @@ images a single process sees in two accumulated iterations. Modes:
   losses, the gathered gradients of the first step and the bytes of the local shards; then a
   second runner resumes from ``iter_1.pth`` and trains to iteration 2 (``resume/iter_2.pth``);
   a third one builds the model on rank 0 only (``init_on_rank0``) and trains 1 iteration.
+  Every run has an ``EMAHook`` (:data:`EMA_HOOK`); a fourth one trains 1 iteration with
+  ``AmpOptimWrapper`` (:func:`amp_cfg`).
 * ``kill``: as ``train`` for 50 iterations under the fault report; rank 1 SIGKILLs itself
   at iteration :data:`KILL_AT_ITER`.
 * ``configs``: a shrunk training step of each FSDP config in ``sys.argv[4:]``.
@@ -28,6 +30,10 @@ KILL_AT_ITER = 4
 KILL_MAX_ITERS = 50
 #: checkpoints every 2 iterations in the kill run: iter_2.pth exists when rank 1 dies
 KILL_CKPT_INTERVAL = 2
+#: mmdet's EMA (ExpMomentumEMA, buffers averaged too); gamma 1 instead of 2000 so that the
+#: second update moves the average by ~14% of the step (momentum (1 - m) e^(-2/gamma) + m)
+EMA_HOOK = dict(type='EMAHook', ema_type='ExpMomentumEMA', momentum=0.0002, gamma=1,
+                update_buffers=True, priority=49)
 
 
 def vit_cfg(data_root: str, work_dir: str, max_iters: int, ckpt_interval: int,
@@ -54,9 +60,25 @@ def vit_cfg(data_root: str, work_dir: str, max_iters: int, ckpt_interval: int,
     cfg['default_hooks']['checkpoint']['max_keep_ckpts'] = -1
     cfg['param_scheduler'] = [dict(type='MultiStepLR', by_epoch=False, milestones=[1],
                                    gamma=0.5)]
-    cfg['custom_hooks'] = list(cfg['custom_hooks']) + [dict(type='FsdpRecorder')]
+    cfg['custom_hooks'] = list(cfg['custom_hooks']) + [dict(EMA_HOOK), dict(type='FsdpRecorder')]
     if launcher == 'pytorch':
         cfg['runner_type'] = 'FSDP2Runner'
+    return cfg
+
+
+#: module and name of the accelerator check in ``AmpOptimWrapper.__init__``
+AMP_DEVICE_CHECK = ('mmengine.optim.optimizer.amp_optimizer_wrapper', 'is_cuda_available')
+
+
+def amp_cfg(cfg: dict) -> dict:
+    """``cfg`` trained with ``AmpOptimWrapper`` (bf16 autocast; distributed: the sharded scaler
+    on the CPU, one process: GradScaler, off without CUDA) and no EMA. mmengine refuses
+    ``AmpOptimWrapper`` without an accelerator: the caller bypasses that assertion
+    (:data:`AMP_DEVICE_CHECK`; the wrapper itself is unchanged: autocast, scaler, step)."""
+    cfg['optim_wrapper'].update(type='AmpOptimWrapper', dtype='bfloat16')
+    if cfg['launcher'] != 'none':
+        cfg['optim_wrapper'].update(use_fsdp=True, loss_scale=dict(device='cpu'))
+    cfg['custom_hooks'] = [h for h in cfg['custom_hooks'] if h['type'] != 'EMAHook']
     return cfg
 
 
@@ -118,15 +140,36 @@ def _recorder(runner):
     return next(h for h in runner.hooks if type(h).__name__ == 'FsdpRecorder')
 
 
+def validation_swap(runner, ema) -> Dict[str, Any]:
+    """The EMA hook's validation swap around an eval forward (which leaves the root's
+    parameters gathered): the gathered model weights inside (``val``) and after (``after``)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from vitdet_plugin.engine.fsdp_runner import GATHER
+    import torch
+    ema.before_val_epoch(runner)
+    detector = runner.model.module
+    with torch.no_grad():  # a forward without backward (the train batch has no scale_factor)
+        detector(**detector.data_preprocessor(next(iter(runner.train_dataloader))),
+                 mode='tensor')
+    inside = get_model_state_dict(runner.model.module, options=GATHER)
+    ema.after_val_epoch(runner)
+    return dict(val=inside, after=get_model_state_dict(runner.model.module, options=GATHER))
+
+
 def train(data_root: str, work: str) -> None:
     import torch
     rank = int(os.environ['RANK'])
     runner = _runner(vit_cfg(data_root, osp.join(work, 'fsdp'), TRAIN_ITERS, 1, 1, 'pytorch'))
     runner.train()
     rec = _recorder(runner)
+    ema = next(h for h in runner.hooks if 'EMA' in type(h).__name__)
     result = dict(losses=rec.losses, bytes=local_bytes(runner),
                   wrapper=type(runner.model).__name__,
-                  param_types=sorted({type(p).__name__ for p in runner.model.parameters()}))
+                  param_types=sorted({type(p).__name__ for p in runner.model.parameters()}),
+                  ema_hook=type(ema).__name__,
+                  ema_types=sorted({type(p).__name__ for p in ema.ema_model.parameters()}))
+    swapped = validation_swap(runner, ema)
     resumed = _runner(vit_cfg(data_root, osp.join(work, 'resume'), TRAIN_ITERS, 1, 1, 'pytorch',
                               resume=True, load_from=osp.join(work, 'fsdp', 'iter_1.pth'),
                               experiment_name='fsdp_resume'))
@@ -140,8 +183,16 @@ def train(data_root: str, work: str) -> None:
     result['built_on_meta'] = rank0_init.model.built_on_meta
     rank0_init.train()
     result['rank0_init_losses'] = _recorder(rank0_init).losses
+    import importlib
+    module, name = AMP_DEVICE_CHECK
+    setattr(importlib.import_module(module), name, lambda: True)
+    amp = _runner(amp_cfg(vit_cfg(data_root, osp.join(work, 'amp'), 1, 1, 1, 'pytorch',
+                                  experiment_name='fsdp_amp')))
+    amp.train()
+    result['amp_losses'] = _recorder(amp).losses
     if rank == 0:
         torch.save(rec.grads, osp.join(work, 'grads.pt'))
+        torch.save(swapped, osp.join(work, 'ema_swap.pt'))
     with open(osp.join(work, f'rank{rank}.json'), 'w') as f:
         json.dump(result, f)
 

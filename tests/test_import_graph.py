@@ -19,6 +19,8 @@ ALLOWED = {
                                        'vitdet_plugin.models.layers'},
     'vitdet_plugin.models.necks': {'vitdet_plugin.functional', 'vitdet_plugin.weights',
                                    'vitdet_plugin.models.layers'},
+    # the deployment runner: numpy + onnxruntime (+ OpenCV), nothing of ours that needs torch
+    'vitdet_plugin.deploy.runner': set(),
 }
 
 

@@ -1,7 +1,7 @@
 """Export a detector's network to ONNX with dynamic batch, height and width, and check it.
 
     python tools/export_onnx.py CONFIG [CHECKPOINT] --out model.onnx
-        [--part auto|backbone|neck|head] [--check-sizes 200x312 480x640 801x1217]
+        [--part auto|backbone|neck|head|detector] [--check-sizes 200x312 480x640 801x1217]
         [--batch 1] [--tolerance 1e-4] [--repeats 5] [--no-check] [--cfg-options k=v ...]
 
 Exports the network from the normalised image to the backbone's maps (``--part backbone``),
@@ -11,14 +11,22 @@ deltas). Then runs onnxruntime at each check size, compares every output with Py
 abs difference / max abs PyTorch value, at most ``--tolerance``) and prints onnxruntime vs
 PyTorch CPU latency (median of ``--repeats`` interleaved runs at the largest check size).
 Without a checkpoint the model keeps its initialisation (enough to check the graph).
-Not exported: the data preprocessor (mean/std, BGR->RGB, padding), anchors / box decoding, NMS
-(mmcv ops), RoI heads. Exit status 1 when a check fails.
+Not exported by these parts: the data preprocessor, anchors / box decoding, NMS, RoI heads.
+
+``--part detector``: the whole detector, uint8 image -> padded detections (data preprocessor,
+network, decoding, test_cfg's score threshold / top-k / NMS inside; see docs/deploy.md for the
+I/O contract), the test pipeline's load / resize parameters stored in the file for
+``vitdet_plugin.deploy.runner``; checked against mmdet's own predict at each check size
+(boxes within 1e-3 of the image side, scores within 1e-4, labels equal). SdpaDETR and sigmoid
+anchor heads (RetinaNet) only; other detectors are refused with the reason.
+Exit status 1 when a check fails, 2 when the part cannot be exported.
 """
 import argparse
 import importlib.util
 import os
 import os.path as osp
 import sys
+import time
 from typing import List, Optional, Sequence, Tuple
 
 from mmengine.config import DictAction
@@ -32,6 +40,11 @@ import vitdet_plugin  # noqa: F401  (registers our modules)
 from vitdet_plugin.deploy import (CHECK_SIZES, DEFAULT_TOLERANCE, PARTS,
                                   build_detector_part, check_sizes, export_onnx, latency,
                                   ort_session)
+from vitdet_plugin.deploy.end_to_end import OUTPUT_NAMES, add_metadata
+from vitdet_plugin.deploy.onnx_export import build_model
+
+#: ``--part`` of the whole detector (image -> detections).
+DETECTOR = 'detector'
 
 #: Milliseconds per second (latency printout).
 MS = 1e3
@@ -55,8 +68,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('checkpoint', nargs='?', default=None,
                    help='weights (default: the config\'s own initialisation)')
     p.add_argument('--out', required=True, help='the .onnx file to write')
-    p.add_argument('--part', choices=('auto',) + PARTS, default='auto',
-                   help='auto: backbone + neck when the config has a neck, else the backbone')
+    p.add_argument('--part', choices=('auto',) + PARTS + (DETECTOR,), default='auto',
+                   help='auto: backbone + neck when the config has a neck, else the backbone; '
+                        'detector: image -> detections (end to end)')
     p.add_argument('--check-sizes', nargs='+', type=_size, default=list(CHECK_SIZES),
                    metavar='HxW', help='onnxruntime vs PyTorch at these input sizes')
     p.add_argument('--batch', type=int, default=1, help='images per check batch')
@@ -73,8 +87,52 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
+def export_detector(args: argparse.Namespace) -> int:
+    """``--part detector``: export, then onnxruntime vs mmdet's predict per check size."""
+    from vitdet_plugin.deploy.end_to_end import (EndToEndDetector, export_end_to_end,
+                                                 pipeline_meta)
+    from vitdet_plugin.deploy.end_to_end_check import compare
+    try:
+        cfg, model = build_model(args.config, args.checkpoint, args.cfg_options)
+        module = EndToEndDetector(model)
+        meta = pipeline_meta(cfg, module)
+    except ValueError as e:  # a detector / pipeline the graph cannot hold: one line
+        print(f'error: {e}', file=sys.stderr)
+        return 2
+    os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
+    start = time.perf_counter()
+    export_end_to_end(module, args.out)
+    add_metadata(args.out, meta)
+    print(f'exported the {module.kind} detector of {args.config} to {args.out} '
+          f'({osp.getsize(args.out) / 2**20:.1f} MiB, {time.perf_counter() - start:.0f} s); '
+          f'input image (B, 3, H, W) uint8 dynamic; outputs {", ".join(OUTPUT_NAMES)} '
+          f'(max_per_img {module.max_per_img})', flush=True)
+    if args.no_check:
+        return 0
+    session = ort_session(args.out)
+    g = torch.Generator().manual_seed(0)
+    images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g)
+              for h, w in args.check_sizes]
+    failed = []
+    for p in compare(session, model, images):
+        h, w = p.size
+        print(f'  {h}x{w}: {p.num_onnx} detections (PyTorch {p.num_torch}), box error '
+              f'{p.box_error:.1e} of the image side, score error {p.score_error:.1e}, labels '
+              f'{"equal" if p.labels_equal else "DIFFER"} {"ok" if p.ok else "FAILED"}',
+              flush=True)
+        if not p.ok:
+            failed.append(f'{h}x{w}')
+    if failed:
+        print(f'error: onnxruntime differs from mmdet\'s predict at {", ".join(failed)}',
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
+    if args.part == DETECTOR:
+        return export_detector(args)
     try:
         module = build_detector_part(args.config, args.checkpoint, args.part, args.cfg_options)
     except ValueError as e:  # a part the model does not have (a two-stage head, no neck): one line

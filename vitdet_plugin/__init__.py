@@ -9,14 +9,21 @@ does two separate things:
   ``roi_align`` (see :mod:`vitdet_plugin.compat`);
 * importing :mod:`.models`, :mod:`.engine` and :mod:`.checks` registers our modules (and the
   checks run before training) in mmdet's and mmengine's registries under our own names.
+
+Without torch (a deployment install: numpy + onnxruntime), the import does neither and only
+:mod:`vitdet_plugin.deploy.runner` is usable (it runs an exported end-to-end graph).
 """
-from . import compat
+import importlib.util
+
 from .version import __version__
 
-compat.apply()  # the import-time patches, before anything below imports mmcv.ops
+if importlib.util.find_spec('torch') is not None:
+    from . import compat
 
-from . import models  # noqa: E402  (registers modules)
-from . import engine  # noqa: E402,F401  (registers the optimizer constructor and hooks)
-from . import checks  # noqa: E402,F401  (registers PreflightCheckHook)
+    compat.apply()  # the import-time patches, before anything below imports mmcv.ops
+
+    from . import models  # (registers modules)
+    from . import engine  # noqa: F401  (registers the optimizer constructor and hooks)
+    from . import checks  # noqa: F401  (registers PreflightCheckHook)
 
 __all__ = ['__version__', 'compat', 'models']

@@ -21,7 +21,7 @@ import torch
 
 import vitdet_plugin  # noqa: F401
 from dist_worker import make_data
-from fsdp_worker import TRAIN_ITERS, register_recorder, vit_cfg
+from fsdp_worker import AMP_DEVICE_CHECK, TRAIN_ITERS, amp_cfg, register_recorder, vit_cfg
 from test_distributed import _free_port
 from helpers import REPO_ROOT
 
@@ -32,6 +32,13 @@ JOB_TIMEOUT_S = 240
 #: fp32, relative L2 error of each tensor: the sharded step reduces the same sums in another
 #: order (measured 2026-12-02: at most 6.6e-7 here)
 TOL = 1e-6
+#: the trained weights after the second AdamW step: the first step's error, amplified where
+#: AdamW divides tiny gradients by their tiny second moments (measured 2026-12-02: 2.2e-6);
+#: the averaged weights of that step stay within TOL
+SECOND_STEP_TOL = 1e-5
+#: bf16 autocast against fp32: relative loss difference, a few bf16 roundings (bf16 keeps 8
+#: significant bits: 2^-8 each); measured 2026-12-02: 3.4e-3
+BF16_TOL = 2 ** -6
 #: a rank's share of the bytes: 1/2, give or take the parameters a world of 2 cannot split
 #: evenly (odd first dims: one more row on rank 0)
 SHARE_SLACK = 0.02
@@ -50,19 +57,45 @@ def torchrun(mode: str, data: str, work: str, *extra: str,
 
 
 def _single_process_reference(data: str, work: str):
-    """The same model, seed and two images on one process (FSDP2Runner, no wrapper: the same
-    weights init as the sharded run): batch 1, gradients of 2 iterations accumulated into one
-    optimizer step (lr schedule off: its milestone is after the step)."""
+    """The same model, seed and images on one process (FSDP2Runner, no wrapper: the same
+    weights init as the sharded run): batch 1, gradients of 2 iterations accumulated into each
+    optimizer step (the lr milestone after the first step), mmengine's own EMAHook updating
+    after each optimizer step (as in a DDP run of 2 ranks); checkpoints after each step."""
     from mmengine.config import Config
-    from mmengine.registry import RUNNERS
+    from mmengine.hooks import EMAHook
+    from mmengine.registry import HOOKS, RUNNERS
     register_recorder()
-    cfg = vit_cfg(data, work, TRAIN_ITERS, TRAIN_ITERS, 1, 'none', experiment_name='single')
+
+    @HOOKS.register_module(force=True)
+    class StepEMAHook(EMAHook):
+        def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+            if (runner.iter + 1) % WORLD_SIZE == 0:  # an optimizer step was taken
+                super().after_train_iter(runner, batch_idx, data_batch, outputs)
+
+    cfg = vit_cfg(data, work, WORLD_SIZE * TRAIN_ITERS, WORLD_SIZE, 1, 'none',
+                  experiment_name='single')
     cfg['optim_wrapper']['accumulative_counts'] = WORLD_SIZE
-    cfg['param_scheduler'] = None
+    cfg['param_scheduler'][0]['milestones'] = [WORLD_SIZE]
+    for hook in cfg['custom_hooks']:
+        if hook['type'] == 'EMAHook':
+            hook['type'] = 'StepEMAHook'
     cfg['runner_type'] = 'FSDP2Runner'  # launcher 'none': one process, no wrapper
     runner = RUNNERS.build(Config(cfg))
     runner.train()
     return next(h for h in runner.hooks if type(h).__name__ == 'FsdpRecorder'), cfg
+
+
+def _single_process_amp_losses(data: str, work: str) -> list:
+    """The losses of the first two images on one process under ``AmpOptimWrapper`` (bf16)."""
+    from mmengine.config import Config
+    from mmengine.registry import RUNNERS
+    cfg = amp_cfg(vit_cfg(data, work, WORLD_SIZE, WORLD_SIZE, 1, 'none',
+                          experiment_name='single_amp'))
+    cfg['optim_wrapper']['accumulative_counts'] = WORLD_SIZE
+    cfg['runner_type'] = 'FSDP2Runner'
+    runner = RUNNERS.build(Config(cfg))
+    runner.train()
+    return next(h for h in runner.hooks if type(h).__name__ == 'FsdpRecorder').losses
 
 
 @pytest.fixture(scope='module')
@@ -78,16 +111,26 @@ def fsdp_job(tmp_path_factory):
 
 
 def test_fsdp_step_equals_single_process_shares_bytes_resumes_bit_identically(
-        fsdp_job, tmp_path):
+        fsdp_job, tmp_path, monkeypatch):
     data, work, ranks = fsdp_job
     ref, ref_cfg = _single_process_reference(data, str(tmp_path / 'single'))
     for res in ranks:
         assert res['wrapper'] == 'FSDP2Wrapper'
         assert res['param_types'] == ['DTensor']
+        assert (res['ema_hook'], res['ema_types']) == ('FSDP2EMAHook', ['DTensor'])
     # the loss of rank r's image is the single process's loss at iteration r
     for r in range(WORLD_SIZE):
         assert abs(ranks[r]['losses'][0] - ref.losses[r]) <= TOL * abs(ref.losses[r]), \
             (r, ranks[r]['losses'][0], ref.losses[r])
+
+    # AmpOptimWrapper (bf16 autocast) on the sharded model: the single process's AMP losses,
+    # within bf16 rounding of the fp32 ones
+    monkeypatch.setattr('.'.join(AMP_DEVICE_CHECK), lambda: True)
+    amp = _single_process_amp_losses(data, str(tmp_path / 'single_amp'))
+    print('AMP / fp32 loss rel. difference', [abs(a - f) / f for a, f in zip(amp, ref.losses)])
+    for r in range(WORLD_SIZE):
+        assert abs(ranks[r]['amp_losses'][0] - amp[r]) <= TOL * abs(amp[r]), (r, amp)
+        assert 0 < abs(amp[r] - ref.losses[r]) <= BF16_TOL * abs(ref.losses[r]), (r, amp)
 
     grads = torch.load(osp.join(work, 'grads.pt'), weights_only=True)
     assert grads.keys() == ref.grads.keys()
@@ -98,12 +141,41 @@ def test_fsdp_step_equals_single_process_shares_bytes_resumes_bit_identically(
 
     # the checkpoint after the sharded step: full tensors, the single process's weights
     fsdp_ckpt = torch.load(osp.join(work, 'fsdp', 'iter_1.pth'), weights_only=False)
-    single = torch.load(osp.join(str(tmp_path / 'single'), f'iter_{TRAIN_ITERS}.pth'),
+    single = torch.load(osp.join(str(tmp_path / 'single'), f'iter_{WORLD_SIZE}.pth'),
                         weights_only=False)
     assert fsdp_ckpt['state_dict'].keys() == single['state_dict'].keys()
     for name, w in fsdp_ckpt['state_dict'].items():
         assert type(w) is torch.Tensor, name
         assert rel_l2(w, single['state_dict'][name]) <= TOL, name
+
+    # EMA: after each step the checkpoint holds mmengine EMAHook's form (``state_dict``: the
+    # averaged weights, ``ema_state_dict``: ``steps`` + ``module.<name>``: the trained ones)
+    # with the single process's values, the average of the second step included
+    single_2 = torch.load(osp.join(str(tmp_path / 'single'), f'iter_{WORLD_SIZE * TRAIN_ITERS}'
+                                   '.pth'), weights_only=False)
+    fsdp_2 = torch.load(osp.join(work, 'fsdp', f'iter_{TRAIN_ITERS}.pth'), weights_only=False)
+    for step, (ours, theirs) in enumerate(((fsdp_ckpt, single), (fsdp_2, single_2)), 1):
+        assert list(ours['ema_state_dict']) == list(theirs['ema_state_dict'])
+        for key in ('state_dict', 'ema_state_dict'):
+            tol = SECOND_STEP_TOL if (step, key) == (2, 'ema_state_dict') else TOL
+            for name, w in ours[key].items():
+                assert type(w) is torch.Tensor and w.dtype == theirs[key][name].dtype, name
+                assert w.shape == theirs[key][name].shape, name
+                if w.is_floating_point():
+                    assert rel_l2(w, theirs[key][name]) <= tol, (step, key, name)
+                else:
+                    assert torch.equal(w, theirs[key][name]), (step, key, name)
+            print('step', step, key, 'max rel. L2 error', max(
+                rel_l2(w, theirs[key][n]) for n, w in ours[key].items() if w.is_floating_point()))
+    assert int(fsdp_2['ema_state_dict']['steps']) == TRAIN_ITERS
+    # validation runs the averaged weights, training continues with the trained ones
+    swap = torch.load(osp.join(work, 'ema_swap.pt'), weights_only=True)
+    for name, w in fsdp_2['state_dict'].items():
+        assert torch.equal(swap['val'][name], w), name
+        assert torch.equal(swap['after'][name], fsdp_2['ema_state_dict']['module.' + name]), name
+    moved = max(rel_l2(fsdp_2['state_dict'][k], fsdp_2['ema_state_dict']['module.' + k])
+                for k in fsdp_2['state_dict'] if fsdp_2['state_dict'][k].is_floating_point())
+    assert moved > 100 * TOL, moved  # the average is not the trained weights
 
     # one process (tools/test.py's way) loads it strictly
     from mmdet.registry import MODELS
@@ -128,8 +200,10 @@ def test_fsdp_step_equals_single_process_shares_bytes_resumes_bit_identically(
         assert res['resumed_losses'] == res['losses'][1:]
     resumed = torch.load(osp.join(work, 'resume', f'iter_{TRAIN_ITERS}.pth'), weights_only=False)
     straight = torch.load(osp.join(work, 'fsdp', f'iter_{TRAIN_ITERS}.pth'), weights_only=False)
-    for name, w in straight['state_dict'].items():
-        assert torch.equal(resumed['state_dict'][name], w), name
+    for key in ('state_dict', 'ema_state_dict'):
+        assert resumed[key].keys() == straight[key].keys()
+        for name, w in straight[key].items():
+            assert torch.equal(resumed[key][name], w), (key, name)
     for key in ('state', 'param_groups'):
         assert _flat(resumed['optimizer'][key]) == _flat(straight['optimizer'][key]), key
     assert resumed['param_schedulers'] == straight['param_schedulers']
@@ -232,8 +306,23 @@ def test_config_mistakes_are_refused_with_the_fix():
                        r"is not it: drop model_wrapper_cfg or set type='FSDP2Wrapper'$"):
         check_fsdp_config(dict(runner_type='FSDP2Runner',
                                model_wrapper_cfg=dict(type='MMDistributedDataParallel')))
-    with pytest.raises(ValueError, match=r'^EMAHook is not supported with FSDP2Runner'):
-        check_fsdp_config(dict(runner_type='FSDP2Runner', custom_hooks=[dict(type='EMAHook')]))
+    check_fsdp_config(dict(runner_type='FSDP2Runner', custom_hooks=[dict(type='EMAHook')]))
+    with pytest.raises(ValueError, match=r"^MyEMAHook is not supported with FSDP2Runner \(only "
+                       r"mmengine's EMAHook gets sharded averaged weights, as FSDP2EMAHook\); "
+                       r"use type='EMAHook' or train with DDP$"):
+        check_fsdp_config(dict(runner_type='FSDP2Runner', launcher='pytorch',
+                               custom_hooks=[dict(type='MyEMAHook')]))
+    amp = dict(runner_type='FSDP2Runner', launcher='pytorch',
+               optim_wrapper=dict(type='AmpOptimWrapper', dtype='bfloat16'))
+    with pytest.raises(ValueError, match=r'^optim_wrapper AmpOptimWrapper with FSDP2Runner needs '
+                       r'use_fsdp=True \(ShardedGradScaler: .*\); or use FSDP2Wrapper'):
+        check_fsdp_config(amp)
+    amp['optim_wrapper']['use_fsdp'] = True
+    check_fsdp_config(amp)
+    from vitdet_plugin.engine.fsdp_ema import FSDP2EMAHook
+    with pytest.raises(ValueError, match=r'^EMAHook\(device=\.\.\.\) is not supported with '
+                       r'FSDP2Runner: .* drop device$'):
+        FSDP2EMAHook(device='cpu')
     with pytest.raises(ValueError, match=r"^mixed_precision\.param_dtype='bf16' is not one of "
                        r"\['bfloat16', 'float16', 'float32'\]"):
         mixed_precision_policy(dict(param_dtype='bf16'))

@@ -17,20 +17,19 @@ The exporter is torch's dynamo-based one (``torch.onnx.export(..., dynamo=True)`
 shifted-window masks and position-table resizes as functions of the input size.
 """
 import logging
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from ..models.layers import eager_attention
+from .runner import INPUT_NAME  # the graph's input name, one for every export
 
 #: Parts of a detector that can be exported (each includes the ones before it).
 PARTS = ('backbone', 'neck', 'head')
 #: Size of the example input the exporter traces with. Any size works (the graph is dynamic);
 #: an odd one that is no multiple of a patch or window keeps every padding path in the trace.
 EXPORT_SAMPLE_SIZE: Tuple[int, int] = (233, 311)
-#: Input name of the exported graph.
-INPUT_NAME = 'image'
 #: The exported graph's opset (torch's dynamo exporter supports 18 and newer).
 OPSET = 18
 
@@ -98,6 +97,16 @@ def build_detector_part(config: str, checkpoint: Optional[str] = None, part: str
                         cfg_options: Optional[dict] = None) -> DetectorPart:
     """The model of ``config`` (weights from ``checkpoint``, else its own init) as a
     :class:`DetectorPart`; ``part='auto'``: backbone + neck when there is a neck."""
+    model = build_model(config, checkpoint, cfg_options)[1]
+    if part == 'auto':
+        part = 'neck' if getattr(model, 'neck', None) is not None else 'backbone'
+    return DetectorPart(model, part).eval()
+
+
+def build_model(config: str, checkpoint: Optional[str] = None,
+                cfg_options: Optional[dict] = None) -> Tuple[Any, nn.Module]:
+    """``(config, model)`` of ``config`` in eval mode, weights from ``checkpoint`` (strict)
+    or the config's own initialisation."""
     from mmdet.registry import MODELS
     from mmengine.logging import MMLogger
 
@@ -123,9 +132,7 @@ def build_detector_part(config: str, checkpoint: Optional[str] = None, part: str
             model.init_weights()
         finally:
             logger.setLevel(level)
-    if part == 'auto':
-        part = 'neck' if getattr(model, 'neck', None) is not None else 'backbone'
-    return DetectorPart(model, part).eval()
+    return cfg, model.eval()
 
 
 def dynamic_shapes() -> Tuple[dict, ...]:

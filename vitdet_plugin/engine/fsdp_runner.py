@@ -21,7 +21,9 @@ stock runner, all through torch's distributed-checkpoint API
 * **resume**: model, optimizer (``set_optimizer_state_dict``), schedulers, message hub and
   iteration: continuing gives bit-identically the weights of an uninterrupted run.
 
-``EMAHook`` is refused (its checkpoint swap assumes full tensors); use it with DDP.
+EMA: every ``EMAHook`` of ``custom_hooks`` is built as :class:`~.fsdp_ema.FSDP2EMAHook`
+(same arguments; averaged weights sharded like the parameters, ``ema_state_dict`` gathered on
+rank 0 in the DDP form); other ``*EMAHook`` types are refused.
 """
 import copy
 import re
@@ -41,6 +43,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_optimizer_state_dict)
 
 from .fsdp import FSDP2Wrapper
+from .fsdp_ema import FSDP2EMAHook
 
 RUNNER_TYPE = 'FSDP2Runner'
 WRAPPER_TYPE = 'FSDP2Wrapper'
@@ -52,11 +55,17 @@ OPTIMIZER_KEYS = ('state', 'param_groups')
 #: every param group's settings (lr, ...) without its parameters, frozen groups included
 GROUP_SETTINGS = 'param_group_settings'
 MODULE_PREFIX = re.compile(r'^module\.')
+EMA_HOOK = 'FSDP2EMAHook'
+#: hook types built as :class:`FSDP2EMAHook` (mmengine's, ours)
+EMA_HOOK_TYPES = ('EMAHook', EMA_HOOK)
+#: checkpoint entries only rank 0 reads (the others get their shards from it)
+FULL_ENTRIES = ('state_dict', 'optimizer', 'ema_state_dict')
 
 
 def check_fsdp_config(cfg: Any) -> None:
-    """A config asking for ``FSDP2Wrapper`` must run under ``FSDP2Runner`` without EMA; raise
-    a ValueError naming the fix otherwise (tools/train.py calls it before building)."""
+    """A config asking for ``FSDP2Wrapper`` must run under ``FSDP2Runner``, its EMA hook (if
+    any, launched distributed) be mmengine's ``EMAHook``; raise a ValueError naming the fix
+    otherwise (tools/train.py calls it before building)."""
     wrapper = (cfg.get('model_wrapper_cfg') or {}).get('type')
     runner = cfg.get('runner_type')
     if wrapper != WRAPPER_TYPE and runner != RUNNER_TYPE:
@@ -68,11 +77,19 @@ def check_fsdp_config(cfg: Any) -> None:
         raise ValueError(f"runner_type='{RUNNER_TYPE}' shards the model with {WRAPPER_TYPE}; "
                          f'model_wrapper_cfg.type={wrapper!r} is not it: drop model_wrapper_cfg '
                          f"or set type='{WRAPPER_TYPE}'")
-    emas = [h for h in cfg.get('custom_hooks') or [] if str(h.get('type')).endswith('EMAHook')]
-    if emas:
-        raise ValueError(f'{emas[0]["type"]} is not supported with {RUNNER_TYPE} (its checkpoint '
-                         'swap assumes full tensors); drop it from custom_hooks or train with '
-                         'DDP')
+    emas = [h for h in cfg.get('custom_hooks') or [] if str(h.get('type')).endswith('EMAHook')
+            and h.get('type') not in EMA_HOOK_TYPES]
+    optim = cfg.get('optim_wrapper') or {}
+    if (optim.get('type') == 'AmpOptimWrapper' and not optim.get('use_fsdp')
+            and cfg.get('launcher', 'none') != 'none'):
+        raise ValueError("optim_wrapper AmpOptimWrapper with FSDP2Runner needs use_fsdp=True "
+                         '(ShardedGradScaler: its inf check is all-reduced over the ranks; '
+                         "GradScaler checks only this rank's gradient shards, so ranks could "
+                         'skip different steps); or use FSDP2Wrapper(mixed_precision=...)')
+    if emas and cfg.get('launcher', 'none') != 'none':  # one process: no shards, stock hooks
+        raise ValueError(f'{emas[0]["type"]} is not supported with {RUNNER_TYPE} (only '
+                         f"mmengine's EMAHook gets sharded averaged weights, as {EMA_HOOK}); use "
+                         "type='EMAHook' or train with DDP")
 
 
 @RUNNERS.register_module()
@@ -83,8 +100,13 @@ class FSDP2Runner(Runner):
     def from_cfg(cls, cfg: Any) -> 'Runner':
         check_fsdp_config(cfg)
         cfg = copy.deepcopy(cfg)
-        if cfg.get('launcher', 'none') != 'none' and not cfg.get('model_wrapper_cfg'):
+        if cfg.get('launcher', 'none') == 'none':  # one process: no wrapper, stock hooks
+            return super().from_cfg(cfg)
+        if not cfg.get('model_wrapper_cfg'):
             cfg['model_wrapper_cfg'] = dict(type=WRAPPER_TYPE)
+        for hook in cfg.get('custom_hooks') or []:
+            if hook.get('type') in EMA_HOOK_TYPES:
+                hook['type'] = EMA_HOOK
         return super().from_cfg(cfg)
 
     @property
@@ -132,6 +154,9 @@ class FSDP2Runner(Runner):
         if save_optimizer and isinstance(self.optim_wrapper, OptimWrapper):
             self._full_optim_state = get_optimizer_state_dict(
                 model, self.optim_wrapper.optimizer, options=GATHER)
+        for hook in self.hooks:
+            if isinstance(hook, FSDP2EMAHook) and hook.sharded:
+                hook.gather()  # the full ema_state_dict on rank 0
         try:
             if is_main_process():  # the stock save is master-only; its hook call is replaced
                 super().save_checkpoint(out_dir, filename, *args,
@@ -181,7 +206,7 @@ class FSDP2Runner(Runner):
             checkpoint = _load_checkpoint(filename, map_location='cpu')
             if not isinstance(checkpoint, dict):
                 raise RuntimeError(f'{filename} holds no state dict')
-        small = [{k: v for k, v in checkpoint.items() if k not in ('state_dict', 'optimizer')}
+        small = [{k: v for k, v in checkpoint.items() if k not in FULL_ENTRIES}
                  | {'has_optimizer': 'optimizer' in checkpoint}]
         broadcast_object_list(small, src=0)
         if get_rank() != 0:

@@ -200,6 +200,14 @@ class MultiScaleMemory(nn.Module):
         frame = (chosen[0].shape[-2] * s0, chosen[0].shape[-1] * s0)
         batch_shape, img_shapes = image_shapes(batch_img_metas, b, frame)
         img_hw = torch.tensor(img_shapes, dtype=torch.float32, device=device)  # (B, 2) h, w
+        return self.flatten(chosen, batch_shape, img_hw)
+
+    def flatten(self, chosen: Sequence[Tensor], batch_shape: Tuple[int, int],
+                img_hw: Tensor) -> FlatMemory:
+        """The selected maps -> :class:`FlatMemory`, each image's valid ``(h, w)`` given as
+        ``img_hw`` ``(B, 2)`` float (``forward`` reads it from the metas; the ONNX export
+        passes its symbolic input size)."""
+        device = chosen[0].device
         maps, valid_counts, strides = [], [], []
         for proj, x, stride in zip(self.input_proj, chosen, self._strides(chosen, batch_shape)):
             size = torch.tensor(x.shape[-2:], dtype=torch.float32, device=device)

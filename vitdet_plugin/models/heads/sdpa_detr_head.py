@@ -247,7 +247,13 @@ class SdpaDETRHead(BaseModule):
         With ``dn_cfg``, in training mode and given ``batch_gt_instances``, denoising queries
         run alongside the matching queries.
         """
-        fm = self.memory(feats, batch_img_metas)
+        return self.forward_memory(self.memory(feats, batch_img_metas), batch_img_metas,
+                                   batch_gt_instances)
+
+    def forward_memory(self, fm: FlatMemory, batch_img_metas: Optional[Sequence[dict]] = None,
+                       batch_gt_instances: Optional[Sequence[InstanceData]] = None
+                       ) -> HeadOutputs:
+        """:meth:`forward` from the flattened memory (the ONNX export builds it itself)."""
         memory = self._encode(fm)
         proposals = self._initial_queries(fm, memory)
         query, ref = proposals.query, proposals.ref

@@ -33,7 +33,8 @@ def padding_bias(padding_mask: Tensor) -> Optional[Tensor]:
     Padded keys get ``-inf`` (exactly zero attention in every dtype); every image keeps at
     least one valid token, so no attention row is fully masked.
     """
-    if not bool(padding_mask.any()):
+    # a data-dependent branch: an exported graph always builds the bias (zeros: no padding)
+    if not torch.compiler.is_exporting() and not bool(padding_mask.any()):
         return None
     bias = torch.zeros(padding_mask.shape, dtype=torch.float32, device=padding_mask.device)
     return bias.masked_fill_(padding_mask, float('-inf'))[:, None, None, :]

@@ -23,7 +23,9 @@ def masked_group_norm(x: Tensor, valid: Optional[Tensor], norm: nn.GroupNorm) ->
     (None or all True: plain ``norm``), ``norm`` a :class:`nn.GroupNorm` over ``C``. Padded
     positions come out as zeros. Statistics are computed in fp32 (autocast-safe).
     """
-    if valid is None or bool(valid.all()):
+    # the shortcut is a data-dependent branch: an exported graph always takes the masked path
+    # (the same values when all positions are valid)
+    if valid is None or (not torch.compiler.is_exporting() and bool(valid.all())):
         return norm(x)
     b, c, h, w = x.shape
     g = norm.num_groups

@@ -1,0 +1,339 @@
+"""The whole detector as one ONNX graph: uint8 image -> detections.
+
+:class:`EndToEndDetector` wraps a built mmdet detector. Its graph (see ``docs/deploy.md``):
+
+* input ``image`` ``(B, 3, H, W)`` uint8 in the channel order the test pipeline loads
+  (``LoadImageFromFile``: BGR), already resized as the test pipeline resizes; B, H, W dynamic;
+* inside: the data preprocessor (channel flip, mean / std, zero padding of the normalised image
+  to ``pad_size_divisor``), the network, box decoding and the config's ``test_cfg``
+  (``score_thr``, ``max_per_img``, NMS IoU through ONNX ``NonMaxSuppression``);
+* outputs, ``K = max_per_img``: ``boxes`` ``(B, K, 4)`` float32 xyxy in input pixels,
+  ``scores`` ``(B, K)`` float32, ``labels`` ``(B, K)`` int64 and ``num_dets`` ``(B,)`` int64:
+  the first ``num_dets[b]`` rows of image ``b`` are its detections, by descending score; the
+  rest are padding (boxes 0, scores 0, labels -1).
+
+Exported: :class:`~vitdet_plugin.models.detectors.SdpaDETR` (top-k over queries x classes, no
+NMS) and single-stage anchor heads decoded per level (RetinaNet: sigmoid scores, ``nms_pre``
+per level, class-aware NMS). Anything else is refused with the reason
+(:func:`check_exportable`).
+"""
+import json
+from typing import Any, Dict, List, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..models.layers import eager_attention
+from .onnx_export import EXPORT_SAMPLE_SIZE, OPSET, dynamic_shapes
+from .runner import INPUT_NAME, META_KEY, META_VERSION
+
+#: Names of the end-to-end graph's outputs.
+OUTPUT_NAMES = ('boxes', 'scores', 'labels', 'num_dets')
+#: Label of a padding row.
+PAD_LABEL = -1
+#: Score given to candidates that must not survive (below any threshold; sigmoid scores > 0).
+DROPPED_SCORE = -1.0
+#: Namespace of our export-only custom op (``NonMaxSuppression`` in the graph).
+OP_NAMESPACE = 'vitdet_deploy'
+#: The stride probe image is this many ``pad_size_divisor`` on a side.
+PROBE_STRIDE_MULTIPLE = 4
+#: Box columns.
+BOX_DIM = 4
+
+_lib = torch.library.Library(OP_NAMESPACE, 'DEF')
+_lib.define('nms(Tensor boxes, Tensor scores, int max_per_class, float iou_threshold, '
+            'float score_threshold) -> Tensor')
+
+
+@torch.library.impl(_lib, 'nms', 'CompositeExplicitAutograd')
+def _nms(boxes: Tensor, scores: Tensor, max_per_class: int, iou_threshold: float,
+         score_threshold: float) -> Tensor:
+    """ONNX ``NonMaxSuppression`` semantics in PyTorch: ``boxes`` ``(B, N, 4)`` xyxy,
+    ``scores`` ``(B, C, N)``; ``(M, 3)`` int64 rows ``(batch, class, box)`` kept, per batch
+    and class by descending score."""
+    import torchvision
+
+    rows = []
+    for b in range(boxes.shape[0]):
+        for c in range(scores.shape[1]):
+            s = scores[b, c]
+            idx = torch.nonzero(s > score_threshold).flatten()
+            keep = idx[torchvision.ops.nms(boxes[b, idx], s[idx], iou_threshold)][:max_per_class]
+            rows.append(torch.stack((torch.full_like(keep, b), torch.full_like(keep, c), keep),
+                                    1))
+    return torch.cat(rows) if rows else boxes.new_zeros((0, 3), dtype=torch.long)
+
+
+@torch.library.register_fake(f'{OP_NAMESPACE}::nms')
+def _nms_fake(boxes: Tensor, scores: Tensor, max_per_class: int, iou_threshold: float,
+              score_threshold: float) -> Tensor:
+    kept = torch.library.get_ctx().new_dynamic_size()
+    return boxes.new_empty((kept, 3), dtype=torch.long)
+
+
+def nms_onnx(boxes, scores, max_per_class: int, iou_threshold: float, score_threshold: float):
+    """Translation of ``vitdet_deploy::nms`` to ONNX ``NonMaxSuppression`` (corner boxes)."""
+    from onnxscript import opset18
+    op: Any = opset18  # its typed signatures reject the constants' generic type
+    return op.NonMaxSuppression(boxes, scores, op.Constant(value_ints=[max_per_class]),
+                                op.Constant(value_floats=[iou_threshold]),
+                                op.Constant(value_floats=[score_threshold]),
+                                center_point_box=0)
+
+
+def translation_table() -> dict:
+    """``custom_translation_table`` of ``torch.onnx.export`` for the end-to-end graph."""
+    return {torch.ops.vitdet_deploy.nms.default: nms_onnx}
+
+
+def check_exportable(model: Any) -> str:
+    """The kind of end-to-end graph ``model`` exports to (``'detr'`` or ``'dense'``), or a
+    ``ValueError`` saying why it cannot."""
+    name = type(model).__name__
+    if hasattr(model, 'roi_head') or hasattr(model, 'rpn_head'):
+        raise ValueError(f'{name} is a two-stage detector: its end-to-end export (RPN proposals '
+                         'by NMS, RoIAlign, the RoI / mask heads) is not implemented; export '
+                         '--part neck and run the rest in the caller')
+    head = getattr(model, 'bbox_head', None)
+    if head is None:
+        raise ValueError(f'{name} has no bbox_head: nothing decodes detections; export --part '
+                         'neck or --part backbone')
+    if type(head).__name__ == 'SdpaDETRHead':
+        return 'detr'
+    if all(hasattr(head, a) for a in ('prior_generator', 'bbox_coder', 'cls_out_channels')) \
+            and getattr(head, 'use_sigmoid_cls', False) and type(head).__name__ in DENSE_HEADS:
+        return 'dense'
+    raise ValueError(f'{name} with {type(head).__name__}: no end-to-end export (supported: '
+                     f'SdpaDETR with SdpaDETRHead, and the sigmoid anchor heads {DENSE_HEADS}; '
+                     'mmdet DINO / DeformableDETR heads are not implemented: their predict '
+                     'loops over images in Python and their multi-scale deformable attention '
+                     'is an mmcv op); export --part neck')
+
+
+#: Anchor heads whose test-time path is ``AnchorHead.predict_by_feat`` unchanged.
+DENSE_HEADS = ('RetinaHead', 'RetinaSepBNHead', 'AnchorHead')
+
+
+class EndToEndDetector(nn.Module):
+    """uint8 image batch -> padded detections (module docstring); ``model`` in eval mode."""
+
+    model: Any  # an mmdet detector (its parts are untyped)
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.kind = check_exportable(model)
+        self.model = model
+        pre = model.data_preprocessor
+        self.flip_channels = bool(getattr(pre, '_channel_conversion', False))
+        self.normalize = bool(getattr(pre, '_enable_normalize', False))
+        self.pad_divisor = int(getattr(pre, 'pad_size_divisor', 1))
+        self.pad_value = float(getattr(pre, 'pad_value', 0))
+        test_cfg = model.bbox_head.test_cfg
+        self.max_per_img = int(test_cfg.get('max_per_img', 100))
+        self.score_thr = float(test_cfg.get('score_thr', 0.0))
+        nms = test_cfg.get('nms') or {}
+        self.iou_threshold = float(nms.get('iou_threshold', 0.5))
+        self.nms_pre = int(test_cfg.get('nms_pre', -1))
+        self.min_bbox_size = float(test_cfg.get('min_bbox_size', -1))
+        if self.kind == 'detr' and model.bbox_head.memory.in_strides is None:
+            # the graph cannot divide symbolic sizes into float strides: fix them from a probe
+            model.bbox_head.memory.in_strides = self._probe_strides()
+
+    def _probe_strides(self) -> List[int]:
+        """Strides of the head's input maps in input pixels (the graph needs them fixed;
+        inferred in PyTorch as padded size / map size, an integer under the divisor)."""
+        size = PROBE_STRIDE_MULTIPLE * self.pad_divisor
+        with torch.no_grad():
+            x = torch.zeros(1, self.in_channels, size, size)
+            maps = self.model.bbox_head.memory.select(self.model.extract_feat(x))
+        strides = [size / m.shape[-1] for m in maps]
+        if any(s != int(s) for s in strides):
+            raise ValueError(f'the head\'s input strides {strides} (padded size / map size) '
+                             'are not integers: set model.bbox_head.in_strides (or a '
+                             'pad_size_divisor that is a multiple of the largest stride)')
+        return [int(s) for s in strides]
+
+    @property
+    def in_channels(self) -> int:
+        return int(getattr(self.model.backbone, 'in_channels', 3))
+
+    def preprocess(self, image: Tensor) -> Tensor:
+        """``(B, 3, H, W)`` uint8 -> normalised, padded ``(B, 3, Hp, Wp)`` float32."""
+        x = image.float()
+        if self.flip_channels:
+            x = x.flip(1)
+        if self.normalize:
+            pre = self.model.data_preprocessor
+            x = (x - pre.mean) / pre.std
+        h, w = x.shape[-2:]
+        pad_h = (self.pad_divisor - h % self.pad_divisor) % self.pad_divisor
+        pad_w = (self.pad_divisor - w % self.pad_divisor) % self.pad_divisor
+        return F.pad(x, (0, pad_w, 0, pad_h), value=self.pad_value)
+
+    def forward(self, image: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        h, w = image.shape[-2:]
+        x = self.preprocess(image)
+        feats = self.model.extract_feat(x)
+        if self.kind == 'detr':
+            boxes, scores, labels = self._detr(feats, x, h, w)
+        else:
+            boxes, scores, labels = self._dense(feats, h, w)
+        return self._pad(boxes, scores, labels)
+
+    # ------------------------------------------------------------------ per kind
+    def _detr(self, feats: Tuple[Tensor, ...], x: Tensor, h, w
+              ) -> Tuple[Tensor, Tensor, Tensor]:
+        """SdpaDETRHead.predict_by_feat on the last decoder layer: top-k of sigmoid scores over
+        queries x classes, cxcywh -> xyxy in input pixels."""
+        head = self.model.bbox_head
+        b = x.shape[0]
+        img_hw = torch.stack([torch.full((b,), h, dtype=torch.float32),
+                              torch.full((b,), w, dtype=torch.float32)], 1)  # (B, 2)
+        fm = head.memory.flatten(head.memory.select(feats), tuple(x.shape[-2:]), img_hw)
+        outs = head.forward_memory(fm)
+        cls, box = outs.all_cls_scores[-1].float(), outs.all_bbox_preds[-1].float()
+        num_classes = cls.shape[-1]
+        k = min(self.max_per_img, cls.shape[1] * num_classes)
+        scores, idx = cls.sigmoid().flatten(1).topk(k, dim=1)                    # (B, K)
+        labels = idx % num_classes
+        box = torch.gather(box, 1, (idx // num_classes)[..., None].expand(-1, -1, BOX_DIM))
+        cx, cy, bw, bh = box.unbind(-1)
+        boxes = torch.stack(((cx - bw / 2) * w, (cy - bh / 2) * h,
+                             (cx + bw / 2) * w, (cy + bh / 2) * h), -1)        # (B, K, 4)
+        boxes = _clip(boxes, h, w)
+        scores = torch.where(scores > self.score_thr, scores, DROPPED_SCORE) \
+            if self.score_thr > 0 else scores
+        return boxes, scores, labels
+
+    def _dense(self, feats: Tuple[Tensor, ...], h, w) -> Tuple[Tensor, Tensor, Tensor]:
+        """AnchorHead.predict_by_feat: per level the ``nms_pre`` best (anchor, class) scores
+        above ``score_thr``, decoded; then class-aware NMS (ONNX NonMaxSuppression)."""
+        head = self.model.bbox_head
+        cls_scores, bbox_preds = head(feats)[:2]
+        sizes = [c.shape[-2:] for c in cls_scores]
+        priors = head.prior_generator.grid_priors(sizes, dtype=cls_scores[0].dtype,
+                                                  device=cls_scores[0].device)
+        b = cls_scores[0].shape[0]
+        num_classes = head.cls_out_channels
+        all_boxes, all_scores, all_labels = [], [], []
+        for cls, reg, anchors in zip(cls_scores, bbox_preds, priors):
+            scores = cls.permute(0, 2, 3, 1).reshape(b, -1).sigmoid()       # (B, HWA * C)
+            deltas = reg.permute(0, 2, 3, 1).reshape(b, -1, BOX_DIM)        # (B, HWA, 4)
+            k = scores.shape[1] if self.nms_pre <= 0 else min(self.nms_pre, scores.shape[1])
+            top, idx = scores.topk(k, dim=1)                                 # (B, k)
+            anchor = idx // num_classes
+            picked = torch.gather(deltas, 1, anchor[..., None].expand(-1, -1, BOX_DIM))
+            # decoded as one (B * k, 4) batch, mmdet's per-image path; clipped below
+            boxes = head.bbox_coder.decode(anchors[anchor].reshape(-1, BOX_DIM),
+                                           picked.reshape(-1, BOX_DIM))
+            all_boxes.append(_clip(boxes.reshape(b, -1, BOX_DIM), h, w))
+            all_scores.append(top)
+            all_labels.append(idx % num_classes)
+        boxes = torch.cat(all_boxes, 1)                                      # (B, N, 4)
+        scores = torch.cat(all_scores, 1)                                    # (B, N)
+        labels = torch.cat(all_labels, 1)
+        valid = scores > self.score_thr
+        if self.min_bbox_size >= 0:  # mmdet drops boxes clipped to no width / height
+            wh = boxes[..., 2:] - boxes[..., :2]
+            valid = valid & (wh > self.min_bbox_size).all(-1)
+        scores = torch.where(valid, scores, DROPPED_SCORE)
+        per_class = torch.where(                                              # (B, C, N)
+            labels[:, None] == torch.arange(num_classes)[None, :, None],
+            scores[:, None], DROPPED_SCORE)
+        kept = torch.ops.vitdet_deploy.nms(boxes, per_class, self.max_per_img,
+                                           self.iou_threshold, DROPPED_SCORE / 2)
+        survived = torch.zeros_like(valid).index_put_(
+            (kept[:, 0], kept[:, 2]), torch.ones_like(kept[:, 0], dtype=torch.bool))
+        scores = torch.where(survived & valid, scores, DROPPED_SCORE)
+        return boxes, scores, labels
+
+    def _pad(self, boxes: Tensor, scores: Tensor, labels: Tensor
+             ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The ``max_per_img`` best candidates by score, dropped ones and the rest padded."""
+        b = boxes.shape[0]
+        fill = self.max_per_img  # enough padding candidates for a top-k of max_per_img
+        boxes = torch.cat((boxes, boxes.new_zeros((b, fill, BOX_DIM))), 1)
+        scores = torch.cat((scores, scores.new_full((b, fill), DROPPED_SCORE)), 1)
+        labels = torch.cat((labels, labels.new_full((b, fill), PAD_LABEL)), 1)
+        scores, idx = scores.topk(self.max_per_img, dim=1)                  # (B, K)
+        boxes = torch.gather(boxes, 1, idx[..., None].expand(-1, -1, BOX_DIM))
+        labels = torch.gather(labels, 1, idx)
+        valid = scores > DROPPED_SCORE / 2
+        boxes = torch.where(valid[..., None], boxes, 0.0)
+        scores = torch.where(valid, scores, 0.0)
+        labels = torch.where(valid, labels, PAD_LABEL)
+        return boxes, scores, labels, valid.sum(1)
+
+
+def _clip(boxes: Tensor, h, w) -> Tensor:
+    """xyxy ``boxes`` clipped to the ``h x w`` image."""
+    x = boxes[..., 0::2].clamp(min=0).clamp(max=w)
+    y = boxes[..., 1::2].clamp(min=0).clamp(max=h)
+    return torch.stack((x[..., 0], y[..., 0], x[..., 1], y[..., 1]), -1)
+
+
+# ---------------------------------------------------------------------- export
+#: Test-pipeline transforms that do not touch the image (the graph needs nothing of them).
+IMAGE_FREE_TRANSFORMS = ('LoadAnnotations', 'PackDetInputs')
+
+
+def pipeline_meta(cfg: Any, module: EndToEndDetector) -> Dict[str, Any]:
+    """What the runner repeats outside the graph (JSON, stored in the ONNX file): how the
+    config's test pipeline loads and resizes an image, the classes and ``test_cfg``; a pipeline
+    step the runner does not repeat is refused with its name."""
+    dataset = cfg.test_dataloader.dataset
+    resize = None
+    for t in dataset.pipeline:
+        kind = t['type']
+        if kind == 'LoadImageFromFile':
+            if t.get('color_type', 'color') != 'color' or \
+                    t.get('imdecode_backend', 'cv2') != 'cv2' or t.get('to_float32', False):
+                raise ValueError(f'test pipeline {t}: the runner loads colour images with '
+                                 'OpenCV as uint8 (color_type="color", imdecode_backend="cv2", '
+                                 'to_float32=False) only')
+        elif kind == 'Resize':
+            if t.get('scale') is None or t.get('interpolation', 'bilinear') != 'bilinear':
+                raise ValueError(f'test pipeline {t}: the runner repeats Resize with a fixed '
+                                 'scale and bilinear interpolation only')
+            resize = dict(scale=[int(v) for v in t['scale']],
+                          keep_ratio=bool(t.get('keep_ratio', False)))
+        elif kind not in IMAGE_FREE_TRANSFORMS:
+            raise ValueError(f'test pipeline step {kind!r}: the runner does not repeat it (it '
+                             'repeats LoadImageFromFile and Resize); drop it from the config\'s '
+                             'test pipeline to export')
+    classes = (dataset.get('metainfo') or {}).get('classes')
+    if classes is None:
+        from mmdet.registry import DATASETS
+        classes = DATASETS.get(dataset.type).METAINFO['classes']
+    return dict(version=META_VERSION, kind=module.kind, channel_order='bgr', resize=resize,
+                classes=list(classes), max_per_img=module.max_per_img,
+                score_thr=module.score_thr, iou_threshold=module.iou_threshold,
+                outputs=list(OUTPUT_NAMES))
+
+
+def export_end_to_end(module: EndToEndDetector, path: str,
+                      sample_size: Tuple[int, int] = EXPORT_SAMPLE_SIZE,
+                      sample_batch: int = 2) -> None:
+    """Export ``module`` to ``path`` with dynamic batch, height and width. ``sample_batch``
+    >= 2 (a batch of 1 would be specialised)."""
+    module.eval()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (sample_batch, module.in_channels, *sample_size),
+                      dtype=torch.uint8, generator=g)
+    with eager_attention(module):
+        torch.onnx.export(module, (x,), path, dynamo=True, dynamic_shapes=dynamic_shapes(),
+                          input_names=[INPUT_NAME], output_names=list(OUTPUT_NAMES),
+                          opset_version=OPSET, external_data=False,
+                          custom_translation_table=translation_table())
+
+
+def add_metadata(path: str, meta: Dict[str, Any]) -> None:
+    """Store ``meta`` (:func:`pipeline_meta`) as JSON under :data:`~.runner.META_KEY` in the
+    ONNX file's metadata, where :class:`~.runner.OnnxDetector` reads it."""
+    import onnx
+
+    graph = onnx.load(path)
+    entry = graph.metadata_props.add()
+    entry.key, entry.value = META_KEY, json.dumps(meta)
+    onnx.save(graph, path)
