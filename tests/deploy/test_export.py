@@ -71,7 +71,9 @@ def test_swinv2_backbone_exports_with_dynamic_sizes(tmp_path):
     _export_and_check(DetectorPart(model, 'backbone'), tmp_path)
 
 
-@pytest.mark.parametrize('pyramid', [None, dict(out_channels=16)], ids=['plain', 'pyramid'])
+#: the ViT alone runs in make test-all: the pyramid case exports the same backbone, then its neck
+@pytest.mark.parametrize('pyramid', [pytest.param(None, marks=pytest.mark.slow),
+                                     dict(out_channels=16)], ids=['plain', 'pyramid'])
 def test_vit_backbone_exports_with_dynamic_sizes(tmp_path, pyramid):
     """Window and global blocks, the position embedding and the global blocks' relative
     tables resized to the input grid inside the graph (and the simple-pyramid neck)."""
