@@ -1,6 +1,6 @@
 # mmdet's DINO (4-scale, 12 epochs, COCO) on DINOv3 7B/16 trained sharded (FSDP2 over the GPUs,
 # configs/_base_/fsdp.py; 6.7B backbone parameters: 107 GB of fp32 weights + gradients + AdamW
-# state in all, 13.4 GB per GPU of 8, docs/large_models.md): configs/dinov3_dino.py with
+# state in all, per GPU in docs/large_models.md#memory): configs/dinov3_dino.py with
 # vitdet_plugin DINOv3Backbone '7b' (embed 4096, depth 40, heads 32, SwiGLU 8192 wide, no qkv
 # bias, 4 storage tokens, 2-D rope base 100, LayerScale, 16x16 window attention with global
 # attention in blocks 9, 19, 29, 39, drop path 0.5), ViTSimpleFPN strides 8-64.

@@ -88,13 +88,9 @@ def test_vit_backbone_exports_with_dynamic_sizes(tmp_path, pyramid):
     _export_and_check(DetectorPart(detector, 'neck'), tmp_path)
 
 
-def _tool(name: str):
-    return load_tool(name)
-
-
 def test_retinanet_raw_outputs_export_through_the_tool(tmp_path, capsys):
     """backbone + FPN + RetinaHead: per-level class logits and box deltas before NMS."""
-    tool = _tool('export_onnx.py')
+    tool = load_tool('export_onnx.py')
     out = tmp_path / 'retinanet.onnx'
     options = [f'{k}={v!r}'.replace(' ', '') for k, v in TINY_RETINANET.items()]
     code = tool.main([osp.join(ROOT, 'configs', 'swin_retinanet.py'), '--out', str(out),
