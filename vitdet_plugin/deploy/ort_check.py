@@ -54,7 +54,11 @@ def ort_session(path: str):
     except ImportError as e:
         raise SystemExit(f'checking the export needs onnxruntime ({e}): pip install -e '
                          '".[deploy]" (or `make env`)') from e
-    return ort.InferenceSession(path, providers=['CPUExecutionProvider'])
+    options = ort.SessionOptions()
+    # the check times both engines on the same cores: onnxruntime gets torch's thread count
+    # (its own default is every core, whatever this process was given)
+    options.intra_op_num_threads = torch.get_num_threads()
+    return ort.InferenceSession(path, options, providers=['CPUExecutionProvider'])
 
 
 def _image(batch: int, channels: int, size: Tuple[int, int]) -> Tensor:
