@@ -17,8 +17,9 @@ lint: env       ## ruff (package, tools, tests, configs) + mypy (package, tools)
 	$(PY) -m ruff check vitdet_plugin tools tests configs
 	$(PY) -m mypy vitdet_plugin tools
 
-# the default suite runs in TEST_JOBS processes (pytest-xdist), a test file per process at a time;
-# it ends with its slowest files (tests/conftest.py); .ci/run holds it to a time budget
+# the default suite runs in TEST_JOBS processes (pytest-xdist), a test file per process at a time,
+# each on its share of the cores (tests/conftest.py sets the thread counts); it ends with its
+# slowest files; .ci/run holds it to a time budget
 TEST_JOBS ?= 2
 test: env       ## the default (fast) test suite
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
