@@ -40,8 +40,9 @@ seconds; ``mem MB`` as above. Before timing, ours is checked against mmdet (Swin
 
 ``--end-to-end CONFIG CKPT MODEL.onnx``: an end-to-end detector graph (``tools/export_onnx.py
 --part detector``) in onnxruntime vs the checkpoint in PyTorch eval (mmdet's ``predict``), batch
-1, CPU, at ``--sizes`` (default 192x192 and 800x1216), ``--repeats`` interleaved runs, after an
-untimed parity call: seconds, ratio, file size (``tools/dev/bench/end_to_end_latency.py``).
+1, CPU, at ``--sizes`` (default 192x192 and 800x1216), ``--repeats`` interleaved runs after an
+untimed parity call and ``--warmup`` more: seconds, ratio, file size
+(``tools/dev/bench/end_to_end_latency.py``).
 
 This file is the command line; the measuring code is the developer package ``dev.bench``
 (``tools/dev/bench/``: plan, models, rows, compiled, ops, fsdp_memory, end_to_end_latency; no
@@ -234,7 +235,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Row]:
     if args.end_to_end:  # tools/dev/bench/end_to_end_latency.py: its own rows, in this process
         print(f'load average {os.getloadavg()[0]:.1f} (1 min)', flush=True)
         config, checkpoint, graph = args.end_to_end
-        e2e = run_end_to_end(config, checkpoint, graph, sizes=args.sizes, repeats=args.repeats)
+        e2e = run_end_to_end(config, checkpoint, graph, sizes=args.sizes, repeats=args.repeats,
+                             warmup=args.warmup)
         if args.json:
             with open(args.json, 'w') as f:
                 json.dump(dict(end_to_end=args.end_to_end, rows=e2e), f, indent=1)

@@ -4,10 +4,11 @@ PyTorch eval (mmdet's data preprocessor + ``predict``), batch 1, on the CPU, as 
 
 One row per size (``--sizes``, default the demo's 192x192 and a COCO-like 800x1216): the
 median wall seconds of each engine (``--repeats`` interleaved runs, so both see the same
-machine load), the ratio onnxruntime / PyTorch, the graph's file size and the parity of the
-untimed first call (onnxruntime vs mmdet's ``predict`` on the same image, the export check's
+machine load, after ``--warmup`` untimed calls), the ratio onnxruntime / PyTorch, the graph's
+file size and the parity of the untimed first call (onnxruntime vs mmdet's ``predict`` on the same image, the export check's
 tolerances). Random uint8 images at the graph's input size (the resizing of the test pipeline
-is outside both). onnxruntime gets torch's thread count (``--threads``). Export time:
+is outside both). onnxruntime gets torch's thread count (``--threads``) and does not spin
+between runs (:data:`SPINNING`). Export time:
 ``tools/export_onnx.py`` prints it.
 
 Refused before anything is timed (``ValueError``, one line): a missing file, a graph without
@@ -29,6 +30,20 @@ EXPORT_HINT = 'export one with tools/export_onnx.py CONFIG CKPT --out MODEL.onnx
 MIB = 2**20
 #: Seed of the random images.
 SEED = 0
+#: onnxruntime's session option that keeps its idle pool threads spinning after a run: on, they
+#: burn the cores PyTorch runs on next (measured on 2 shared cores, RetinaNet demo 800x1216:
+#: PyTorch 4.7 s after an onnxruntime run vs 0.6 s alone), so the timing session turns it off.
+SPINNING = 'session.intra_op.allow_spinning'
+
+
+def timing_session(path: str) -> Any:
+    """A CPU onnxruntime session of ``path`` with torch's thread count and no spinning."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.add_session_config_entry(SPINNING, '0')
+    return ort.InferenceSession(path, options, providers=['CPUExecutionProvider'])
 
 
 def _seconds(fn: Callable[..., object], *args: object) -> float:
@@ -59,7 +74,6 @@ def load(config: str, checkpoint: str, onnx_path: str,
     when the graph's stored pipeline metadata is not this config's."""
     check_files(config, checkpoint, onnx_path)
     import vitdet_plugin  # noqa: F401  (registers our modules)
-    from vitdet_plugin.deploy import ort_session
     from vitdet_plugin.deploy.end_to_end import EndToEndDetector, pipeline_meta
     from vitdet_plugin.deploy.onnx_export import build_model
     from vitdet_plugin.deploy.runner import META_KEY
@@ -67,7 +81,7 @@ def load(config: str, checkpoint: str, onnx_path: str,
     cfg, model = build_model(config, checkpoint, cfg_options)
     # as the export does: a DETR head's input strides fixed (both engines run the same model)
     expected = pipeline_meta(cfg, EndToEndDetector(model))
-    session = ort_session(onnx_path)
+    session = timing_session(onnx_path)
     stored = json.loads(session.get_modelmeta().custom_metadata_map[META_KEY])
     differ = sorted(k for k in set(expected) | set(stored) if expected.get(k) != stored.get(k))
     if differ:
@@ -76,10 +90,10 @@ def load(config: str, checkpoint: str, onnx_path: str,
     return model, session
 
 
-def measure(model: Any, session: Any, size: Tuple[int, int], repeats: int,
+def measure(model: Any, session: Any, size: Tuple[int, int], repeats: int, warmup: int,
             mib: float) -> Dict[str, Any]:
     """One row: both engines on one random ``size`` image, interleaved ``repeats`` times after
-    an untimed parity call."""
+    an untimed parity call and ``warmup`` more untimed calls."""
     from vitdet_plugin.deploy.end_to_end_check import compare, mmdet_predict
     from vitdet_plugin.deploy.runner import INPUT_NAME
 
@@ -87,7 +101,10 @@ def measure(model: Any, session: Any, size: Tuple[int, int], repeats: int,
     g = torch.Generator().manual_seed(SEED)
     image = torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g)
     feed = {INPUT_NAME: image[None].numpy()}
-    (parity, ) = compare(session, model, [image])  # the warm-up call of each engine
+    (parity, ) = compare(session, model, [image])  # the first untimed call of each engine
+    for _ in range(warmup):
+        session.run(None, feed)
+        mmdet_predict(model, image)
     ort_times: List[float] = []
     torch_times: List[float] = []
     for _ in range(repeats):
@@ -108,16 +125,16 @@ def format_row(row: Dict[str, Any]) -> str:
 
 def run_end_to_end(config: str, checkpoint: str, onnx_path: str,
                    sizes: Sequence[Tuple[int, int]] = DEFAULT_SIZES, repeats: int = 5,
-                   cfg_options: Optional[dict] = None) -> List[Dict[str, Any]]:
+                   warmup: int = 1, cfg_options: Optional[dict] = None) -> List[Dict[str, Any]]:
     """The table (printed, one row per size); the rows returned for ``--json``."""
     model, session = load(config, checkpoint, onnx_path, cfg_options)
     mib = osp.getsize(onnx_path) / MIB
     print(f'{onnx_path} vs {checkpoint} ({config}) | CPU, {torch.get_num_threads()} threads, '
-          f'batch 1, median of {repeats} interleaved runs', flush=True)
+          f'batch 1, median of {repeats} interleaved runs after {1 + warmup} untimed', flush=True)
     print('| size | onnxruntime s | PyTorch s | ratio onnxruntime/PyTorch | file MiB | '
           'parity |', flush=True)
     rows = []
     for size in sizes:
-        rows.append(measure(model, session, size, repeats, mib))
+        rows.append(measure(model, session, size, repeats, warmup, mib))
         print(format_row(rows[-1]), flush=True)
     return rows
