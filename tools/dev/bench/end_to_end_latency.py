@@ -5,10 +5,10 @@ PyTorch eval (mmdet's data preprocessor + ``predict``), batch 1, on the CPU, as 
 One row per size (``--sizes``, default the demo's 192x192 and a COCO-like 800x1216): the
 median wall seconds of each engine (``--repeats`` interleaved runs, so both see the same
 machine load, after ``--warmup`` untimed calls), the ratio onnxruntime / PyTorch, the graph's
-file size and the parity of the untimed first call (onnxruntime vs mmdet's ``predict`` on the same image, the export check's
-tolerances). Random uint8 images at the graph's input size (the resizing of the test pipeline
-is outside both). onnxruntime gets torch's thread count (``--threads``) and does not spin
-between runs (:data:`SPINNING`). Export time:
+file size and the parity of the untimed first call (onnxruntime vs mmdet's ``predict`` on the
+same image, the export check's tolerances). Random uint8 images at the graph's input size (the
+resizing of the test pipeline is outside both). onnxruntime gets torch's thread count
+(``--threads``) and does not spin between runs (:data:`SPINNING`). Export time:
 ``tools/export_onnx.py`` prints it.
 
 Refused before anything is timed (``ValueError``, one line): a missing file, a graph without
@@ -30,9 +30,8 @@ EXPORT_HINT = 'export one with tools/export_onnx.py CONFIG CKPT --out MODEL.onnx
 MIB = 2**20
 #: Seed of the random images.
 SEED = 0
-#: onnxruntime's session option that keeps its idle pool threads spinning after a run: on, they
-#: burn the cores PyTorch runs on next (measured on 2 shared cores, RetinaNet demo 800x1216:
-#: PyTorch 4.7 s after an onnxruntime run vs 0.6 s alone), so the timing session turns it off.
+#: onnxruntime's session option that keeps its idle pool threads spinning after a run; off in
+#: the timing session, so they do not compete with the PyTorch run interleaved after it.
 SPINNING = 'session.intra_op.allow_spinning'
 
 
