@@ -12,6 +12,7 @@ Same config, same weights, the models interleaved on every repeat; results as ra
     python tools/benchmark.py --model vit --device cuda --json vit.json
     python tools/benchmark.py --model ops           # compile-free mmcv ops vs compiled mmcv
     python tools/benchmark.py --fsdp-memory         # DDP vs FSDP2 per-rank memory, 2 CPU ranks
+    python tools/benchmark.py --end-to-end CONFIG CKPT det.onnx   # onnxruntime vs PyTorch eval
 
 Swin: ours vs mmdet's ``SwinTransformer`` and timm's swin. ViT: ours vs timm's samvit (its
 features before the neck). DINOv2 / DINOv3 / EVA-02 (``--model dinov2|dinov3|eva02``): ours
@@ -37,9 +38,15 @@ Columns: ``fwd`` forward seconds (eval, no grad); ``fwd+bwd`` training forward +
 seconds; ``mem MB`` as above. Before timing, ours is checked against mmdet (Swin) or timm
 (ViT) on the same input.
 
+``--end-to-end CONFIG CKPT MODEL.onnx``: an end-to-end detector graph (``tools/export_onnx.py
+--part detector``) in onnxruntime vs the checkpoint in PyTorch eval (mmdet's ``predict``), batch
+1, CPU, at ``--sizes`` (default 192x192 and 800x1216), ``--repeats`` interleaved runs after an
+untimed parity call and ``--warmup`` more: seconds, ratio, file size
+(``tools/dev/bench/end_to_end_latency.py``).
+
 This file is the command line; the measuring code is the developer package ``dev.bench``
-(``tools/dev/bench/``: plan, models, rows, compiled, ops; no entry point of its own), imported
-with ``tools/`` on the path, which running this script gives.
+(``tools/dev/bench/``: plan, models, rows, compiled, ops, fsdp_memory, end_to_end_latency; no
+entry point of its own), imported with ``tools/`` on the path, which running this script gives.
 """
 import argparse
 import json
@@ -50,6 +57,8 @@ from typing import Callable, List, Optional, Sequence
 
 import torch
 
+from dev.bench.end_to_end_latency import DEFAULT_SIZES as END_TO_END_SIZES
+from dev.bench.end_to_end_latency import check_files, run_end_to_end
 from dev.bench.fsdp_memory import run_fsdp_memory
 from dev.bench.compiled import (compile_row_specs, format_compiled_row,
                                 measure_compiled_row, resolve_compile)
@@ -110,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help='per-rank bytes and peak RSS of a ViT-L detector step on 2 CPU ranks, '
                    'DDP vs FSDP2 vs FSDP2 + checkpointing, and the computed 8-GPU table '
                    '(tools/dev/bench/fsdp_memory.py)')
+    p.add_argument('--end-to-end', nargs=3, default=None, metavar=('CONFIG', 'CKPT', 'ONNX'),
+                   help='end-to-end detector latency: the graph of tools/export_onnx.py --part '
+                        'detector in onnxruntime vs the checkpoint in PyTorch eval, batch 1, '
+                        'CPU (tools/dev/bench/end_to_end_latency.py)')
     p.add_argument('--row', default=None, help=argparse.SUPPRESS)  # internal: one child row
     return p
 
@@ -125,7 +138,14 @@ def resolve(p: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespa
         p.error(str(e))
     args.plan = plan
     args.arch = args.arch or DEFAULT_ARCH[args.model]
-    args.sizes = args.sizes or list(plan.sizes)
+    if args.end_to_end:
+        if args.device != 'cpu':
+            p.error(f'--end-to-end measures on the CPU only, got --device {args.device}')
+        try:
+            check_files(*args.end_to_end)
+        except ValueError as e:
+            p.error(str(e))
+    args.sizes = args.sizes or list(END_TO_END_SIZES if args.end_to_end else plan.sizes)
     args.train_size = args.train_size or plan.train_size
     args.dtypes = args.dtypes or list(plan.dtypes)
     for name, least in (('batch', 1), ('warmup', 0), ('processes', 1), ('threads', 1)):
@@ -212,6 +232,15 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Row]:
             with open(args.json, 'w') as f:
                 json.dump(report, f, indent=1)
         return []
+    if args.end_to_end:  # tools/dev/bench/end_to_end_latency.py: its own rows, in this process
+        print(f'load average {os.getloadavg()[0]:.1f} (1 min)', flush=True)
+        config, checkpoint, graph = args.end_to_end
+        e2e = run_end_to_end(config, checkpoint, graph, sizes=args.sizes, repeats=args.repeats,
+                             warmup=args.warmup)
+        if args.json:
+            with open(args.json, 'w') as f:
+                json.dump(dict(end_to_end=args.end_to_end, rows=e2e), f, indent=1)
+        return e2e
     if args.row is not None:  # child process: one row, as JSON on the last stdout line
         print(json.dumps(measure_of(args)(settings_of(args), RowSpec.parse(args.row))),
               flush=True)

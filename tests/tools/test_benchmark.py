@@ -1,12 +1,14 @@
 """tools/benchmark.py (its code in tools/dev/bench/): per-device plans, the CUDA timing path chosen
-without a GPU, option resolution for both models, memory measures, table lines."""
+without a GPU, option resolution for both models, memory measures, table lines, and
+``--end-to-end`` (an exported detector graph in onnxruntime vs PyTorch eval): its refusals, and
+its rows on a tiny exported SdpaDETR (slow: the export takes 1-3 min of CPU)."""
 import os.path as osp
 import re
 import warnings
 
 import pytest
 import torch
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, randomize_
 
 ROOT = str(REPO_ROOT)
 
@@ -166,7 +168,7 @@ def test_benchmark_script_has_no_path_edits():
     for path in [osp.join(ROOT, 'tools', 'benchmark.py'), osp.join(ROOT, 'tools', 'dev',
                                                                    'op_parity.py')] + [
             osp.join(bench, f) for f in ('compiled.py', 'models.py', 'ops.py', 'plan.py',
-                                         'rows.py')]:
+                                         'rows.py', 'end_to_end_latency.py')]:
         text = open(path).read()
         assert not re.search(r'sys\.path\.(insert|append)', text), path
     assert not osp.exists(osp.join(ROOT, 'tools', 'benchmark_vit.py'))
@@ -181,3 +183,116 @@ def test_vit_family_row_compares_timm_and_windowed(model, cli):
     (row, ) = rows
     assert set(row['fwd']) == set(row['fwd+bwd']) == {'ours', 'timm', 'windowed'}
     assert row['parity'] <= 1e-5
+
+
+# ----------------------------------------------------------------------- --end-to-end
+RETINA_DEMO = osp.join(ROOT, 'configs', 'demo', 'swin_retinanet_shapes.py')
+
+
+def _refusal(cli, capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        cli.resolve(cli.build_parser(), argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_end_to_end_refuses_missing_files_and_other_devices(cli, capsys, tmp_path):
+    ckpt, graph = tmp_path / 'model.pth', tmp_path / 'det.onnx'
+    ckpt.write_bytes(b'')
+    missing = str(tmp_path / 'nope.pth')
+    assert _refusal(cli, capsys, ['--end-to-end', RETINA_DEMO, missing, str(graph)]) == (
+        f"tools/benchmark.py: error: --end-to-end: the checkpoint '{missing}' does not exist")
+    assert _refusal(cli, capsys, ['--end-to-end', RETINA_DEMO, str(ckpt), str(graph)]) == (
+        f"tools/benchmark.py: error: --end-to-end: the graph '{graph}' does not exist")
+    assert _refusal(cli, capsys, ['--end-to-end', RETINA_DEMO, str(ckpt), str(graph),
+                                  '--device', 'cuda']) == (
+        'tools/benchmark.py: error: --end-to-end measures on the CPU only, got --device cuda')
+
+
+def _graph(path, metadata: bool) -> str:
+    """A one-node graph saved by onnx itself: ``image`` in, one output; with the end-to-end
+    metadata key or without it (what ``--part backbone`` writes: maps out, no metadata)."""
+    import onnx
+    from onnx import TensorProto, helper
+    image = helper.make_tensor_value_info('image', TensorProto.FLOAT, ['B', 3, 'H', 'W'])
+    feat = helper.make_tensor_value_info('feat_0', TensorProto.FLOAT, ['B', 3, 'H', 'W'])
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node('Relu', ['image'], ['feat_0'])], 'backbone', [image], [feat]))
+    if metadata:
+        entry = model.metadata_props.add()
+        entry.key, entry.value = 'vitdet_plugin.deploy', '{}'
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def test_end_to_end_refuses_a_graph_without_the_detector_metadata(cli, capsys, tmp_path):
+    """Refused before any model is built, naming the fix."""
+    path = _graph(tmp_path / 'backbone.onnx', metadata=False)
+    ckpt = tmp_path / 'model.pth'
+    ckpt.write_bytes(b'')
+    assert _refusal(cli, capsys, ['--end-to-end', RETINA_DEMO, str(ckpt), path]) == (
+        f"tools/benchmark.py: error: --end-to-end: {path} is not an end-to-end detector graph "
+        "(no 'vitdet_plugin.deploy' metadata; inputs ['image']); export one with "
+        'tools/export_onnx.py CONFIG CKPT --out MODEL.onnx --part detector')
+
+
+def test_end_to_end_options_resolve_to_the_demo_sizes(cli, tmp_path):
+    graph = _graph(tmp_path / 'det.onnx', metadata=True)
+    ckpt = tmp_path / 'model.pth'
+    ckpt.write_bytes(b'')
+    args = cli.resolve(cli.build_parser(), ['--end-to-end', RETINA_DEMO, str(ckpt), graph])
+    assert (args.sizes, args.repeats) == ([(192, 192), (800, 1216)], 5)
+    args = cli.resolve(cli.build_parser(), ['--end-to-end', RETINA_DEMO, str(ckpt), graph,
+                                            '--sizes', '64x96', '--repeats', '2'])
+    assert (args.sizes, args.repeats) == ([(64, 96)], 2)
+
+
+def test_end_to_end_row_line(bench):
+    from dev.bench.end_to_end_latency import format_row
+    row = dict(size='800x1216', onnxruntime=[3.0, 1.0, 2.0], torch=[4.0, 8.0, 5.0], ratio=0.4,
+               file_mib=11.74, parity_ok=False)
+    assert format_row(row) == '| 800x1216 | 2.000 | 5.000 | 0.40x | 11.7 | FAILED |'
+
+
+#: A tiny SdpaDETR of the DETR demo (tests/deploy/test_export_detector.py's shrunk config).
+TINY_DETR = """_base_ = [{base!r}]
+model = dict(backbone=dict(depths=[1, 1, 1]),
+             bbox_head=dict(embed_dims=32, num_heads=2, ffn_dims=64, num_decoder_layers=1,
+                            num_queries=20),
+             test_cfg=dict(max_per_img=30))
+"""
+
+
+@pytest.mark.slow  # the export: 1-3 min of CPU (the refusals above are the default suite's)
+def test_end_to_end_rows_on_a_tiny_exported_detr(cli, tmp_path):
+    """The rows of a real end-to-end graph: the parity call passes, the seconds are the
+    repeats, the ratio is theirs; a graph of another config (max_per_img) is refused."""
+    import json
+    import vitdet_plugin  # noqa: F401
+    from vitdet_plugin.deploy.end_to_end import (EndToEndDetector, add_metadata,
+                                                 export_end_to_end, pipeline_meta)
+    from vitdet_plugin.deploy.onnx_export import build_model
+    config = tmp_path / 'tiny_detr.py'
+    config.write_text(TINY_DETR.format(base=osp.join(ROOT, 'configs', 'demo',
+                                                        'swin_detr_shapes.py')))
+    cfg, model = build_model(str(config))
+    randomize_(model)  # spread-out scores: a ranking to compare
+    module = EndToEndDetector(model)
+    graph, ckpt = str(tmp_path / 'det.onnx'), str(tmp_path / 'det.pth')
+    export_end_to_end(module, graph)
+    add_metadata(graph, pipeline_meta(cfg, module))
+    torch.save(dict(state_dict=model.state_dict()), ckpt)
+    rows = cli.main(['--end-to-end', str(config), ckpt, graph, '--sizes', '64x96', '75x117',
+                     '--repeats', '2', '--json', str(tmp_path / 'e2e.json')])
+    assert [r['size'] for r in rows] == ['64x96', '75x117']
+    for row in rows:
+        assert row['parity_ok'] and row['detections'] > 0, row
+        assert len(row['onnxruntime']) == len(row['torch']) == 2
+        assert row['ratio'] == pytest.approx(sum(row['onnxruntime']) / sum(row['torch']))
+        assert row['file_mib'] == osp.getsize(graph) / 2**20
+    assert json.loads((tmp_path / 'e2e.json').read_text())['rows'][1]['size'] == '75x117'
+    from dev.bench.end_to_end_latency import load
+    with pytest.raises(ValueError, match=re.escape(
+            f"--end-to-end: {graph} was not exported from {config}: its metadata differs in "
+            "['max_per_img']")):
+        load(str(config), ckpt, graph, {'model.test_cfg.max_per_img': 10})

@@ -1,36 +1,48 @@
-"""End-to-end latency: an exported detector graph in onnxruntime vs the same checkpoint in
+"""``tools/benchmark.py --end-to-end CONFIG CKPT MODEL.onnx``: an exported end-to-end detector
+graph (``tools/export_onnx.py --part detector``) in onnxruntime vs the same checkpoint in
 PyTorch eval (mmdet's data preprocessor + ``predict``), batch 1, on the CPU, as a ratio.
 
-    python tools/dev/bench/end_to_end_latency.py CONFIG CKPT MODEL.onnx
-        [--sizes 192x192 800x1216] [--repeats 5] [--cfg-options k=v ...]
+One row per size (``--sizes``, default the demo's 192x192 and a COCO-like 800x1216): the
+median wall seconds of each engine (``--repeats`` interleaved runs, so both see the same
+machine load, after ``--warmup`` untimed calls), the ratio onnxruntime / PyTorch, the graph's
+file size and the parity of the untimed first call (onnxruntime vs mmdet's ``predict`` on the
+same image, the export check's tolerances). Random uint8 images at the graph's input size (the
+resizing of the test pipeline is outside both). onnxruntime gets torch's thread count
+(``--threads``) and does not spin between runs (:data:`SPINNING`). Export time:
+``tools/export_onnx.py`` prints it.
 
-One row per size: median wall seconds of each (interleaved runs, one warm-up), the ratio
-onnxruntime / PyTorch, and the graph's file size. Export time: ``tools/export_onnx.py`` prints
-it. Random uint8 images at the graph's input size (the graph's own resizing is outside both).
+Refused before anything is timed (``ValueError``, one line): a missing file, a graph without
+the end-to-end metadata (a backbone / neck / head export), or a graph exported from another
+config (its stored pipeline metadata differs from this config's).
 """
-import argparse
+import json
 import os.path as osp
 import statistics
-import sys
 import time
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
-from mmengine.config import DictAction
 
-import vitdet_plugin  # noqa: F401  (registers our modules)
-from vitdet_plugin.deploy.end_to_end_check import mmdet_predict
-from vitdet_plugin.deploy.onnx_export import build_model
-from vitdet_plugin.deploy.ort_check import ort_session
-from vitdet_plugin.deploy.runner import INPUT_NAME
+#: Default sizes (H, W): the demo's and a COCO-like 800 x 1216.
+DEFAULT_SIZES = ((192, 192), (800, 1216))
+#: What re-exports a graph, for the error messages.
+EXPORT_HINT = 'export one with tools/export_onnx.py CONFIG CKPT --out MODEL.onnx --part detector'
+MIB = 2**20
+#: Seed of the random images.
+SEED = 0
+#: onnxruntime's session option that keeps its idle pool threads spinning after a run; off in
+#: the timing session, so they do not compete with the PyTorch run interleaved after it.
+SPINNING = 'session.intra_op.allow_spinning'
 
-#: Default sizes: the demo's and a COCO-like 800 x 1216.
-DEFAULT_SIZES = ('192x192', '800x1216')
 
+def timing_session(path: str) -> Any:
+    """A CPU onnxruntime session of ``path`` with torch's thread count and no spinning."""
+    import onnxruntime as ort
 
-def _size(text: str) -> Tuple[int, int]:
-    h, _, w = text.partition('x')
-    return int(h), int(w or h)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.add_session_config_entry(SPINNING, '0')
+    return ort.InferenceSession(path, options, providers=['CPUExecutionProvider'])
 
 
 def _seconds(fn: Callable[..., object], *args: object) -> float:
@@ -39,36 +51,89 @@ def _seconds(fn: Callable[..., object], *args: object) -> float:
     return time.perf_counter() - start
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('config')
-    p.add_argument('checkpoint')
-    p.add_argument('onnx')
-    p.add_argument('--sizes', nargs='+', default=list(DEFAULT_SIZES))
-    p.add_argument('--repeats', type=int, default=5)
-    p.add_argument('--cfg-options', nargs='+', action=DictAction, default=None)
-    args = p.parse_args(argv)
-    _, model = build_model(args.config, args.checkpoint, args.cfg_options)
-    session = ort_session(args.onnx)
-    mib = osp.getsize(args.onnx) / 2**20
-    print(f'| size | onnxruntime s | PyTorch s | ratio | file MiB |  (CPU, '
-          f'{torch.get_num_threads()} threads, batch 1, median of {args.repeats})')
-    for text in args.sizes:
-        h, w = _size(text)
-        image = torch.randint(0, 256, (3, h, w), dtype=torch.uint8)
-        feed = {INPUT_NAME: image[None].numpy()}
-        ort_times: List[float] = []
-        torch_times: List[float] = []
-        session.run(None, feed)  # warm-up
+def check_files(config: str, checkpoint: str, onnx_path: str) -> None:
+    """A clear ``ValueError`` for a missing file or a graph that is not end to end."""
+    for what, path in (('config', config), ('checkpoint', checkpoint), ('graph', onnx_path)):
+        if not osp.isfile(path):
+            raise ValueError(f'--end-to-end: the {what} {path!r} does not exist')
+    import onnx
+
+    from vitdet_plugin.deploy.runner import META_KEY
+
+    graph = onnx.load(onnx_path, load_external_data=False)
+    if META_KEY not in {p.key for p in graph.metadata_props}:
+        raise ValueError(f'--end-to-end: {onnx_path} is not an end-to-end detector graph (no '
+                         f'{META_KEY!r} metadata; inputs '
+                         f'{[i.name for i in graph.graph.input]}); {EXPORT_HINT}')
+
+
+def load(config: str, checkpoint: str, onnx_path: str,
+         cfg_options: Optional[dict] = None) -> Tuple[Any, Any]:
+    """``(model, session)``: the checkpoint in PyTorch eval, the graph in onnxruntime; refused
+    when the graph's stored pipeline metadata is not this config's."""
+    check_files(config, checkpoint, onnx_path)
+    import vitdet_plugin  # noqa: F401  (registers our modules)
+    from vitdet_plugin.deploy.end_to_end import EndToEndDetector, pipeline_meta
+    from vitdet_plugin.deploy.onnx_export import build_model
+    from vitdet_plugin.deploy.runner import META_KEY
+
+    cfg, model = build_model(config, checkpoint, cfg_options)
+    # as the export does: a DETR head's input strides fixed (both engines run the same model)
+    expected = pipeline_meta(cfg, EndToEndDetector(model))
+    session = timing_session(onnx_path)
+    stored = json.loads(session.get_modelmeta().custom_metadata_map[META_KEY])
+    differ = sorted(k for k in set(expected) | set(stored) if expected.get(k) != stored.get(k))
+    if differ:
+        raise ValueError(f'--end-to-end: {onnx_path} was not exported from {config}: its '
+                         f'metadata differs in {differ}; {EXPORT_HINT}')
+    return model, session
+
+
+def measure(model: Any, session: Any, size: Tuple[int, int], repeats: int, warmup: int,
+            mib: float) -> Dict[str, Any]:
+    """One row: both engines on one random ``size`` image, interleaved ``repeats`` times after
+    an untimed parity call and ``warmup`` more untimed calls."""
+    from vitdet_plugin.deploy.end_to_end_check import compare, mmdet_predict
+    from vitdet_plugin.deploy.runner import INPUT_NAME
+
+    h, w = size
+    g = torch.Generator().manual_seed(SEED)
+    image = torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g)
+    feed = {INPUT_NAME: image[None].numpy()}
+    (parity, ) = compare(session, model, [image])  # the first untimed call of each engine
+    for _ in range(warmup):
+        session.run(None, feed)
         mmdet_predict(model, image)
-        for _ in range(args.repeats):  # interleaved: both see the same machine load
-            ort_times.append(_seconds(session.run, None, feed))
-            torch_times.append(_seconds(mmdet_predict, model, image))
-        o, t = statistics.median(ort_times), statistics.median(torch_times)
-        print(f'| {h}x{w} | {o:.3f} | {t:.3f} | {o / t:.2f}x | {mib:.1f} |', flush=True)
-    return 0
+    ort_times: List[float] = []
+    torch_times: List[float] = []
+    for _ in range(repeats):
+        ort_times.append(_seconds(session.run, None, feed))
+        torch_times.append(_seconds(mmdet_predict, model, image))
+    ort_s, torch_s = statistics.median(ort_times), statistics.median(torch_times)
+    return dict(size=f'{h}x{w}', onnxruntime=ort_times, torch=torch_times,
+                ratio=ort_s / torch_s, file_mib=mib, parity_ok=parity.ok,
+                box_error=parity.box_error, score_error=parity.score_error,
+                detections=parity.num_onnx)
 
 
-if __name__ == '__main__':
-    sys.exit(main())
+def format_row(row: Dict[str, Any]) -> str:
+    return (f'| {row["size"]} | {statistics.median(row["onnxruntime"]):.3f} | '
+            f'{statistics.median(row["torch"]):.3f} | {row["ratio"]:.2f}x | '
+            f'{row["file_mib"]:.1f} | {"ok" if row["parity_ok"] else "FAILED"} |')
+
+
+def run_end_to_end(config: str, checkpoint: str, onnx_path: str,
+                   sizes: Sequence[Tuple[int, int]] = DEFAULT_SIZES, repeats: int = 5,
+                   warmup: int = 1, cfg_options: Optional[dict] = None) -> List[Dict[str, Any]]:
+    """The table (printed, one row per size); the rows returned for ``--json``."""
+    model, session = load(config, checkpoint, onnx_path, cfg_options)
+    mib = osp.getsize(onnx_path) / MIB
+    print(f'{onnx_path} vs {checkpoint} ({config}) | CPU, {torch.get_num_threads()} threads, '
+          f'batch 1, median of {repeats} interleaved runs after {1 + warmup} untimed', flush=True)
+    print('| size | onnxruntime s | PyTorch s | ratio onnxruntime/PyTorch | file MiB | '
+          'parity |', flush=True)
+    rows = []
+    for size in sizes:
+        rows.append(measure(model, session, size, repeats, warmup, mib))
+        print(format_row(rows[-1]), flush=True)
+    return rows
