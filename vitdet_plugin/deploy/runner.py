@@ -4,8 +4,9 @@ onnxruntime only: no torch, no mmdet (the deployment side imports nothing else o
 The graph's own metadata (ONNX ``metadata_props`` key :data:`META_KEY`, JSON written at export)
 says how the config's test pipeline loads and resizes an image; :class:`OnnxDetector` repeats
 that (OpenCV, as mmcv does: ``cv2.imread`` BGR, ``cv2.resize`` bilinear), runs the graph and maps
-the boxes back to the original image. OpenCV is needed for :func:`load_image` and resizing only
-(``opencv-python``, which mmcv requires too); arrays already at the graph's input size need none.
+the boxes (and a Mask R-CNN graph's masks) back to the original image. OpenCV is needed for
+:func:`load_image` and resizing only (``opencv-python``, which mmcv requires too); arrays already
+at the graph's input size need none.
 """
 import json
 from dataclasses import dataclass
@@ -23,16 +24,23 @@ INPUT_NAME = 'image'
 CHANNELS = 3
 #: Rounding offset of mmcv's ``rescale_size`` (``int(x * scale + 0.5)``).
 ROUND_HALF = 0.5
+#: Name of the masks output (graphs of detectors with a mask head).
+MASK_OUTPUT = 'masks'
+#: A mask resized bilinearly to the original image is 1 where it is at least this.
+MASK_THRESHOLD = 0.5
 
 
 @dataclass(frozen=True)
 class Detections:
     """One image's detections, by descending score: ``boxes`` ``(N, 4)`` xyxy in the original
-    image's pixels, ``scores`` ``(N,)``, ``labels`` ``(N,)`` (indices into ``classes``)."""
+    image's pixels, ``scores`` ``(N,)``, ``labels`` ``(N,)`` (indices into ``classes``) and,
+    from a detector with a mask head, ``masks`` ``(N, H, W)`` uint8 0 / 1 of the original
+    image's size."""
 
     boxes: np.ndarray
     scores: np.ndarray
     labels: np.ndarray
+    masks: Optional[np.ndarray] = None
 
 
 def load_image(path: str) -> np.ndarray:
@@ -106,13 +114,37 @@ class OnnxDetector:
         batch = np.ascontiguousarray(image.transpose(2, 0, 1)[None])    # (1, 3, h, w)
         return batch, (new_w / width, new_h / height)
 
+    @property
+    def with_masks(self) -> bool:
+        return MASK_OUTPUT in self.meta.get('outputs', ())
+
     def __call__(self, image: np.ndarray) -> Detections:
         batch, (sx, sy) = self.preprocess(image)
-        boxes, scores, labels, num = self.session.run(None, {INPUT_NAME: batch})
+        outputs = self.session.run(None, {INPUT_NAME: batch})
+        boxes, scores, labels, num = outputs[:4]
         n = int(num[0])
         scale = np.array([sx, sy, sx, sy], dtype=np.float32)
+        masks = None
+        if self.with_masks:
+            masks = resize_masks(outputs[4][0, :n], image.shape[:2])
         return Detections(boxes=boxes[0, :n] / scale, scores=scores[0, :n],
-                          labels=labels[0, :n])
+                          labels=labels[0, :n], masks=masks)
 
     def predict_file(self, path: str) -> Detections:
         return self(load_image(path))
+
+
+def resize_masks(masks: np.ndarray, size: Tuple[int, int]) -> np.ndarray:
+    """``(N, h, w)`` 0 / 1 masks of the graph's input -> ``(N, H, W)`` uint8 of the original
+    ``size`` ``(H, W)``: bilinear (as the image was resized), then at least
+    :data:`MASK_THRESHOLD`."""
+    height, width = size
+    if masks.shape[1:] == (height, width):
+        return masks.astype(np.uint8)
+    import cv2
+    out = np.zeros((len(masks), height, width), np.uint8)
+    for i, mask in enumerate(masks):
+        resized = cv2.resize(mask.astype(np.float32), (width, height),
+                             interpolation=cv2.INTER_LINEAR)
+        out[i] = resized >= MASK_THRESHOLD
+    return out
