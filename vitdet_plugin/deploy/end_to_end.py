@@ -10,8 +10,9 @@
 * outputs, ``K = max_per_img``: ``boxes`` ``(B, K, 4)`` float32 xyxy in input pixels,
   ``scores`` ``(B, K)`` float32, ``labels`` ``(B, K)`` int64 and ``num_dets`` ``(B,)`` int64:
   the first ``num_dets[b]`` rows of image ``b`` are its detections, by descending score; the
-  rest are padding (boxes 0, scores 0, labels -1); with a mask head, 5th output ``masks``
-  ``(B, K, H, W)`` uint8 0 / 1 at the input's size (padding rows all 0).
+  rest are padding (boxes 0, scores 0, labels -1); with a mask head also ``masks``
+  ``(B, K, H, W)`` uint8 0 / 1 at the input's size and ``mask_probs`` ``(B, K, S, S)`` float32,
+  the mask head's probabilities they are pasted from (padding rows all 0).
 
 Exported: :class:`~vitdet_plugin.models.detectors.SdpaDETR` (top-k over queries x classes, no
 NMS), single-stage anchor heads decoded per level (RetinaNet: sigmoid scores, ``nms_pre``
@@ -30,7 +31,7 @@ from .graph_ops import (BOX_DIM, DROPPED_SCORE, clip_boxes, nms_survivors, top_k
                         translation_table)
 from .graph_ops import PAD_LABEL  # noqa: F401  (the I/O contract's padding label, re-exported)
 from .onnx_export import EXPORT_SAMPLE_SIZE, OPSET, dynamic_shapes
-from .runner import INPUT_NAME, MASK_OUTPUT, META_KEY, META_VERSION
+from .runner import INPUT_NAME, MASK_OUTPUTS, META_KEY, META_VERSION
 from .two_stage import TwoStage, check_two_stage
 
 #: Names of the end-to-end graph's outputs.
@@ -126,9 +127,10 @@ class EndToEndDetector(nn.Module):
 
     @property
     def output_names(self) -> List[str]:
-        """:data:`OUTPUT_NAMES`, then ``masks`` when the detector has a mask head."""
+        """:data:`OUTPUT_NAMES`, then ``masks`` and ``mask_probs`` when the detector has a
+        mask head."""
         with_mask = self.two_stage is not None and self.two_stage.with_mask
-        return list(OUTPUT_NAMES) + ([MASK_OUTPUT] if with_mask else [])
+        return list(OUTPUT_NAMES) + (list(MASK_OUTPUTS) if with_mask else [])
 
     def forward(self, image: Tensor) -> Tuple[Tensor, ...]:
         h, w = image.shape[-2:]
@@ -143,7 +145,7 @@ class EndToEndDetector(nn.Module):
             boxes, scores, labels = self._dense(feats, h, w)
         out = top_k_padded(boxes, scores, labels, self.max_per_img)
         if self.two_stage is not None and self.two_stage.with_mask:
-            return out + (self.two_stage.masks(feats, out[0], out[2], h, w),)
+            return out + self.two_stage.masks(feats, out[0], out[2], h, w)
         return out
 
     # ------------------------------------------------------------------ per kind
@@ -245,7 +247,8 @@ def pipeline_meta(cfg: Any, module: EndToEndDetector) -> Dict[str, Any]:
     return dict(version=META_VERSION, kind=module.kind, channel_order='bgr', resize=resize,
                 classes=list(classes), max_per_img=module.max_per_img,
                 score_thr=module.score_thr, iou_threshold=module.iou_threshold,
-                outputs=module.output_names)
+                outputs=module.output_names,
+                mask_thr_binary=module.two_stage.mask_thr if module.two_stage else None)
 
 
 def export_end_to_end(module: EndToEndDetector, path: str,

@@ -24,10 +24,12 @@ INPUT_NAME = 'image'
 CHANNELS = 3
 #: Rounding offset of mmcv's ``rescale_size`` (``int(x * scale + 0.5)``).
 ROUND_HALF = 0.5
-#: Name of the masks output (graphs of detectors with a mask head).
-MASK_OUTPUT = 'masks'
-#: A mask resized bilinearly to the original image is 1 where it is at least this.
-MASK_THRESHOLD = 0.5
+#: Outputs of a detector with a mask head, after boxes, scores, labels, num_dets: the binary
+#: masks at the input's size and the mask head's probabilities they are pasted from.
+MASK_OUTPUT, MASK_PROBS_OUTPUT = 'masks', 'mask_probs'
+MASK_OUTPUTS = (MASK_OUTPUT, MASK_PROBS_OUTPUT)
+#: Offset of a pixel's centre from its corner (mmdet's ``_do_paste_mask`` samples there).
+PIXEL_CENTRE = 0.5
 
 
 @dataclass(frozen=True)
@@ -124,27 +126,46 @@ class OnnxDetector:
         boxes, scores, labels, num = outputs[:4]
         n = int(num[0])
         scale = np.array([sx, sy, sx, sy], dtype=np.float32)
+        boxes = boxes[0, :n] / scale
         masks = None
-        if self.with_masks:
-            masks = resize_masks(outputs[4][0, :n], image.shape[:2])
-        return Detections(boxes=boxes[0, :n] / scale, scores=scores[0, :n],
-                          labels=labels[0, :n], masks=masks)
+        if self.with_masks and (sx, sy) == (1.0, 1.0):  # the graph's masks are the image's
+            masks = outputs[4][0, :n]
+        elif self.with_masks:  # pasted at the original size, as mmdet's rescaled predict does
+            masks = np.stack([paste_mask(p, box, image.shape[:2], self.meta['mask_thr_binary'])
+                              for p, box in zip(outputs[5][0, :n], boxes)]) \
+                if n else np.zeros((0, *image.shape[:2]), np.uint8)
+        return Detections(boxes=boxes, scores=scores[0, :n], labels=labels[0, :n], masks=masks)
 
     def predict_file(self, path: str) -> Detections:
         return self(load_image(path))
 
 
-def resize_masks(masks: np.ndarray, size: Tuple[int, int]) -> np.ndarray:
-    """``(N, h, w)`` 0 / 1 masks of the graph's input -> ``(N, H, W)`` uint8 of the original
-    ``size`` ``(H, W)``: bilinear (as the image was resized), then at least
-    :data:`MASK_THRESHOLD`."""
+
+def paste_mask(probs: np.ndarray, box: np.ndarray, size: Tuple[int, int], threshold: float
+               ) -> np.ndarray:
+    """mmdet's ``_do_paste_mask`` + threshold in numpy: the ``(S, S)`` mask probabilities
+    sampled bilinearly (``grid_sample``, ``align_corners=False``, zeros outside) at the pixel
+    centres of ``box`` (xyxy) in an image of ``size`` ``(H, W)``; ``(H, W)`` uint8 0 / 1.
+    The sampling grid is separable: ``rows (H, S) @ probs @ cols (W, S)^T``."""
     height, width = size
-    if masks.shape[1:] == (height, width):
-        return masks.astype(np.uint8)
-    import cv2
-    out = np.zeros((len(masks), height, width), np.uint8)
-    for i, mask in enumerate(masks):
-        resized = cv2.resize(mask.astype(np.float32), (width, height),
-                             interpolation=cv2.INTER_LINEAR)
-        out[i] = resized >= MASK_THRESHOLD
-    return out
+    x0, y0, x1, y1 = (float(v) for v in box)
+    rows = _bilinear_weights(height, y0, y1, probs.shape[0])
+    cols = _bilinear_weights(width, x0, x1, probs.shape[1])
+    return (rows @ probs.astype(np.float64) @ cols.T >= threshold).astype(np.uint8)
+
+
+def _bilinear_weights(length: int, start: float, end: float, cells: int) -> np.ndarray:
+    """``(length, cells)``: the weight of mask cell ``j`` at pixel ``i`` along one axis (pixel
+    centre ``i + 0.5`` at ``(i + 0.5 - start) / (end - start) * cells - 0.5`` in cell units;
+    a box without extent samples the mask's centre, as mmdet's replacement of infinities)."""
+    centres = np.arange(length) + PIXEL_CENTRE
+    extent = end - start
+    pos = (centres - start) / extent * cells - PIXEL_CENTRE if extent != 0 else \
+        np.full(length, cells / 2 - PIXEL_CENTRE)
+    low = np.floor(pos).astype(np.int64)
+    frac = pos - low
+    weights = np.zeros((length, cells))
+    for index, weight in ((low, 1 - frac), (low + 1, frac)):
+        inside = (index >= 0) & (index < cells)
+        weights[np.nonzero(inside)[0], index[inside]] += weight[inside]
+    return weights

@@ -194,9 +194,12 @@ class TwoStage:
                              self.iou_threshold)
         return boxes, torch.where(kept & valid, scores, DROPPED_SCORE), labels
 
-    def masks(self, feats: Tuple[Tensor, ...], boxes: Tensor, labels: Tensor, h, w) -> Tensor:
+    def masks(self, feats: Tuple[Tensor, ...], boxes: Tensor, labels: Tensor, h, w
+              ) -> Tuple[Tensor, Tensor]:
         """``FCNMaskHead.predict_by_feat`` on the final ``(B, K, 4)`` boxes and ``(B, K)``
-        labels (:data:`PAD_LABEL` rows give empty masks): ``(B, K, h, w)`` uint8 0 / 1."""
+        labels (:data:`PAD_LABEL` rows give empty masks): ``(B, K, h, w)`` uint8 0 / 1 masks
+        and the ``(B, K, S, S)`` float32 probabilities of each box's label they are pasted
+        from (0 in padding rows; the runner pastes them at another image size)."""
         roi_head = self.model.roi_head
         b, k = boxes.shape[:2]
         logits = roi_head.mask_head(roi_features(roi_head.mask_roi_extractor, feats, boxes))
@@ -206,15 +209,17 @@ class TwoStage:
             label = torch.zeros_like(label)
         probs = torch.gather(logits, 1, label[:, None, None, None].expand(-1, 1, size, size)
                              ).sigmoid()                                     # (B * K, 1, S, S)
+        keep = (labels != PAD_LABEL).reshape(-1, 1, 1, 1)                    # (B * K, 1, 1, 1)
+        probs = torch.where(keep, probs, 0.0)
         x0, y0, x1, y1 = boxes.reshape(-1, BOX_DIM).unbind(-1)              # each (B * K,)
         gx = _grid_axis(w, x0, x1)                                           # (B * K, w)
         gy = _grid_axis(h, y0, y1)                                           # (B * K, h)
         grid = torch.stack((gx[:, None, :].expand(-1, h, -1),
                             gy[:, :, None].expand(-1, -1, w)), -1)           # (B * K, h, w, 2)
         pasted = F.grid_sample(probs, grid, align_corners=False)[:, 0]       # (B * K, h, w)
-        keep = (labels != PAD_LABEL).reshape(-1, 1, 1)
-        masks = (pasted >= self.mask_thr) & keep
-        return masks.reshape(b, k, h, w).to(torch.uint8)                     # (B, K, h, w)
+        masks = (pasted >= self.mask_thr) & keep[:, 0]
+        return (masks.reshape(b, k, h, w).to(torch.uint8),                   # (B, K, h, w)
+                probs.reshape(b, k, size, size))                             # (B, K, S, S)
 
 
 def _grid_axis(length, start: Tensor, end: Tensor) -> Tensor:
