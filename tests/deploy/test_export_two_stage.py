@@ -21,7 +21,8 @@ from vitdet_plugin.deploy.end_to_end import (OUTPUT_NAMES, PAD_LABEL, EndToEndDe
                                              add_metadata, check_exportable,
                                              export_end_to_end, pipeline_meta)
 from vitdet_plugin.deploy.end_to_end_check import (BOX_TOLERANCE, MASK_IOU_TOLERANCE,
-                                                   SCORE_TOLERANCE, compare, mask_iou)
+                                                   SCORE_TOLERANCE, compare, mask_iou,
+                                                   mmdet_predict, untied)
 from vitdet_plugin.deploy.onnx_export import build_model
 from vitdet_plugin.deploy.ort_check import ort_session
 from vitdet_plugin.deploy.runner import MASK_OUTPUTS, OnnxDetector, paste_mask
@@ -48,7 +49,8 @@ def perturb_(model: torch.nn.Module) -> None:
             if isinstance(m, torch.nn.GroupNorm):  # output its biases only
                 m.weight.add_(1.0)
         for name, scale in SCALES.items():
-            modules[name].weight.mul_(scale)
+            if name in modules:  # (Faster R-CNN: no mask head)
+                modules[name].weight.mul_(scale)
         cls = modules['roi_head.bbox_head.fc_cls']
         cls.weight.sub_(cls.weight.mean(1, keepdim=True))  # not one class for every RoI
         cls.bias.zero_()
@@ -169,6 +171,28 @@ def test_infer_onnxruntime_masks_equal_pytorch_backend(exported, tmp_path):
                     for d in (x, y)]
             iou = mask_utils.iou([rles[0]], [rles[1]], [False])[0, 0]
             assert iou >= MASK_IOU_TOLERANCE, (image, x['score'], iou)
+
+
+def test_faster_rcnn_module_matches_mmdet_predict():
+    """Without a mask head (Faster R-CNN) the graph's module has the four outputs of the other
+    detectors and equals mmdet's predict (in PyTorch: the ops are those exported above)."""
+    options = dict(OPTIONS, **{'model.type': 'FasterRCNN', 'model.roi_head.mask_head': None,
+                               'model.roi_head.mask_roi_extractor': None})
+    options.pop('model.roi_head.mask_head.num_convs')
+    _, model = build_model(osp.join(REPO_ROOT, CONFIG), cfg_options=options)
+    perturb_(model)
+    module = EndToEndDetector(model).eval()
+    assert module.output_names == list(OUTPUT_NAMES)
+    for image in _images():
+        with torch.no_grad():
+            boxes, scores, labels, num = module(image[None])
+        ref_boxes, ref_scores, ref_labels = mmdet_predict(model, image)
+        n = int(num[0])
+        assert n == len(ref_scores) > 0
+        np.testing.assert_allclose(scores[0, :n].numpy(), ref_scores, atol=SCORE_TOLERANCE)
+        ranks = untied(ref_scores)  # a tie may be ordered either way
+        np.testing.assert_allclose(boxes[0, :n].numpy()[ranks], ref_boxes[ranks], atol=1e-4)
+        assert np.array_equal(labels[0, :n].numpy()[ranks], ref_labels[ranks])
 
 
 def test_roi_heads_the_graph_does_not_repeat_are_refused(capsys):
