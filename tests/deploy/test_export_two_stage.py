@@ -173,6 +173,10 @@ def test_infer_onnxruntime_masks_equal_pytorch_backend(exported, tmp_path):
             assert iou >= MASK_IOU_TOLERANCE, (image, x['score'], iou)
 
 
+def test_no_detections_compare_as_no_ranks():
+    assert untied(np.zeros(0)).shape == (0,)  # compare() on an image without detections
+
+
 def test_faster_rcnn_module_matches_mmdet_predict():
     """Without a mask head (Faster R-CNN) the graph's module has the four outputs of the other
     detectors and equals mmdet's predict (in PyTorch: the ops are those exported above)."""

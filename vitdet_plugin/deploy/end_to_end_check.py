@@ -69,6 +69,8 @@ def mask_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def untied(scores: np.ndarray) -> np.ndarray:
     """True at the ranks whose score differs from both neighbours' by more than the tolerance
     (a tie may be broken either way)."""
+    if len(scores) == 0:  # (np.diff of nothing would still leave one True)
+        return np.zeros(0, dtype=bool)
     gaps = np.abs(np.diff(scores)) > SCORE_TOLERANCE
     return np.concatenate(([True], gaps)) & np.concatenate((gaps, [True]))
 
