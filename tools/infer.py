@@ -144,9 +144,11 @@ def coco_map(predictions: Dict[str, Any], ann_file: str, iou_type: str = 'bbox')
     cat_by_name = {c['name']: c['id'] for c in gt.dataset['categories']}
     names = {c['id']: c['name'] for c in predictions['categories']}
     image_ids = {im['id']: by_name[im['file_name']] for im in predictions['images']}
-    results = [dict(image_id=image_ids[a['image_id']], bbox=a['bbox'], score=a['score'],
-                    category_id=cat_by_name[names[a['category_id']]],
-                    **({'segmentation': a['segmentation']} if iou_type == 'segm' else {}))
+    # segm: the mask without the box, as mmdet's CocoMetric (with a bbox, pycocotools' loadRes
+    # would take the box's area for the small / medium / large split)
+    shape = 'segmentation' if iou_type == 'segm' else 'bbox'
+    results = [dict(image_id=image_ids[a['image_id']], score=a['score'],
+                    category_id=cat_by_name[names[a['category_id']]], **{shape: a[shape]})
                for a in predictions['annotations']]
     evaluator = COCOeval(gt, gt.loadRes(results) if results else COCO(), iou_type)
     evaluator.params.imgIds = sorted(image_ids.values())
