@@ -17,8 +17,9 @@ Not exported by these parts: the data preprocessor, anchors / box decoding, NMS,
 network, decoding, test_cfg's score threshold / top-k / NMS inside; see docs/deploy.md for the
 I/O contract), the test pipeline's load / resize parameters stored in the file for
 ``vitdet_plugin.deploy.runner``; checked against mmdet's own predict at each check size
-(boxes within 1e-3 of the image side, scores within 1e-4, labels equal). SdpaDETR and sigmoid
-anchor heads (RetinaNet) only; other detectors are refused with the reason.
+(boxes within 1e-3 of the image side, scores within 1e-4, labels equal, mask IoU >= 0.99).
+SdpaDETR, sigmoid anchor heads (RetinaNet) and Faster / Mask R-CNN (RPN + StandardRoIHead; Mask
+R-CNN adds the outputs masks and mask_probs); other detectors are refused with the reason.
 Exit status 1 when a check fails, 2 when the part cannot be exported.
 """
 import argparse
@@ -40,7 +41,7 @@ import vitdet_plugin  # noqa: F401  (registers our modules)
 from vitdet_plugin.deploy import (CHECK_SIZES, DEFAULT_TOLERANCE, PARTS,
                                   build_detector_part, check_sizes, export_onnx, latency,
                                   ort_session)
-from vitdet_plugin.deploy.end_to_end import OUTPUT_NAMES, add_metadata
+from vitdet_plugin.deploy.end_to_end import add_metadata
 from vitdet_plugin.deploy.onnx_export import build_model
 
 #: ``--part`` of the whole detector (image -> detections).
@@ -105,7 +106,7 @@ def export_detector(args: argparse.Namespace) -> int:
     add_metadata(args.out, meta)
     print(f'exported the {module.kind} detector of {args.config} to {args.out} '
           f'({osp.getsize(args.out) / 2**20:.1f} MiB, {time.perf_counter() - start:.0f} s); '
-          f'input image (B, 3, H, W) uint8 dynamic; outputs {", ".join(OUTPUT_NAMES)} '
+          f'input image (B, 3, H, W) uint8 dynamic; outputs {", ".join(module.output_names)} '
           f'(max_per_img {module.max_per_img})', flush=True)
     if args.no_check:
         return 0
@@ -118,7 +119,8 @@ def export_detector(args: argparse.Namespace) -> int:
         h, w = p.size
         print(f'  {h}x{w}: {p.num_onnx} detections (PyTorch {p.num_torch}), box error '
               f'{p.box_error:.1e} of the image side, score error {p.score_error:.1e}, labels '
-              f'{"equal" if p.labels_equal else "DIFFER"} {"ok" if p.ok else "FAILED"}',
+              f'{"equal" if p.labels_equal else "DIFFER"}, min mask IoU {p.mask_iou:.4f} '
+              f'{"ok" if p.ok else "FAILED"}',
               flush=True)
         if not p.ok:
             failed.append(f'{h}x{w}')

@@ -5,10 +5,11 @@
         [--checkpoint W] [--draw-thr 0.3] [--no-draw] [--ann-file val.json]
 
 Writes ``DIR/predictions.json`` (``images``: id, file_name, width, height; ``annotations``:
-image_id, bbox ``[x, y, w, h]`` in original pixels, score, category_id = the label index;
+image_id, bbox ``[x, y, w, h]`` in original pixels, score, category_id = the label index, and
+for a detector with masks ``segmentation``, COCO RLE of the original image's size;
 ``categories``: id, name) and, unless ``--no-draw``, ``DIR/<image name>`` with the detections
 scoring at least ``--draw-thr`` drawn. ``--ann-file``: a COCO annotation file of the images (by
-file name) to print the COCO bbox mAP of the predictions (pycocotools).
+file name) to print the COCO bbox (and segm) mAP of the predictions (pycocotools).
 
 ``--backend onnxruntime`` runs a graph from ``tools/export_onnx.py CONFIG [CKPT] --part
 detector`` with numpy + onnxruntime + OpenCV only (``vitdet_plugin.deploy.runner``; torch and
@@ -32,10 +33,11 @@ from vitdet_plugin.deploy.runner import Detections, OnnxDetector, load_image
 
 #: File name endings read from a folder.
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
-#: Drawing: box colour (BGR), line width, text scale.
+#: Drawing: box colour (BGR), line width, text scale, weight of the colour over a mask.
 BOX_COLOUR = (0, 200, 255)
 LINE_WIDTH = 2
 TEXT_SCALE = 0.4
+MASK_ALPHA = 0.5
 
 
 def image_files(inputs: Sequence[str]) -> List[str]:
@@ -73,13 +75,26 @@ def run_pytorch(files: Sequence[str], config: str, checkpoint: Optional[str]
     for p in out['predictions']:
         scores = np.asarray(p['scores'], np.float32)
         order = np.argsort(-scores, kind='stable')
+        masks = None
+        if 'masks' in p:  # DetInferencer's COCO RLEs (counts as text)
+            from pycocotools import mask as mask_utils
+            rles = [dict(rle, counts=rle['counts'].encode()) for rle in p['masks']]
+            masks = np.stack([mask_utils.decode(r) for r in rles])[order] if rles else None
         detections.append(Detections(boxes=np.asarray(p['bboxes'], np.float32)[order],
                                      scores=scores[order],
-                                     labels=np.asarray(p['labels'], np.int64)[order]))
+                                     labels=np.asarray(p['labels'], np.int64)[order],
+                                     masks=masks))
     # the config's classes, else the checkpoint's (mmdet falls back to COCO's without them)
     metainfo = inferencer.cfg.test_dataloader.dataset.get('metainfo') or {}
     classes = list(metainfo.get('classes') or inferencer.model.dataset_meta['classes'])
     return detections, classes
+
+
+def rle(mask: np.ndarray) -> Dict[str, Any]:
+    """COCO's compressed RLE of an ``(H, W)`` 0 / 1 mask, counts as text (JSON)."""
+    from pycocotools import mask as mask_utils
+    encoded = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
+    return dict(size=[int(v) for v in encoded['size']], counts=encoded['counts'].decode())
 
 
 def coco_json(files: Sequence[str], detections: Sequence[Detections], classes: Sequence[str]
@@ -89,11 +104,13 @@ def coco_json(files: Sequence[str], detections: Sequence[Detections], classes: S
     for i, (path, det) in enumerate(zip(files, detections)):
         h, w = load_image(path).shape[:2]
         images.append(dict(id=i, file_name=osp.basename(path), width=w, height=h))
-        for box, score, label in zip(det.boxes, det.scores, det.labels):
+        for j, (box, score, label) in enumerate(zip(det.boxes, det.scores, det.labels)):
             x1, y1, x2, y2 = (float(v) for v in box)
             annotations.append(dict(id=len(annotations) + 1, image_id=i,
                                     bbox=[x1, y1, x2 - x1, y2 - y1], score=float(score),
                                     category_id=int(label)))
+            if det.masks is not None:
+                annotations[-1]['segmentation'] = rle(det.masks[j])
     return dict(images=images, annotations=annotations,
                 categories=[dict(id=i, name=n) for i, n in enumerate(classes)])
 
@@ -102,9 +119,13 @@ def draw(path: str, det: Detections, classes: Sequence[str], threshold: float, o
          ) -> None:
     import cv2
     image = load_image(path)
-    for box, score, label in zip(det.boxes, det.scores, det.labels):
+    for j, (box, score, label) in enumerate(zip(det.boxes, det.scores, det.labels)):
         if score < threshold:
             continue
+        if det.masks is not None:
+            inside = det.masks[j].astype(bool)
+            image[inside] = (image[inside] * (1 - MASK_ALPHA)
+                             + np.array(BOX_COLOUR) * MASK_ALPHA).astype(np.uint8)
         x1, y1, x2, y2 = (round(float(v)) for v in box)
         cv2.rectangle(image, (x1, y1), (x2, y2), BOX_COLOUR, LINE_WIDTH)
         cv2.putText(image, f'{classes[int(label)]} {score:.2f}', (x1, max(y1 - 2, 0)),
@@ -112,9 +133,9 @@ def draw(path: str, det: Detections, classes: Sequence[str], threshold: float, o
     cv2.imwrite(out, image)
 
 
-def coco_map(predictions: Dict[str, Any], ann_file: str) -> float:
-    """COCO bbox mAP of ``predictions`` against ``ann_file`` (images matched by file name,
-    classes by name)."""
+def coco_map(predictions: Dict[str, Any], ann_file: str, iou_type: str = 'bbox') -> float:
+    """COCO mAP (``iou_type`` bbox or segm) of ``predictions`` against ``ann_file`` (images
+    matched by file name, classes by name)."""
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
@@ -123,10 +144,13 @@ def coco_map(predictions: Dict[str, Any], ann_file: str) -> float:
     cat_by_name = {c['name']: c['id'] for c in gt.dataset['categories']}
     names = {c['id']: c['name'] for c in predictions['categories']}
     image_ids = {im['id']: by_name[im['file_name']] for im in predictions['images']}
-    results = [dict(image_id=image_ids[a['image_id']], bbox=a['bbox'], score=a['score'],
-                    category_id=cat_by_name[names[a['category_id']]])
+    # segm: the mask without the box, as mmdet's CocoMetric (with a bbox, pycocotools' loadRes
+    # would take the box's area for the small / medium / large split)
+    shape = 'segmentation' if iou_type == 'segm' else 'bbox'
+    results = [dict(image_id=image_ids[a['image_id']], score=a['score'],
+                    category_id=cat_by_name[names[a['category_id']]], **{shape: a[shape]})
                for a in predictions['annotations']]
-    evaluator = COCOeval(gt, gt.loadRes(results) if results else COCO(), 'bbox')
+    evaluator = COCOeval(gt, gt.loadRes(results) if results else COCO(), iou_type)
     evaluator.params.imgIds = sorted(image_ids.values())
     evaluator.evaluate()
     evaluator.accumulate()
@@ -145,7 +169,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--checkpoint', help='weights (--backend pytorch; default: the init)')
     p.add_argument('--draw-thr', type=float, default=0.3, help='draw detections scoring >= this')
     p.add_argument('--no-draw', action='store_true', help='write the JSON only')
-    p.add_argument('--ann-file', help='COCO annotations of the images: print the bbox mAP')
+    p.add_argument('--ann-file',
+                   help='COCO annotations of the images: print the bbox (and segm) mAP')
     args = p.parse_args(argv)
     if args.backend == 'onnxruntime' and not args.onnx:
         p.error('--backend onnxruntime needs --onnx MODEL.onnx (tools/export_onnx.py CONFIG '
@@ -173,8 +198,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f'{len(files)} images, {len(predictions["annotations"])} detections ({args.backend}) '
           f'-> {out}', flush=True)
     if args.ann_file:
-        print(f'COCO bbox mAP {coco_map(predictions, args.ann_file):.4f} ({args.backend}, '
-              f'{len(files)} images)', flush=True)
+        with_masks = any('segmentation' in a for a in predictions['annotations'])
+        for iou_type in ('bbox', 'segm') if with_masks else ('bbox',):
+            print(f'COCO {iou_type} mAP {coco_map(predictions, args.ann_file, iou_type):.4f} '
+                  f'({args.backend}, {len(files)} images)', flush=True)
     return 0
 
 

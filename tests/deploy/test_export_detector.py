@@ -2,7 +2,8 @@
 detections, checked in onnxruntime against mmdet's own ``predict`` (SdpaDETR and RetinaNet,
 shrunk demo configs with random weights), the numpy + onnxruntime runner (in a subprocess with
 torch and mmdet blocked) against mmdet's DetInferencer on image files through
-``tools/infer.py``, and the refusals (a two-stage detector, mmdet DINO, bad runner input)."""
+``tools/infer.py``, and the refusals (mmdet DINO, bad runner input; Mask R-CNN:
+test_export_two_stage.py)."""
 import importlib.util
 import json
 import os.path as osp
@@ -171,21 +172,17 @@ def test_runner_refuses_bad_images(exported):
 
 
 def test_detectors_that_cannot_export_are_refused(capsys):
-    _, mask_rcnn = build_model(osp.join(REPO_ROOT, 'configs', 'swin_mask_rcnn.py'),
-                               cfg_options={'model.backbone.init_cfg': None})
-    with pytest.raises(ValueError, match=r'MaskRCNN is a two-stage detector: its end-to-end '
-                                         r'export .* is not implemented'):
-        check_exportable(mask_rcnn)
+    """(Two-stage refusals: tests/deploy/test_export_two_stage.py.)"""
     _, dino = build_model(osp.join(REPO_ROOT, 'configs', 'swin_dino.py'),
                           cfg_options={'model.backbone.init_cfg': None})
     with pytest.raises(ValueError, match=r'DINO with DINOHead: no end-to-end export \(supported: '
                                          r'SdpaDETR with SdpaDETRHead'):
         check_exportable(dino)
-    code = _tool('export_onnx.py').main([osp.join(REPO_ROOT, 'configs', 'swin_mask_rcnn.py'),
+    code = _tool('export_onnx.py').main([osp.join(REPO_ROOT, 'configs', 'swin_dino.py'),
                                          '--out', 'x.onnx', '--part', 'detector',
                                          '--cfg-options', 'model.backbone.init_cfg=None'])
     assert code == 2
-    assert 'error: MaskRCNN is a two-stage detector' in capsys.readouterr().err
+    assert 'error: DINO with DINOHead: no end-to-end export' in capsys.readouterr().err
     with pytest.raises(SystemExit):
         _tool('export_onnx.py').parse_args(['c.py', '--out', 'x.onnx', '--part', 'trunk'])
     assert "invalid choice: 'trunk'" in capsys.readouterr().err

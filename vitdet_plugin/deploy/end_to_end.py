@@ -10,12 +10,14 @@
 * outputs, ``K = max_per_img``: ``boxes`` ``(B, K, 4)`` float32 xyxy in input pixels,
   ``scores`` ``(B, K)`` float32, ``labels`` ``(B, K)`` int64 and ``num_dets`` ``(B,)`` int64:
   the first ``num_dets[b]`` rows of image ``b`` are its detections, by descending score; the
-  rest are padding (boxes 0, scores 0, labels -1).
+  rest are padding (boxes 0, scores 0, labels -1); with a mask head also ``masks``
+  ``(B, K, H, W)`` uint8 0 / 1 at the input's size and ``mask_probs`` ``(B, K, S, S)`` float32,
+  the mask head's probabilities they are pasted from (padding rows all 0).
 
 Exported: :class:`~vitdet_plugin.models.detectors.SdpaDETR` (top-k over queries x classes, no
-NMS) and single-stage anchor heads decoded per level (RetinaNet: sigmoid scores, ``nms_pre``
-per level, class-aware NMS). Anything else is refused with the reason
-(:func:`check_exportable`).
+NMS), single-stage anchor heads decoded per level (RetinaNet: sigmoid scores, ``nms_pre``
+per level, class-aware NMS) and Faster / Mask R-CNN (RPN + ``StandardRoIHead``,
+:mod:`.two_stage`). Anything else is refused with the reason (:func:`check_exportable`).
 """
 import json
 from typing import Any, Dict, List, Tuple
@@ -25,76 +27,27 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..models.layers import eager_attention
+from .graph_ops import (BOX_DIM, DROPPED_SCORE, clip_boxes, nms_survivors, top_k_padded,
+                        translation_table)
+from .graph_ops import PAD_LABEL  # noqa: F401  (the I/O contract's padding label, re-exported)
 from .onnx_export import EXPORT_SAMPLE_SIZE, OPSET, dynamic_shapes
-from .runner import INPUT_NAME, META_KEY, META_VERSION
+from .runner import INPUT_NAME, MASK_OUTPUTS, META_KEY, META_VERSION
+from .two_stage import TwoStage, check_two_stage
 
 #: Names of the end-to-end graph's outputs.
 OUTPUT_NAMES = ('boxes', 'scores', 'labels', 'num_dets')
-#: Label of a padding row.
-PAD_LABEL = -1
-#: Score given to candidates that must not survive (below any threshold; sigmoid scores > 0).
-DROPPED_SCORE = -1.0
-#: Namespace of our export-only custom op (``NonMaxSuppression`` in the graph).
-OP_NAMESPACE = 'vitdet_deploy'
 #: The stride probe image is this many ``pad_size_divisor`` on a side.
 PROBE_STRIDE_MULTIPLE = 4
-#: Box columns.
-BOX_DIM = 4
-
-_lib = torch.library.Library(OP_NAMESPACE, 'DEF')
-_lib.define('nms(Tensor boxes, Tensor scores, int max_per_class, float iou_threshold, '
-            'float score_threshold) -> Tensor')
-
-
-@torch.library.impl(_lib, 'nms', 'CompositeExplicitAutograd')
-def _nms(boxes: Tensor, scores: Tensor, max_per_class: int, iou_threshold: float,
-         score_threshold: float) -> Tensor:
-    """ONNX ``NonMaxSuppression`` semantics in PyTorch: ``boxes`` ``(B, N, 4)`` xyxy,
-    ``scores`` ``(B, C, N)``; ``(M, 3)`` int64 rows ``(batch, class, box)`` kept, per batch
-    and class by descending score."""
-    import torchvision
-
-    rows = []
-    for b in range(boxes.shape[0]):
-        for c in range(scores.shape[1]):
-            s = scores[b, c]
-            idx = torch.nonzero(s > score_threshold).flatten()
-            keep = idx[torchvision.ops.nms(boxes[b, idx], s[idx], iou_threshold)][:max_per_class]
-            rows.append(torch.stack((torch.full_like(keep, b), torch.full_like(keep, c), keep),
-                                    1))
-    return torch.cat(rows) if rows else boxes.new_zeros((0, 3), dtype=torch.long)
-
-
-@torch.library.register_fake(f'{OP_NAMESPACE}::nms')
-def _nms_fake(boxes: Tensor, scores: Tensor, max_per_class: int, iou_threshold: float,
-              score_threshold: float) -> Tensor:
-    kept = torch.library.get_ctx().new_dynamic_size()
-    return boxes.new_empty((kept, 3), dtype=torch.long)
-
-
-def nms_onnx(boxes, scores, max_per_class: int, iou_threshold: float, score_threshold: float):
-    """Translation of ``vitdet_deploy::nms`` to ONNX ``NonMaxSuppression`` (corner boxes)."""
-    from onnxscript import opset18
-    op: Any = opset18  # its typed signatures reject the constants' generic type
-    return op.NonMaxSuppression(boxes, scores, op.Constant(value_ints=[max_per_class]),
-                                op.Constant(value_floats=[iou_threshold]),
-                                op.Constant(value_floats=[score_threshold]),
-                                center_point_box=0)
-
-
-def translation_table() -> dict:
-    """``custom_translation_table`` of ``torch.onnx.export`` for the end-to-end graph."""
-    return {torch.ops.vitdet_deploy.nms.default: nms_onnx}
 
 
 def check_exportable(model: Any) -> str:
-    """The kind of end-to-end graph ``model`` exports to (``'detr'`` or ``'dense'``), or a
+    """The kind of end-to-end graph ``model`` exports to (``'detr'``, ``'dense'`` or
+    ``'two_stage'``), or a
     ``ValueError`` saying why it cannot."""
     name = type(model).__name__
     if hasattr(model, 'roi_head') or hasattr(model, 'rpn_head'):
-        raise ValueError(f'{name} is a two-stage detector: its end-to-end export (RPN proposals '
-                         'by NMS, RoIAlign, the RoI / mask heads) is not implemented; export '
-                         '--part neck and run the rest in the caller')
+        check_two_stage(model)  # refuses what it does not repeat
+        return 'two_stage'
     head = getattr(model, 'bbox_head', None)
     if head is None:
         raise ValueError(f'{name} has no bbox_head: nothing decodes detections; export --part '
@@ -129,7 +82,8 @@ class EndToEndDetector(nn.Module):
         self.normalize = bool(getattr(pre, '_enable_normalize', False))
         self.pad_divisor = int(getattr(pre, 'pad_size_divisor', 1))
         self.pad_value = float(getattr(pre, 'pad_value', 0))
-        test_cfg = model.bbox_head.test_cfg
+        self.two_stage = TwoStage(model) if self.kind == 'two_stage' else None
+        test_cfg = model.roi_head.test_cfg if self.two_stage else model.bbox_head.test_cfg
         self.max_per_img = int(test_cfg.get('max_per_img', 100))
         self.score_thr = float(test_cfg.get('score_thr', 0.0))
         nms = test_cfg.get('nms') or {}
@@ -171,15 +125,28 @@ class EndToEndDetector(nn.Module):
         pad_w = (self.pad_divisor - w % self.pad_divisor) % self.pad_divisor
         return F.pad(x, (0, pad_w, 0, pad_h), value=self.pad_value)
 
-    def forward(self, image: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    @property
+    def output_names(self) -> List[str]:
+        """:data:`OUTPUT_NAMES`, then ``masks`` and ``mask_probs`` when the detector has a
+        mask head."""
+        with_mask = self.two_stage is not None and self.two_stage.with_mask
+        return list(OUTPUT_NAMES) + (list(MASK_OUTPUTS) if with_mask else [])
+
+    def forward(self, image: Tensor) -> Tuple[Tensor, ...]:
         h, w = image.shape[-2:]
         x = self.preprocess(image)
         feats = self.model.extract_feat(x)
-        if self.kind == 'detr':
+        if self.two_stage is not None:
+            proposals, real = self.two_stage.proposals(feats, h, w)
+            boxes, scores, labels = self.two_stage.detections(feats, proposals, real, h, w)
+        elif self.kind == 'detr':
             boxes, scores, labels = self._detr(feats, x, h, w)
         else:
             boxes, scores, labels = self._dense(feats, h, w)
-        return self._pad(boxes, scores, labels)
+        out = top_k_padded(boxes, scores, labels, self.max_per_img)
+        if self.two_stage is not None and self.two_stage.with_mask:
+            return out + self.two_stage.masks(feats, out[0], out[2], h, w)
+        return out
 
     # ------------------------------------------------------------------ per kind
     def _detr(self, feats: Tuple[Tensor, ...], x: Tensor, h, w
@@ -201,7 +168,7 @@ class EndToEndDetector(nn.Module):
         cx, cy, bw, bh = box.unbind(-1)
         boxes = torch.stack(((cx - bw / 2) * w, (cy - bh / 2) * h,
                              (cx + bw / 2) * w, (cy + bh / 2) * h), -1)        # (B, K, 4)
-        boxes = _clip(boxes, h, w)
+        boxes = clip_boxes(boxes, h, w)
         scores = torch.where(scores > self.score_thr, scores, DROPPED_SCORE) \
             if self.score_thr > 0 else scores
         return boxes, scores, labels
@@ -227,7 +194,7 @@ class EndToEndDetector(nn.Module):
             # decoded as one (B * k, 4) batch, mmdet's per-image path; clipped below
             boxes = head.bbox_coder.decode(anchors[anchor].reshape(-1, BOX_DIM),
                                            picked.reshape(-1, BOX_DIM))
-            all_boxes.append(_clip(boxes.reshape(b, -1, BOX_DIM), h, w))
+            all_boxes.append(clip_boxes(boxes.reshape(b, -1, BOX_DIM), h, w))
             all_scores.append(top)
             all_labels.append(idx % num_classes)
         boxes = torch.cat(all_boxes, 1)                                      # (B, N, 4)
@@ -238,39 +205,10 @@ class EndToEndDetector(nn.Module):
             wh = boxes[..., 2:] - boxes[..., :2]
             valid = valid & (wh > self.min_bbox_size).all(-1)
         scores = torch.where(valid, scores, DROPPED_SCORE)
-        per_class = torch.where(                                              # (B, C, N)
-            labels[:, None] == torch.arange(num_classes)[None, :, None],
-            scores[:, None], DROPPED_SCORE)
-        kept = torch.ops.vitdet_deploy.nms(boxes, per_class, self.max_per_img,
-                                           self.iou_threshold, DROPPED_SCORE / 2)
-        survived = torch.zeros_like(valid).index_put_(
-            (kept[:, 0], kept[:, 2]), torch.ones_like(kept[:, 0], dtype=torch.bool))
+        survived = nms_survivors(boxes, scores, labels, num_classes, self.max_per_img,
+                                 self.iou_threshold)
         scores = torch.where(survived & valid, scores, DROPPED_SCORE)
         return boxes, scores, labels
-
-    def _pad(self, boxes: Tensor, scores: Tensor, labels: Tensor
-             ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        """The ``max_per_img`` best candidates by score, dropped ones and the rest padded."""
-        b = boxes.shape[0]
-        fill = self.max_per_img  # enough padding candidates for a top-k of max_per_img
-        boxes = torch.cat((boxes, boxes.new_zeros((b, fill, BOX_DIM))), 1)
-        scores = torch.cat((scores, scores.new_full((b, fill), DROPPED_SCORE)), 1)
-        labels = torch.cat((labels, labels.new_full((b, fill), PAD_LABEL)), 1)
-        scores, idx = scores.topk(self.max_per_img, dim=1)                  # (B, K)
-        boxes = torch.gather(boxes, 1, idx[..., None].expand(-1, -1, BOX_DIM))
-        labels = torch.gather(labels, 1, idx)
-        valid = scores > DROPPED_SCORE / 2
-        boxes = torch.where(valid[..., None], boxes, 0.0)
-        scores = torch.where(valid, scores, 0.0)
-        labels = torch.where(valid, labels, PAD_LABEL)
-        return boxes, scores, labels, valid.sum(1)
-
-
-def _clip(boxes: Tensor, h, w) -> Tensor:
-    """xyxy ``boxes`` clipped to the ``h x w`` image."""
-    x = boxes[..., 0::2].clamp(min=0).clamp(max=w)
-    y = boxes[..., 1::2].clamp(min=0).clamp(max=h)
-    return torch.stack((x[..., 0], y[..., 0], x[..., 1], y[..., 1]), -1)
 
 
 # ---------------------------------------------------------------------- export
@@ -309,7 +247,8 @@ def pipeline_meta(cfg: Any, module: EndToEndDetector) -> Dict[str, Any]:
     return dict(version=META_VERSION, kind=module.kind, channel_order='bgr', resize=resize,
                 classes=list(classes), max_per_img=module.max_per_img,
                 score_thr=module.score_thr, iou_threshold=module.iou_threshold,
-                outputs=list(OUTPUT_NAMES))
+                outputs=module.output_names,
+                mask_thr_binary=module.two_stage.mask_thr if module.two_stage else None)
 
 
 def export_end_to_end(module: EndToEndDetector, path: str,
@@ -323,7 +262,7 @@ def export_end_to_end(module: EndToEndDetector, path: str,
                       dtype=torch.uint8, generator=g)
     with eager_attention(module):
         torch.onnx.export(module, (x,), path, dynamo=True, dynamic_shapes=dynamic_shapes(),
-                          input_names=[INPUT_NAME], output_names=list(OUTPUT_NAMES),
+                          input_names=[INPUT_NAME], output_names=module.output_names,
                           opset_version=OPSET, external_data=False,
                           custom_translation_table=translation_table())
 

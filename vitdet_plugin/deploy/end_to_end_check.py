@@ -1,6 +1,6 @@
 """An end-to-end graph in onnxruntime vs mmdet's own ``predict`` on the same uint8 images."""
 from dataclasses import dataclass
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -11,6 +11,8 @@ from .runner import INPUT_NAME
 BOX_TOLERANCE = 1e-3
 #: Largest score difference.
 SCORE_TOLERANCE = 1e-4
+#: Smallest IoU of a detection's mask with mmdet's.
+MASK_IOU_TOLERANCE = 0.99
 
 
 @dataclass(frozen=True)
@@ -23,11 +25,13 @@ class Parity:
     box_error: float      # max |onnx - torch| / max(H, W)
     score_error: float    # max |onnx - torch|
     labels_equal: bool    # at every rank whose score is not tied with a neighbour's
+    mask_iou: float = 1.0  # smallest mask IoU at those ranks (1 without masks)
 
     @property
     def ok(self) -> bool:
         return (self.num_onnx == self.num_torch and self.box_error <= BOX_TOLERANCE
-                and self.score_error <= SCORE_TOLERANCE and self.labels_equal)
+                and self.score_error <= SCORE_TOLERANCE and self.labels_equal
+                and self.mask_iou >= MASK_IOU_TOLERANCE)
 
 
 def mmdet_predict(model: Any, image: torch.Tensor
@@ -35,6 +39,12 @@ def mmdet_predict(model: Any, image: torch.Tensor
     """mmdet's ``predict`` of ``model`` on one ``(3, H, W)`` uint8 image already at the
     graph's input size (its data preprocessor: channel flip, mean / std, padding):
     ``(boxes, scores, labels)`` by descending score."""
+    return mmdet_instances(model, image)[:3]
+
+
+def mmdet_instances(model: Any, image: torch.Tensor
+                    ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray]]:
+    """:func:`mmdet_predict` and the ``(N, H, W)`` bool masks (None without a mask head)."""
     from mmdet.structures import DetDataSample
 
     h, w = image.shape[-2:]
@@ -44,32 +54,47 @@ def mmdet_predict(model: Any, image: torch.Tensor
         data = model.data_preprocessor(dict(inputs=[image], data_samples=[sample]), False)
         pred = model.predict(data['inputs'], data['data_samples'])[0].pred_instances
     order = torch.argsort(pred.scores, descending=True, stable=True)
+    masks = pred.masks[order].numpy() if 'masks' in pred else None
     return (pred.bboxes[order].numpy(), pred.scores[order].numpy(),
-            pred.labels[order].numpy())
+            pred.labels[order].numpy(), masks)
+
+
+def mask_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of each pair of ``(N, H, W)`` binary masks (1 where both are empty)."""
+    a, b = a.astype(bool), b.astype(bool)
+    union = (a | b).sum((1, 2))
+    return np.where(union > 0, (a & b).sum((1, 2)) / np.maximum(union, 1), 1.0)
 
 
 def untied(scores: np.ndarray) -> np.ndarray:
     """True at the ranks whose score differs from both neighbours' by more than the tolerance
     (a tie may be broken either way)."""
+    if len(scores) == 0:  # (np.diff of nothing would still leave one True)
+        return np.zeros(0, dtype=bool)
     gaps = np.abs(np.diff(scores)) > SCORE_TOLERANCE
     return np.concatenate(([True], gaps)) & np.concatenate((gaps, [True]))
 
 
 def compare(session: Any, model: Any, images: Sequence[torch.Tensor]) -> List[Parity]:
-    """Each ``(3, H, W)`` uint8 image through ``session`` (as a batch of 1) and mmdet."""
+    """Each ``(3, H, W)`` uint8 image through ``session`` (as a batch of 1) and mmdet (masks
+    too when the graph has them)."""
     results = []
     for image in images:
-        boxes, scores, labels, num = session.run(None, {INPUT_NAME: image[None].numpy()})
+        outputs = session.run(None, {INPUT_NAME: image[None].numpy()})
+        boxes, scores, labels, num = outputs[:4]
         n = int(num[0])
-        ref_boxes, ref_scores, ref_labels = mmdet_predict(model, image)
+        ref_boxes, ref_scores, ref_labels, ref_masks = mmdet_instances(model, image)
         m = min(n, len(ref_scores))
         side = float(max(image.shape[-2:]))
         untied_ranks = untied(ref_scores[:m])
+        ious = mask_iou(outputs[4][0, :m], ref_masks[:m])[untied_ranks] \
+            if ref_masks is not None else np.ones(0)
         results.append(Parity(
             size=(int(image.shape[-2]), int(image.shape[-1])), num_onnx=n,
             num_torch=len(ref_scores),
             box_error=float(np.abs(boxes[0, :m] - ref_boxes[:m])[untied_ranks].max(initial=0))
             / side,
             score_error=float(np.abs(scores[0, :m] - ref_scores[:m]).max(initial=0)),
-            labels_equal=bool((labels[0, :m] == ref_labels[:m])[untied_ranks].all())))
+            labels_equal=bool((labels[0, :m] == ref_labels[:m])[untied_ranks].all()),
+            mask_iou=float(ious.min(initial=1.0))))
     return results

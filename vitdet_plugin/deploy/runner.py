@@ -4,8 +4,9 @@ onnxruntime only: no torch, no mmdet (the deployment side imports nothing else o
 The graph's own metadata (ONNX ``metadata_props`` key :data:`META_KEY`, JSON written at export)
 says how the config's test pipeline loads and resizes an image; :class:`OnnxDetector` repeats
 that (OpenCV, as mmcv does: ``cv2.imread`` BGR, ``cv2.resize`` bilinear), runs the graph and maps
-the boxes back to the original image. OpenCV is needed for :func:`load_image` and resizing only
-(``opencv-python``, which mmcv requires too); arrays already at the graph's input size need none.
+the boxes (and a Mask R-CNN graph's masks) back to the original image. OpenCV is needed for
+:func:`load_image` and resizing only (``opencv-python``, which mmcv requires too); arrays already
+at the graph's input size need none.
 """
 import json
 from dataclasses import dataclass
@@ -23,16 +24,25 @@ INPUT_NAME = 'image'
 CHANNELS = 3
 #: Rounding offset of mmcv's ``rescale_size`` (``int(x * scale + 0.5)``).
 ROUND_HALF = 0.5
+#: Outputs of a detector with a mask head, after boxes, scores, labels, num_dets: the binary
+#: masks at the input's size and the mask head's probabilities they are pasted from.
+MASK_OUTPUT, MASK_PROBS_OUTPUT = 'masks', 'mask_probs'
+MASK_OUTPUTS = (MASK_OUTPUT, MASK_PROBS_OUTPUT)
+#: Offset of a pixel's centre from its corner (mmdet's ``_do_paste_mask`` samples there).
+PIXEL_CENTRE = 0.5
 
 
 @dataclass(frozen=True)
 class Detections:
     """One image's detections, by descending score: ``boxes`` ``(N, 4)`` xyxy in the original
-    image's pixels, ``scores`` ``(N,)``, ``labels`` ``(N,)`` (indices into ``classes``)."""
+    image's pixels, ``scores`` ``(N,)``, ``labels`` ``(N,)`` (indices into ``classes``) and,
+    from a detector with a mask head, ``masks`` ``(N, H, W)`` uint8 0 / 1 of the original
+    image's size."""
 
     boxes: np.ndarray
     scores: np.ndarray
     labels: np.ndarray
+    masks: Optional[np.ndarray] = None
 
 
 def load_image(path: str) -> np.ndarray:
@@ -106,13 +116,56 @@ class OnnxDetector:
         batch = np.ascontiguousarray(image.transpose(2, 0, 1)[None])    # (1, 3, h, w)
         return batch, (new_w / width, new_h / height)
 
+    @property
+    def with_masks(self) -> bool:
+        return MASK_OUTPUT in self.meta.get('outputs', ())
+
     def __call__(self, image: np.ndarray) -> Detections:
         batch, (sx, sy) = self.preprocess(image)
-        boxes, scores, labels, num = self.session.run(None, {INPUT_NAME: batch})
+        outputs = self.session.run(None, {INPUT_NAME: batch})
+        boxes, scores, labels, num = outputs[:4]
         n = int(num[0])
         scale = np.array([sx, sy, sx, sy], dtype=np.float32)
-        return Detections(boxes=boxes[0, :n] / scale, scores=scores[0, :n],
-                          labels=labels[0, :n])
+        boxes = boxes[0, :n] / scale
+        masks = None
+        if self.with_masks and (sx, sy) == (1.0, 1.0):  # the graph's masks are the image's
+            masks = outputs[4][0, :n]
+        elif self.with_masks:  # pasted at the original size, as mmdet's rescaled predict does
+            masks = np.stack([paste_mask(p, box, image.shape[:2], self.meta['mask_thr_binary'])
+                              for p, box in zip(outputs[5][0, :n], boxes)]) \
+                if n else np.zeros((0, *image.shape[:2]), np.uint8)
+        return Detections(boxes=boxes, scores=scores[0, :n], labels=labels[0, :n], masks=masks)
 
     def predict_file(self, path: str) -> Detections:
         return self(load_image(path))
+
+
+
+def paste_mask(probs: np.ndarray, box: np.ndarray, size: Tuple[int, int], threshold: float
+               ) -> np.ndarray:
+    """mmdet's ``_do_paste_mask`` + threshold in numpy: the ``(S, S)`` mask probabilities
+    sampled bilinearly (``grid_sample``, ``align_corners=False``, zeros outside) at the pixel
+    centres of ``box`` (xyxy) in an image of ``size`` ``(H, W)``; ``(H, W)`` uint8 0 / 1.
+    The sampling grid is separable: ``rows (H, S) @ probs @ cols (W, S)^T``."""
+    height, width = size
+    x0, y0, x1, y1 = (float(v) for v in box)
+    rows = _bilinear_weights(height, y0, y1, probs.shape[0])
+    cols = _bilinear_weights(width, x0, x1, probs.shape[1])
+    return (rows @ probs.astype(np.float64) @ cols.T >= threshold).astype(np.uint8)
+
+
+def _bilinear_weights(length: int, start: float, end: float, cells: int) -> np.ndarray:
+    """``(length, cells)``: the weight of mask cell ``j`` at pixel ``i`` along one axis (pixel
+    centre ``i + 0.5`` at ``(i + 0.5 - start) / (end - start) * cells - 0.5`` in cell units;
+    a box without extent samples the mask's centre, as mmdet's replacement of infinities)."""
+    centres = np.arange(length) + PIXEL_CENTRE
+    extent = end - start
+    pos = (centres - start) / extent * cells - PIXEL_CENTRE if extent != 0 else \
+        np.full(length, cells / 2 - PIXEL_CENTRE)
+    low = np.floor(pos).astype(np.int64)
+    frac = pos - low
+    weights = np.zeros((length, cells))
+    for index, weight in ((low, 1 - frac), (low + 1, frac)):
+        inside = (index >= 0) & (index < cells)
+        weights[np.nonzero(inside)[0], index[inside]] += weight[inside]
+    return weights

@@ -1,0 +1,220 @@
+"""End-to-end ONNX export of Mask R-CNN (``vitdet_plugin/deploy/two_stage.py``): onnxruntime vs
+mmdet's own ``predict`` (boxes, scores, labels and pasted masks) on the shrunk demo config with
+random weights, a batch equal to its single images, the runner mapping masks back to the original
+image (``tools/infer.py`` with torch and mmdet blocked vs mmdet's DetInferencer) and the refusal
+of RoI heads the graph does not repeat."""
+import json
+import os.path as osp
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from helpers import REPO_ROOT, load_tool, randomize_, subprocess_env
+from mmengine.config import Config
+from pycocotools import mask as mask_utils
+from test_export_detector import BLOCKED_RUN, _config_text, _write_images
+
+import vitdet_plugin  # noqa: F401
+from vitdet_plugin.deploy.end_to_end import (OUTPUT_NAMES, PAD_LABEL, EndToEndDetector,
+                                             add_metadata, check_exportable,
+                                             export_end_to_end, pipeline_meta)
+from vitdet_plugin.deploy.end_to_end_check import (BOX_TOLERANCE, MASK_IOU_TOLERANCE,
+                                                   SCORE_TOLERANCE, compare, mask_iou,
+                                                   mmdet_predict, untied)
+from vitdet_plugin.deploy.onnx_export import build_model
+from vitdet_plugin.deploy.ort_check import ort_session
+from vitdet_plugin.deploy.runner import MASK_OUTPUTS, OnnxDetector, paste_mask
+
+#: The shrunk demo Mask R-CNN (stem Swin + GN FPN P3-P6, RPN, 2-FC box head, FCN mask head).
+CONFIG = 'configs/demo/swin_mask_rcnn_shapes.py'
+OPTIONS = {'model.backbone.depths': [1, 1, 1], 'model.roi_head.bbox_head.fc_out_channels': 32,
+           'model.roi_head.mask_head.num_convs': 1}
+#: Check images: one multiple of the pad divisor (32), two that are not (padding inside).
+SIZES = ((96, 128), (75, 117), (130, 99))
+#: Weight scales after randomize_ that spread the scores (random weights give near-ties).
+SCALES = {'rpn_head.rpn_cls': 3.0, 'roi_head.bbox_head.shared_fcs.1': 3.0,
+          'roi_head.bbox_head.fc_cls': 5.0, 'roi_head.mask_head.conv_logits': 5.0}
+#: Bright rectangles drawn on each check image (objects for the RPN), their side range in px.
+RECTANGLES, SIDES = 4, (12, 40)
+
+
+def perturb_(model: torch.nn.Module) -> None:
+    """Random weights with detections of spread-out scores, two labels and non-empty masks."""
+    randomize_(model, seed=2)
+    modules = dict(model.named_modules())
+    with torch.no_grad():
+        for m in model.modules():  # randomize_ gives 'gn.weight' ~0.05: the FPN would
+            if isinstance(m, torch.nn.GroupNorm):  # output its biases only
+                m.weight.add_(1.0)
+        for name, scale in SCALES.items():
+            if name in modules:  # (Faster R-CNN: no mask head)
+                modules[name].weight.mul_(scale)
+        cls = modules['roi_head.bbox_head.fc_cls']
+        cls.weight.sub_(cls.weight.mean(1, keepdim=True))  # not one class for every RoI
+        cls.bias.zero_()
+
+
+@pytest.fixture(scope='module')
+def exported(tmp_path_factory):
+    cfg, model = build_model(osp.join(REPO_ROOT, CONFIG), cfg_options=dict(OPTIONS))
+    perturb_(model)
+    module = EndToEndDetector(model)
+    path = str(tmp_path_factory.mktemp('mask_rcnn') / 'model.onnx')
+    export_end_to_end(module, path)
+    add_metadata(path, pipeline_meta(cfg, module))
+    return model, module, path
+
+
+def _images(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    images = []
+    for h, w in SIZES:
+        image = torch.randint(0, 64, (3, h, w), dtype=torch.uint8, generator=g)
+        for _ in range(RECTANGLES):
+            y = int(torch.randint(0, h - SIDES[0], (1,), generator=g))
+            x = int(torch.randint(0, w - SIDES[0], (1,), generator=g))
+            sh, sw = torch.randint(*SIDES, (2,), generator=g).tolist()
+            image[:, y:y + sh, x:x + sw] = torch.randint(100, 256, (3, 1, 1), dtype=torch.uint8,
+                                                         generator=g)
+        images.append(image)
+    return images
+
+
+def test_graph_matches_mmdet_predict_with_masks(exported):
+    model, module, path = exported
+    assert module.kind == 'two_stage'
+    session = ort_session(path)
+    assert [o.name for o in session.get_outputs()] == list(OUTPUT_NAMES) + list(MASK_OUTPUTS)
+    labels_seen = set()
+    for p, image in zip(compare(session, model, _images()), _images()):
+        assert p.num_onnx == p.num_torch > 0, p
+        assert p.box_error <= BOX_TOLERANCE and p.score_error <= SCORE_TOLERANCE, p
+        assert p.labels_equal and p.mask_iou >= MASK_IOU_TOLERANCE, p
+        _, _, labels, num, masks, probs = session.run(None, {'image': image[None].numpy()})
+        assert masks.dtype == np.uint8 and masks.shape == (1, module.max_per_img, *p.size)
+        assert probs.dtype == np.float32 and probs.shape == (1, module.max_per_img, 28, 28)
+        assert set(np.unique(masks)) <= {0, 1} and masks[0, :int(num[0])].any()
+        labels_seen |= set(labels[0, :int(num[0])].tolist())
+    assert len(labels_seen) > 1  # the class-specific decode and class-aware NMS see classes
+
+
+def test_batch_rows_are_the_single_images(exported):
+    _, module, path = exported
+    session = ort_session(path)
+    images = torch.stack([_images(1)[1], _images(2)[1]]).numpy()   # two 75 x 117 images
+    boxes, scores, labels, num, masks, probs = session.run(None, {'image': images})
+    k = module.max_per_img
+    assert boxes.shape == (2, k, 4) and masks.shape == (2, k, 75, 117)
+    for b in range(2):
+        one = session.run(None, {'image': images[b:b + 1]})
+        n = int(num[b])
+        assert n == int(one[3][0]) > 0
+        np.testing.assert_allclose(boxes[b], one[0][0], atol=1e-3)
+        np.testing.assert_allclose(scores[b], one[1][0], atol=SCORE_TOLERANCE)
+        assert np.array_equal(labels[b], one[2][0])
+        assert mask_iou(masks[b, :n], one[4][0, :n]).min() >= MASK_IOU_TOLERANCE
+        np.testing.assert_allclose(probs[b], one[5][0], atol=SCORE_TOLERANCE)
+        assert np.all(labels[b, n:] == PAD_LABEL) and not masks[b, n:].any()
+        assert not probs[b, n:].any()
+
+
+def test_runner_paste_is_mmdets_do_paste_mask():
+    """The runner's numpy paste (mask probabilities at another image size) against mmdet's
+    own _do_paste_mask + threshold, boxes partly outside the image and one without width."""
+    from mmdet.models.roi_heads.mask_heads.fcn_mask_head import _do_paste_mask
+    g = torch.Generator().manual_seed(0)
+    probs = torch.rand(6, 28, 28, generator=g)
+    boxes = torch.tensor([[10.3, 5.7, 60.2, 40.9], [0.0, 0.0, 137.0, 99.0], [-8.5, 20.1, 30.4,
+                          120.6], [100.2, 80.5, 150.0, 110.0], [40.0, 30.0, 40.0, 50.0],
+                          [70.6, 2.2, 71.4, 9.9]])
+    size = (99, 137)
+    ref, _ = _do_paste_mask(probs[:, None], boxes, *size, skip_empty=False)
+    for p, box, expected in zip(probs.numpy(), boxes.numpy(), ref.numpy()):
+        ours = paste_mask(p, box, size, 0.5)
+        assert (ours != (expected >= 0.5)).sum() <= 1  # float32 vs float64 at the threshold
+        assert ours.shape == size and ours.dtype == np.uint8
+
+
+@pytest.mark.slow  # ~5-10 s (DetInferencer, a subprocess) over the default suite's 60 s budget;
+# the paste it adds is checked against mmdet's _do_paste_mask in the default suite
+def test_infer_onnxruntime_masks_equal_pytorch_backend(exported, tmp_path):
+    """tools/infer.py on a folder (one image the test pipeline resizes, where the runner pastes
+    the graph's mask_probs at the original size): the onnxruntime backend without torch / mmdet
+    writes the COCO RLE masks of mmdet's DetInferencer (IoU >= 0.99 each)."""
+    model, _, path = exported
+    folder = _write_images(tmp_path / 'images', sizes=((150, 210), (192, 192)))
+    env = subprocess_env(no_site=False, PYTHONPATH=REPO_ROOT)
+    infer = osp.join(REPO_ROOT, 'tools', 'infer.py')
+    run = subprocess.run([sys.executable, '-c', BLOCKED_RUN, infer, str(folder), '--out-dir',
+                          str(tmp_path / 'ort'), '--backend', 'onnxruntime', '--onnx', path],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    ckpt = tmp_path / 'model.pth'
+    torch.save({'state_dict': model.state_dict(),
+                'meta': {'dataset_meta': {'classes': OnnxDetector(path).classes}}}, ckpt)
+    cfg_path = tmp_path / 'tiny.py'
+    cfg_path.write_text(_config_text(CONFIG, OPTIONS))
+    assert load_tool('infer.py').main([str(folder), '--out-dir', str(tmp_path / 'pt'),
+                                       '--backend', 'pytorch', '--config', str(cfg_path),
+                                       '--checkpoint', str(ckpt), '--no-draw']) == 0
+    ort = json.loads((tmp_path / 'ort' / 'predictions.json').read_text())
+    pt = json.loads((tmp_path / 'pt' / 'predictions.json').read_text())
+    for image in ort['images']:
+        a = [d for d in ort['annotations'] if d['image_id'] == image['id']]
+        b = [d for d in pt['annotations'] if d['image_id'] == image['id']]
+        assert len(a) == len(b) > 0
+        for x, y in zip(a, b):
+            assert x['segmentation']['size'] == [image['height'], image['width']]
+            rles = [dict(d['segmentation'], counts=d['segmentation']['counts'].encode())
+                    for d in (x, y)]
+            iou = mask_utils.iou([rles[0]], [rles[1]], [False])[0, 0]
+            assert iou >= MASK_IOU_TOLERANCE, (image, x['score'], iou)
+
+
+def test_no_detections_compare_as_no_ranks():
+    assert untied(np.zeros(0)).shape == (0,)  # compare() on an image without detections
+
+
+def test_faster_rcnn_module_matches_mmdet_predict():
+    """Without a mask head (Faster R-CNN) the graph's module has the four outputs of the other
+    detectors and equals mmdet's predict (in PyTorch: the ops are those exported above)."""
+    options = dict(OPTIONS, **{'model.type': 'FasterRCNN', 'model.roi_head.mask_head': None,
+                               'model.roi_head.mask_roi_extractor': None})
+    options.pop('model.roi_head.mask_head.num_convs')
+    _, model = build_model(osp.join(REPO_ROOT, CONFIG), cfg_options=options)
+    perturb_(model)
+    module = EndToEndDetector(model).eval()
+    assert module.output_names == list(OUTPUT_NAMES)
+    for image in _images():
+        with torch.no_grad():
+            boxes, scores, labels, num = module(image[None])
+        ref_boxes, ref_scores, ref_labels = mmdet_predict(model, image)
+        n = int(num[0])
+        assert n == len(ref_scores) > 0
+        np.testing.assert_allclose(scores[0, :n].numpy(), ref_scores, atol=SCORE_TOLERANCE)
+        ranks = untied(ref_scores)  # a tie may be ordered either way
+        np.testing.assert_allclose(boxes[0, :n].numpy()[ranks], ref_boxes[ranks], atol=1e-4)
+        assert np.array_equal(labels[0, :n].numpy()[ranks], ref_labels[ranks])
+
+
+def test_roi_heads_the_graph_does_not_repeat_are_refused(capsys):
+    _, model = build_model(osp.join(REPO_ROOT, CONFIG), cfg_options=dict(OPTIONS))
+    assert check_exportable(model) == 'two_stage'
+    import mmdet
+    from mmdet.registry import MODELS
+    configs = osp.join(osp.dirname(mmdet.__file__), '.mim', 'configs')
+    for config, head in (('_base_/models/cascade-mask-rcnn_r50_fpn', 'CascadeRoIHead'),
+                         ('htc/htc-without-semantic_r50_fpn_1x_coco', 'HybridTaskCascadeRoIHead')):
+        cfg = Config.fromfile(osp.join(configs, f'{config}.py'))
+        model.roi_head = MODELS.build(cfg.model.roi_head)
+        with pytest.raises(ValueError, match=rf'MaskRCNN: RoI head {head}: no end-to-end export '
+                                             r'\(supported: RPNHead \+ StandardRoIHead with '
+                                             r'SingleRoIExtractor \(RoIAlign, avg\)'):
+            check_exportable(model)
+    code = load_tool('export_onnx.py').main([
+        osp.join(REPO_ROOT, CONFIG), '--out', 'x.onnx', '--part', 'detector', '--cfg-options',
+        'model.rpn_head.loss_cls.use_sigmoid=False'])
+    assert code == 2
+    assert 'error: MaskRCNN: RPNHead with a softmax classifier' in capsys.readouterr().err

@@ -1,0 +1,106 @@
+"""Pieces the end-to-end graphs share (:mod:`.end_to_end`, :mod:`.two_stage`): the NMS custom op
+and its ONNX translation, box clipping and the padded top-k of the graph's outputs.
+
+``vitdet_deploy::nms`` has ONNX ``NonMaxSuppression``'s semantics; in PyTorch it runs
+torchvision's kernel, in the graph it becomes the ONNX op (:func:`translation_table`).
+"""
+from typing import Any, Tuple
+
+import torch
+from torch import Tensor
+
+#: Label of a padding row.
+PAD_LABEL = -1
+#: Score given to candidates that must not survive (below any threshold; scores are > 0).
+DROPPED_SCORE = -1.0
+#: Namespace of our export-only custom op (``NonMaxSuppression`` in the graph).
+OP_NAMESPACE = 'vitdet_deploy'
+#: Box columns.
+BOX_DIM = 4
+
+_lib = torch.library.Library(OP_NAMESPACE, 'DEF')
+_lib.define('nms(Tensor boxes, Tensor scores, int max_per_class, float iou_threshold, '
+            'float score_threshold) -> Tensor')
+
+
+@torch.library.impl(_lib, 'nms', 'CompositeExplicitAutograd')
+def _nms(boxes: Tensor, scores: Tensor, max_per_class: int, iou_threshold: float,
+         score_threshold: float) -> Tensor:
+    """ONNX ``NonMaxSuppression`` semantics in PyTorch: ``boxes`` ``(B, N, 4)`` xyxy,
+    ``scores`` ``(B, C, N)``; ``(M, 3)`` int64 rows ``(batch, class, box)`` kept, per batch
+    and class by descending score."""
+    import torchvision
+
+    rows = []
+    for b in range(boxes.shape[0]):
+        for c in range(scores.shape[1]):
+            s = scores[b, c]
+            idx = torch.nonzero(s > score_threshold).flatten()
+            keep = idx[torchvision.ops.nms(boxes[b, idx], s[idx], iou_threshold)][:max_per_class]
+            rows.append(torch.stack((torch.full_like(keep, b), torch.full_like(keep, c), keep),
+                                    1))
+    return torch.cat(rows) if rows else boxes.new_zeros((0, 3), dtype=torch.long)
+
+
+@torch.library.register_fake(f'{OP_NAMESPACE}::nms')
+def _nms_fake(boxes: Tensor, scores: Tensor, max_per_class: int, iou_threshold: float,
+              score_threshold: float) -> Tensor:
+    kept = torch.library.get_ctx().new_dynamic_size()
+    return boxes.new_empty((kept, 3), dtype=torch.long)
+
+
+def nms_onnx(boxes, scores, max_per_class: int, iou_threshold: float, score_threshold: float):
+    """Translation of ``vitdet_deploy::nms`` to ONNX ``NonMaxSuppression`` (corner boxes)."""
+    from onnxscript import opset18
+    op: Any = opset18  # its typed signatures reject the constants' generic type
+    return op.NonMaxSuppression(boxes, scores, op.Constant(value_ints=[max_per_class]),
+                                op.Constant(value_floats=[iou_threshold]),
+                                op.Constant(value_floats=[score_threshold]),
+                                center_point_box=0)
+
+
+def translation_table() -> dict:
+    """``custom_translation_table`` of ``torch.onnx.export`` for the end-to-end graph."""
+    return {torch.ops.vitdet_deploy.nms.default: nms_onnx}
+
+
+def nms_survivors(boxes: Tensor, scores: Tensor, groups: Tensor, num_groups: int,
+                  max_per_group: int, iou_threshold: float) -> Tensor:
+    """NMS within each group (class or level), as mmcv's ``batched_nms``: ``boxes``
+    ``(B, N, 4)``, ``scores`` ``(B, N)`` (:data:`DROPPED_SCORE` where a candidate does not take
+    part), ``groups`` ``(B, N)`` int64 in ``[0, num_groups)``; ``(B, N)`` bool, True where kept
+    (ONNX ``NonMaxSuppression`` with one score row per group)."""
+    per_group = torch.where(                                             # (B, G, N)
+        groups[:, None] == torch.arange(num_groups)[None, :, None], scores[:, None],
+        DROPPED_SCORE)
+    kept = torch.ops.vitdet_deploy.nms(boxes, per_group, max_per_group, iou_threshold,
+                                       DROPPED_SCORE / 2)
+    return torch.zeros_like(scores, dtype=torch.bool).index_put_(
+        (kept[:, 0], kept[:, 2]), torch.ones_like(kept[:, 0], dtype=torch.bool))
+
+
+def clip_boxes(boxes: Tensor, h, w) -> Tensor:
+    """xyxy ``boxes`` clipped to the ``h x w`` image."""
+    x = boxes[..., 0::2].clamp(min=0).clamp(max=w)
+    y = boxes[..., 1::2].clamp(min=0).clamp(max=h)
+    return torch.stack((x[..., 0], y[..., 0], x[..., 1], y[..., 1]), -1)
+
+
+def top_k_padded(boxes: Tensor, scores: Tensor, labels: Tensor, k: int
+                 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The ``k`` best candidates by score (``(B, N, 4)``, ``(B, N)``, ``(B, N)``; dropped ones
+    at :data:`DROPPED_SCORE`), dropped ones and the rest padded (boxes 0, scores 0, labels
+    :data:`PAD_LABEL`): ``(B, k, 4)``, ``(B, k)``, ``(B, k)`` and the valid count ``(B,)``."""
+    b = boxes.shape[0]
+    # k padding candidates: enough for a top-k of k whatever N is
+    boxes = torch.cat((boxes, boxes.new_zeros((b, k, BOX_DIM))), 1)     # (B, N + k, 4)
+    scores = torch.cat((scores, scores.new_full((b, k), DROPPED_SCORE)), 1)
+    labels = torch.cat((labels, labels.new_full((b, k), PAD_LABEL)), 1)
+    scores, idx = scores.topk(k, dim=1)                                  # (B, k)
+    boxes = torch.gather(boxes, 1, idx[..., None].expand(-1, -1, BOX_DIM))
+    labels = torch.gather(labels, 1, idx)
+    valid = scores > DROPPED_SCORE / 2
+    boxes = torch.where(valid[..., None], boxes, 0.0)
+    scores = torch.where(valid, scores, 0.0)
+    labels = torch.where(valid, labels, PAD_LABEL)
+    return boxes, scores, labels, valid.sum(1)
