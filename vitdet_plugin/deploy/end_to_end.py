@@ -99,7 +99,8 @@ class EndToEndDetector(nn.Module):
         inferred in PyTorch as padded size / map size, an integer under the divisor)."""
         size = PROBE_STRIDE_MULTIPLE * self.pad_divisor
         with torch.no_grad():
-            x = torch.zeros(1, self.in_channels, size, size)
+            x = torch.zeros(1, self.in_channels, size, size,
+                            device=next(self.model.parameters()).device)
             maps = self.model.bbox_head.memory.select(self.model.extract_feat(x))
         strides = [size / m.shape[-1] for m in maps]
         if any(s != int(s) for s in strides):
@@ -155,8 +156,9 @@ class EndToEndDetector(nn.Module):
         queries x classes, cxcywh -> xyxy in input pixels."""
         head = self.model.bbox_head
         b = x.shape[0]
-        img_hw = torch.stack([torch.full((b,), h, dtype=torch.float32),
-                              torch.full((b,), w, dtype=torch.float32)], 1)  # (B, 2)
+        img_hw = torch.stack([torch.full((b,), h, dtype=torch.float32, device=x.device),
+                              torch.full((b,), w, dtype=torch.float32, device=x.device)],
+                             1)                                          # (B, 2)
         fm = head.memory.flatten(head.memory.select(feats), tuple(x.shape[-2:]), img_hw)
         outs = head.forward_memory(fm)
         cls, box = outs.all_cls_scores[-1].float(), outs.all_bbox_preds[-1].float()

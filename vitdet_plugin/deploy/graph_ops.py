@@ -70,9 +70,9 @@ def nms_survivors(boxes: Tensor, scores: Tensor, groups: Tensor, num_groups: int
     ``(B, N, 4)``, ``scores`` ``(B, N)`` (:data:`DROPPED_SCORE` where a candidate does not take
     part), ``groups`` ``(B, N)`` int64 in ``[0, num_groups)``; ``(B, N)`` bool, True where kept
     (ONNX ``NonMaxSuppression`` with one score row per group)."""
+    group_ids = torch.arange(num_groups, device=groups.device)           # (G,)
     per_group = torch.where(                                             # (B, G, N)
-        groups[:, None] == torch.arange(num_groups)[None, :, None], scores[:, None],
-        DROPPED_SCORE)
+        groups[:, None] == group_ids[None, :, None], scores[:, None], DROPPED_SCORE)
     kept = torch.ops.vitdet_deploy.nms(boxes, per_group, max_per_group, iou_threshold,
                                        DROPPED_SCORE / 2)
     return torch.zeros_like(scores, dtype=torch.bool).index_put_(

@@ -99,7 +99,8 @@ def roi_features(extractor: Any, feats: Sequence[Tensor], boxes: Tensor) -> Tens
     """``SingleRoIExtractor`` on ``boxes`` ``(B, R, 4)`` xyxy in input pixels: ``(B * R, C, S,
     S)``, RoI ``i`` of image ``b`` at row ``b * R + i``."""
     b, r = boxes.shape[:2]
-    image = torch.arange(b, dtype=boxes.dtype)[:, None].expand(b, r)     # (B, R)
+    image = torch.arange(b, dtype=boxes.dtype, device=boxes.device)
+    image = image[:, None].expand(b, r)                                  # (B, R)
     rois = torch.cat((image.reshape(-1, 1), boxes.reshape(-1, BOX_DIM)), 1)  # (B * R, 5)
     feats = feats[:extractor.num_inputs]
     levels = extractor.map_roi_levels(rois, len(feats))                  # (B * R,)
@@ -186,7 +187,8 @@ class TwoStage:
         boxes = clip_boxes(boxes.reshape(b, p, reg_classes, BOX_DIM), h, w)
         boxes = boxes.expand(b, p, num_classes, BOX_DIM).reshape(b, -1, BOX_DIM)  # (B, PC, 4)
         scores = scores.reshape(b, -1)                                       # (B, P * C)
-        labels = torch.arange(num_classes).repeat(p)[None].expand(b, -1)    # (B, P * C)
+        labels = torch.arange(num_classes, device=scores.device)
+        labels = labels.repeat(p)[None].expand(b, -1)                        # (B, P * C)
         real = real[:, :, None].expand(b, p, num_classes).reshape(b, -1)    # (B, P * C)
         valid = real & (scores > self.score_thr)
         scores = torch.where(valid, scores, DROPPED_SCORE)
@@ -226,7 +228,8 @@ def _grid_axis(length, start: Tensor, end: Tensor) -> Tensor:
     """``_do_paste_mask``'s sampling positions along one axis: pixel centres of ``0 ..
     length - 1`` in each ``(N,)`` box's ``[-1, 1]``; ``(N, length)`` (0 where the box has no
     extent: mmdet's replacement of infinities)."""
-    centres = torch.arange(length, dtype=start.dtype) + PIXEL_CENTRE        # (length,)
+    centres = torch.arange(length, dtype=start.dtype, device=start.device)  # (length,)
+    centres = centres + PIXEL_CENTRE
     pos = (centres[None] - start[:, None]) / (end - start)[:, None] * GRID_SPAN - GRID_ORIGIN
     return torch.where(torch.isinf(pos), 0.0, pos)
 
