@@ -218,3 +218,14 @@ def test_roi_heads_the_graph_does_not_repeat_are_refused(capsys):
         'model.rpn_head.loss_cls.use_sigmoid=False'])
     assert code == 2
     assert 'error: MaskRCNN: RPNHead with a softmax classifier' in capsys.readouterr().err
+
+
+def test_panoptic_detector_is_refused_not_exported_as_its_instances():
+    """Panoptic FPN (``make demo-seg``) holds a Mask R-CNN: exporting that alone would drop
+    its semantic and panoptic outputs without a word."""
+    _, model = build_model(osp.join(REPO_ROOT, 'configs', 'demo', 'swin_panoptic_fpn_shapes.py'),
+                           cfg_options={'model.backbone.init_cfg': None})
+    with pytest.raises(ValueError, match=r'^AllOutputsPanopticFPN has semantic_head and '
+                                         r'panoptic_fusion_head: the end-to-end graph outputs '
+                                         r'instances only \(boxes, scores, labels, masks\)'):
+        check_exportable(model)

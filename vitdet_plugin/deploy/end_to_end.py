@@ -40,11 +40,20 @@ OUTPUT_NAMES = ('boxes', 'scores', 'labels', 'num_dets')
 PROBE_STRIDE_MULTIPLE = 4
 
 
+#: Heads whose outputs (semantic / panoptic maps) the graph has no output for.
+SEGMENTATION_HEADS = ('semantic_head', 'panoptic_head', 'panoptic_fusion_head')
+
+
 def check_exportable(model: Any) -> str:
     """The kind of end-to-end graph ``model`` exports to (``'detr'``, ``'dense'`` or
-    ``'two_stage'``), or a
-    ``ValueError`` saying why it cannot."""
+    ``'two_stage'``), or a ``ValueError`` saying why it cannot."""
     name = type(model).__name__
+    seg_heads = [h for h in SEGMENTATION_HEADS if getattr(model, h, None) is not None]
+    if seg_heads:
+        raise ValueError(f'{name} has {" and ".join(seg_heads)}: the end-to-end graph outputs '
+                         'instances only (boxes, scores, labels, masks), not semantic or '
+                         'panoptic maps; export --part neck and run the heads in the caller, '
+                         'or export a Mask R-CNN config of the same backbone for the instances')
     if hasattr(model, 'roi_head') or hasattr(model, 'rpn_head'):
         check_two_stage(model)  # refuses what it does not repeat
         return 'two_stage'
