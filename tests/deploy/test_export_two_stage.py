@@ -120,21 +120,39 @@ def test_batch_rows_are_the_single_images(exported):
         assert not probs[b, n:].any()
 
 
+#: Boxes of the paste tests: inside, the whole image, partly outside, one without width.
+PASTE_BOXES = [[10.3, 5.7, 60.2, 40.9], [0.0, 0.0, 137.0, 99.0], [-8.5, 20.1, 30.4, 120.6],
+               [100.2, 80.5, 150.0, 110.0], [40.0, 30.0, 40.0, 50.0], [70.6, 2.2, 71.4, 9.9]]
+PASTE_SIZE = (99, 137)
+
+
+def _mmdet_paste(probs: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    from mmdet.models.roi_heads.mask_heads.fcn_mask_head import _do_paste_mask
+    return _do_paste_mask(probs[:, None], boxes, *PASTE_SIZE, skip_empty=False)[0]
+
+
 def test_runner_paste_is_mmdets_do_paste_mask():
     """The runner's numpy paste (mask probabilities at another image size) against mmdet's
-    own _do_paste_mask + threshold, boxes partly outside the image and one without width."""
-    from mmdet.models.roi_heads.mask_heads.fcn_mask_head import _do_paste_mask
-    g = torch.Generator().manual_seed(0)
-    probs = torch.rand(6, 28, 28, generator=g)
-    boxes = torch.tensor([[10.3, 5.7, 60.2, 40.9], [0.0, 0.0, 137.0, 99.0], [-8.5, 20.1, 30.4,
-                          120.6], [100.2, 80.5, 150.0, 110.0], [40.0, 30.0, 40.0, 50.0],
-                          [70.6, 2.2, 71.4, 9.9]])
-    size = (99, 137)
-    ref, _ = _do_paste_mask(probs[:, None], boxes, *size, skip_empty=False)
+    own _do_paste_mask + threshold."""
+    probs = torch.rand(len(PASTE_BOXES), 28, 28, generator=torch.Generator().manual_seed(0))
+    boxes = torch.tensor(PASTE_BOXES)
+    ref = _mmdet_paste(probs, boxes)
     for p, box, expected in zip(probs.numpy(), boxes.numpy(), ref.numpy()):
-        ours = paste_mask(p, box, size, 0.5)
+        ours = paste_mask(p, box, PASTE_SIZE, 0.5)
         assert (ours != (expected >= 0.5)).sum() <= 1  # float32 vs float64 at the threshold
-        assert ours.shape == size and ours.dtype == np.uint8
+        assert ours.shape == PASTE_SIZE and ours.dtype == np.uint8
+
+
+def test_graph_paste_is_mmdets_do_paste_mask():
+    """The graph's separable paste (two matrix products per box) against mmdet's
+    _do_paste_mask (grid_sample over every pixel), before the threshold."""
+    from vitdet_plugin.deploy.two_stage import _bilinear_weights
+    probs = torch.rand(len(PASTE_BOXES), 28, 28, generator=torch.Generator().manual_seed(1))
+    x0, y0, x1, y1 = torch.tensor(PASTE_BOXES).unbind(-1)
+    ours = (_bilinear_weights(PASTE_SIZE[0], y0, y1, 28) @ probs
+            @ _bilinear_weights(PASTE_SIZE[1], x0, x1, 28).transpose(1, 2))
+    torch.testing.assert_close(ours, _mmdet_paste(probs, torch.tensor(PASTE_BOXES)),
+                               atol=1e-6, rtol=0)
 
 
 @pytest.mark.slow  # ~5-10 s (DetInferencer, a subprocess) over the default suite's 60 s budget;
