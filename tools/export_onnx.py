@@ -43,6 +43,7 @@ from vitdet_plugin.deploy import (CHECK_SIZES, DEFAULT_TOLERANCE, PARTS,
                                   ort_session)
 from vitdet_plugin.deploy.end_to_end import add_metadata
 from vitdet_plugin.deploy.onnx_export import build_model
+from vitdet_plugin.deploy.runner import MASK_OUTPUT
 
 #: ``--part`` of the whole detector (image -> detections).
 DETECTOR = 'detector'
@@ -115,12 +116,13 @@ def export_detector(args: argparse.Namespace) -> int:
     images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g)
               for h, w in args.check_sizes]
     failed = []
+    has_masks = MASK_OUTPUT in module.output_names
     for p in compare(session, model, images):
         h, w = p.size
+        masks = f', min mask IoU {p.mask_iou:.4f}' if has_masks else ''
         print(f'  {h}x{w}: {p.num_onnx} detections (PyTorch {p.num_torch}), box error '
               f'{p.box_error:.1e} of the image side, score error {p.score_error:.1e}, labels '
-              f'{"equal" if p.labels_equal else "DIFFER"}, min mask IoU {p.mask_iou:.4f} '
-              f'{"ok" if p.ok else "FAILED"}',
+              f'{"equal" if p.labels_equal else "DIFFER"}{masks} {"ok" if p.ok else "FAILED"}',
               flush=True)
         if not p.ok:
             failed.append(f'{h}x{w}')

@@ -247,3 +247,22 @@ def test_panoptic_detector_is_refused_not_exported_as_its_instances():
                                          r'panoptic_fusion_head: the end-to-end graph outputs '
                                          r'instances only \(boxes, scores, labels, masks\)'):
         check_exportable(model)
+
+
+@pytest.mark.slow  # one more export (~1 min CPU); the module's parity without a mask head is
+# in the default suite (test_faster_rcnn_module_matches_mmdet_predict)
+def test_faster_rcnn_exports_through_the_tool_and_matches_in_onnxruntime(tmp_path, capsys):
+    """Faster R-CNN (the demo Mask R-CNN without its mask head) through tools/export_onnx.py:
+    the four outputs of the other detectors, onnxruntime vs mmdet's predict within the
+    tolerances at two sizes (the tool's check), no mask IoU in its report."""
+    out = tmp_path / 'faster.onnx'
+    code = load_tool('export_onnx.py').main([
+        osp.join(REPO_ROOT, CONFIG), '--out', str(out), '--part', 'detector', '--check-sizes',
+        '96x128', '75x117', '--cfg-options', 'model.roi_head.mask_head=None',
+        'model.roi_head.mask_roi_extractor=None', 'model.backbone.depths=[1,1,1]'])
+    report = capsys.readouterr().out
+    assert code == 0, report
+    assert [o.name for o in ort_session(str(out)).get_outputs()] == list(OUTPUT_NAMES)
+    rows = [line for line in report.splitlines() if ' detections (PyTorch ' in line]
+    assert len(rows) == 2 and all(r.endswith('labels equal ok') for r in rows), report
+    assert all(int(r.split(': ')[1].split()[0]) > 0 for r in rows), report  # something compared
