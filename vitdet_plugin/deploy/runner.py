@@ -140,7 +140,6 @@ class OnnxDetector:
         return self(load_image(path))
 
 
-
 def paste_mask(probs: np.ndarray, box: np.ndarray, size: Tuple[int, int], threshold: float
                ) -> np.ndarray:
     """mmdet's ``_do_paste_mask`` + threshold in numpy: the ``(S, S)`` mask probabilities
@@ -155,17 +154,13 @@ def paste_mask(probs: np.ndarray, box: np.ndarray, size: Tuple[int, int], thresh
 
 
 def _bilinear_weights(length: int, start: float, end: float, cells: int) -> np.ndarray:
-    """``(length, cells)``: the weight of mask cell ``j`` at pixel ``i`` along one axis (pixel
-    centre ``i + 0.5`` at ``(i + 0.5 - start) / (end - start) * cells - 0.5`` in cell units;
-    a box without extent samples the mask's centre, as mmdet's replacement of infinities)."""
-    centres = np.arange(length) + PIXEL_CENTRE
+    """``(length, cells)``: the weight of mask cell ``j`` at pixel ``i`` along one axis,
+    ``grid_sample``'s bilinear taps with zeros outside, ``max(0, 1 - |pos - j|)``, at the pixel
+    centre ``i + 0.5`` in cell units ``pos = (i + 0.5 - start) / (end - start) * cells - 0.5``;
+    a box without extent samples the mask's centre, as mmdet's replacement of infinities (the
+    graph's paste, ``two_stage._bilinear_weights``, in numpy)."""
+    centres = np.arange(length) + PIXEL_CENTRE                         # (length,)
     extent = end - start
     pos = (centres - start) / extent * cells - PIXEL_CENTRE if extent != 0 else \
         np.full(length, cells / 2 - PIXEL_CENTRE)
-    low = np.floor(pos).astype(np.int64)
-    frac = pos - low
-    weights = np.zeros((length, cells))
-    for index, weight in ((low, 1 - frac), (low + 1, frac)):
-        inside = (index >= 0) & (index < cells)
-        weights[np.nonzero(inside)[0], index[inside]] += weight[inside]
-    return weights
+    return np.clip(1 - np.abs(pos[:, None] - np.arange(cells)), 0, None)  # (length, cells)
