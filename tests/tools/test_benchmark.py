@@ -254,6 +254,18 @@ def test_end_to_end_row_line(bench):
     assert format_row(row) == '| 800x1216 | 2.000 | 5.000 | 0.40x | 11.7 | FAILED |'
 
 
+def test_end_to_end_failed_parity_is_named_under_the_table(bench):
+    from dev.bench.end_to_end_latency import parity_warning
+    ok = dict(size='192x192', parity_ok=True, detections=3, torch_detections=3)
+    stale = dict(size='800x1216', parity_ok=False, detections=20, torch_detections=0)
+    assert parity_warning([ok]) is None
+    assert parity_warning([ok, stale]) == (
+        "warning: onnxruntime differs from the checkpoint's predict at 800x1216 (20 vs 0 "
+        'detections): the graph was probably exported from other weights (or another '
+        "--cfg-options); its times are not this checkpoint's; export one with "
+        'tools/export_onnx.py CONFIG CKPT --out MODEL.onnx --part detector')
+
+
 #: A tiny SdpaDETR of the DETR demo (tests/deploy/test_export_detector.py's shrunk config).
 TINY_DETR = """_base_ = [{base!r}]
 model = dict(backbone=dict(depths=[1, 1, 1]),

@@ -18,6 +18,7 @@ config (its stored pipeline metadata differs from this config's).
 import json
 import os.path as osp
 import statistics
+import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -113,13 +114,25 @@ def measure(model: Any, session: Any, size: Tuple[int, int], repeats: int, warmu
     return dict(size=f'{h}x{w}', onnxruntime=ort_times, torch=torch_times,
                 ratio=ort_s / torch_s, file_mib=mib, parity_ok=parity.ok,
                 box_error=parity.box_error, score_error=parity.score_error,
-                detections=parity.num_onnx)
+                detections=parity.num_onnx, torch_detections=parity.num_torch)
 
 
 def format_row(row: Dict[str, Any]) -> str:
     return (f'| {row["size"]} | {statistics.median(row["onnxruntime"]):.3f} | '
             f'{statistics.median(row["torch"]):.3f} | {row["ratio"]:.2f}x | '
             f'{row["file_mib"]:.1f} | {"ok" if row["parity_ok"] else "FAILED"} |')
+
+
+def parity_warning(rows: Sequence[Dict[str, Any]]) -> Optional[str]:
+    """The line printed under a table with a failed parity call (its times compare two
+    different detectors), or None."""
+    failed = [f'{r["size"]} ({r["detections"]} vs {r["torch_detections"]} detections)'
+              for r in rows if not r['parity_ok']]
+    if not failed:
+        return None
+    return (f'warning: onnxruntime differs from the checkpoint\'s predict at {", ".join(failed)}'
+            ': the graph was probably exported from other weights (or another --cfg-options); '
+            f'its times are not this checkpoint\'s; {EXPORT_HINT}')
 
 
 def run_end_to_end(config: str, checkpoint: str, onnx_path: str,
@@ -136,4 +149,7 @@ def run_end_to_end(config: str, checkpoint: str, onnx_path: str,
     for size in sizes:
         rows.append(measure(model, session, size, repeats, warmup, mib))
         print(format_row(rows[-1]), flush=True)
+    warning = parity_warning(rows)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     return rows
