@@ -3,7 +3,9 @@
 * ``ops``: mmcv's ops on the compile-free backend, CUDA vs CPU (:mod:`.op_checks`);
 * ``backbones``: SwinBackbone / ViTBackbone CUDA vs CPU in fp32 (TF32 off), bf16 autocast;
 * ``detectors``: one bf16 AMP training step and one inference step of RetinaNet and Mask R-CNN;
-  an FSDP2Wrapper step on a world of 1 (bf16 mixed-precision policy, checkpointing);
+  an FSDP2Wrapper step on a world of 1 (bf16 mixed-precision policy, checkpointing); the
+  end-to-end graph's module (``tools/export_onnx.py --part detector`` before the export) of
+  both on the GPU vs on the CPU;
 * ``dino``: a shrunk DINO (configs/swin_dino.py) training step in fp32 and in bf16 AMP, then
   inference: MultiScaleDeformableAttention on CUDA inside a real detector.
 
@@ -56,6 +58,8 @@ DINO_DN_QUERIES = 20
 FSDP_CONFIG = 'configs/vit_mask_rcnn.py'
 FSDP_VIT = dict(embed_dims=192, depth=4, num_heads=3, global_attn_indexes=(1, 3))
 FSDP_SIZE = (256, 384)
+#: End-to-end check: one uint8 image of this size (not a multiple of the pad divisor).
+E2E_SIZE = (480, 650)
 #: parameters a DINO training step must update: the backbone and the deformable attention
 DINO_UPDATED = ('backbone.', 'sampling_offsets')
 
@@ -279,11 +283,48 @@ def check_fsdp2_world_of_one(device: str) -> str:
     return f'{text}; backbone ran in bf16; full state dict of {len(full)} tensors on the CPU'
 
 
+def check_end_to_end(config: str, device: str) -> str:
+    """The end-to-end detector module (preprocessing, network, decoding, NMS through the
+    graph's NMS op, RoIAlign and the mask paste for Mask R-CNN) on ``device`` vs on the CPU,
+    fp32 (TF32 off), perturbed random weights: the same number of detections, scores, boxes and
+    labels within the export check's tolerances (ranks whose scores tie excepted), mask IoU.
+    It proves the module's tensors follow the model's device (no CPU-made index or grid)."""
+    import numpy as np
+
+    from vitdet_plugin.config import load_config
+    from vitdet_plugin.deploy.end_to_end import OUTPUT_NAMES, EndToEndDetector
+    from vitdet_plugin.deploy.end_to_end_check import (BOX_TOLERANCE, MASK_IOU_TOLERANCE,
+                                                       SCORE_TOLERANCE, mask_iou, untied)
+    cfg = load_config(str(ROOT / config))
+    cfg.model.backbone.init_cfg = None
+    model = _perturbed(_build(cfg.model, 'cpu')).eval()
+    image = torch.randint(0, 256, (1, 3, *E2E_SIZE), dtype=torch.uint8,
+                          generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = [t.numpy() for t in EndToEndDetector(model)(image)]
+        got = [t.cpu().numpy() for t in EndToEndDetector(model.to(device))(image.to(device))]
+    n, n_ref = int(got[3][0]), int(ref[3][0])
+    assert n == n_ref, f'{config}: {n} detections on {device}, {n_ref} on the CPU'
+    ranks = untied(ref[1][0, :n])
+    score_err = float(np.abs(got[1][0, :n] - ref[1][0, :n]).max(initial=0))
+    box_err = float(np.abs(got[0][0, :n] - ref[0][0, :n])[ranks].max(initial=0)) / max(E2E_SIZE)
+    assert score_err <= SCORE_TOLERANCE and box_err <= BOX_TOLERANCE, (config, score_err, box_err)
+    assert (got[2][0, :n] == ref[2][0, :n])[ranks].all(), f'{config}: labels differ'
+    text = f'{n} detections, score error {score_err:.1e}, box error {box_err:.1e} of the side'
+    if len(got) > len(OUTPUT_NAMES):  # then masks, mask_probs
+        iou = float(mask_iou(got[4][0, :n], ref[4][0, :n])[ranks].min(initial=1.0))
+        assert iou >= MASK_IOU_TOLERANCE, f'{config}: mask IoU {iou:.4f}'
+        text += f', min mask IoU {iou:.4f}'
+    return text
+
+
 def detector_checks(device: str) -> List[Check]:
     checks: List[Check] = [(f'{Path(c).stem} bf16 train + infer',
                             partial(check_detector, c, device)) for c in DET_CONFIGS]
     checks.append(('FSDP2 world of 1: bf16 params, checkpointing, train + infer + full state',
                    partial(check_fsdp2_world_of_one, device)))
+    checks += [(f'{Path(c).stem} end-to-end module vs CPU', partial(check_end_to_end, c, device))
+               for c in DET_CONFIGS]
     return checks
 
 

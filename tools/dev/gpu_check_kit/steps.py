@@ -47,7 +47,7 @@ CHECK_GROUPS = ('ops', 'backbones', 'detectors', 'dino')
 #: Seconds each step may take at most (the budget may give it less).
 CAPS_S: Dict[str, int] = {
     'environment': 60, 'install-wheels': 90, 'install-plugin': 60, 'checks-ops': 60,
-    'checks-backbones': 75, 'checks-detectors': 90, 'checks-dino': 60, 'benchmark-swin': 75,
+    'checks-backbones': 75, 'checks-detectors': 110, 'checks-dino': 60, 'benchmark-swin': 75,
     'benchmark-vit': 75, 'report': 20}
 PIP_FLAGS = ('-q', '--no-index', '--no-deps', '--no-build-isolation', '--no-compile',
              '--no-cache-dir', '--disable-pip-version-check', '--upgrade')
@@ -61,7 +61,8 @@ WHAT: Dict[str, str] = {
                   'CUDA vs CPU, bf16',
     'checks-backbones': 'SwinBackbone / ViTBackbone CUDA vs CPU fp32, bf16 fwd+bwd',
     'checks-detectors': 'RetinaNet and Mask R-CNN: bf16 AMP train step + inference; '
-                        'FSDP2Wrapper on a world of 1 (bf16 params, checkpointing)',
+                        'FSDP2Wrapper on a world of 1 (bf16 params, checkpointing); their '
+                        'end-to-end export modules, GPU vs CPU',
     'checks-dino': 'shrunk DINO: fp32 and bf16 AMP train step + inference (deformable '
                    'attention on CUDA)',
     'benchmark-swin': 'tools/benchmark.py --model swin --device cuda (row by row)',
