@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..models.layers import eager_attention
-from .graph_ops import (BOX_DIM, DROPPED_SCORE, clip_boxes, nms_survivors, top_k_padded,
-                        translation_table)
+from .graph_ops import (BOX_DIM, DROPPED_SCORE, anchor_candidates, clip_boxes, large_enough,
+                        nms_survivors, top_k_padded, translation_table)
 from .graph_ops import PAD_LABEL  # noqa: F401  (the I/O contract's padding label, re-exported)
 from .onnx_export import EXPORT_SAMPLE_SIZE, OPSET, dynamic_shapes
 from .runner import INPUT_NAME, MASK_OUTPUTS, META_KEY, META_VERSION
@@ -189,34 +189,12 @@ class EndToEndDetector(nn.Module):
         above ``score_thr``, decoded; then class-aware NMS (ONNX NonMaxSuppression)."""
         head = self.model.bbox_head
         cls_scores, bbox_preds = head(feats)[:2]
-        sizes = [c.shape[-2:] for c in cls_scores]
-        priors = head.prior_generator.grid_priors(sizes, dtype=cls_scores[0].dtype,
-                                                  device=cls_scores[0].device)
-        b = cls_scores[0].shape[0]
-        num_classes = head.cls_out_channels
-        all_boxes, all_scores, all_labels = [], [], []
-        for cls, reg, anchors in zip(cls_scores, bbox_preds, priors):
-            scores = cls.permute(0, 2, 3, 1).reshape(b, -1).sigmoid()       # (B, HWA * C)
-            deltas = reg.permute(0, 2, 3, 1).reshape(b, -1, BOX_DIM)        # (B, HWA, 4)
-            k = scores.shape[1] if self.nms_pre <= 0 else min(self.nms_pre, scores.shape[1])
-            top, idx = scores.topk(k, dim=1)                                 # (B, k)
-            anchor = idx // num_classes
-            picked = torch.gather(deltas, 1, anchor[..., None].expand(-1, -1, BOX_DIM))
-            # decoded as one (B * k, 4) batch, mmdet's per-image path; clipped below
-            boxes = head.bbox_coder.decode(anchors[anchor].reshape(-1, BOX_DIM),
-                                           picked.reshape(-1, BOX_DIM))
-            all_boxes.append(clip_boxes(boxes.reshape(b, -1, BOX_DIM), h, w))
-            all_scores.append(top)
-            all_labels.append(idx % num_classes)
-        boxes = torch.cat(all_boxes, 1)                                      # (B, N, 4)
-        scores = torch.cat(all_scores, 1)                                    # (B, N)
-        labels = torch.cat(all_labels, 1)
-        valid = scores > self.score_thr
-        if self.min_bbox_size >= 0:  # mmdet drops boxes clipped to no width / height
-            wh = boxes[..., 2:] - boxes[..., :2]
-            valid = valid & (wh > self.min_bbox_size).all(-1)
+        boxes, scores, labels, _ = anchor_candidates(head, cls_scores, bbox_preds, self.nms_pre,
+                                                     h, w)
+        # mmdet drops boxes clipped to no width / height
+        valid = (scores > self.score_thr) & large_enough(boxes, self.min_bbox_size)
         scores = torch.where(valid, scores, DROPPED_SCORE)
-        survived = nms_survivors(boxes, scores, labels, num_classes, self.max_per_img,
+        survived = nms_survivors(boxes, scores, labels, head.cls_out_channels, self.max_per_img,
                                  self.iou_threshold)
         scores = torch.where(survived & valid, scores, DROPPED_SCORE)
         return boxes, scores, labels

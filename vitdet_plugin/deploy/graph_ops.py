@@ -1,10 +1,11 @@
 """Pieces the end-to-end graphs share (:mod:`.end_to_end`, :mod:`.two_stage`): the NMS custom op
-and its ONNX translation, box clipping and the padded top-k of the graph's outputs.
+and its ONNX translation, an anchor head's per-level candidates (RetinaNet's head, the RPN), box
+clipping and the padded top-k of the graph's outputs.
 
 ``vitdet_deploy::nms`` has ONNX ``NonMaxSuppression``'s semantics; in PyTorch it runs
 torchvision's kernel, in the graph it becomes the ONNX op (:func:`translation_table`).
 """
-from typing import Any, Tuple
+from typing import Any, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -77,6 +78,45 @@ def nms_survivors(boxes: Tensor, scores: Tensor, groups: Tensor, num_groups: int
                                        DROPPED_SCORE / 2)
     return torch.zeros_like(scores, dtype=torch.bool).index_put_(
         (kept[:, 0], kept[:, 2]), torch.ones_like(kept[:, 0], dtype=torch.bool))
+
+
+def anchor_candidates(head: Any, cls_scores: Sequence[Tensor], bbox_preds: Sequence[Tensor],
+                      nms_pre: int, h, w) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """An anchor head's ``predict_by_feat`` up to its NMS (``AnchorHead`` / ``RPNHead``, sigmoid
+    scores): per level the ``nms_pre`` best (anchor, class) scores (all when ``nms_pre <= 0``),
+    their anchors' deltas decoded by the head's ``bbox_coder`` and clipped to the ``h x w``
+    image; the levels concatenated: boxes ``(B, N, 4)``, scores, classes and levels ``(B, N)``."""
+    sizes = [c.shape[-2:] for c in cls_scores]
+    priors = head.prior_generator.grid_priors(sizes, dtype=cls_scores[0].dtype,
+                                              device=cls_scores[0].device)
+    b = cls_scores[0].shape[0]
+    num_classes = head.cls_out_channels
+    boxes, scores, classes, levels = [], [], [], []
+    for level, (cls, reg, anchors) in enumerate(zip(cls_scores, bbox_preds, priors)):
+        score = cls.permute(0, 2, 3, 1).reshape(b, -1).sigmoid()        # (B, HWA * C)
+        deltas = reg.permute(0, 2, 3, 1).reshape(b, -1, BOX_DIM)        # (B, HWA, 4)
+        k = score.shape[1] if nms_pre <= 0 else min(nms_pre, score.shape[1])
+        top, idx = score.topk(k, dim=1)                                  # (B, k)
+        anchor = idx // num_classes
+        picked = torch.gather(deltas, 1, anchor[..., None].expand(-1, -1, BOX_DIM))
+        # decoded as one (B * k, 4) batch, mmdet's per-image path; clipped below
+        decoded = head.bbox_coder.decode(anchors[anchor].reshape(-1, BOX_DIM),
+                                         picked.reshape(-1, BOX_DIM))   # (B * k, 4)
+        boxes.append(clip_boxes(decoded.reshape(b, -1, BOX_DIM), h, w))
+        scores.append(top)
+        classes.append(idx % num_classes)
+        levels.append(torch.full_like(idx, level))
+    return (torch.cat(boxes, 1), torch.cat(scores, 1),                   # (B, N, 4), (B, N)
+            torch.cat(classes, 1), torch.cat(levels, 1))                 # (B, N), (B, N)
+
+
+def large_enough(boxes: Tensor, min_size: float) -> Tensor:
+    """``(B, N)`` True where a ``(B, N, 4)`` box is wider and higher than ``min_size`` (mmdet's
+    ``min_bbox_size``; every box when it is negative)."""
+    if min_size < 0:
+        return torch.ones_like(boxes[..., 0], dtype=torch.bool)
+    wh = boxes[..., 2:] - boxes[..., :2]
+    return (wh > min_size).all(-1)
 
 
 def clip_boxes(boxes: Tensor, h, w) -> Tensor:

@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchvision.ops import roi_align
 
-from .graph_ops import (BOX_DIM, DROPPED_SCORE, PAD_LABEL, clip_boxes, nms_survivors,
-                        top_k_padded)
+from .graph_ops import (BOX_DIM, DROPPED_SCORE, PAD_LABEL, anchor_candidates, clip_boxes,
+                        large_enough, nms_survivors, top_k_padded)
 
 #: What the two-stage export supports (type names), by part.
 RPN_HEADS = ('RPNHead',)
@@ -140,30 +140,9 @@ class TwoStage:
         the RPN's ``max_per_img``, and ``(B, P)`` True where a proposal is real."""
         head = self.model.rpn_head
         cls_scores, bbox_preds = head(feats)
-        sizes = [c.shape[-2:] for c in cls_scores]
-        priors = head.prior_generator.grid_priors(sizes, dtype=cls_scores[0].dtype,
-                                                  device=cls_scores[0].device)
-        b = cls_scores[0].shape[0]
-        all_boxes, all_scores, all_levels = [], [], []
-        for level, (cls, reg, anchors) in enumerate(zip(cls_scores, bbox_preds, priors)):
-            scores = cls.permute(0, 2, 3, 1).reshape(b, -1).sigmoid()       # (B, HWA)
-            deltas = reg.permute(0, 2, 3, 1).reshape(b, -1, BOX_DIM)        # (B, HWA, 4)
-            k = scores.shape[1] if self.rpn_nms_pre <= 0 else \
-                min(self.rpn_nms_pre, scores.shape[1])
-            top, idx = scores.topk(k, dim=1)                                 # (B, k)
-            picked = torch.gather(deltas, 1, idx[..., None].expand(-1, -1, BOX_DIM))
-            boxes = head.bbox_coder.decode(anchors[idx].reshape(-1, BOX_DIM),
-                                           picked.reshape(-1, BOX_DIM))     # (B * k, 4)
-            all_boxes.append(clip_boxes(boxes.reshape(b, -1, BOX_DIM), h, w))
-            all_scores.append(top)
-            all_levels.append(torch.full_like(idx, level))
-        boxes = torch.cat(all_boxes, 1)                                      # (B, N, 4)
-        scores = torch.cat(all_scores, 1)                                    # (B, N)
-        levels = torch.cat(all_levels, 1)                                    # (B, N)
-        valid = torch.ones_like(scores, dtype=torch.bool)
-        if self.rpn_min_size >= 0:
-            wh = boxes[..., 2:] - boxes[..., :2]
-            valid = (wh > self.rpn_min_size).all(-1)
+        boxes, scores, _, levels = anchor_candidates(head, cls_scores, bbox_preds,
+                                                     self.rpn_nms_pre, h, w)
+        valid = large_enough(boxes, self.rpn_min_size)
         scores = torch.where(valid, scores, DROPPED_SCORE)
         kept = nms_survivors(boxes, scores, levels, len(cls_scores), self.num_proposals,
                              self.rpn_iou)
