@@ -28,7 +28,8 @@ ROUND_HALF = 0.5
 #: masks at the input's size and the mask head's probabilities they are pasted from.
 MASK_OUTPUT, MASK_PROBS_OUTPUT = 'masks', 'mask_probs'
 MASK_OUTPUTS = (MASK_OUTPUT, MASK_PROBS_OUTPUT)
-#: Offset of a pixel's centre from its corner (mmdet's ``_do_paste_mask`` samples there).
+#: Offset of a pixel's centre from its corner (mmdet's ``_do_paste_mask`` samples there), and
+#: of a mask cell's centre from its corner.
 PIXEL_CENTRE = 0.5
 
 

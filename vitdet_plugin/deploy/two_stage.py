@@ -34,6 +34,7 @@ from torchvision.ops import roi_align
 
 from .graph_ops import (BOX_DIM, DROPPED_SCORE, PAD_LABEL, anchor_candidates, clip_boxes,
                         large_enough, nms_survivors, top_k_padded)
+from .runner import PIXEL_CENTRE  # the runner's paste samples at the same pixel centres
 
 #: What the two-stage export supports (type names), by part.
 RPN_HEADS = ('RPNHead',)
@@ -45,9 +46,6 @@ ROI_LAYERS = ('RoIAlign',)
 BOX_CODERS = ('DeltaXYWHBBoxCoder',)
 #: mmcv RoIAlign's pool mode that torchvision's (and ONNX's average) RoIAlign computes.
 AVG_POOL = 'avg'
-#: Offset of a pixel's centre from its corner (``_do_paste_mask`` samples there), and of a
-#: mask cell's centre from its corner.
-PIXEL_CENTRE = 0.5
 
 
 def _name(obj: Any) -> str:
