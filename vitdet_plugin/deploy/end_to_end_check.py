@@ -34,6 +34,11 @@ class Parity:
                 and self.mask_iou >= MASK_IOU_TOLERANCE)
 
 
+#: A detector's outputs on one image, by descending score: ``(N, 4)`` boxes, ``(N,)`` scores
+#: and labels, ``(N, H, W)`` masks or None.
+Instances = Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray]]
+
+
 def mmdet_predict(model: Any, image: torch.Tensor
                   ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """mmdet's ``predict`` of ``model`` on one ``(3, H, W)`` uint8 image already at the
@@ -42,8 +47,7 @@ def mmdet_predict(model: Any, image: torch.Tensor
     return mmdet_instances(model, image)[:3]
 
 
-def mmdet_instances(model: Any, image: torch.Tensor
-                    ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray]]:
+def mmdet_instances(model: Any, image: torch.Tensor) -> Instances:
     """:func:`mmdet_predict` and the ``(N, H, W)`` bool masks (None without a mask head)."""
     from mmdet.structures import DetDataSample
 
@@ -75,26 +79,29 @@ def untied(scores: np.ndarray) -> np.ndarray:
     return np.concatenate(([True], gaps)) & np.concatenate((gaps, [True]))
 
 
+def parity(outputs: Sequence[np.ndarray], reference: Instances, size: Tuple[int, int]
+           ) -> Parity:
+    """One image's graph outputs (a batch of 1: boxes, scores, labels, num_dets, then masks
+    when the graph has them) vs the ``reference`` detections, matched by rank."""
+    boxes, scores, labels, num = outputs[:4]
+    n = int(num[0])
+    ref_boxes, ref_scores, ref_labels, ref_masks = reference
+    m = min(n, len(ref_scores))
+    untied_ranks = untied(ref_scores[:m])
+    ious = mask_iou(outputs[4][0, :m], ref_masks[:m])[untied_ranks] \
+        if ref_masks is not None else np.ones(0)
+    return Parity(
+        size=size, num_onnx=n, num_torch=len(ref_scores),
+        box_error=float(np.abs(boxes[0, :m] - ref_boxes[:m])[untied_ranks].max(initial=0))
+        / max(size),
+        score_error=float(np.abs(scores[0, :m] - ref_scores[:m]).max(initial=0)),
+        labels_equal=bool((labels[0, :m] == ref_labels[:m])[untied_ranks].all()),
+        mask_iou=float(ious.min(initial=1.0)))
+
+
 def compare(session: Any, model: Any, images: Sequence[torch.Tensor]) -> List[Parity]:
     """Each ``(3, H, W)`` uint8 image through ``session`` (as a batch of 1) and mmdet (masks
     too when the graph has them)."""
-    results = []
-    for image in images:
-        outputs = session.run(None, {INPUT_NAME: image[None].numpy()})
-        boxes, scores, labels, num = outputs[:4]
-        n = int(num[0])
-        ref_boxes, ref_scores, ref_labels, ref_masks = mmdet_instances(model, image)
-        m = min(n, len(ref_scores))
-        side = float(max(image.shape[-2:]))
-        untied_ranks = untied(ref_scores[:m])
-        ious = mask_iou(outputs[4][0, :m], ref_masks[:m])[untied_ranks] \
-            if ref_masks is not None else np.ones(0)
-        results.append(Parity(
-            size=(int(image.shape[-2]), int(image.shape[-1])), num_onnx=n,
-            num_torch=len(ref_scores),
-            box_error=float(np.abs(boxes[0, :m] - ref_boxes[:m])[untied_ranks].max(initial=0))
-            / side,
-            score_error=float(np.abs(scores[0, :m] - ref_scores[:m]).max(initial=0)),
-            labels_equal=bool((labels[0, :m] == ref_labels[:m])[untied_ranks].all()),
-            mask_iou=float(ious.min(initial=1.0))))
-    return results
+    return [parity(session.run(None, {INPUT_NAME: image[None].numpy()}),
+                   mmdet_instances(model, image), (int(image.shape[-2]), int(image.shape[-1])))
+            for image in images]

@@ -289,12 +289,9 @@ def check_end_to_end(config: str, device: str) -> str:
     fp32 (TF32 off), perturbed random weights: the same number of detections, scores, boxes and
     labels within the export check's tolerances (ranks whose scores tie excepted), mask IoU.
     It proves the module's tensors follow the model's device (no CPU-made index or grid)."""
-    import numpy as np
-
     from vitdet_plugin.config import load_config
     from vitdet_plugin.deploy.end_to_end import OUTPUT_NAMES, EndToEndDetector
-    from vitdet_plugin.deploy.end_to_end_check import (BOX_TOLERANCE, MASK_IOU_TOLERANCE,
-                                                       SCORE_TOLERANCE, mask_iou, untied)
+    from vitdet_plugin.deploy.end_to_end_check import parity
     cfg = load_config(str(ROOT / config))
     cfg.model.backbone.init_cfg = None
     model = _perturbed(_build(cfg.model, 'cpu')).eval()
@@ -303,19 +300,13 @@ def check_end_to_end(config: str, device: str) -> str:
     with torch.no_grad():
         ref = [t.numpy() for t in EndToEndDetector(model)(image)]
         got = [t.cpu().numpy() for t in EndToEndDetector(model.to(device))(image.to(device))]
-    n, n_ref = int(got[3][0]), int(ref[3][0])
-    assert n == n_ref, f'{config}: {n} detections on {device}, {n_ref} on the CPU'
-    ranks = untied(ref[1][0, :n])
-    score_err = float(np.abs(got[1][0, :n] - ref[1][0, :n]).max(initial=0))
-    box_err = float(np.abs(got[0][0, :n] - ref[0][0, :n])[ranks].max(initial=0)) / max(E2E_SIZE)
-    assert score_err <= SCORE_TOLERANCE and box_err <= BOX_TOLERANCE, (config, score_err, box_err)
-    assert (got[2][0, :n] == ref[2][0, :n])[ranks].all(), f'{config}: labels differ'
-    text = f'{n} detections, score error {score_err:.1e}, box error {box_err:.1e} of the side'
-    if len(got) > len(OUTPUT_NAMES):  # then masks, mask_probs
-        iou = float(mask_iou(got[4][0, :n], ref[4][0, :n])[ranks].min(initial=1.0))
-        assert iou >= MASK_IOU_TOLERANCE, f'{config}: mask IoU {iou:.4f}'
-        text += f', min mask IoU {iou:.4f}'
-    return text
+    n_ref = int(ref[3][0])
+    masks = ref[4][0, :n_ref] if len(ref) > len(OUTPUT_NAMES) else None  # then mask_probs
+    p = parity(got, (ref[0][0, :n_ref], ref[1][0, :n_ref], ref[2][0, :n_ref], masks), E2E_SIZE)
+    assert p.ok, f'{config} on {device} vs the CPU: {p}'
+    return (f'{p.num_onnx} detections, score error {p.score_error:.1e}, box error '
+            f'{p.box_error:.1e} of the side' + (f', min mask IoU {p.mask_iou:.4f}'
+                                                if masks is not None else ''))
 
 
 def detector_checks(device: str) -> List[Check]:
