@@ -47,8 +47,14 @@ class Latency:
         return self.onnxruntime / self.torch
 
 
-def ort_session(path: str):
-    """A CPU onnxruntime session of ``path`` (a clear error when onnxruntime is missing)."""
+#: onnxruntime's session option that keeps its idle pool threads spinning after a run.
+SPINNING = 'session.intra_op.allow_spinning'
+
+
+def ort_session(path: str, spinning: bool = True):
+    """A CPU onnxruntime session of ``path`` (a clear error when onnxruntime is missing).
+    ``spinning=False``: its idle pool threads do not spin after a run (when a PyTorch run
+    is timed right after it, on the same cores)."""
     try:
         import onnxruntime as ort
     except ImportError as e:
@@ -58,6 +64,8 @@ def ort_session(path: str):
     # the check times both engines on the same cores: onnxruntime gets torch's thread count
     # (its own default is every core, whatever this process was given)
     options.intra_op_num_threads = torch.get_num_threads()
+    if not spinning:
+        options.add_session_config_entry(SPINNING, '0')
     return ort.InferenceSession(path, options, providers=['CPUExecutionProvider'])
 
 

@@ -8,7 +8,7 @@ machine load, after ``--warmup`` untimed calls), the ratio onnxruntime / PyTorch
 file size and the parity of the untimed first call (onnxruntime vs mmdet's ``predict`` on the
 same image, the export check's tolerances). Random uint8 images at the graph's input size (the
 resizing of the test pipeline is outside both). onnxruntime gets torch's thread count
-(``--threads``) and does not spin between runs (:data:`SPINNING`). Export time:
+(``--threads``) and does not spin between runs (``ort_session(spinning=False)``). Export time:
 ``tools/export_onnx.py`` prints it.
 
 Refused before anything is timed (``ValueError``, one line): a missing file, a graph without
@@ -31,19 +31,6 @@ EXPORT_HINT = 'export one with tools/export_onnx.py CONFIG CKPT --out MODEL.onnx
 MIB = 2**20
 #: Seed of the random images.
 SEED = 0
-#: onnxruntime's session option that keeps its idle pool threads spinning after a run; off in
-#: the timing session, so they do not compete with the PyTorch run interleaved after it.
-SPINNING = 'session.intra_op.allow_spinning'
-
-
-def timing_session(path: str) -> Any:
-    """A CPU onnxruntime session of ``path`` with torch's thread count and no spinning."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = torch.get_num_threads()
-    options.add_session_config_entry(SPINNING, '0')
-    return ort.InferenceSession(path, options, providers=['CPUExecutionProvider'])
 
 
 def _seconds(fn: Callable[..., object], *args: object) -> float:
@@ -76,12 +63,13 @@ def load(config: str, checkpoint: str, onnx_path: str,
     import vitdet_plugin  # noqa: F401  (registers our modules)
     from vitdet_plugin.deploy.end_to_end import EndToEndDetector, pipeline_meta
     from vitdet_plugin.deploy.onnx_export import build_model
+    from vitdet_plugin.deploy.ort_check import ort_session
     from vitdet_plugin.deploy.runner import META_KEY
 
     cfg, model = build_model(config, checkpoint, cfg_options)
     # as the export does: a DETR head's input strides fixed (both engines run the same model)
     expected = pipeline_meta(cfg, EndToEndDetector(model))
-    session = timing_session(onnx_path)
+    session = ort_session(onnx_path, spinning=False)
     stored = json.loads(session.get_modelmeta().custom_metadata_map[META_KEY])
     differ = sorted(k for k in set(expected) | set(stored) if expected.get(k) != stored.get(k))
     if differ:
