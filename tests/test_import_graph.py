@@ -19,8 +19,10 @@ ALLOWED = {
                                        'vitdet_plugin.models.layers'},
     'vitdet_plugin.models.necks': {'vitdet_plugin.functional', 'vitdet_plugin.weights',
                                    'vitdet_plugin.models.layers'},
-    # the deployment runner: numpy + onnxruntime (+ OpenCV), nothing of ours that needs torch
-    'vitdet_plugin.deploy.runner': set(),
+    # the deployment runner: numpy + onnxruntime (+ OpenCV), nothing of ours that needs torch;
+    # its panoptic fusion is numpy too
+    'vitdet_plugin.deploy.runner': {'vitdet_plugin.deploy.panoptic'},
+    'vitdet_plugin.deploy.panoptic': set(),
 }
 
 

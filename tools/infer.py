@@ -3,6 +3,7 @@
     python tools/infer.py IMAGES_OR_FOLDERS... --out-dir DIR --backend onnxruntime --onnx M.onnx
     python tools/infer.py IMAGES_OR_FOLDERS... --out-dir DIR --backend pytorch --config C
         [--checkpoint W] [--draw-thr 0.3] [--no-draw] [--ann-file val.json]
+        [--panoptic-ann-file panoptic_val.json [--panoptic-seg-dir panoptic_val/]]
 
 Writes ``DIR/predictions.json`` (``images``: id, file_name, width, height; ``annotations``:
 image_id, bbox ``[x, y, w, h]`` in original pixels, score, category_id = the label index, and
@@ -10,6 +11,14 @@ for a detector with masks ``segmentation``, COCO RLE of the original image's siz
 ``categories``: id, name) and, unless ``--no-draw``, ``DIR/<image name>`` with the detections
 scoring at least ``--draw-thr`` drawn. ``--ann-file``: a COCO annotation file of the images (by
 file name) to print the COCO bbox (and segm) mAP of the predictions (pycocotools).
+
+A panoptic detector (Panoptic FPN) also writes its panoptic maps in the COCO panoptic format:
+``DIR/panoptic/<image stem>.png`` (segment id ``R + 256 G + 256^2 B``, 0 = void) and
+``DIR/panoptic.json`` (``annotations``: image_id, file_name, ``segments_info`` with id,
+category_id = the label index, area; ``categories``). ``--panoptic-ann-file``: COCO panoptic
+ground truth of the images (its PNGs in ``--panoptic-seg-dir``, default: the JSON's path without
+``.json``) to print PQ, SQ and RQ (all, things, stuff; panopticapi's ``pq_compute``, which
+mmdet's CocoPanopticMetric repeats).
 
 ``--backend onnxruntime`` runs a graph from ``tools/export_onnx.py CONFIG [CKPT] --part
 detector`` with numpy + onnxruntime + OpenCV only (``vitdet_plugin.deploy.runner``; torch and
@@ -29,6 +38,7 @@ if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not 
 
 import numpy as np
 
+from vitdet_plugin.deploy.panoptic import INSTANCE_OFFSET
 from vitdet_plugin.deploy.runner import Detections, OnnxDetector, load_image
 
 #: File name endings read from a folder.
@@ -38,6 +48,10 @@ BOX_COLOUR = (0, 200, 255)
 LINE_WIDTH = 2
 TEXT_SCALE = 0.4
 MASK_ALPHA = 0.5
+#: Sub-folder of --out-dir with the panoptic PNGs, and the panoptic JSON's name.
+PANOPTIC_DIR, PANOPTIC_JSON = 'panoptic', 'panoptic.json'
+#: Base of COCO panoptic's segment id colours (``id = R + 256 G + 256^2 B``).
+RGB_BASE = 256
 
 
 def image_files(inputs: Sequence[str]) -> List[str]:
@@ -70,20 +84,18 @@ def run_pytorch(files: Sequence[str], config: str, checkpoint: Optional[str]
 
     inferencer = DetInferencer(model=config, weights=checkpoint, device='cpu',
                                show_progress=False)
-    out = inferencer(list(files), no_save_vis=True, return_datasamples=False)
+    out = inferencer(list(files), no_save_vis=True, return_datasamples=True)
     detections = []
-    for p in out['predictions']:
-        scores = np.asarray(p['scores'], np.float32)
-        order = np.argsort(-scores, kind='stable')
-        masks = None
-        if 'masks' in p:  # DetInferencer's COCO RLEs (counts as text)
-            from pycocotools import mask as mask_utils
-            rles = [dict(rle, counts=rle['counts'].encode()) for rle in p['masks']]
-            masks = np.stack([mask_utils.decode(r) for r in rles])[order] if rles else None
-        detections.append(Detections(boxes=np.asarray(p['bboxes'], np.float32)[order],
-                                     scores=scores[order],
-                                     labels=np.asarray(p['labels'], np.int64)[order],
-                                     masks=masks))
+    for sample in out['predictions']:
+        pred = sample.pred_instances
+        order = np.argsort(-pred.scores.numpy(), kind='stable')
+        masks = pred.masks.numpy().astype(np.uint8)[order] if 'masks' in pred else None
+        panoptic = sample.pred_panoptic_seg.sem_seg[0].numpy() \
+            if 'pred_panoptic_seg' in sample else None
+        detections.append(Detections(boxes=pred.bboxes.numpy()[order],
+                                     scores=pred.scores.numpy()[order],
+                                     labels=pred.labels.numpy()[order], masks=masks,
+                                     panoptic=panoptic))
     # the config's classes, else the checkpoint's (mmdet falls back to COCO's without them)
     metainfo = inferencer.cfg.test_dataloader.dataset.get('metainfo') or {}
     classes = list(metainfo.get('classes') or inferencer.model.dataset_meta['classes'])
@@ -158,6 +170,63 @@ def coco_map(predictions: Dict[str, Any], ann_file: str, iou_type: str = 'bbox')
     return float(evaluator.stats[0])
 
 
+def panoptic_json(files: Sequence[str], detections: Sequence[Detections],
+                  classes: Sequence[str], out_dir: str) -> Optional[Dict[str, Any]]:
+    """Write each image's panoptic map as a COCO panoptic PNG under ``out_dir/panoptic/`` and
+    return the COCO panoptic JSON (category_id = label index); None without panoptic maps.
+    mmdet's ids (``label + k * INSTANCE_OFFSET``) stay the segment ids; void is 0, as in
+    mmdet's CocoPanopticMetric."""
+    if all(d.panoptic is None for d in detections):
+        return None
+    import cv2
+    folder = osp.join(out_dir, PANOPTIC_DIR)
+    os.makedirs(folder, exist_ok=True)
+    annotations = []
+    for i, (path, det) in enumerate(zip(files, detections)):
+        assert det.panoptic is not None
+        rgb = np.zeros((*det.panoptic.shape, 3), np.uint8)            # (H, W, 3), 0 = void
+        segments = []
+        for segment in np.unique(det.panoptic).tolist():
+            label = segment % INSTANCE_OFFSET
+            if label == len(classes):  # void
+                continue
+            inside = det.panoptic == segment
+            rgb[inside] = (segment % RGB_BASE, segment // RGB_BASE % RGB_BASE,
+                           segment // RGB_BASE ** 2)
+            segments.append(dict(id=segment, category_id=label, area=int(inside.sum())))
+        name = osp.splitext(osp.basename(path))[0] + '.png'
+        cv2.imwrite(osp.join(folder, name), rgb[..., ::-1])  # OpenCV writes BGR
+        annotations.append(dict(image_id=i, file_name=name, segments_info=segments))
+    return dict(annotations=annotations,
+                categories=[dict(id=i, name=n) for i, n in enumerate(classes)])
+
+
+def coco_pq(predictions: Dict[str, Any], panoptic: Dict[str, Any], out_dir: str,
+            ann_file: str, seg_dir: str) -> Dict[str, Dict[str, float]]:
+    """PQ / SQ / RQ (``All``, ``Things``, ``Stuff``) of the panoptic maps written under
+    ``out_dir`` against COCO panoptic ``ann_file`` (its PNGs in ``seg_dir``): images matched by
+    file name, classes by name; panopticapi's ``pq_compute`` on the matched images."""
+    from panopticapi.evaluation import pq_compute
+    with open(ann_file) as f:
+        gt = json.load(f)
+    by_stem = {osp.splitext(osp.basename(im['file_name']))[0]: im['id'] for im in gt['images']}
+    cat_by_name = {c['name']: c['id'] for c in gt['categories']}
+    names = {c['id']: c['name'] for c in panoptic['categories']}
+    image_ids = {im['id']: by_stem[osp.splitext(im['file_name'])[0]]
+                 for im in predictions['images']}
+    ours = [dict(a, image_id=image_ids[a['image_id']], segments_info=[
+        dict(s, category_id=cat_by_name[names[s['category_id']]]) for s in a['segments_info']])
+        for a in panoptic['annotations']]
+    kept = set(image_ids.values())
+    gt = dict(gt, images=[im for im in gt['images'] if im['id'] in kept],
+              annotations=[a for a in gt['annotations'] if a['image_id'] in kept])
+    gt_file, pred_file = (osp.join(out_dir, f'{n}_for_pq.json') for n in ('gt', 'panoptic'))
+    for path, content in ((gt_file, gt), (pred_file, dict(gt, annotations=ours))):
+        with open(path, 'w') as f:
+            json.dump(content, f)
+    return pq_compute(gt_file, pred_file, seg_dir, osp.join(out_dir, PANOPTIC_DIR))
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog='tools/infer.py', description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -171,6 +240,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--no-draw', action='store_true', help='write the JSON only')
     p.add_argument('--ann-file',
                    help='COCO annotations of the images: print the bbox (and segm) mAP')
+    p.add_argument('--panoptic-ann-file',
+                   help='COCO panoptic annotations of the images: print PQ (panoptic detectors)')
+    p.add_argument('--panoptic-seg-dir',
+                   help='the ground truth panoptic PNGs (default: --panoptic-ann-file without '
+                        '.json)')
     args = p.parse_args(argv)
     if args.backend == 'onnxruntime' and not args.onnx:
         p.error('--backend onnxruntime needs --onnx MODEL.onnx (tools/export_onnx.py CONFIG '
@@ -197,6 +271,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             draw(path, det, classes, args.draw_thr, osp.join(args.out_dir, osp.basename(path)))
     print(f'{len(files)} images, {len(predictions["annotations"])} detections ({args.backend}) '
           f'-> {out}', flush=True)
+    panoptic = panoptic_json(files, detections, classes, args.out_dir)
+    if panoptic is not None:
+        with open(osp.join(args.out_dir, PANOPTIC_JSON), 'w') as f:
+            json.dump(panoptic, f)
+    if args.panoptic_ann_file and panoptic is None:
+        print('error: --panoptic-ann-file: the detector gives no panoptic maps', file=sys.stderr)
+        return 2
+    if args.panoptic_ann_file and panoptic is not None:
+        seg_dir = args.panoptic_seg_dir or osp.splitext(args.panoptic_ann_file)[0]
+        pq = coco_pq(predictions, panoptic, args.out_dir, args.panoptic_ann_file, seg_dir)
+        print(f'COCO panoptic PQ {100 * pq["All"]["pq"]:.2f} SQ {100 * pq["All"]["sq"]:.2f} '
+              f'RQ {100 * pq["All"]["rq"]:.2f} (things {100 * pq["Things"]["pq"]:.2f}, stuff '
+              f'{100 * pq["Stuff"]["pq"]:.2f}; {args.backend}, {len(files)} images)', flush=True)
     if args.ann_file:
         with_masks = any('segmentation' in a for a in predictions['annotations'])
         for iou_type in ('bbox', 'segm') if with_masks else ('bbox',):

@@ -12,12 +12,16 @@
   the first ``num_dets[b]`` rows of image ``b`` are its detections, by descending score; the
   rest are padding (boxes 0, scores 0, labels -1); with a mask head also ``masks``
   ``(B, K, H, W)`` uint8 0 / 1 at the input's size and ``mask_probs`` ``(B, K, S, S)`` float32,
-  the mask head's probabilities they are pasted from (padding rows all 0).
+  the mask head's probabilities they are pasted from (padding rows all 0); a Panoptic FPN
+  adds ``sem_logits`` ``(B, C, Hs, Ws)`` float32, its semantic head's logits at the head's
+  stride of the padded input, which the runner resizes and fuses with the instances
+  (:mod:`.panoptic`).
 
 Exported: :class:`~vitdet_plugin.models.detectors.SdpaDETR` (top-k over queries x classes, no
 NMS), single-stage anchor heads decoded per level (RetinaNet: sigmoid scores, ``nms_pre``
-per level, class-aware NMS) and Faster / Mask R-CNN (RPN + ``StandardRoIHead``,
-:mod:`.two_stage`). Anything else is refused with the reason (:func:`check_exportable`).
+per level, class-aware NMS), Faster / Mask R-CNN (RPN + ``StandardRoIHead``,
+:mod:`.two_stage`) and Panoptic FPN (Mask R-CNN + ``PanopticFPNHead``; the heuristic fusion
+runs in the runner). Anything else is refused with the reason (:func:`check_exportable`).
 """
 import json
 from typing import Any, Dict, List, Tuple
@@ -31,29 +35,47 @@ from .graph_ops import (BOX_DIM, DROPPED_SCORE, anchor_candidates, clip_boxes, l
                         nms_survivors, top_k_padded, translation_table)
 from .graph_ops import PAD_LABEL  # noqa: F401  (the I/O contract's padding label, re-exported)
 from .onnx_export import EXPORT_SAMPLE_SIZE, OPSET, dynamic_shapes
-from .runner import INPUT_NAME, MASK_OUTPUTS, META_KEY, META_VERSION
+from .panoptic import SEMANTIC_OUTPUT
+from .runner import INPUT_NAME, MASK_OUTPUTS, META_KEY, META_VERSION, OUTPUT_NAMES
 from .two_stage import TwoStage, check_two_stage
 
-#: Names of the end-to-end graph's outputs.
-OUTPUT_NAMES = ('boxes', 'scores', 'labels', 'num_dets')
 #: The stride probe image is this many ``pad_size_divisor`` on a side.
 PROBE_STRIDE_MULTIPLE = 4
 
 
-#: Heads whose outputs (semantic / panoptic maps) the graph has no output for.
+#: Heads whose outputs (semantic / panoptic maps) the graph has no output for, unless the
+#: detector is a Panoptic FPN (:data:`PANOPTIC_DETECTORS`).
 SEGMENTATION_HEADS = ('semantic_head', 'panoptic_head', 'panoptic_fusion_head')
+#: Panoptic FPN, as exported: the detector, its semantic head and its fusion (type names).
+PANOPTIC_DETECTORS = ('PanopticFPN', 'AllOutputsPanopticFPN')
+PANOPTIC_PARTS = dict(semantic_head=('PanopticFPNHead',),
+                      panoptic_fusion_head=('HeuristicFusionHead',))
+
+
+def is_panoptic_fpn(model: Any) -> bool:
+    """True for a Panoptic FPN the graph repeats (its semantic logits as an output, the fusion
+    in the runner); False without segmentation heads; else a ``ValueError`` saying why not."""
+    name = type(model).__name__
+    seg_heads = [h for h in SEGMENTATION_HEADS if getattr(model, h, None) is not None]
+    if not seg_heads:
+        return False
+    parts = {h: type(getattr(model, h, None)).__name__ for h in SEGMENTATION_HEADS}
+    with_mask = bool(getattr(getattr(model, 'roi_head', None), 'with_mask', False))
+    if name in PANOPTIC_DETECTORS and with_mask and \
+            all(parts[h] in types for h, types in PANOPTIC_PARTS.items()):
+        return True
+    raise ValueError(f'{name} has {" and ".join(f"{h} {parts[h]}" for h in seg_heads)}: no '
+                     f'end-to-end export (panoptic: {"/".join(PANOPTIC_DETECTORS)} with '
+                     f'{" + ".join("/".join(t) for t in PANOPTIC_PARTS.values())} only, its '
+                     'semantic logits an output and the fusion of its Mask R-CNN instances in the '
+                     'runner); export --part neck and run the heads in the caller')
 
 
 def check_exportable(model: Any) -> str:
     """The kind of end-to-end graph ``model`` exports to (``'detr'``, ``'dense'`` or
-    ``'two_stage'``), or a ``ValueError`` saying why it cannot."""
+    ``'two_stage'``, which includes Panoptic FPN), or a ``ValueError`` saying why it cannot."""
     name = type(model).__name__
-    seg_heads = [h for h in SEGMENTATION_HEADS if getattr(model, h, None) is not None]
-    if seg_heads:
-        raise ValueError(f'{name} has {" and ".join(seg_heads)}: the end-to-end graph outputs '
-                         'instances only (boxes, scores, labels, masks), not semantic or '
-                         'panoptic maps; export --part neck and run the heads in the caller, '
-                         'or export a Mask R-CNN config of the same backbone for the instances')
+    is_panoptic_fpn(model)  # refuses the segmentation heads it does not repeat
     if hasattr(model, 'roi_head') or hasattr(model, 'rpn_head'):
         check_two_stage(model)  # refuses what it does not repeat
         return 'two_stage'
@@ -92,6 +114,7 @@ class EndToEndDetector(nn.Module):
         self.pad_divisor = int(getattr(pre, 'pad_size_divisor', 1))
         self.pad_value = float(getattr(pre, 'pad_value', 0))
         self.two_stage = TwoStage(model) if self.kind == 'two_stage' else None
+        self.panoptic = is_panoptic_fpn(model)
         test_cfg = model.roi_head.test_cfg if self.two_stage else model.bbox_head.test_cfg
         self.max_per_img = int(test_cfg.get('max_per_img', 100))
         self.score_thr = float(test_cfg.get('score_thr', 0.0))
@@ -138,9 +161,10 @@ class EndToEndDetector(nn.Module):
     @property
     def output_names(self) -> List[str]:
         """:data:`OUTPUT_NAMES`, then ``masks`` and ``mask_probs`` when the detector has a
-        mask head."""
+        mask head, then ``sem_logits`` for a Panoptic FPN."""
         with_mask = self.two_stage is not None and self.two_stage.with_mask
-        return list(OUTPUT_NAMES) + (list(MASK_OUTPUTS) if with_mask else [])
+        return list(OUTPUT_NAMES) + (list(MASK_OUTPUTS) if with_mask else []) + \
+            ([SEMANTIC_OUTPUT] if self.panoptic else [])
 
     def forward(self, image: Tensor) -> Tuple[Tensor, ...]:
         h, w = image.shape[-2:]
@@ -153,9 +177,11 @@ class EndToEndDetector(nn.Module):
             boxes, scores, labels = self._detr(feats, x, h, w)
         else:
             boxes, scores, labels = self._dense(feats, h, w)
-        out = top_k_padded(boxes, scores, labels, self.max_per_img)
+        out: Tuple[Tensor, ...] = top_k_padded(boxes, scores, labels, self.max_per_img)
         if self.two_stage is not None and self.two_stage.with_mask:
-            return out + self.two_stage.masks(feats, out[0], out[2], h, w)
+            out = out + self.two_stage.masks(feats, out[0], out[2], h, w)
+        if self.panoptic:  # the semantic head's logits at its stride: (B, C, Hs, Ws)
+            out = out + (self.model.semantic_head(feats)['seg_preds'].float(),)
         return out
 
     # ------------------------------------------------------------------ per kind
@@ -202,7 +228,7 @@ class EndToEndDetector(nn.Module):
 
 # ---------------------------------------------------------------------- export
 #: Test-pipeline transforms that do not touch the image (the graph needs nothing of them).
-IMAGE_FREE_TRANSFORMS = ('LoadAnnotations', 'PackDetInputs')
+IMAGE_FREE_TRANSFORMS = ('LoadAnnotations', 'LoadPanopticAnnotations', 'PackDetInputs')
 
 
 def pipeline_meta(cfg: Any, module: EndToEndDetector) -> Dict[str, Any]:
@@ -237,7 +263,24 @@ def pipeline_meta(cfg: Any, module: EndToEndDetector) -> Dict[str, Any]:
                 classes=list(classes), max_per_img=module.max_per_img,
                 score_thr=module.score_thr, iou_threshold=module.iou_threshold,
                 outputs=module.output_names,
-                mask_thr_binary=module.two_stage.mask_thr if module.two_stage else None)
+                mask_thr_binary=module.two_stage.mask_thr if module.two_stage else None,
+                panoptic=fusion_meta(module) if module.panoptic else None)
+
+
+def fusion_meta(module: EndToEndDetector) -> Dict[str, Any]:
+    """A Panoptic FPN's fusion settings for the runner (:class:`~.panoptic.FusionConfig`): the
+    fusion head's ``test_cfg``; the instances entering it are those of score >=
+    ``instance_score_thr`` for :class:`AllOutputsPanopticFPN`, all for mmdet's PanopticFPN."""
+    from ..models.detectors.panoptic_fpn import PANOPTIC_INSTANCE_SCORE_THR
+    model = module.model
+    fusion = model.panoptic_fusion_head
+    thr = model.test_cfg.get('panoptic', {}).get('instance_score_thr',
+                                                PANOPTIC_INSTANCE_SCORE_THR) \
+        if type(model).__name__ == 'AllOutputsPanopticFPN' else 0.0
+    return dict(num_things=int(fusion.num_things_classes), num_stuff=int(fusion.num_stuff_classes),
+                mask_overlap=float(fusion.test_cfg.mask_overlap),
+                stuff_area_limit=int(fusion.test_cfg.stuff_area_limit),
+                instance_score_thr=float(thr), pad_size_divisor=module.pad_divisor)
 
 
 def export_end_to_end(module: EndToEndDetector, path: str,

@@ -1,11 +1,13 @@
 """An end-to-end graph in onnxruntime vs mmdet's own ``predict`` on the same uint8 images."""
 from dataclasses import dataclass
+import json
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from .runner import INPUT_NAME
+from .panoptic import SEMANTIC_OUTPUT, FusionConfig, panoptic_map
+from .runner import INPUT_NAME, META_KEY
 
 #: Largest box difference, relative to the image's longer side.
 BOX_TOLERANCE = 1e-3
@@ -13,6 +15,8 @@ BOX_TOLERANCE = 1e-3
 SCORE_TOLERANCE = 1e-4
 #: Smallest IoU of a detection's mask with mmdet's.
 MASK_IOU_TOLERANCE = 0.99
+#: Smallest fraction of pixels whose panoptic id equals mmdet's.
+PANOPTIC_TOLERANCE = 0.99
 
 
 @dataclass(frozen=True)
@@ -26,17 +30,20 @@ class Parity:
     score_error: float    # max |onnx - torch|
     labels_equal: bool    # at every rank whose score is not tied with a neighbour's
     mask_iou: float = 1.0  # smallest mask IoU at those ranks (1 without masks)
+    panoptic_agreement: float = 1.0  # pixels of equal panoptic id (1 without a panoptic map)
 
     @property
     def ok(self) -> bool:
         return (self.num_onnx == self.num_torch and self.box_error <= BOX_TOLERANCE
                 and self.score_error <= SCORE_TOLERANCE and self.labels_equal
-                and self.mask_iou >= MASK_IOU_TOLERANCE)
+                and self.mask_iou >= MASK_IOU_TOLERANCE
+                and self.panoptic_agreement >= PANOPTIC_TOLERANCE)
 
 
 #: A detector's outputs on one image, by descending score: ``(N, 4)`` boxes, ``(N,)`` scores
-#: and labels, ``(N, H, W)`` masks or None.
-Instances = Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray]]
+#: and labels, ``(N, H, W)`` masks or None, and a panoptic detector's ``(H, W)`` panoptic map
+#: (mmdet's ``pred_panoptic_seg``) or None.
+Instances = Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray], Optional[np.ndarray]]
 
 
 def mmdet_predict(model: Any, image: torch.Tensor
@@ -48,7 +55,8 @@ def mmdet_predict(model: Any, image: torch.Tensor
 
 
 def mmdet_instances(model: Any, image: torch.Tensor) -> Instances:
-    """:func:`mmdet_predict` and the ``(N, H, W)`` bool masks (None without a mask head)."""
+    """:func:`mmdet_predict`, the ``(N, H, W)`` bool masks (None without a mask head) and the
+    panoptic map (None without one)."""
     from mmdet.structures import DetDataSample
 
     h, w = image.shape[-2:]
@@ -56,11 +64,14 @@ def mmdet_instances(model: Any, image: torch.Tensor) -> Instances:
                                          scale_factor=(1.0, 1.0)))
     with torch.no_grad():
         data = model.data_preprocessor(dict(inputs=[image], data_samples=[sample]), False)
-        pred = model.predict(data['inputs'], data['data_samples'])[0].pred_instances
+        sample = model.predict(data['inputs'], data['data_samples'])[0]
+    pred = sample.pred_instances
     order = torch.argsort(pred.scores, descending=True, stable=True)
     masks = pred.masks[order].numpy() if 'masks' in pred else None
+    panoptic = sample.pred_panoptic_seg.sem_seg[0].numpy() if 'pred_panoptic_seg' in sample \
+        else None
     return (pred.bboxes[order].numpy(), pred.scores[order].numpy(),
-            pred.labels[order].numpy(), masks)
+            pred.labels[order].numpy(), masks, panoptic)
 
 
 def mask_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -79,13 +90,14 @@ def untied(scores: np.ndarray) -> np.ndarray:
     return np.concatenate(([True], gaps)) & np.concatenate((gaps, [True]))
 
 
-def parity(outputs: Sequence[np.ndarray], reference: Instances, size: Tuple[int, int]
-           ) -> Parity:
-    """One image's graph outputs (a batch of 1: boxes, scores, labels, num_dets, then masks
-    when the graph has them) vs the ``reference`` detections, matched by rank."""
+def parity(outputs: Sequence[np.ndarray], reference: Instances, size: Tuple[int, int],
+           fusion: Optional[FusionConfig] = None) -> Parity:
+    """One image's graph outputs (a batch of 1: boxes, scores, labels, num_dets, then masks,
+    mask_probs and sem_logits when the graph has them) vs the ``reference`` detections,
+    matched by rank; with ``fusion``, the runner's panoptic map vs the reference's."""
     boxes, scores, labels, num = outputs[:4]
     n = int(num[0])
-    ref_boxes, ref_scores, ref_labels, ref_masks = reference
+    ref_boxes, ref_scores, ref_labels, ref_masks, ref_panoptic = reference
     m = min(n, len(ref_scores))
     untied_ranks = untied(ref_scores[:m])
     ious = mask_iou(outputs[4][0, :m], ref_masks[:m])[untied_ranks] \
@@ -96,12 +108,20 @@ def parity(outputs: Sequence[np.ndarray], reference: Instances, size: Tuple[int,
         / max(size),
         score_error=float(np.abs(scores[0, :m] - ref_scores[:m]).max(initial=0)),
         labels_equal=bool((labels[0, :m] == ref_labels[:m])[untied_ranks].all()),
-        mask_iou=float(ious.min(initial=1.0)))
+        mask_iou=float(ious.min(initial=1.0)),
+        panoptic_agreement=1.0 if fusion is None or ref_panoptic is None else float(
+            (panoptic_map(outputs[4][0, :n], scores[0, :n], labels[0, :n], outputs[6][0], size,
+                          fusion) == ref_panoptic).mean()))
 
 
 def compare(session: Any, model: Any, images: Sequence[torch.Tensor]) -> List[Parity]:
     """Each ``(3, H, W)`` uint8 image through ``session`` (as a batch of 1) and mmdet (masks
-    too when the graph has them)."""
+    and the panoptic map too when the graph has them)."""
+    fusion = None
+    if SEMANTIC_OUTPUT in [o.name for o in session.get_outputs()]:
+        meta = json.loads(session.get_modelmeta().custom_metadata_map[META_KEY])
+        fusion = FusionConfig.from_meta(meta['panoptic'])
     return [parity(session.run(None, {INPUT_NAME: image[None].numpy()}),
-                   mmdet_instances(model, image), (int(image.shape[-2]), int(image.shape[-1])))
+                   mmdet_instances(model, image), (int(image.shape[-2]), int(image.shape[-1])),
+                   fusion)
             for image in images]

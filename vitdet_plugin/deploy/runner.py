@@ -4,15 +4,18 @@ onnxruntime only: no torch, no mmdet (the deployment side imports nothing else o
 The graph's own metadata (ONNX ``metadata_props`` key :data:`META_KEY`, JSON written at export)
 says how the config's test pipeline loads and resizes an image; :class:`OnnxDetector` repeats
 that (OpenCV, as mmcv does: ``cv2.imread`` BGR, ``cv2.resize`` bilinear), runs the graph and maps
-the boxes (and a Mask R-CNN graph's masks) back to the original image. OpenCV is needed for
-:func:`load_image` and resizing only (``opencv-python``, which mmcv requires too); arrays already
-at the graph's input size need none.
+the boxes (and a Mask R-CNN graph's masks) back to the original image; a Panoptic FPN graph's
+semantic logits are fused with the instances into mmdet's panoptic map (:mod:`.panoptic`).
+OpenCV is needed for :func:`load_image` and resizing only (``opencv-python``, which mmcv
+requires too); arrays already at the graph's input size need none.
 """
 import json
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from .panoptic import SEMANTIC_OUTPUT, FusionConfig, panoptic_map
 
 #: Metadata key of the pipeline parameters inside the ONNX file.
 META_KEY = 'vitdet_plugin.deploy'
@@ -24,6 +27,9 @@ INPUT_NAME = 'image'
 CHANNELS = 3
 #: Rounding offset of mmcv's ``rescale_size`` (``int(x * scale + 0.5)``).
 ROUND_HALF = 0.5
+#: Outputs of every end-to-end graph: ``(B, K, 4)`` boxes, ``(B, K)`` scores and labels, and
+#: ``(B,)`` the number of real detections in each image's ``K`` rows.
+OUTPUT_NAMES = ('boxes', 'scores', 'labels', 'num_dets')
 #: Outputs of a detector with a mask head, after boxes, scores, labels, num_dets: the binary
 #: masks at the input's size and the mask head's probabilities they are pasted from.
 MASK_OUTPUT, MASK_PROBS_OUTPUT = 'masks', 'mask_probs'
@@ -38,12 +44,15 @@ class Detections:
     """One image's detections, by descending score: ``boxes`` ``(N, 4)`` xyxy in the original
     image's pixels, ``scores`` ``(N,)``, ``labels`` ``(N,)`` (indices into ``classes``) and,
     from a detector with a mask head, ``masks`` ``(N, H, W)`` uint8 0 / 1 of the original
-    image's size."""
+    image's size; from a Panoptic FPN also ``panoptic`` ``(H, W)`` int32, mmdet's
+    ``pred_panoptic_seg`` (:mod:`.panoptic`: ``label + k * INSTANCE_OFFSET`` for the ``k``-th
+    instance, the stuff label for stuff, ``len(classes)`` for void)."""
 
     boxes: np.ndarray
     scores: np.ndarray
     labels: np.ndarray
     masks: Optional[np.ndarray] = None
+    panoptic: Optional[np.ndarray] = None
 
 
 def load_image(path: str) -> np.ndarray:
@@ -123,19 +132,24 @@ class OnnxDetector:
 
     def __call__(self, image: np.ndarray) -> Detections:
         batch, (sx, sy) = self.preprocess(image)
-        outputs = self.session.run(None, {INPUT_NAME: batch})
-        boxes, scores, labels, num = outputs[:4]
+        outputs = dict(zip(self.meta['outputs'], self.session.run(None, {INPUT_NAME: batch})))
+        boxes, scores, labels, num = (outputs[name] for name in OUTPUT_NAMES)
         n = int(num[0])
         scale = np.array([sx, sy, sx, sy], dtype=np.float32)
-        boxes = boxes[0, :n] / scale
+        boxes, scores, labels = boxes[0, :n] / scale, scores[0, :n], labels[0, :n]
         masks = None
         if self.with_masks and (sx, sy) == (1.0, 1.0):  # the graph's masks are the image's
-            masks = outputs[4][0, :n]
+            masks = outputs[MASK_OUTPUT][0, :n]
         elif self.with_masks:  # pasted at the original size, as mmdet's rescaled predict does
             masks = np.stack([paste_mask(p, box, image.shape[:2], self.meta['mask_thr_binary'])
-                              for p, box in zip(outputs[5][0, :n], boxes)]) \
+                              for p, box in zip(outputs[MASK_PROBS_OUTPUT][0, :n], boxes)]) \
                 if n else np.zeros((0, *image.shape[:2]), np.uint8)
-        return Detections(boxes=boxes, scores=scores[0, :n], labels=labels[0, :n], masks=masks)
+        panoptic = None
+        if SEMANTIC_OUTPUT in outputs and masks is not None:
+            panoptic = panoptic_map(masks, scores, labels, outputs[SEMANTIC_OUTPUT][0],
+                                    batch.shape[-2:], FusionConfig.from_meta(self.meta['panoptic']))
+        return Detections(boxes=boxes, scores=scores, labels=labels, masks=masks,
+                          panoptic=panoptic)
 
     def predict_file(self, path: str) -> Detections:
         return self(load_image(path))

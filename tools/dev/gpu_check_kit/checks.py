@@ -302,7 +302,8 @@ def check_end_to_end(config: str, device: str) -> str:
         got = [t.cpu().numpy() for t in EndToEndDetector(model.to(device))(image.to(device))]
     n_ref = int(ref[3][0])
     masks = ref[4][0, :n_ref] if len(ref) > len(OUTPUT_NAMES) else None  # then mask_probs
-    p = parity(got, (ref[0][0, :n_ref], ref[1][0, :n_ref], ref[2][0, :n_ref], masks), E2E_SIZE)
+    p = parity(got, (ref[0][0, :n_ref], ref[1][0, :n_ref], ref[2][0, :n_ref], masks, None),
+               E2E_SIZE)
     assert p.ok, f'{config} on {device} vs the CPU: {p}'
     return (f'{p.num_onnx} detections, score error {p.score_error:.1e}, box error '
             f'{p.box_error:.1e} of the side' + (f', min mask IoU {p.mask_iou:.4f}'
