@@ -120,6 +120,8 @@ def export_detector(args: argparse.Namespace) -> int:
     for p in compare(session, model, images):
         h, w = p.size
         masks = f', min mask IoU {p.mask_iou:.4f}' if has_masks else ''
+        if module.panoptic:
+            masks += f', panoptic map equal at {100 * p.panoptic_agreement:.2f} % of the pixels'
         print(f'  {h}x{w}: {p.num_onnx} detections (PyTorch {p.num_torch}), box error '
               f'{p.box_error:.1e} of the image side, score error {p.score_error:.1e}, labels '
               f'{"equal" if p.labels_equal else "DIFFER"}{masks} {"ok" if p.ok else "FAILED"}',

@@ -18,7 +18,8 @@ A panoptic detector (Panoptic FPN) also writes its panoptic maps in the COCO pan
 category_id = the label index, area; ``categories``). ``--panoptic-ann-file``: COCO panoptic
 ground truth of the images (its PNGs in ``--panoptic-seg-dir``, default: the JSON's path without
 ``.json``) to print PQ, SQ and RQ (all, things, stuff; panopticapi's ``pq_compute``, which
-mmdet's CocoPanopticMetric repeats).
+mmdet's CocoPanopticMetric repeats) and the mIoU of the maps' classes (as mmdet's SemSegMetric
+on ``AllOutputsPanopticFPN``'s semantic map).
 
 ``--backend onnxruntime`` runs a graph from ``tools/export_onnx.py CONFIG [CKPT] --part
 detector`` with numpy + onnxruntime + OpenCV only (``vitdet_plugin.deploy.runner``; torch and
@@ -52,6 +53,8 @@ MASK_ALPHA = 0.5
 PANOPTIC_DIR, PANOPTIC_JSON = 'panoptic', 'panoptic.json'
 #: Base of COCO panoptic's segment id colours (``id = R + 256 G + 256^2 B``).
 RGB_BASE = 256
+#: Label of pixels no ground truth segment covers (mmdet's LoadPanopticAnnotations).
+IGNORE_INDEX = 255
 
 
 def image_files(inputs: Sequence[str]) -> List[str]:
@@ -227,6 +230,37 @@ def coco_pq(predictions: Dict[str, Any], panoptic: Dict[str, Any], out_dir: str,
     return pq_compute(gt_file, pred_file, seg_dir, osp.join(out_dir, PANOPTIC_DIR))
 
 
+def semantic_miou(files: Sequence[str], detections: Sequence[Detections],
+                  classes: Sequence[str], ann_file: str, seg_dir: str) -> float:
+    """mIoU (%) over things + stuff of the panoptic maps' classes against the COCO panoptic
+    ground truth, as mmdet's SemSegMetric on LoadPanopticAnnotations' semantic maps: pixels
+    without a ground truth segment ignored, void predictions wrong, classes that neither the
+    ground truth nor the predictions hold left out of the mean."""
+    import cv2
+    with open(ann_file) as f:
+        gt = json.load(f)
+    image_id = {osp.splitext(osp.basename(im['file_name']))[0]: im['id'] for im in gt['images']}
+    annotation = {a['image_id']: a for a in gt['annotations']}
+    label_of = {c['id']: list(classes).index(c['name']) for c in gt['categories']}
+    n = len(classes)
+    intersect, predicted, truth = np.zeros(n), np.zeros(n), np.zeros(n)
+    for path, det in zip(files, detections):
+        assert det.panoptic is not None
+        ann = annotation[image_id[osp.splitext(osp.basename(path))[0]]]
+        rgb = cv2.imread(osp.join(seg_dir, ann['file_name']))[..., ::-1].astype(np.int64)
+        ids = rgb[..., 0] + RGB_BASE * rgb[..., 1] + RGB_BASE ** 2 * rgb[..., 2]   # (H, W)
+        label = np.full(ids.shape, IGNORE_INDEX)
+        for segment in ann['segments_info']:
+            label[ids == segment['id']] = label_of[segment['category_id']]
+        known = label != IGNORE_INDEX
+        pred, label = det.panoptic[known] % INSTANCE_OFFSET, label[known]
+        intersect += np.bincount(pred[pred == label], minlength=n)[:n]
+        predicted += np.bincount(pred[pred < n], minlength=n)[:n]  # void (n) is no class
+        truth += np.bincount(label, minlength=n)[:n]
+    union = predicted + truth - intersect
+    return float(100 * np.mean((intersect / np.maximum(union, 1))[union > 0]))
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog='tools/infer.py', description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -284,6 +318,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f'COCO panoptic PQ {100 * pq["All"]["pq"]:.2f} SQ {100 * pq["All"]["sq"]:.2f} '
               f'RQ {100 * pq["All"]["rq"]:.2f} (things {100 * pq["Things"]["pq"]:.2f}, stuff '
               f'{100 * pq["Stuff"]["pq"]:.2f}; {args.backend}, {len(files)} images)', flush=True)
+        miou = semantic_miou(files, detections, classes, args.panoptic_ann_file, seg_dir)
+        print(f'semantic mIoU {miou:.2f} (classes of the panoptic maps; {args.backend})',
+              flush=True)
     if args.ann_file:
         with_masks = any('segmentation' in a for a in predictions['annotations'])
         for iou_type in ('bbox', 'segm') if with_masks else ('bbox',):

@@ -1,10 +1,17 @@
-"""End-to-end ONNX export of Mask R-CNN (``vitdet_plugin/deploy/two_stage.py``): onnxruntime vs
-mmdet's own ``predict`` (boxes, scores, labels and pasted masks) on the shrunk demo config with
-random weights, a batch equal to its single images, the runner mapping masks back to the original
-image (``tools/infer.py`` with torch and mmdet blocked vs mmdet's DetInferencer) and the refusal
-of RoI heads the graph does not repeat."""
+"""End-to-end ONNX export of Mask R-CNN (``vitdet_plugin/deploy/two_stage.py``) and Panoptic FPN
+(the same Mask R-CNN plus a semantic head, ``deploy/panoptic.py``): onnxruntime vs mmdet's own
+``predict`` (boxes, scores, labels, pasted masks and the panoptic map) on the shrunk
+``make demo-seg`` config with random weights, a batch equal to its single images, the runner
+mapping masks and panoptic maps back to the original image (``tools/infer.py`` with torch and
+mmdet blocked vs mmdet's DetInferencer; COCO panoptic PNGs, PQ and mIoU) and the refusal of RoI
+heads the graph does not repeat.
+
+One export serves both detectors: the Panoptic FPN demo's Mask R-CNN is
+``configs/demo/swin_mask_rcnn_shapes.py``'s model (the same ``_base_`` model file), and its graph
+is the Mask R-CNN graph plus the ``sem_logits`` output (an export takes about a minute of CPU)."""
 import json
 import os.path as osp
+import re
 import subprocess
 import sys
 
@@ -21,16 +28,27 @@ from vitdet_plugin.deploy.end_to_end import (OUTPUT_NAMES, PAD_LABEL, EndToEndDe
                                              add_metadata, check_exportable,
                                              export_end_to_end, pipeline_meta)
 from vitdet_plugin.deploy.end_to_end_check import (BOX_TOLERANCE, MASK_IOU_TOLERANCE,
-                                                   SCORE_TOLERANCE, compare, mask_iou,
-                                                   mmdet_predict, untied)
+                                                   PANOPTIC_TOLERANCE, SCORE_TOLERANCE, compare,
+                                                   mask_iou, mmdet_instances, mmdet_predict,
+                                                   untied)
 from vitdet_plugin.deploy.onnx_export import build_model
 from vitdet_plugin.deploy.ort_check import ort_session
+from vitdet_plugin.deploy.panoptic import INSTANCE_OFFSET, SEMANTIC_OUTPUT
 from vitdet_plugin.deploy.runner import MASK_OUTPUTS, OnnxDetector, paste_mask
 
 #: The shrunk demo Mask R-CNN (stem Swin + GN FPN P3-P6, RPN, 2-FC box head, FCN mask head).
-CONFIG = 'configs/demo/swin_mask_rcnn_shapes.py'
+MASK_RCNN_CONFIG = 'configs/demo/swin_mask_rcnn_shapes.py'
 OPTIONS = {'model.backbone.depths': [1, 1, 1], 'model.roi_head.bbox_head.fc_out_channels': 32,
            'model.roi_head.mask_head.num_convs': 1}
+#: The exported one: that Mask R-CNN plus the semantic head (``make demo-seg``), with a low
+#: instance threshold so random-weight detections enter the fusion.
+CONFIG = 'configs/demo/swin_panoptic_fpn_shapes.py'
+PANOPTIC_OPTIONS = dict(OPTIONS, **{'model.test_cfg.panoptic.instance_score_thr': 0.05,
+                                    'model.test_cfg.panoptic.stuff_area_limit': 200})
+#: Scale of the semantic head's classifier after perturb_ (spread-out logits, few ties).
+SEMANTIC_SCALE = 4.0
+#: Thing and stuff labels of the shapes panoptic data (5 shapes; lines, background).
+NUM_THINGS, NUM_CLASSES = 5, 7
 #: Check images: one multiple of the pad divisor (32), two that are not (padding inside).
 SIZES = ((96, 128), (75, 117), (130, 99))
 #: Weight scales after randomize_ that spread the scores (random weights give near-ties).
@@ -58,8 +76,10 @@ def perturb_(model: torch.nn.Module) -> None:
 
 @pytest.fixture(scope='module')
 def exported(tmp_path_factory):
-    cfg, model = build_model(osp.join(REPO_ROOT, CONFIG), cfg_options=dict(OPTIONS))
+    cfg, model = build_model(osp.join(REPO_ROOT, CONFIG), cfg_options=dict(PANOPTIC_OPTIONS))
     perturb_(model)
+    with torch.no_grad():
+        model.semantic_head.conv_logits.weight.mul_(SEMANTIC_SCALE)
     module = EndToEndDetector(model)
     path = str(tmp_path_factory.mktemp('mask_rcnn') / 'model.onnx')
     export_end_to_end(module, path)
@@ -82,29 +102,40 @@ def _images(seed: int = 0):
     return images
 
 
-def test_graph_matches_mmdet_predict_with_masks(exported):
+def test_graph_matches_mmdet_predict_with_masks_and_panoptic_map(exported):
+    """Instances with masks, and the panoptic map of the runner's fusion, equal mmdet's predict
+    at three sizes (two with padding inside the graph)."""
     model, module, path = exported
-    assert module.kind == 'two_stage'
+    assert module.kind == 'two_stage' and module.panoptic
     session = ort_session(path)
-    assert [o.name for o in session.get_outputs()] == list(OUTPUT_NAMES) + list(MASK_OUTPUTS)
+    assert [o.name for o in session.get_outputs()] == \
+        list(OUTPUT_NAMES) + list(MASK_OUTPUTS) + [SEMANTIC_OUTPUT]
     labels_seen = set()
+    things = stuff = 0
     for p, image in zip(compare(session, model, _images()), _images()):
         assert p.num_onnx == p.num_torch > 0, p
         assert p.box_error <= BOX_TOLERANCE and p.score_error <= SCORE_TOLERANCE, p
         assert p.labels_equal and p.mask_iou >= MASK_IOU_TOLERANCE, p
-        _, _, labels, num, masks, probs = session.run(None, {'image': image[None].numpy()})
+        assert p.panoptic_agreement >= PANOPTIC_TOLERANCE, p
+        _, _, labels, num, masks, probs, sem = session.run(None, {'image': image[None].numpy()})
         assert masks.dtype == np.uint8 and masks.shape == (1, module.max_per_img, *p.size)
         assert probs.dtype == np.float32 and probs.shape == (1, module.max_per_img, 28, 28)
         assert set(np.unique(masks)) <= {0, 1} and masks[0, :int(num[0])].any()
+        padded = [-(-side // module.pad_divisor) * module.pad_divisor for side in p.size]
+        assert sem.shape == (1, 3, *(side // 8 for side in padded))  # stuff + 1, stride 8
         labels_seen |= set(labels[0, :int(num[0])].tolist())
+        panoptic = mmdet_instances(model, image)[4]
+        things += int((panoptic >= INSTANCE_OFFSET).any())
+        stuff += int(((panoptic >= NUM_THINGS) & (panoptic < NUM_CLASSES)).any())
     assert len(labels_seen) > 1  # the class-specific decode and class-aware NMS see classes
+    assert things and stuff  # the panoptic maps compared hold instances and stuff
 
 
 def test_batch_rows_are_the_single_images(exported):
     _, module, path = exported
     session = ort_session(path)
     images = torch.stack([_images(1)[1], _images(2)[1]]).numpy()   # two 75 x 117 images
-    boxes, scores, labels, num, masks, probs = session.run(None, {'image': images})
+    boxes, scores, labels, num, masks, probs, sem = session.run(None, {'image': images})
     k = module.max_per_img
     assert boxes.shape == (2, k, 4) and masks.shape == (2, k, 75, 117)
     for b in range(2):
@@ -116,8 +147,42 @@ def test_batch_rows_are_the_single_images(exported):
         assert np.array_equal(labels[b], one[2][0])
         assert mask_iou(masks[b, :n], one[4][0, :n]).min() >= MASK_IOU_TOLERANCE
         np.testing.assert_allclose(probs[b], one[5][0], atol=SCORE_TOLERANCE)
+        np.testing.assert_allclose(sem[b], one[6][0], atol=SCORE_TOLERANCE)
         assert np.all(labels[b, n:] == PAD_LABEL) and not masks[b, n:].any()
         assert not probs[b, n:].any()
+
+
+def test_infer_writes_panoptic_maps_and_pq_like_the_pytorch_backend(exported, tmp_path, capsys):
+    """tools/infer.py on shapes val images (256 px, resized to 192 by the test pipeline, so the
+    runner resizes the semantic logits and pastes the masks at the original size): the
+    onnxruntime backend's COCO panoptic PNGs equal mmdet's DetInferencer's (pytorch backend),
+    and so do PQ and mIoU against the data's panoptic ground truth."""
+    model, _, path = exported
+    data = tmp_path / 'shapes'
+    load_tool('make_shapes.py').main(['--out', str(data), '--num-train', '1', '--num-val', '3',
+                                      '--quiet'])
+    ann = str(data / 'annotations' / 'panoptic_val.json')
+    ckpt = tmp_path / 'model.pth'
+    torch.save({'state_dict': model.state_dict(),
+                'meta': {'dataset_meta': {'classes': OnnxDetector(path).classes}}}, ckpt)
+    cfg_path = tmp_path / 'tiny.py'
+    cfg_path.write_text(_config_text(CONFIG, PANOPTIC_OPTIONS))
+    infer = load_tool('infer.py')
+    scores = {}
+    for backend, args in (('onnxruntime', ['--onnx', path]),
+                          ('pytorch', ['--config', str(cfg_path), '--checkpoint', str(ckpt)])):
+        assert infer.main([str(data / 'val'), '--out-dir', str(tmp_path / backend), '--backend',
+                           backend, *args, '--no-draw', '--panoptic-ann-file', ann]) == 0
+        out = capsys.readouterr().out
+        scores[backend] = [float(v) for v in re.findall(r'(?:PQ|mIoU) (\d+\.\d+)', out)]
+    assert len(scores['onnxruntime']) == 2
+    np.testing.assert_allclose(scores['onnxruntime'], scores['pytorch'], atol=0.5)
+    import cv2
+    for name in ('000000.png', '000001.png', '000002.png'):
+        ours, ref = (cv2.imread(str(tmp_path / b / 'panoptic' / name))
+                     for b in ('onnxruntime', 'pytorch'))
+        assert ours.shape == ref.shape == (256, 256, 3)
+        assert (ours == ref).all(-1).mean() >= PANOPTIC_TOLERANCE
 
 
 #: Boxes of the paste tests: inside, the whole image, partly outside, one without width.
@@ -173,7 +238,7 @@ def test_infer_onnxruntime_masks_equal_pytorch_backend(exported, tmp_path):
     torch.save({'state_dict': model.state_dict(),
                 'meta': {'dataset_meta': {'classes': OnnxDetector(path).classes}}}, ckpt)
     cfg_path = tmp_path / 'tiny.py'
-    cfg_path.write_text(_config_text(CONFIG, OPTIONS))
+    cfg_path.write_text(_config_text(CONFIG, PANOPTIC_OPTIONS))
     assert load_tool('infer.py').main([str(folder), '--out-dir', str(tmp_path / 'pt'),
                                        '--backend', 'pytorch', '--config', str(cfg_path),
                                        '--checkpoint', str(ckpt), '--no-draw']) == 0
@@ -201,7 +266,7 @@ def test_faster_rcnn_module_matches_mmdet_predict():
     options = dict(OPTIONS, **{'model.type': 'FasterRCNN', 'model.roi_head.mask_head': None,
                                'model.roi_head.mask_roi_extractor': None})
     options.pop('model.roi_head.mask_head.num_convs')
-    _, model = build_model(osp.join(REPO_ROOT, CONFIG), cfg_options=options)
+    _, model = build_model(osp.join(REPO_ROOT, MASK_RCNN_CONFIG), cfg_options=options)
     perturb_(model)
     module = EndToEndDetector(model).eval()
     assert module.output_names == list(OUTPUT_NAMES)
@@ -218,7 +283,7 @@ def test_faster_rcnn_module_matches_mmdet_predict():
 
 
 def test_roi_heads_the_graph_does_not_repeat_are_refused(capsys):
-    _, model = build_model(osp.join(REPO_ROOT, CONFIG), cfg_options=dict(OPTIONS))
+    _, model = build_model(osp.join(REPO_ROOT, MASK_RCNN_CONFIG), cfg_options=dict(OPTIONS))
     assert check_exportable(model) == 'two_stage'
     import mmdet
     from mmdet.registry import MODELS
@@ -232,21 +297,11 @@ def test_roi_heads_the_graph_does_not_repeat_are_refused(capsys):
                                              r'SingleRoIExtractor \(RoIAlign, avg\)'):
             check_exportable(model)
     code = load_tool('export_onnx.py').main([
-        osp.join(REPO_ROOT, CONFIG), '--out', 'x.onnx', '--part', 'detector', '--cfg-options',
+        osp.join(REPO_ROOT, MASK_RCNN_CONFIG), '--out', 'x.onnx', '--part', 'detector',
+        '--cfg-options',
         'model.rpn_head.loss_cls.use_sigmoid=False'])
     assert code == 2
     assert 'error: MaskRCNN: RPNHead with a softmax classifier' in capsys.readouterr().err
-
-
-def test_panoptic_detector_is_refused_not_exported_as_its_instances():
-    """Panoptic FPN (``make demo-seg``) holds a Mask R-CNN: exporting that alone would drop
-    its semantic and panoptic outputs without a word."""
-    _, model = build_model(osp.join(REPO_ROOT, 'configs', 'demo', 'swin_panoptic_fpn_shapes.py'),
-                           cfg_options={'model.backbone.init_cfg': None})
-    with pytest.raises(ValueError, match=r'^AllOutputsPanopticFPN has semantic_head and '
-                                         r'panoptic_fusion_head: the end-to-end graph outputs '
-                                         r'instances only \(boxes, scores, labels, masks\)'):
-        check_exportable(model)
 
 
 @pytest.mark.slow  # one more export (~1 min CPU); the module's parity without a mask head is
@@ -257,7 +312,8 @@ def test_faster_rcnn_exports_through_the_tool_and_matches_in_onnxruntime(tmp_pat
     tolerances at two sizes (the tool's check), no mask IoU in its report."""
     out = tmp_path / 'faster.onnx'
     code = load_tool('export_onnx.py').main([
-        osp.join(REPO_ROOT, CONFIG), '--out', str(out), '--part', 'detector', '--check-sizes',
+        osp.join(REPO_ROOT, MASK_RCNN_CONFIG), '--out', str(out), '--part', 'detector',
+        '--check-sizes',
         '96x128', '75x117', '--cfg-options', 'model.roi_head.mask_head=None',
         'model.roi_head.mask_roi_extractor=None', 'model.backbone.depths=[1,1,1]'])
     report = capsys.readouterr().out
