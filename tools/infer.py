@@ -236,7 +236,6 @@ def semantic_miou(files: Sequence[str], detections: Sequence[Detections],
     ground truth, as mmdet's SemSegMetric on LoadPanopticAnnotations' semantic maps: pixels
     without a ground truth segment ignored, void predictions wrong, classes that neither the
     ground truth nor the predictions hold left out of the mean."""
-    import cv2
     with open(ann_file) as f:
         gt = json.load(f)
     image_id = {osp.splitext(osp.basename(im['file_name']))[0]: im['id'] for im in gt['images']}
@@ -247,7 +246,7 @@ def semantic_miou(files: Sequence[str], detections: Sequence[Detections],
     for path, det in zip(files, detections):
         assert det.panoptic is not None
         ann = annotation[image_id[osp.splitext(osp.basename(path))[0]]]
-        rgb = cv2.imread(osp.join(seg_dir, ann['file_name']))[..., ::-1].astype(np.int64)
+        rgb = load_image(osp.join(seg_dir, ann['file_name']))[..., ::-1].astype(np.int64)
         ids = rgb[..., 0] + RGB_BASE * rgb[..., 1] + RGB_BASE ** 2 * rgb[..., 2]   # (H, W)
         label = np.full(ids.shape, IGNORE_INDEX)
         for segment in ann['segments_info']:
