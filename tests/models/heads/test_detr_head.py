@@ -132,6 +132,36 @@ def test_padded_memory_is_masked_out():
                                rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize('padded', [False, True])
+def test_forward_has_no_data_dependent_host_branch(padded):
+    """The head's forward traces as one graph (dynamo ``fullgraph``: a ``bool(tensor)`` read,
+    i.e. a device-to-host sync on CUDA, would break it), with and without padded images; the
+    memory's ``padded`` flag comes from the metas' sizes, and an unpadded batch through the
+    masked path (bias and masked norms) gives the same predictions as its unmasked one."""
+    import torch._dynamo
+    head = small_head().eval()
+    feats = feats_for(2, 96, 128)
+    second = (64, 80) if padded else (96, 128)
+    metas = [dict(img_shape=(96, 128), batch_input_shape=(96, 128)),
+             dict(img_shape=second, batch_input_shape=(96, 128))]
+    assert head.memory(feats, metas).padded is padded
+    torch._dynamo.reset()
+    compiled = torch.compile(head, backend='eager', fullgraph=True, dynamic=False)
+    with torch.no_grad():
+        ref = head(feats, metas)
+        out = compiled(feats, metas)
+    torch.testing.assert_close(out.all_bbox_preds, ref.all_bbox_preds)
+    if not padded:
+        fm = head.memory(feats, metas)
+        masked = head.memory.flatten(head.memory.select(feats), (96, 128),
+                                     torch.tensor([[96., 128.]] * 2), padded=True)
+        torch.testing.assert_close(masked.memory, fm.memory, rtol=1e-5, atol=1e-5)
+        with torch.no_grad():
+            via_mask = head.forward_memory(masked)
+        torch.testing.assert_close(via_mask.all_bbox_preds, ref.all_bbox_preds,
+                                   rtol=1e-4, atol=1e-5)
+
+
 def test_fused_matches_eager_attention():
     head = small_head().eval()
     feats, samples = padded_batch()

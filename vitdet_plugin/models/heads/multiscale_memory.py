@@ -35,6 +35,10 @@ class FlatMemory(NamedTuple):
             ``img_shape`` (valid tokens lie in ``(0, 1)``).
         level_ids: level index of every token ``(N,)``.
         spatial_shapes: ``(H, W)`` of every level.
+        padded: whether an image of the batch may have padded tokens, decided from the sizes
+            on the host (an image smaller than the batch); False: ``padding_mask`` is all
+            False and attention and norms take their unmasked paths (no device-to-host sync
+            to find that out).
     """
     memory: Tensor
     pos: Tensor
@@ -42,6 +46,7 @@ class FlatMemory(NamedTuple):
     token_xy: Tensor
     level_ids: Tensor
     spatial_shapes: List[Tuple[int, int]]
+    padded: bool = True
 
     def level_slices(self) -> List[slice]:
         """Token ranges of the levels inside the flattened ``N``."""
@@ -200,13 +205,15 @@ class MultiScaleMemory(nn.Module):
         frame = (chosen[0].shape[-2] * s0, chosen[0].shape[-1] * s0)
         batch_shape, img_shapes = image_shapes(batch_img_metas, b, frame)
         img_hw = torch.tensor(img_shapes, dtype=torch.float32, device=device)  # (B, 2) h, w
-        return self.flatten(chosen, batch_shape, img_hw)
+        padded = any(tuple(shape) != tuple(batch_shape) for shape in img_shapes)
+        return self.flatten(chosen, batch_shape, img_hw, padded)
 
     def flatten(self, chosen: Sequence[Tensor], batch_shape: Tuple[int, int],
-                img_hw: Tensor) -> FlatMemory:
+                img_hw: Tensor, padded: bool = True) -> FlatMemory:
         """The selected maps -> :class:`FlatMemory`, each image's valid ``(h, w)`` given as
         ``img_hw`` ``(B, 2)`` float (``forward`` reads it from the metas; the ONNX export
-        passes its symbolic input size)."""
+        passes its symbolic input size, padded to the divisor inside the graph). ``padded``
+        False (every image fills the batch): the norms skip their masks."""
         device = chosen[0].device
         maps, valid_counts, strides = [], [], []
         for proj, x, stride in zip(self.input_proj, chosen, self._strides(chosen, batch_shape)):
@@ -217,7 +224,8 @@ class MultiScaleMemory(nn.Module):
                 torch.ceil(img_hw / img_hw.new_tensor(stride)).clamp_min(1), size)
             conv, norm = _conv_norm(proj)
             y = conv(x)
-            maps.append(masked_group_norm(y, _valid_mask(counts, y.shape[-2:]), norm))
+            maps.append(masked_group_norm(
+                y, _valid_mask(counts, y.shape[-2:]) if padded else None, norm))
             valid_counts.append(counts)
             strides.append(stride)
         src, counts, stride = chosen[-1], valid_counts[-1], strides[-1]
@@ -227,7 +235,8 @@ class MultiScaleMemory(nn.Module):
             y = conv(src * _valid_mask(counts, src.shape[-2:])[:, None].to(src.dtype))
             counts = torch.ceil(counts / 2)
             stride = (stride[0] * 2, stride[1] * 2)
-            src = masked_group_norm(y, _valid_mask(counts, y.shape[-2:]), norm)
+            src = masked_group_norm(y, _valid_mask(counts, y.shape[-2:]) if padded else None,
+                                    norm)
             maps.append(src)
             valid_counts.append(counts)
             strides.append(stride)
@@ -252,7 +261,7 @@ class MultiScaleMemory(nn.Module):
         pos = pos + self.level_embed[level_ids].float()
         tokens = torch.cat(memory, 1)
         return FlatMemory(tokens, pos.to(tokens.dtype), torch.cat(pad, 1), token_xy, level_ids,
-                          shapes)
+                          shapes, padded)
 
     def extra_repr(self) -> str:
         return (f'in_channels={self.in_channels}, in_levels={self.in_levels}, '

@@ -212,7 +212,8 @@ class SdpaDETRHead(BaseModule):
         slices = fm.level_slices()
         idx = torch.cat([torch.arange(slices[i].start, slices[i].stop, device=fm.memory.device)
                          for i in self.encoder_levels])
-        encoded = self.encoder(fm.memory[:, idx], fm.pos[:, idx], fm.padding_mask[:, idx])
+        encoded = self.encoder(fm.memory[:, idx], fm.pos[:, idx],
+                               fm.padding_mask[:, idx] if fm.padded else None)
         return fm.memory.index_copy(1, idx, encoded.to(fm.memory.dtype))
 
     def _initial_queries(self, fm: FlatMemory, memory: Tensor) -> Proposals:
@@ -268,9 +269,9 @@ class SdpaDETRHead(BaseModule):
             ref = torch.cat((dn.ref_boxes, ref.float()), 1)
             self_bias = dn.self_bias
         memory_key = memory + fm.pos
-        hidden, boxes = self.decoder(query, ref, memory, memory_key, fm.token_xy,
-                                     padding_bias(fm.padding_mask), self.reg_branches,
-                                     self_bias)
+        memory_bias = padding_bias(fm.padding_mask if fm.padded else None)
+        hidden, boxes = self.decoder(query, ref, memory, memory_key, fm.token_xy, memory_bias,
+                                     self.reg_branches, self_bias)
         cls = torch.stack([branch(h) for branch, h in zip(self.cls_branches, hidden)])
         boxes = torch.stack(boxes)
         outs = HeadOutputs(cls, boxes, proposals.top_cls, proposals.top_box)

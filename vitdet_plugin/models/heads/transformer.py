@@ -27,14 +27,14 @@ PRIOR_MIN_LOGIT = -30.0
 PRIOR_MIN_SIZE = 1e-3
 
 
-def padding_bias(padding_mask: Tensor) -> Optional[Tensor]:
-    """``(B, N)`` bool (True = padded) -> additive key bias ``(B, 1, 1, N)`` or None.
+def padding_bias(padding_mask: Optional[Tensor]) -> Optional[Tensor]:
+    """``(B, N)`` bool (True = padded) -> additive key bias ``(B, 1, 1, N)``; None -> None
+    (the caller knows from the sizes that nothing is padded: attention without a mask).
 
     Padded keys get ``-inf`` (exactly zero attention in every dtype); every image keeps at
     least one valid token, so no attention row is fully masked.
     """
-    # a data-dependent branch: an exported graph always builds the bias (zeros: no padding)
-    if not torch.compiler.is_exporting() and not bool(padding_mask.any()):
+    if padding_mask is None:
         return None
     bias = torch.zeros(padding_mask.shape, dtype=torch.float32, device=padding_mask.device)
     return bias.masked_fill_(padding_mask, float('-inf'))[:, None, None, :]
@@ -214,8 +214,9 @@ class MemoryEncoder(nn.Module):
             TransformerLayer(embed_dims, num_heads, ffn_dims, dropout, cross_attention=False)
             for _ in range(num_layers))
 
-    def forward(self, tokens: Tensor, pos: Tensor, padding_mask: Tensor) -> Tensor:
-        """Encode ``tokens (B, N, C)`` with positions ``pos`` and padding ``(B, N)``."""
+    def forward(self, tokens: Tensor, pos: Tensor, padding_mask: Optional[Tensor]) -> Tensor:
+        """Encode ``tokens (B, N, C)`` with positions ``pos`` and padding ``(B, N)`` (None:
+        no padded token)."""
         bias = padding_bias(padding_mask)
         for layer in self.layers:
             tokens = layer(tokens, pos, bias)

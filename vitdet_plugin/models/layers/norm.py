@@ -20,12 +20,11 @@ def masked_group_norm(x: Tensor, valid: Optional[Tensor], norm: nn.GroupNorm) ->
 
     Batched images are padded to one size; a plain GroupNorm would let the padded area shift
     the statistics of the image itself. Args: ``x (B, C, H, W)``, ``valid (B, H, W)`` bool
-    (None or all True: plain ``norm``), ``norm`` a :class:`nn.GroupNorm` over ``C``. Padded
-    positions come out as zeros. Statistics are computed in fp32 (autocast-safe).
+    (None: plain ``norm``; the caller decides from the sizes, as reading ``valid`` would be a
+    device-to-host sync), ``norm`` a :class:`nn.GroupNorm` over ``C``. Padded positions come
+    out as zeros. Statistics are computed in fp32 (autocast-safe).
     """
-    # the shortcut is a data-dependent branch: an exported graph always takes the masked path
-    # (the same values when all positions are valid)
-    if valid is None or (not torch.compiler.is_exporting() and bool(valid.all())):
+    if valid is None:
         return norm(x)
     b, c, h, w = x.shape
     g = norm.num_groups
