@@ -20,29 +20,30 @@ from vitdet_plugin.deploy.ort_check import ort_session
 from vitdet_plugin.deploy.runner import META_KEY, OnnxDetector
 
 CONFIG = osp.join(REPO_ROOT, 'configs', 'swin_dino.py')
-#: The shrunk DINO: a 3-stage Swin (strides 4 / 8 / 16, levels at 8 and 16) + the ChannelMapper's
-#: extra level (3 levels, not 4: a third less to export), 1 encoder and 2 decoder layers (box
-#: refinement between them), 30 queries, 3 classes. embed_dims stays 256: DinoTransformerDecoder's
-#: query position (coordinate_to_encoding, 128 features per coordinate) assumes it.
+#: The shrunk DINO: a 2-stage Swin (strides 4 / 8, the level at 8) + the ChannelMapper's extra
+#: level at 16 (2 levels, not 4: the export takes about 60 % of a 3-level one's time), 1 encoder
+#: and 2 decoder layers (box refinement between them), 30 queries, 3 classes. embed_dims stays
+#: 256: DinoTransformerDecoder's query position (coordinate_to_encoding, 128 features per
+#: coordinate) assumes it.
 OPTIONS = {
     'model.backbone.init_cfg': None, 'model.backbone.embed_dims': 16,
-    'model.backbone.depths': [1, 1, 1], 'model.backbone.num_heads': [1, 1, 2],
-    'model.backbone.out_indices': [1, 2], 'model.neck.in_channels': [32, 64],
-    'model.neck.num_outs': 3, 'model.num_feature_levels': 3,
+    'model.backbone.depths': [1, 1], 'model.backbone.num_heads': [1, 1],
+    'model.backbone.out_indices': [1], 'model.neck.in_channels': [32],
+    'model.neck.num_outs': 2, 'model.num_feature_levels': 2,
     'model.encoder.num_layers': 1, 'model.decoder.num_layers': 2,
-    'model.encoder.layer_cfg.self_attn_cfg.num_levels': 3,
+    'model.encoder.layer_cfg.self_attn_cfg.num_levels': 2,
     'model.encoder.layer_cfg.self_attn_cfg.num_points': 2,
     'model.encoder.layer_cfg.ffn_cfg.feedforward_channels': 32,
-    'model.decoder.layer_cfg.cross_attn_cfg.num_levels': 3,
+    'model.decoder.layer_cfg.cross_attn_cfg.num_levels': 2,
     'model.decoder.layer_cfg.cross_attn_cfg.num_points': 2,
     'model.decoder.layer_cfg.ffn_cfg.feedforward_channels': 32,
     'model.num_queries': 30, 'model.bbox_head.num_classes': 3, 'model.test_cfg.max_per_img': 20}
 #: Check images: none of them the export's size (233 x 311); padding-free (pad_size_divisor 1).
 SIZES = ((96, 128), (75, 117), (130, 99))
 
-#: randomize_'s seed: random weights favour one class; with this one a second label occurs in
-#: the check images (and the scores of neighbouring ranks differ by >= 2.8e-5).
-WEIGHT_SEED = 2
+#: randomize_'s seed: random weights favour one class; with this one two labels occur in each
+#: check image (and the scores of neighbouring ranks differ by >= 1.5e-4).
+WEIGHT_SEED = 5
 
 
 def _cfg_options(options: dict) -> list:
@@ -53,14 +54,14 @@ def _cfg_options(options: dict) -> list:
 @pytest.fixture(scope='module')
 def exported(tmp_path_factory):
     """Random weights saved as a checkpoint and exported through the tool, which checks
-    onnxruntime against mmdet's predict at two sizes."""
+    onnxruntime against mmdet's predict (at one size: the tests below check three)."""
     folder = tmp_path_factory.mktemp('dino')
     _, model = build_model(CONFIG, cfg_options=dict(OPTIONS))
     randomize_(model, seed=WEIGHT_SEED)
     ckpt, path = str(folder / 'dino.pth'), str(folder / 'dino.onnx')
     torch.save({'state_dict': model.state_dict()}, ckpt)
     code = load_tool('export_onnx.py').main([
-        CONFIG, ckpt, '--out', path, '--part', 'detector', '--check-sizes', '64x80', '57x91',
+        CONFIG, ckpt, '--out', path, '--part', 'detector', '--check-sizes', '57x91',
         '--cfg-options', *_cfg_options(OPTIONS)])
     assert code == 0
     return model, path
