@@ -37,6 +37,8 @@ a multiple, which this graph does not repeat).
 from typing import Any, List, NoReturn, Sequence, Tuple
 
 import torch
+from mmcv.ops.multi_scale_deform_attn import multi_scale_deformable_attn_pytorch
+from mmdet.models.layers.transformer.utils import coordinate_to_encoding, inverse_sigmoid
 from torch import Tensor
 
 from .graph_ops import BOX_DIM
@@ -52,8 +54,10 @@ PIXEL_CENTRE = 0.5
 #: open interval its normalised coordinates must lie in to be used.
 PROPOSAL_SIDE = 0.05
 PROPOSAL_RANGE = (0.01, 0.99)
-#: ``DinoTransformerDecoder``'s eps of the inverse sigmoid between layers.
+#: The eps of ``inverse_sigmoid`` between decoder layers (``DinoTransformerDecoder``) and in the
+#: head (``DeformableDETRHead.forward``).
 REFINE_EPS = 1e-3
+HEAD_EPS = 1e-5
 
 #: ``(H_l, W_l)`` of each level: the graph's symbolic sizes.
 Shapes = List[Tuple[Any, Any]]
@@ -94,8 +98,6 @@ def deformable_attention(attn: Any, query: Tensor, query_pos: Tensor, value: Ten
     """``MultiScaleDeformableAttention.forward`` (batch first, no padding mask) of ``attn``:
     ``query`` ``(B, Q, C)`` attends to ``value`` ``(B, N, C)``, the levels' maps of ``shapes``
     flattened; ``reference`` ``(B, Q, L, 2)`` points or ``(B, Q, L, 4)`` boxes, normalised."""
-    from mmcv.ops.multi_scale_deform_attn import multi_scale_deformable_attn_pytorch
-
     b, q, _ = query.shape
     heads, levels, points = attn.num_heads, attn.num_levels, attn.num_points
     identity = query
@@ -109,7 +111,7 @@ def deformable_attention(attn: Any, query: Tensor, query_pos: Tensor, value: Ten
                                   device=offsets.device)                 # (L, 2)
         locations = reference[:, :, None, :, None, :] \
             + offsets / normalizer[None, None, None, :, None, :]        # (B, Q, heads, L, P, 2)
-    else:
+    else:  # offsets in units of half the box's width / height per point
         locations = reference[:, :, None, :, None, :2] \
             + offsets / points * reference[:, :, None, :, None, 2:] * 0.5
     out = multi_scale_deformable_attn_pytorch(value, shapes, locations, weights)  # (B, Q, C)
@@ -164,7 +166,7 @@ class Dino:
         hidden, reference = self.decode(memory, shapes)
         head = self.model.bbox_head
         last = self.model.decoder.num_layers - 1
-        box = head.reg_branches[last](hidden) + _inverse_sigmoid(reference)
+        box = head.reg_branches[last](hidden) + inverse_sigmoid(reference, HEAD_EPS)
         return head.cls_branches[last](hidden), box.sigmoid()
 
     def encode(self, feats: Sequence[Tensor]) -> Tuple[Tensor, Shapes]:
@@ -186,8 +188,6 @@ class Dino:
     def decode(self, memory: Tensor, shapes: Shapes) -> Tuple[Tensor, Tensor]:
         """``pre_decoder`` + ``DinoTransformerDecoder``: the last layer's normed ``(B, Q, C)``
         output and the ``(B, Q, 4)`` reference boxes it refined (sigmoid, cxcywh)."""
-        from mmdet.models.layers.transformer.utils import coordinate_to_encoding
-
         m = self.model
         b = memory.shape[0]
         reference = self.select_queries(memory, shapes)                        # (B, Q, 4)
@@ -196,7 +196,7 @@ class Dino:
         for i, layer in enumerate(layers):
             if i > 0:  # the previous layer's box refinement
                 refined = m.bbox_head.reg_branches[i - 1](query)
-                reference = (refined + _inverse_sigmoid(reference, REFINE_EPS)).sigmoid()
+                reference = (refined + inverse_sigmoid(reference, REFINE_EPS)).sigmoid()
             query_pos = m.decoder.ref_point_head(coordinate_to_encoding(reference))
             query = layer.norms[0](layer.self_attn(query=query, key=query, value=query,
                                                    query_pos=query_pos, key_pos=query_pos))
@@ -223,9 +223,3 @@ class Dino:
         coords = m.bbox_head.reg_branches[n](out) + proposals                  # (B, N, 4)
         top = scores.topk(m.num_queries, dim=1)[1]                             # (B, Q)
         return torch.gather(coords, 1, top[..., None].expand(b, -1, BOX_DIM)).sigmoid()
-
-
-def _inverse_sigmoid(x: Tensor, eps: float = 1e-5) -> Tensor:
-    """mmdet's ``inverse_sigmoid`` (its default eps is the head's)."""
-    from mmdet.models.layers.transformer.utils import inverse_sigmoid
-    return inverse_sigmoid(x, eps)
