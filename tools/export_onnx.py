@@ -18,8 +18,9 @@ network, decoding, test_cfg's score threshold / top-k / NMS inside; see docs/dep
 I/O contract), the test pipeline's load / resize parameters stored in the file for
 ``vitdet_plugin.deploy.runner``; checked against mmdet's own predict at each check size
 (boxes within 1e-3 of the image side, scores within 1e-4, labels equal, mask IoU >= 0.99).
-SdpaDETR, sigmoid anchor heads (RetinaNet) and Faster / Mask R-CNN (RPN + StandardRoIHead; Mask
-R-CNN adds the outputs masks and mask_probs); other detectors are refused with the reason.
+SdpaDETR, sigmoid anchor heads (RetinaNet), Faster / Mask R-CNN (RPN + StandardRoIHead; Mask
+R-CNN adds the outputs masks and mask_probs) and mmdet's DINO; other detectors are refused with
+the reason.
 Exit status 1 when a check fails, 2 when the part cannot be exported.
 """
 import argparse

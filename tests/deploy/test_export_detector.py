@@ -2,8 +2,8 @@
 detections, checked in onnxruntime against mmdet's own ``predict`` (SdpaDETR and RetinaNet,
 shrunk demo configs with random weights), the numpy + onnxruntime runner (in a subprocess with
 torch and mmdet blocked) against mmdet's DetInferencer on image files through
-``tools/infer.py``, and the refusals (mmdet DINO, bad runner input; Mask R-CNN:
-test_export_two_stage.py)."""
+``tools/infer.py``, and the refusals (mmdet FCOS, bad runner input; Mask R-CNN:
+test_export_two_stage.py; DINO: test_export_dino.py)."""
 import importlib.util
 import json
 import os.path as osp
@@ -172,17 +172,19 @@ def test_runner_refuses_bad_images(exported):
 
 
 def test_detectors_that_cannot_export_are_refused(capsys):
-    """(Two-stage refusals: tests/deploy/test_export_two_stage.py.)"""
-    _, dino = build_model(osp.join(REPO_ROOT, 'configs', 'swin_dino.py'),
-                          cfg_options={'model.backbone.init_cfg': None})
-    with pytest.raises(ValueError, match=r'DINO with DINOHead: no end-to-end export \(supported: '
+    """mmdet's FCOS (a head the graph does not decode). (Two-stage refusals:
+    test_export_two_stage.py, DINO's: test_export_dino.py.)"""
+    import mmdet
+    fcos = osp.join(osp.dirname(mmdet.__file__), '.mim', 'configs', 'fcos',
+                    'fcos_r50-caffe_fpn_gn-head_1x_coco.py')
+    _, model = build_model(fcos, cfg_options={'model.backbone.init_cfg': None})
+    with pytest.raises(ValueError, match=r'FCOS with FCOSHead: no end-to-end export \(supported: '
                                          r'SdpaDETR with SdpaDETRHead'):
-        check_exportable(dino)
-    code = _tool('export_onnx.py').main([osp.join(REPO_ROOT, 'configs', 'swin_dino.py'),
-                                         '--out', 'x.onnx', '--part', 'detector',
+        check_exportable(model)
+    code = _tool('export_onnx.py').main([fcos, '--out', 'x.onnx', '--part', 'detector',
                                          '--cfg-options', 'model.backbone.init_cfg=None'])
     assert code == 2
-    assert 'error: DINO with DINOHead: no end-to-end export' in capsys.readouterr().err
+    assert 'error: FCOS with FCOSHead: no end-to-end export' in capsys.readouterr().err
     with pytest.raises(SystemExit):
         _tool('export_onnx.py').parse_args(['c.py', '--out', 'x.onnx', '--part', 'trunk'])
     assert "invalid choice: 'trunk'" in capsys.readouterr().err

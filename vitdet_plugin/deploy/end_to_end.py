@@ -20,8 +20,9 @@
 Exported: :class:`~vitdet_plugin.models.detectors.SdpaDETR` (top-k over queries x classes, no
 NMS), single-stage anchor heads decoded per level (RetinaNet: sigmoid scores, ``nms_pre``
 per level, class-aware NMS), Faster / Mask R-CNN (RPN + ``StandardRoIHead``,
-:mod:`.two_stage`) and Panoptic FPN (Mask R-CNN + ``PanopticFPNHead``; the heuristic fusion
-runs in the runner). Anything else is refused with the reason (:func:`check_exportable`).
+:mod:`.two_stage`), Panoptic FPN (Mask R-CNN + ``PanopticFPNHead``; the heuristic
+fusion runs in the runner) and mmdet's DINO (:mod:`.deformable_detr`). Anything else
+is refused with the reason (:func:`check_exportable`).
 """
 import json
 from typing import Any, Dict, List, Tuple
@@ -31,8 +32,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..models.layers import eager_attention
-from .graph_ops import (BOX_DIM, DROPPED_SCORE, anchor_candidates, clip_boxes, large_enough,
-                        nms_survivors, top_k_padded, translation_table)
+from .deformable_detr import Dino, check_dino, is_deformable_detr
+from .graph_ops import (DROPPED_SCORE, anchor_candidates, large_enough, nms_survivors,
+                        query_class_top_k, top_k_padded, translation_table)
 from .graph_ops import PAD_LABEL  # noqa: F401  (the I/O contract's padding label, re-exported)
 from .onnx_export import EXPORT_SAMPLE_SIZE, OPSET, dynamic_shapes
 from .panoptic import SEMANTIC_OUTPUT
@@ -72,13 +74,17 @@ def is_panoptic_fpn(model: Any) -> bool:
 
 
 def check_exportable(model: Any) -> str:
-    """The kind of end-to-end graph ``model`` exports to (``'detr'``, ``'dense'`` or
-    ``'two_stage'``, which includes Panoptic FPN), or a ``ValueError`` saying why it cannot."""
+    """The kind of end-to-end graph ``model`` exports to (``'detr'``, ``'dense'``,
+    ``'two_stage'``, which includes Panoptic FPN, or ``'dino'``), or a ``ValueError``
+    saying why it cannot."""
     name = type(model).__name__
     is_panoptic_fpn(model)  # refuses the segmentation heads it does not repeat
     if hasattr(model, 'roi_head') or hasattr(model, 'rpn_head'):
         check_two_stage(model)  # refuses what it does not repeat
         return 'two_stage'
+    if is_deformable_detr(model):
+        check_dino(model)  # refuses what it does not repeat (DeformableDETR, ...)
+        return 'dino'
     head = getattr(model, 'bbox_head', None)
     if head is None:
         raise ValueError(f'{name} has no bbox_head: nothing decodes detections; export --part '
@@ -89,10 +95,8 @@ def check_exportable(model: Any) -> str:
             and getattr(head, 'use_sigmoid_cls', False) and type(head).__name__ in DENSE_HEADS:
         return 'dense'
     raise ValueError(f'{name} with {type(head).__name__}: no end-to-end export (supported: '
-                     f'SdpaDETR with SdpaDETRHead, and the sigmoid anchor heads {DENSE_HEADS}; '
-                     'mmdet DINO / DeformableDETR heads are not implemented: their predict '
-                     'loops over images in Python and their multi-scale deformable attention '
-                     'is an mmcv op); export --part neck')
+                     f'SdpaDETR with SdpaDETRHead, mmdet\'s DINO and the sigmoid anchor heads '
+                     f'{DENSE_HEADS}); export --part neck')
 
 
 #: Anchor heads whose test-time path is ``AnchorHead.predict_by_feat`` unchanged.
@@ -115,6 +119,7 @@ class EndToEndDetector(nn.Module):
         self.pad_value = float(getattr(pre, 'pad_value', 0))
         self.two_stage = TwoStage(model) if self.kind == 'two_stage' else None
         self.panoptic = is_panoptic_fpn(model)
+        self.dino = Dino(model) if self.kind == 'dino' else None
         test_cfg = model.roi_head.test_cfg if self.two_stage else model.bbox_head.test_cfg
         self.max_per_img = int(test_cfg.get('max_per_img', 100))
         self.score_thr = float(test_cfg.get('score_thr', 0.0))
@@ -175,6 +180,9 @@ class EndToEndDetector(nn.Module):
             boxes, scores, labels = self.two_stage.detections(feats, proposals, real, h, w)
         elif self.kind == 'detr':
             boxes, scores, labels = self._detr(feats, x, h, w)
+        elif self.dino is not None:  # DeformableDETRHead.predict_by_feat: no score_thr
+            boxes, scores, labels = query_class_top_k(*self.dino.head_outputs(feats),
+                                                      self.max_per_img, h, w)
         else:
             boxes, scores, labels = self._dense(feats, h, w)
         out: Tuple[Tensor, ...] = top_k_padded(boxes, scores, labels, self.max_per_img)
@@ -196,16 +204,9 @@ class EndToEndDetector(nn.Module):
                              1)                                          # (B, 2)
         fm = head.memory.flatten(head.memory.select(feats), tuple(x.shape[-2:]), img_hw)
         outs = head.forward_memory(fm)
-        cls, box = outs.all_cls_scores[-1].float(), outs.all_bbox_preds[-1].float()
-        num_classes = cls.shape[-1]
-        k = min(self.max_per_img, cls.shape[1] * num_classes)
-        scores, idx = cls.sigmoid().flatten(1).topk(k, dim=1)                    # (B, K)
-        labels = idx % num_classes
-        box = torch.gather(box, 1, (idx // num_classes)[..., None].expand(-1, -1, BOX_DIM))
-        cx, cy, bw, bh = box.unbind(-1)
-        boxes = torch.stack(((cx - bw / 2) * w, (cy - bh / 2) * h,
-                             (cx + bw / 2) * w, (cy + bh / 2) * h), -1)        # (B, K, 4)
-        boxes = clip_boxes(boxes, h, w)
+        boxes, scores, labels = query_class_top_k(outs.all_cls_scores[-1].float(),
+                                                  outs.all_bbox_preds[-1].float(),
+                                                  self.max_per_img, h, w)
         scores = torch.where(scores > self.score_thr, scores, DROPPED_SCORE) \
             if self.score_thr > 0 else scores
         return boxes, scores, labels
