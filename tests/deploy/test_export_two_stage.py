@@ -282,6 +282,40 @@ def test_faster_rcnn_module_matches_mmdet_predict():
         assert np.array_equal(labels[0, :n].numpy()[ranks], ref_labels[ranks])
 
 
+def test_class_agnostic_nms_matches_mmdet_predict():
+    """mmdet's stock Panoptic FPN suppresses across classes in its box head
+    (``nms.class_agnostic=True``): the module (in PyTorch, the ops exported above) equals
+    mmdet's predict with it, and differs from the class-aware result."""
+    options = dict(OPTIONS, **{'model.test_cfg.rcnn.nms.class_agnostic': True,
+                               'model.test_cfg.rcnn.max_per_img': 100})  # other labels too
+    _, model = build_model(osp.join(REPO_ROOT, MASK_RCNN_CONFIG), cfg_options=options)
+    perturb_(model)
+    module = EndToEndDetector(model).eval()
+    assert module.nms.class_agnostic
+    for image in _images():
+        with torch.no_grad():
+            boxes, scores, labels, num = module(image[None])[:4]
+        ref_boxes, ref_scores, ref_labels = mmdet_predict(model, image)
+        n = int(num[0])
+        assert n == len(ref_scores) > 0
+        np.testing.assert_allclose(scores[0, :n].numpy(), ref_scores, atol=SCORE_TOLERANCE)
+        ranks = untied(ref_scores)
+        np.testing.assert_allclose(boxes[0, :n].numpy()[ranks], ref_boxes[ranks], atol=1e-4)
+        assert np.array_equal(labels[0, :n].numpy()[ranks], ref_labels[ranks])
+    model.roi_head.test_cfg.nms.class_agnostic = False
+    aware = EndToEndDetector(model).eval()
+    with torch.no_grad():  # the class-aware NMS keeps boxes of one place with other labels
+        assert not torch.equal(aware(_images()[0][None])[2], module(_images()[0][None])[2])
+
+
+def test_soft_nms_is_refused():
+    options = dict(OPTIONS, **{'model.test_cfg.rcnn.nms.type': 'soft_nms'})
+    _, model = build_model(osp.join(REPO_ROOT, MASK_RCNN_CONFIG), cfg_options=options)
+    with pytest.raises(ValueError, match=r"^RoI head: test_cfg nms type 'soft_nms': no end-to-end "
+                                         r"export \(ONNX NonMaxSuppression is hard NMS"):
+        EndToEndDetector(model)
+
+
 def test_roi_heads_the_graph_does_not_repeat_are_refused(capsys):
     _, model = build_model(osp.join(REPO_ROOT, MASK_RCNN_CONFIG), cfg_options=dict(OPTIONS))
     assert check_exportable(model) == 'two_stage'

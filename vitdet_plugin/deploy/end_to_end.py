@@ -33,8 +33,8 @@ from torch import Tensor, nn
 
 from ..models.layers import eager_attention
 from .deformable_detr import Dino, check_dino, is_deformable_detr
-from .graph_ops import (DROPPED_SCORE, anchor_candidates, large_enough, nms_survivors,
-                        query_class_top_k, top_k_padded, translation_table)
+from .graph_ops import (DROPPED_SCORE, NmsConfig, anchor_candidates, large_enough,
+                        nms_survivors, query_class_top_k, top_k_padded, translation_table)
 from .graph_ops import PAD_LABEL  # noqa: F401  (the I/O contract's padding label, re-exported)
 from .onnx_export import EXPORT_SAMPLE_SIZE, OPSET, dynamic_shapes
 from .panoptic import SEMANTIC_OUTPUT
@@ -99,6 +99,8 @@ def check_exportable(model: Any) -> str:
                      f'{DENSE_HEADS}); export --part neck')
 
 
+#: IoU threshold of an anchor head's NMS when its ``test_cfg`` gives none.
+DENSE_IOU = 0.5
 #: Anchor heads whose test-time path is ``AnchorHead.predict_by_feat`` unchanged.
 DENSE_HEADS = ('RetinaHead', 'RetinaSepBNHead', 'AnchorHead')
 
@@ -123,8 +125,8 @@ class EndToEndDetector(nn.Module):
         test_cfg = model.roi_head.test_cfg if self.two_stage else model.bbox_head.test_cfg
         self.max_per_img = int(test_cfg.get('max_per_img', 100))
         self.score_thr = float(test_cfg.get('score_thr', 0.0))
-        nms = test_cfg.get('nms') or {}
-        self.iou_threshold = float(nms.get('iou_threshold', 0.5))
+        self.nms = self.two_stage.nms if self.two_stage else \
+            NmsConfig.of(type(model.bbox_head).__name__, test_cfg.get('nms'), DENSE_IOU)
         self.nms_pre = int(test_cfg.get('nms_pre', -1))
         self.min_bbox_size = float(test_cfg.get('min_bbox_size', -1))
         if self.kind == 'detr' and model.bbox_head.memory.in_strides is None:
@@ -222,7 +224,7 @@ class EndToEndDetector(nn.Module):
         valid = (scores > self.score_thr) & large_enough(boxes, self.min_bbox_size)
         scores = torch.where(valid, scores, DROPPED_SCORE)
         survived = nms_survivors(boxes, scores, labels, head.cls_out_channels, self.max_per_img,
-                                 self.iou_threshold)
+                                 self.nms)
         scores = torch.where(survived & valid, scores, DROPPED_SCORE)
         return boxes, scores, labels
 
@@ -262,7 +264,7 @@ def pipeline_meta(cfg: Any, module: EndToEndDetector) -> Dict[str, Any]:
         classes = DATASETS.get(dataset.type).METAINFO['classes']
     return dict(version=META_VERSION, kind=module.kind, channel_order='bgr', resize=resize,
                 classes=list(classes), max_per_img=module.max_per_img,
-                score_thr=module.score_thr, iou_threshold=module.iou_threshold,
+                score_thr=module.score_thr, iou_threshold=module.nms.iou_threshold,
                 outputs=module.output_names,
                 mask_thr_binary=module.two_stage.mask_thr if module.two_stage else None,
                 panoptic=fusion_meta(module) if module.panoptic else None)

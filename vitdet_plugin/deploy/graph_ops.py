@@ -5,6 +5,7 @@ clipping and the padded top-k of the graph's outputs.
 ``vitdet_deploy::nms`` has ONNX ``NonMaxSuppression``'s semantics; in PyTorch it runs
 torchvision's kernel, in the graph it becomes the ONNX op (:func:`translation_table`).
 """
+from dataclasses import dataclass
 from typing import Any, Sequence, Tuple
 
 import torch
@@ -65,16 +66,45 @@ def translation_table() -> dict:
     return {torch.ops.vitdet_deploy.nms.default: nms_onnx}
 
 
+#: mmcv NMS types the graph repeats: ONNX ``NonMaxSuppression`` is hard NMS.
+NMS_TYPES = ('nms',)
+
+
+@dataclass(frozen=True)
+class NmsConfig:
+    """An mmcv ``nms`` config as the graph repeats it: the IoU threshold and whether the
+    suppression crosses classes (``class_agnostic``: mmdet's Panoptic FPN box head)."""
+
+    iou_threshold: float
+    class_agnostic: bool = False
+
+    @classmethod
+    def of(cls, owner: str, cfg: Any, default_iou: float) -> 'NmsConfig':
+        """``cfg`` (a ``test_cfg.nms`` dict or None) of ``owner`` (named in the refusal),
+        else a ``ValueError`` naming the NMS type the graph cannot repeat."""
+        cfg = cfg or {}
+        kind = cfg.get('type', 'nms')
+        if kind not in NMS_TYPES:
+            raise ValueError(f'{owner}: test_cfg nms type {kind!r}: no end-to-end export (ONNX '
+                             f'NonMaxSuppression is hard NMS: type in {NMS_TYPES}); set '
+                             'type="nms" or export --part neck')
+        return cls(float(cfg.get('iou_threshold', default_iou)),
+                   bool(cfg.get('class_agnostic', False)))
+
+
 def nms_survivors(boxes: Tensor, scores: Tensor, groups: Tensor, num_groups: int,
-                  max_per_group: int, iou_threshold: float) -> Tensor:
+                  max_per_group: int, nms: NmsConfig) -> Tensor:
     """NMS within each group (class or level), as mmcv's ``batched_nms``: ``boxes``
     ``(B, N, 4)``, ``scores`` ``(B, N)`` (:data:`DROPPED_SCORE` where a candidate does not take
-    part), ``groups`` ``(B, N)`` int64 in ``[0, num_groups)``; ``(B, N)`` bool, True where kept
-    (ONNX ``NonMaxSuppression`` with one score row per group)."""
+    part), ``groups`` ``(B, N)`` int64 in ``[0, num_groups)`` (one group for all when
+    ``nms.class_agnostic``); ``(B, N)`` bool, True where kept (ONNX ``NonMaxSuppression`` with
+    one score row per group)."""
+    if nms.class_agnostic:
+        groups, num_groups = torch.zeros_like(groups), 1
     group_ids = torch.arange(num_groups, device=groups.device)           # (G,)
     per_group = torch.where(                                             # (B, G, N)
         groups[:, None] == group_ids[None, :, None], scores[:, None], DROPPED_SCORE)
-    kept = torch.ops.vitdet_deploy.nms(boxes, per_group, max_per_group, iou_threshold,
+    kept = torch.ops.vitdet_deploy.nms(boxes, per_group, max_per_group, nms.iou_threshold,
                                        DROPPED_SCORE / 2)
     return torch.zeros_like(scores, dtype=torch.bool).index_put_(
         (kept[:, 0], kept[:, 2]), torch.ones_like(kept[:, 0], dtype=torch.bool))

@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchvision.ops import roi_align
 
-from .graph_ops import (BOX_DIM, DROPPED_SCORE, PAD_LABEL, anchor_candidates, clip_boxes,
-                        large_enough, nms_survivors, top_k_padded)
+from .graph_ops import (BOX_DIM, DROPPED_SCORE, PAD_LABEL, NmsConfig, anchor_candidates,
+                        clip_boxes, large_enough, nms_survivors, top_k_padded)
 from .runner import PIXEL_CENTRE  # the runner's paste samples at the same pixel centres
 
 #: What the two-stage export supports (type names), by part.
@@ -44,6 +44,8 @@ MASK_HEADS = ('FCNMaskHead',)
 ROI_EXTRACTORS = ('SingleRoIExtractor',)
 ROI_LAYERS = ('RoIAlign',)
 BOX_CODERS = ('DeltaXYWHBBoxCoder',)
+#: IoU thresholds of mmdet's RPN / RoI head NMS when a config gives none.
+RPN_IOU, RCNN_IOU = 0.7, 0.5
 #: mmcv RoIAlign's pool mode that torchvision's (and ONNX's average) RoIAlign computes.
 AVG_POOL = 'avg'
 
@@ -124,11 +126,11 @@ class TwoStage:
         rpn_cfg = model.rpn_head.test_cfg
         self.rpn_nms_pre = int(rpn_cfg.get('nms_pre', -1))
         self.num_proposals = int(rpn_cfg.get('max_per_img', 1000))
-        self.rpn_iou = float(rpn_cfg.nms.get('iou_threshold', 0.7))
+        self.rpn_nms = NmsConfig.of('RPN', rpn_cfg.get('nms'), RPN_IOU)
         self.rpn_min_size = float(rpn_cfg.get('min_bbox_size', -1))
         rcnn_cfg = model.roi_head.test_cfg
         self.score_thr = float(rcnn_cfg.get('score_thr', 0.0))
-        self.iou_threshold = float(rcnn_cfg.nms.get('iou_threshold', 0.5))
+        self.nms = NmsConfig.of('RoI head', rcnn_cfg.get('nms'), RCNN_IOU)
         self.max_per_img = int(rcnn_cfg.get('max_per_img', 100))
         self.with_mask = bool(model.roi_head.with_mask)
         self.mask_thr = float(rcnn_cfg.get('mask_thr_binary', 0.5))
@@ -143,7 +145,7 @@ class TwoStage:
         valid = large_enough(boxes, self.rpn_min_size)
         scores = torch.where(valid, scores, DROPPED_SCORE)
         kept = nms_survivors(boxes, scores, levels, len(cls_scores), self.num_proposals,
-                             self.rpn_iou)
+                             self.rpn_nms)
         scores = torch.where(kept & valid, scores, DROPPED_SCORE)
         boxes, _, levels, _ = top_k_padded(boxes, scores, levels, self.num_proposals)
         return boxes, levels != PAD_LABEL
@@ -171,8 +173,7 @@ class TwoStage:
         real = real[:, :, None].expand(b, p, num_classes).reshape(b, -1)    # (B, P * C)
         valid = real & (scores > self.score_thr)
         scores = torch.where(valid, scores, DROPPED_SCORE)
-        kept = nms_survivors(boxes, scores, labels, num_classes, self.max_per_img,
-                             self.iou_threshold)
+        kept = nms_survivors(boxes, scores, labels, num_classes, self.max_per_img, self.nms)
         return boxes, torch.where(kept & valid, scores, DROPPED_SCORE), labels
 
     def masks(self, feats: Tuple[Tensor, ...], boxes: Tensor, labels: Tensor, h, w
