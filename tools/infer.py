@@ -51,8 +51,8 @@ TEXT_SCALE = 0.4
 MASK_ALPHA = 0.5
 #: Sub-folder of --out-dir with the panoptic PNGs, and the panoptic JSON's name.
 PANOPTIC_DIR, PANOPTIC_JSON = 'panoptic', 'panoptic.json'
-#: Base of COCO panoptic's segment id colours (``id = R + 256 G + 256^2 B``).
-RGB_BASE = 256
+#: Segment id of void pixels in a COCO panoptic PNG (black).
+VOID_ID = 0
 #: Label of pixels no ground truth segment covers (mmdet's LoadPanopticAnnotations).
 IGNORE_INDEX = 255
 
@@ -173,50 +173,49 @@ def coco_map(predictions: Dict[str, Any], ann_file: str, iou_type: str = 'bbox')
     return float(evaluator.stats[0])
 
 
+def _stem(path: str) -> str:
+    """A file's name without folder and suffix: how images meet their annotations."""
+    return osp.splitext(osp.basename(path))[0]
+
+
 def panoptic_json(files: Sequence[str], detections: Sequence[Detections],
                   classes: Sequence[str], out_dir: str) -> Optional[Dict[str, Any]]:
     """Write each image's panoptic map as a COCO panoptic PNG under ``out_dir/panoptic/`` and
     return the COCO panoptic JSON (category_id = label index); None without panoptic maps.
     mmdet's ids (``label + k * INSTANCE_OFFSET``) stay the segment ids; void is 0, as in
-    mmdet's CocoPanopticMetric."""
+    mmdet's CocoPanopticMetric (panopticapi's ``id2rgb`` colours)."""
     if all(d.panoptic is None for d in detections):
         return None
     import cv2
+    from panopticapi.utils import id2rgb
     folder = osp.join(out_dir, PANOPTIC_DIR)
     os.makedirs(folder, exist_ok=True)
     annotations = []
     for i, (path, det) in enumerate(zip(files, detections)):
         assert det.panoptic is not None
-        rgb = np.zeros((*det.panoptic.shape, 3), np.uint8)            # (H, W, 3), 0 = void
-        segments = []
-        for segment in np.unique(det.panoptic).tolist():
-            label = segment % INSTANCE_OFFSET
-            if label == len(classes):  # void
-                continue
-            inside = det.panoptic == segment
-            rgb[inside] = (segment % RGB_BASE, segment // RGB_BASE % RGB_BASE,
-                           segment // RGB_BASE ** 2)
-            segments.append(dict(id=segment, category_id=label, area=int(inside.sum())))
-        name = osp.splitext(osp.basename(path))[0] + '.png'
-        cv2.imwrite(osp.join(folder, name), rgb[..., ::-1])  # OpenCV writes BGR
+        ids = det.panoptic.copy()                                         # (H, W)
+        ids[ids % INSTANCE_OFFSET == len(classes)] = VOID_ID
+        segments = [dict(id=segment, category_id=segment % INSTANCE_OFFSET,
+                         area=int((ids == segment).sum()))
+                    for segment in np.unique(ids).tolist() if segment != VOID_ID]
+        name = _stem(path) + '.png'
+        cv2.imwrite(osp.join(folder, name), id2rgb(ids)[..., ::-1])  # OpenCV writes BGR
         annotations.append(dict(image_id=i, file_name=name, segments_info=segments))
     return dict(annotations=annotations,
                 categories=[dict(id=i, name=n) for i, n in enumerate(classes)])
 
 
 def coco_pq(predictions: Dict[str, Any], panoptic: Dict[str, Any], out_dir: str,
-            ann_file: str, seg_dir: str) -> Dict[str, Dict[str, float]]:
+            gt: Dict[str, Any], seg_dir: str) -> Dict[str, Dict[str, float]]:
     """PQ / SQ / RQ (``All``, ``Things``, ``Stuff``) of the panoptic maps written under
-    ``out_dir`` against COCO panoptic ``ann_file`` (its PNGs in ``seg_dir``): images matched by
-    file name, classes by name; panopticapi's ``pq_compute`` on the matched images."""
+    ``out_dir`` against the COCO panoptic ground truth ``gt`` (the annotation file's JSON, its
+    PNGs in ``seg_dir``): images matched by file name, classes by name; panopticapi's
+    ``pq_compute`` on the matched images."""
     from panopticapi.evaluation import pq_compute
-    with open(ann_file) as f:
-        gt = json.load(f)
-    by_stem = {osp.splitext(osp.basename(im['file_name']))[0]: im['id'] for im in gt['images']}
+    by_stem = {_stem(im['file_name']): im['id'] for im in gt['images']}
     cat_by_name = {c['name']: c['id'] for c in gt['categories']}
     names = {c['id']: c['name'] for c in panoptic['categories']}
-    image_ids = {im['id']: by_stem[osp.splitext(im['file_name'])[0]]
-                 for im in predictions['images']}
+    image_ids = {im['id']: by_stem[_stem(im['file_name'])] for im in predictions['images']}
     ours = [dict(a, image_id=image_ids[a['image_id']], segments_info=[
         dict(s, category_id=cat_by_name[names[s['category_id']]]) for s in a['segments_info']])
         for a in panoptic['annotations']]
@@ -231,23 +230,22 @@ def coco_pq(predictions: Dict[str, Any], panoptic: Dict[str, Any], out_dir: str,
 
 
 def semantic_miou(files: Sequence[str], detections: Sequence[Detections],
-                  classes: Sequence[str], ann_file: str, seg_dir: str) -> float:
+                  classes: Sequence[str], gt: Dict[str, Any], seg_dir: str) -> float:
     """mIoU (%) over things + stuff of the panoptic maps' classes against the COCO panoptic
-    ground truth, as mmdet's SemSegMetric on LoadPanopticAnnotations' semantic maps: pixels
-    without a ground truth segment ignored, void predictions wrong, classes that neither the
-    ground truth nor the predictions hold left out of the mean."""
-    with open(ann_file) as f:
-        gt = json.load(f)
-    image_id = {osp.splitext(osp.basename(im['file_name']))[0]: im['id'] for im in gt['images']}
+    ground truth ``gt`` (its PNGs in ``seg_dir``), as mmdet's SemSegMetric on
+    LoadPanopticAnnotations' semantic maps: pixels without a ground truth segment ignored, void
+    predictions wrong, classes that neither the ground truth nor the predictions hold left out
+    of the mean."""
+    from panopticapi.utils import rgb2id
+    image_id = {_stem(im['file_name']): im['id'] for im in gt['images']}
     annotation = {a['image_id']: a for a in gt['annotations']}
     label_of = {c['id']: list(classes).index(c['name']) for c in gt['categories']}
     n = len(classes)
     intersect, predicted, truth = np.zeros(n), np.zeros(n), np.zeros(n)
     for path, det in zip(files, detections):
         assert det.panoptic is not None
-        ann = annotation[image_id[osp.splitext(osp.basename(path))[0]]]
-        rgb = load_image(osp.join(seg_dir, ann['file_name']))[..., ::-1].astype(np.int64)
-        ids = rgb[..., 0] + RGB_BASE * rgb[..., 1] + RGB_BASE ** 2 * rgb[..., 2]   # (H, W)
+        ann = annotation[image_id[_stem(path)]]
+        ids = rgb2id(load_image(osp.join(seg_dir, ann['file_name']))[..., ::-1])  # (H, W)
         label = np.full(ids.shape, IGNORE_INDEX)
         for segment in ann['segments_info']:
             label[ids == segment['id']] = label_of[segment['category_id']]
@@ -313,11 +311,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     if args.panoptic_ann_file and panoptic is not None:
         seg_dir = args.panoptic_seg_dir or osp.splitext(args.panoptic_ann_file)[0]
-        pq = coco_pq(predictions, panoptic, args.out_dir, args.panoptic_ann_file, seg_dir)
+        with open(args.panoptic_ann_file) as f:
+            gt = json.load(f)
+        pq = coco_pq(predictions, panoptic, args.out_dir, gt, seg_dir)
         print(f'COCO panoptic PQ {100 * pq["All"]["pq"]:.2f} SQ {100 * pq["All"]["sq"]:.2f} '
               f'RQ {100 * pq["All"]["rq"]:.2f} (things {100 * pq["Things"]["pq"]:.2f}, stuff '
               f'{100 * pq["Stuff"]["pq"]:.2f}; {args.backend}, {len(files)} images)', flush=True)
-        miou = semantic_miou(files, detections, classes, args.panoptic_ann_file, seg_dir)
+        miou = semantic_miou(files, detections, classes, gt, seg_dir)
         print(f'semantic mIoU {miou:.2f} (classes of the panoptic maps; {args.backend})',
               flush=True)
     if args.ann_file:
