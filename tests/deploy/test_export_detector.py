@@ -4,7 +4,6 @@ shrunk demo configs with random weights), the numpy + onnxruntime runner (in a s
 torch and mmdet blocked) against mmdet's DetInferencer on image files through
 ``tools/infer.py``, and the refusals (mmdet FCOS, bad runner input; Mask R-CNN:
 test_export_two_stage.py; DINO: test_export_dino.py)."""
-import importlib.util
 import json
 import os.path as osp
 import subprocess
@@ -14,7 +13,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from helpers import REPO_ROOT, randomize_, subprocess_env
+from helpers import REPO_ROOT, load_tool, randomize_, subprocess_env
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.deploy.end_to_end import (OUTPUT_NAMES, PAD_LABEL, EndToEndDetector,
@@ -124,7 +123,7 @@ def test_infer_onnxruntime_without_torch_equals_pytorch_backend(exported, tmp_pa
     classes = OnnxDetector(path).classes
     torch.save({'state_dict': model.state_dict(), 'meta': {'dataset_meta': {'classes': classes}}},
                ckpt)
-    tool = _tool('infer.py')
+    tool = load_tool('infer.py')
     cfg_path = tmp_path / 'tiny.py'
     cfg_path.write_text(_config_text(config, options))
     assert tool.main([str(folder), '--out-dir', str(tmp_path / 'pt'), '--backend', 'pytorch',
@@ -154,14 +153,6 @@ def _config_text(config: str, options: dict) -> str:
     return cfg.pretty_text
 
 
-def _tool(name: str):
-    spec = importlib.util.spec_from_file_location(f'vitdet_tool_{name[:-3]}',
-                                                  osp.join(REPO_ROOT, 'tools', name))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_runner_refuses_bad_images(exported):
     detector = OnnxDetector(exported[3])
     assert detector.session.get_modelmeta().custom_metadata_map[META_KEY]
@@ -181,10 +172,10 @@ def test_detectors_that_cannot_export_are_refused(capsys):
     with pytest.raises(ValueError, match=r'FCOS with FCOSHead: no end-to-end export \(supported: '
                                          r'SdpaDETR with SdpaDETRHead'):
         check_exportable(model)
-    code = _tool('export_onnx.py').main([fcos, '--out', 'x.onnx', '--part', 'detector',
+    code = load_tool('export_onnx.py').main([fcos, '--out', 'x.onnx', '--part', 'detector',
                                          '--cfg-options', 'model.backbone.init_cfg=None'])
     assert code == 2
     assert 'error: FCOS with FCOSHead: no end-to-end export' in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        _tool('export_onnx.py').parse_args(['c.py', '--out', 'x.onnx', '--part', 'trunk'])
+        load_tool('export_onnx.py').parse_args(['c.py', '--out', 'x.onnx', '--part', 'trunk'])
     assert "invalid choice: 'trunk'" in capsys.readouterr().err
