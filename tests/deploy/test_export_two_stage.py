@@ -26,7 +26,8 @@ from test_export_detector import BLOCKED_RUN, _config_text, _write_images
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.deploy.end_to_end import (OUTPUT_NAMES, PAD_LABEL, EndToEndDetector,
                                              add_metadata, check_exportable,
-                                             export_end_to_end, pipeline_meta)
+                                             export_end_to_end, fusion_meta, pipeline_meta)
+from vitdet_plugin.deploy.graph_ops import NmsConfig
 from vitdet_plugin.deploy.end_to_end_check import (BOX_TOLERANCE, MASK_IOU_TOLERANCE,
                                                    PANOPTIC_TOLERANCE, SCORE_TOLERANCE, compare,
                                                    mask_iou, mmdet_instances, mmdet_predict,
@@ -306,6 +307,23 @@ def test_class_agnostic_nms_matches_mmdet_predict():
     aware = EndToEndDetector(model).eval()
     with torch.no_grad():  # the class-aware NMS keeps boxes of one place with other labels
         assert not torch.equal(aware(_images()[0][None])[2], module(_images()[0][None])[2])
+
+
+def test_mmdets_stock_panoptic_fpn_config_is_read_as_it_is_written():
+    """mmdet's own ``panoptic-fpn_r50_fpn_1x_coco.py`` (ResNet-50, random init): exported as a
+    Panoptic FPN whose box head NMS crosses classes, every detection entering the fusion
+    (mmdet's PanopticFPN has no separate instance threshold), the fusion settings of the file."""
+    import mmdet
+    stock = osp.join(osp.dirname(mmdet.__file__), '.mim', 'configs', 'panoptic_fpn',
+                     'panoptic-fpn_r50_fpn_1x_coco.py')
+    cfg, model = build_model(stock, cfg_options={'model.backbone.init_cfg': None})
+    module = EndToEndDetector(model)
+    assert (module.kind, module.panoptic) == ('two_stage', True)
+    assert module.nms == NmsConfig(iou_threshold=0.5, class_agnostic=True)
+    assert module.output_names[-1] == SEMANTIC_OUTPUT
+    assert fusion_meta(module) == dict(num_things=80, num_stuff=53, mask_overlap=0.5,
+                                       stuff_area_limit=4096, instance_score_thr=0.0,
+                                       pad_size_divisor=32)
 
 
 def test_soft_nms_is_refused():
