@@ -41,7 +41,7 @@ KERNEL = 3
 
 # ---- NumPy reference ----------------------------------------------------------------------
 
-def _bilinear(plane: np.ndarray, h: np.ndarray, w: np.ndarray) -> np.ndarray:
+def bilinear_sample(plane: np.ndarray, h: np.ndarray, w: np.ndarray) -> np.ndarray:
     """mmcv's deformable_im2col_bilinear at the points (h, w): 0 outside (-1, H) x (-1, W),
     corners outside the map count 0."""
     height, width = plane.shape
@@ -77,12 +77,12 @@ def deform_columns(x: np.ndarray, offset: np.ndarray, mask: Optional[np.ndarray]
                     dy = offset[b, g * 2 * points + 2 * k]
                     dx = offset[b, g * 2 * points + 2 * k + 1]
                     m = 1.0 if mask is None else mask[b, g * points + k]
-                    columns[b, c, i, j] = m * _bilinear(
+                    columns[b, c, i, j] = m * bilinear_sample(
                         x[b, c], base_h + i * dilation + dy, base_w + j * dilation + dx)
     return columns
 
 
-def _grouped(groups: int, c_out: int, channels: int) -> List[Tuple[slice, slice]]:
+def grouped_channels(groups: int, c_out: int, channels: int) -> List[Tuple[slice, slice]]:
     """(output channels, input channels) of each group."""
     cout_g, cin_g = c_out // groups, channels // groups
     return [(slice(g * cout_g, (g + 1) * cout_g), slice(g * cin_g, (g + 1) * cin_g))
@@ -97,7 +97,7 @@ def deform_conv_reference(x: np.ndarray, weight: np.ndarray, offset: np.ndarray,
     columns = deform_columns(x, offset, mask, weight.shape[2:], stride, pad, dilation,
                              deform_groups)
     out = np.zeros((x.shape[0], weight.shape[0]) + offset.shape[2:])
-    for o, c in _grouped(groups, weight.shape[0], x.shape[1]):
+    for o, c in grouped_channels(groups, weight.shape[0], x.shape[1]):
         out[:, o] = np.einsum('ocij,ncijhw->nohw', weight[o], columns[:, c])
     if bias is not None:
         out += bias[None, :, None, None]
@@ -112,7 +112,7 @@ def weight_grad_reference(x: np.ndarray, grad: np.ndarray, offset: np.ndarray,
     columns = deform_columns(x, offset, mask, weight_shape[2:], stride, pad, dilation,
                              deform_groups)
     out = np.zeros(weight_shape)
-    for o, c in _grouped(groups, weight_shape[0], x.shape[1]):
+    for o, c in grouped_channels(groups, weight_shape[0], x.shape[1]):
         out[o] = np.einsum('nohw,ncijhw->ocij', grad[:, o], columns[:, c])
     return out
 
@@ -124,8 +124,8 @@ GEOMETRIES = [dict(stride=1, padding=1, dilation=1, groups=1, deform_groups=1),
               dict(stride=1, padding=0, dilation=1, groups=1, deform_groups=4)]
 
 
-def _shapes(geo: Dict[str, int], n: int = 2, c_in: int = 4, c_out: int = 4, size: int = 7
-            ) -> Tuple[Tuple[int, ...], Tuple[int, ...], Tuple[int, ...], Tuple[int, ...]]:
+def layer_shapes(geo: Dict[str, int], n: int = 2, c_in: int = 4, c_out: int = 4, size: int = 7
+                 ) -> Tuple[Tuple[int, ...], Tuple[int, ...], Tuple[int, ...], Tuple[int, ...]]:
     """Shapes of input, weight, offset and mask for ``geo``."""
     span = geo['dilation'] * (KERNEL - 1) + 1
     out = (size + 2 * geo['padding'] - span) // geo['stride'] + 1
@@ -134,7 +134,8 @@ def _shapes(geo: Dict[str, int], n: int = 2, c_in: int = 4, c_out: int = 4, size
             (n, 2 * points, out, out), (n, points, out, out))
 
 
-def _fractional(shape: Tuple[int, ...], dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def fractional_offsets(shape: Tuple[int, ...], dtype: torch.dtype = torch.float64
+                       ) -> torch.Tensor:
     """Offsets in (-2, 2) at least 0.2 from an integer (bilinear sampling is not
     differentiable on integer coordinates)."""
     whole = torch.randint(-2, 2, shape).to(dtype)
@@ -159,7 +160,7 @@ def _call(layer: torch.nn.Module, x: torch.Tensor, offset: torch.Tensor,
 @pytest.mark.parametrize('modulated', [False, True])
 @pytest.mark.parametrize('geo', GEOMETRIES)
 def test_zero_offsets_are_conv2d(geo: Dict[str, int], modulated: bool) -> None:
-    x_shape, _, off_shape, mask_shape = _shapes(geo)
+    x_shape, _, off_shape, mask_shape = layer_shapes(geo)
     layer = _dcn(geo, modulated)
     if modulated:
         torch.nn.init.normal_(layer.bias)
@@ -174,7 +175,7 @@ def test_zero_offsets_are_conv2d(geo: Dict[str, int], modulated: bool) -> None:
 def test_integer_offsets_shift_the_input(modulated: bool) -> None:
     """The same offset (dy, dx) = (1, -2) at every point samples the input shifted by it."""
     geo = GEOMETRIES[0]
-    x_shape, _, off_shape, mask_shape = _shapes(geo)
+    x_shape, _, off_shape, mask_shape = layer_shapes(geo)
     layer = _dcn(geo, modulated)
     x = torch.randn(x_shape)
     offset = torch.zeros(off_shape)
@@ -190,11 +191,11 @@ def test_integer_offsets_shift_the_input(modulated: bool) -> None:
 @pytest.mark.parametrize('modulated', [False, True])
 @pytest.mark.parametrize('geo', GEOMETRIES)
 def test_fractional_offsets_match_mmcv_kernel(geo: Dict[str, int], modulated: bool) -> None:
-    x_shape, _, off_shape, mask_shape = _shapes(geo)
+    x_shape, _, off_shape, mask_shape = layer_shapes(geo)
     layer = _dcn(geo, modulated).double()
     if modulated:
         torch.nn.init.normal_(layer.bias)
-    x, offset, mask = (torch.randn(x_shape, dtype=torch.float64), _fractional(off_shape),
+    x, offset, mask = (torch.randn(x_shape, dtype=torch.float64), fractional_offsets(off_shape),
                        torch.rand(mask_shape, dtype=torch.float64))
     offset[0, 0, 0, 0] = -30.0                              # one sample far outside the map
     out = _call(layer, x, offset, mask)
@@ -212,9 +213,9 @@ def test_low_precision(dtype: torch.dtype, atol: float, modulated: bool) -> None
     """Output, weight and bias gradients in float16 / bfloat16 (torchvision has no bfloat16
     kernel: computed in float32) against the float64 reference on the same rounded values."""
     geo = GEOMETRIES[1]
-    x_shape, w_shape, off_shape, mask_shape = _shapes(geo)
+    x_shape, w_shape, off_shape, mask_shape = layer_shapes(geo)
     x, weight, offset, mask = (torch.randn(x_shape).to(dtype), torch.randn(w_shape).to(dtype),
-                               _fractional(off_shape, torch.float32).to(dtype),
+                               fractional_offsets(off_shape, torch.float32).to(dtype),
                                torch.rand(mask_shape).to(dtype))
     bias = torch.randn(w_shape[0]).to(dtype).requires_grad_() if modulated else None
     weight.requires_grad_()
@@ -244,10 +245,10 @@ def test_low_precision(dtype: torch.dtype, atol: float, modulated: bool) -> None
 @pytest.mark.parametrize('modulated', [False, True])
 def test_gradcheck(modulated: bool) -> None:
     geo = dict(stride=1, padding=1, dilation=1, groups=2, deform_groups=2)
-    x_shape, w_shape, off_shape, mask_shape = _shapes(geo, n=2, c_in=2, c_out=2, size=4)
+    x_shape, w_shape, off_shape, mask_shape = layer_shapes(geo, n=2, c_in=2, c_out=2, size=4)
     x, weight, offset, mask, bias = (
         torch.randn(x_shape, dtype=torch.float64), torch.randn(w_shape, dtype=torch.float64),
-        _fractional(off_shape), torch.rand(mask_shape, dtype=torch.float64),
+        fractional_offsets(off_shape), torch.rand(mask_shape, dtype=torch.float64),
         torch.randn(2, dtype=torch.float64))
     args = (geo['stride'], geo['padding'], geo['dilation'], geo['groups'], geo['deform_groups'])
     if modulated:
@@ -262,7 +263,7 @@ def test_gradcheck(modulated: bool) -> None:
 def test_weight_gradient_alone() -> None:
     """Only the weight needs a gradient: mmcv calls deform_conv_backward_parameters alone."""
     geo = GEOMETRIES[1]
-    x_shape, w_shape, off_shape, _ = _shapes(geo)
+    x_shape, w_shape, off_shape, _ = layer_shapes(geo)
     x, offset = torch.randn(x_shape, dtype=torch.float64), torch.zeros(off_shape,
                                                                        dtype=torch.float64)
     weight = torch.randn(w_shape, dtype=torch.float64, requires_grad=True)
@@ -276,8 +277,8 @@ def test_weight_gradient_alone() -> None:
 
 def test_im2col_step_changes_nothing() -> None:
     geo = GEOMETRIES[1]
-    x_shape, _, off_shape, _ = _shapes(geo, n=4)
-    x, offset = torch.randn(x_shape), _fractional(off_shape, torch.float32)
+    x_shape, _, off_shape, _ = layer_shapes(geo, n=4)
+    x, offset = torch.randn(x_shape), fractional_offsets(off_shape, torch.float32)
     results = []
     for step in (1, 2, 4):
         layer = DeformConv2d(4, 4, KERNEL, geo['stride'], geo['padding'], geo['dilation'],

@@ -11,8 +11,12 @@ and ``pytorch/cpu/deform_conv.cpp``): offsets (N, deformable_group * 2 * kH * kW
 deformable group, per kernel position ``i * kW + j``, (dy, dx); mask (N, deformable_group * kH *
 kW, Ho, Wo) in the same order; channel ``c`` in deformable group ``c // (C / deformable_group)``;
 sample at ``(ho * stride - pad + i * dilation + dy, ...)``, 0 outside ``(-1, H) x (-1, W)``,
-bilinear with out-of-map corners 0. One difference, on a set of measure zero: at a sample exactly
-on ``y == -1`` or ``x == -1`` mmcv's offset gradient is 0, torchvision's the one-sided derivative.
+bilinear with out-of-map corners 0. One difference, in the backward: mmcv zeroes the offset and
+mask gradients of every sample outside ``(-1, H) x (-1, W)`` (``cpu/deform_conv.cpp``,
+``cpu/modulated_deform_conv.cpp``, the CUDA kernels alike), while torchvision's offset gradient
+at a sample exactly on ``y == -1`` or ``x == -1`` is the one-sided derivative towards the map.
+Zero offsets (mmdet's DCN init) with padding put every border sample there, so the backward
+applies mmcv's rule (``_dcn_backward``).
 
 ``im2col_step`` (how many images mmcv unfolds per step) changes no result; it is checked as mmcv
 does (it divides the batch) and otherwise left to torchvision, which picks its own step.
@@ -148,13 +152,43 @@ def deform_conv_forward(input: torch.Tensor, weight: torch.Tensor, offset: torch
                                                      False))
 
 
+def _inside(conv: _Conv, offset: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """Whether each sample lies in ``(-1, H) x (-1, W)``, mmcv's test: (N, G, kH, kW, Ho, Wo)."""
+    n, _, out_h, out_w = offset.shape
+    (k_h, k_w), (s_h, s_w), (p_h, p_w), (d_h, d_w) = (conv.kernel, conv.stride, conv.pad,
+                                                      conv.dilation)
+    device = offset.device
+    # offset (N, G * kH * kW * 2, Ho, Wo) -> (N, G, kH, kW, 2, Ho, Wo): per point (dy, dx)
+    dy_dx = offset.reshape(n, conv.offset_groups, k_h, k_w, OFFSET_PER_POINT, out_h, out_w)
+    # the integer grid positions, in int64 as mmcv adds them before the offset
+    rows = (torch.arange(k_h, device=device)[:, None] * d_h                     # (kH, Ho)
+            + torch.arange(out_h, device=device)[None, :] * s_h - p_h)
+    cols = (torch.arange(k_w, device=device)[:, None] * d_w                     # (kW, Wo)
+            + torch.arange(out_w, device=device)[None, :] * s_w - p_w)
+    y = dy_dx[:, :, :, :, 0] + rows[:, None, :, None]                # (N, G, kH, kW, Ho, Wo)
+    x = dy_dx[:, :, :, :, 1] + cols[None, :, None, :]                # (N, G, kH, kW, Ho, Wo)
+    return (y > -1) & (y < height) & (x > -1) & (x < width)
+
+
 def _dcn_backward(conv: _Conv, grad_output: torch.Tensor, input: torch.Tensor,
                   weight: torch.Tensor, offset: torch.Tensor, mask: Optional[torch.Tensor],
                   bias: Optional[torch.Tensor]) -> Tuple[torch.Tensor, ...]:
-    """torchvision's backward: (grad_input, grad_weight, grad_offset, grad_mask, grad_bias)."""
+    """torchvision's backward with mmcv's rule: the offset and mask gradients of a sample
+    outside ``(-1, H) x (-1, W)`` are 0 (torchvision's are already, except on ``y == -1`` /
+    ``x == -1``). Returns (grad_input, grad_weight, grad_offset, grad_mask, grad_bias)."""
     x, w, off, m, b = _tv_operands(input, weight, offset, mask, bias)
-    return tuple(torch.ops.torchvision._deform_conv2d_backward(
-        grad_output.to(x.dtype), x, w, off, m, b, *conv.tv_args(), mask is not None))
+    d_input, d_weight, d_offset, d_mask, d_bias = torch.ops.torchvision._deform_conv2d_backward(
+        grad_output.to(x.dtype), x, w, off, m, b, *conv.tv_args(), mask is not None)
+    inside = _inside(conv, off, x.size(2), x.size(3))                # (N, G, kH, kW, Ho, Wo)
+    zero = d_offset.new_zeros(())
+    # grad_offset (N, G * kH * kW * 2, Ho, Wo) -> (N, G, kH, kW, 2, Ho, Wo), (dy, dx) per point
+    per_point = inside.shape[:4] + (OFFSET_PER_POINT,) + inside.shape[4:]
+    d_offset = torch.where(inside.unsqueeze(4), d_offset.reshape(per_point),
+                           zero).reshape(off.shape)
+    if mask is not None:
+        # grad_mask (N, G * kH * kW, Ho, Wo) -> (N, G, kH, kW, Ho, Wo)
+        d_mask = torch.where(inside, d_mask.reshape(inside.shape), zero).reshape(m.shape)
+    return d_input, d_weight, d_offset, d_mask, d_bias
 
 
 def deform_conv_backward_input(input: torch.Tensor, offset: torch.Tensor,
