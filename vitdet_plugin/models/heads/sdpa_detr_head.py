@@ -68,7 +68,8 @@ class Proposals(NamedTuple):
     token_box: Optional[Tensor] = None
 
 
-def _reg_mlp(dims: int) -> nn.Sequential:
+def reg_mlp(dims: int) -> nn.Sequential:
+    """The 3-layer ReLU MLP ``C -> C -> C -> 4`` of the box branches."""
     layers: List[nn.Module] = []
     for _ in range(REG_MLP_LAYERS - 1):
         layers += [nn.Linear(dims, dims), nn.ReLU(inplace=True)]
@@ -175,7 +176,7 @@ class SdpaDETRHead(BaseModule):
         num_branches = num_decoder_layers + int(two_stage)
         self.cls_branches = nn.ModuleList(
             nn.Linear(embed_dims, num_classes) for _ in range(num_branches))
-        self.reg_branches = nn.ModuleList(_reg_mlp(embed_dims) for _ in range(num_branches))
+        self.reg_branches = nn.ModuleList(reg_mlp(embed_dims) for _ in range(num_branches))
         self.dn = None if dn_cfg is None else DenoisingQueries(num_classes, embed_dims,
                                                                 **dn_cfg)
         assigner = self.train_cfg.get('assigner')
@@ -194,7 +195,7 @@ class SdpaDETRHead(BaseModule):
         for cls in self.cls_branches:
             nn.init.constant_(cast(nn.Linear, cls).bias, bias)
         for reg in self.reg_branches:
-            last = cast(nn.Linear, cast(nn.Sequential, reg)[-1])  # see _reg_mlp
+            last = cast(nn.Linear, cast(nn.Sequential, reg)[-1])  # see reg_mlp
             nn.init.zeros_(last.weight)
             nn.init.zeros_(last.bias)
         nn.init.normal_(self.query_embedding.weight)
@@ -349,22 +350,32 @@ class SdpaDETRHead(BaseModule):
 
     def _predict_single(self, cls_score: Tensor, bbox_pred: Tensor, img_meta: dict,
                         rescale: bool) -> InstanceData:
-        max_per_img = min(int(self.test_cfg.get('max_per_img', 100)), cls_score.numel())
-        scores, idx = cls_score.sigmoid().flatten().topk(max_per_img)
-        labels = idx % self.num_classes
-        bboxes = bbox_cxcywh_to_xyxy(bbox_pred[idx // self.num_classes])
-        img_h, img_w = img_meta['img_shape'][:2]
-        bboxes[:, 0::2] = (bboxes[:, 0::2] * img_w).clamp(min=0, max=img_w)
-        bboxes[:, 1::2] = (bboxes[:, 1::2] * img_h).clamp(min=0, max=img_h)
-        if rescale:
-            if img_meta.get('scale_factor') is None:
-                raise KeyError("rescale=True needs 'scale_factor' in the image meta (set by "
-                               'the Resize transform); pass rescale=False otherwise')
-            bboxes /= bboxes.new_tensor(img_meta['scale_factor']).repeat((1, 2))
-        score_thr = self.test_cfg.get('score_thr', 0.0)
-        keep = scores > score_thr if score_thr > 0 else slice(None)
-        results = InstanceData()
-        results.bboxes = bboxes[keep]
-        results.scores = scores[keep]
-        results.labels = labels[keep]
-        return results
+        return topk_detections(cls_score, bbox_pred, img_meta, rescale,
+                               int(self.test_cfg.get('max_per_img', 100)),
+                               self.test_cfg.get('score_thr', 0.0))
+
+
+def topk_detections(cls_score: Tensor, bbox_pred: Tensor, img_meta: dict, rescale: bool,
+                    max_per_img: int, score_thr: float = 0.0) -> InstanceData:
+    """One image's ``(Q, K)`` logits and ``(Q, 4)`` normalised cxcywh boxes -> the
+    ``max_per_img`` top (query, class) pairs by sigmoid score (no NMS) as ``InstanceData``:
+    xyxy boxes clipped to ``img_shape``, in the original image when ``rescale``."""
+    num_classes = cls_score.shape[-1]
+    max_per_img = min(max_per_img, cls_score.numel())
+    scores, idx = cls_score.sigmoid().flatten().topk(max_per_img)
+    labels = idx % num_classes
+    bboxes = bbox_cxcywh_to_xyxy(bbox_pred[idx // num_classes])
+    img_h, img_w = img_meta['img_shape'][:2]
+    bboxes[:, 0::2] = (bboxes[:, 0::2] * img_w).clamp(min=0, max=img_w)
+    bboxes[:, 1::2] = (bboxes[:, 1::2] * img_h).clamp(min=0, max=img_h)
+    if rescale:
+        if img_meta.get('scale_factor') is None:
+            raise KeyError("rescale=True needs 'scale_factor' in the image meta (set by "
+                           'the Resize transform); pass rescale=False otherwise')
+        bboxes /= bboxes.new_tensor(img_meta['scale_factor']).repeat((1, 2))
+    keep = scores > score_thr if score_thr > 0 else slice(None)
+    results = InstanceData()
+    results.bboxes = bboxes[keep]
+    results.scores = scores[keep]
+    results.labels = labels[keep]
+    return results
