@@ -82,8 +82,8 @@ def test_projector_batchnorm_variant_matches_rfdetr():
 
 
 def test_projector_key_map_rejects_unknown_key():
-    with pytest.raises(KeyError, match="'blocks.0.weight' is not a key of an RF-DETR "
-                                       'projector'):
+    with pytest.raises(KeyError, match=r"'blocks\.0\.weight' is not a key of an RF-DETR "
+                                       r'projector'):
         rfdetr_projector_key('blocks.0.weight')
 
 

@@ -26,7 +26,8 @@ from mmengine.structures import InstanceData
 from torch import Tensor, nn
 
 from .lwdetr_loss import GroupSetCriterion
-from .lwdetr_transformer import LWDETRDecoder, Memory, flatten_memory, reparam_boxes, token_proposals
+from .lwdetr_transformer import (LWDETRDecoder, LWDETRDecoderLayer, Memory, flatten_memory,
+                                 reparam_boxes, token_proposals)
 from .sdpa_detr_head import CLS_PRIOR_PROB, HeadOutputs, reg_mlp, topk_detections
 
 
@@ -120,7 +121,7 @@ class LWDETRHead(BaseModule):
             if p.dim() > 1:
                 nn.init.xavier_uniform_(p)
         for layer in self.decoder.layers:
-            layer.cross_attn.init_weights()
+            cast(LWDETRDecoderLayer, layer).cross_attn.init_weights()
         bias = bias_init_with_prob(CLS_PRIOR_PROB)
         for cls in [self.cls_branch, *self.enc_cls_branches]:
             nn.init.constant_(cast(nn.Linear, cls).bias, bias)

@@ -4,8 +4,8 @@ LW-DETR / RF-DETR feed the decoder from the concatenated taps of a plain ViT (al
 stride). Per output level, every tap is resampled (P3: a 2x deconvolution; P4: as is; P5: a
 stride-2 3x3 conv + norm + ReLU), the resampled taps are concatenated on channels and fused by a
 C2f block (YOLOv8's CSP bottleneck with two convs: conv + norm + SiLU everywhere, channel
-LayerNorm in RF-DETR) and a final channel LayerNorm. P6 is a stride-2 1x1 max-pool of the last level. The
-deconvolution layers are :class:`ViTSimpleFPN`'s (shared); the norm is :func:`build_norm2d`'s
+LayerNorm in RF-DETR) and a final channel LayerNorm. P6 is a stride-2 1x1 max-pool of the last
+level. The deconvolution is :class:`ViTSimpleFPN`'s (shared); the norm is :func:`build_norm2d`'s
 ``LN2d`` (RF-DETR's channel LayerNorm, eps 1e-6) or any mmcv norm (RF-DETR's ``layer_norm=False``
 is BatchNorm).
 
@@ -13,7 +13,7 @@ Checkpoint keys of RF-DETR (``backbone.0.projector.*``) map onto this module thr
 :func:`~vitdet_plugin.models.necks.rfdetr_keys.rfdetr_projector_key`.
 """
 from types import MappingProxyType
-from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
 import torch
 import torch.nn.functional as F
@@ -159,7 +159,8 @@ class RFDETRProjector(BaseModule):
                              f'{[tuple(x.shape) for x in taps]}')
         outs: List[Tensor] = []
         for samplers, fusion, norm in zip(self.samplers, self.fusions, self.norms):
-            fused = torch.cat([s(x) for s, x in zip(samplers, taps)], 1)  # (B, sum C_i', h', w')
+            resampled = [s(x) for s, x in zip(cast(nn.ModuleList, samplers), taps)]
+            fused = torch.cat(resampled, 1)                     # (B, sum C_i', h', w')
             outs.append(norm(fusion(fused)))
         if self.levels[-1] == POOLED_LEVEL:
             outs.append(F.max_pool2d(outs[-1], kernel_size=1, stride=2))
