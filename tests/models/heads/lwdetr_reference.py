@@ -49,8 +49,9 @@ class Pair(NamedTuple):
 
 
 def _randomize(module: nn.Module, seed: int) -> None:
-    """Every parameter random (seeded): matrices ~ 0.15 N(0, 1), norm weights ~ 1 + 0.1 N,
-    biases ~ 0.1 N, the learned reference deltas ~ 0.2 N."""
+    """Every parameter random (seeded): matrices ~ N(0, 1 / fan_in) (activations keep their
+    scale at any width), norm weights ~ 1 + 0.1 N, biases ~ 0.1 N, the learned reference
+    deltas ~ 0.2 N."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in module.named_parameters():
@@ -58,7 +59,7 @@ def _randomize(module: nn.Module, seed: int) -> None:
             if 'refpoint_embed' in name:
                 p.copy_(0.2 * noise)
             elif p.dim() > 1:
-                p.copy_(0.15 * noise)
+                p.copy_(noise / p.shape[-1] ** 0.5)
             elif 'norm' in name and name.endswith('weight'):
                 p.copy_(1 + 0.1 * noise)
             else:
