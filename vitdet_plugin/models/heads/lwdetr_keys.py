@@ -8,13 +8,15 @@ rename the head's keys; the decoder's packed self-attention projection
 :func:`rfdetr_projector_state_dict` as the neck's.
 """
 import re
-from typing import Callable, Dict, Mapping, Tuple
+from typing import Dict, Mapping, Tuple
 
 from torch import Tensor
 
-#: ``(RF-DETR pattern, our replacement)``, tried in order; ``self_attn.in_proj_*`` is split
-#: separately (:func:`rfdetr_head_state_dict`).
-HEAD_RULES: Tuple[Tuple[str, str], ...] = (
+from ..necks.rfdetr_keys import Replacement, rename
+
+#: ``(RF-DETR pattern, our replacement)``, tried in order (:func:`rename`);
+#: ``self_attn.in_proj_*`` is split separately (:func:`rfdetr_head_state_dict`).
+HEAD_RULES: Tuple[Tuple[str, Replacement], ...] = (
     (r'^transformer\.decoder\.layers\.(\d+)\.linear1\.', r'decoder.layers.\1.ffn.fc1.'),
     (r'^transformer\.decoder\.layers\.(\d+)\.linear2\.', r'decoder.layers.\1.ffn.fc2.'),
     (r'^transformer\.decoder\.layers\.(\d+)\.'
@@ -29,7 +31,7 @@ HEAD_RULES: Tuple[Tuple[str, str], ...] = (
 )
 #: The box MLPs: RF-DETR's ``layers.<j>`` are our ``nn.Sequential`` entries ``2 j`` (ReLUs
 #: between them).
-BOX_MLP_RULES: Tuple[Tuple[str, Callable[['re.Match[str]'], str]], ...] = (
+BOX_MLP_RULES: Tuple[Tuple[str, Replacement], ...] = (
     (r'^transformer\.enc_out_bbox_embed\.(\d+)\.layers\.(\d+)\.',
      lambda m: f'enc_reg_branches.{m[1]}.{2 * int(m[2])}.'),
     (r'^bbox_embed\.layers\.(\d+)\.', lambda m: f'reg_branch.{2 * int(m[1])}.'),
@@ -45,14 +47,9 @@ KEYPOINT_MASK = '_kp_active_mask'
 def rfdetr_head_key(key: str) -> str:
     """Our :class:`LWDETRHead` key of an RF-DETR head key (not ``in_proj_*``, see
     :func:`rfdetr_head_state_dict`); raises ``KeyError`` for a key no rule knows."""
-    for pattern, replacement in HEAD_RULES:
-        new, count = re.subn(pattern, replacement, key)
-        if count:
-            return new
-    for pattern, replace in BOX_MLP_RULES:
-        new, count = re.subn(pattern, replace, key)
-        if count:
-            return new
+    new = rename(key, HEAD_RULES + BOX_MLP_RULES)
+    if new is not None:
+        return new
     raise KeyError(f'{key!r} is not a key of an RF-DETR (LW-DETR) detection head; is this an '
                    'RF-DETR checkpoint of the detection model?')
 

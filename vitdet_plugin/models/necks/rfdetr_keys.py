@@ -7,7 +7,7 @@ norm). One rule table, read by :func:`rfdetr_projector_key`; the checkpoint layo
 (``vitdet_plugin.weights``) plugs it in as the projector's key map.
 """
 import re
-from typing import Dict, Mapping, Tuple
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 from torch import Tensor
 
@@ -31,13 +31,26 @@ PROJECTOR_RULES: Tuple[Tuple[str, str], ...] = (
 )
 
 
+#: A rule's replacement: a ``re.sub`` template or a function of the match.
+Replacement = Union[str, Callable[['re.Match[str]'], str]]
+
+
+def rename(key: str, rules: Sequence[Tuple[str, Replacement]]) -> Optional[str]:
+    """``key`` renamed by the first of ``rules`` (``(pattern, replacement)``) that matches it,
+    or None when none does."""
+    for pattern, replacement in rules:
+        new, count = re.subn(pattern, replacement, key, count=1)
+        if count:
+            return new
+    return None
+
+
 def rfdetr_projector_key(key: str) -> str:
     """Our :class:`RFDETRProjector` key of an RF-DETR projector key (without
     :data:`RFDETR_PROJECTOR_PREFIX`); raises ``KeyError`` for a key no rule knows."""
-    for pattern, replacement in PROJECTOR_RULES:
-        new, count = re.subn(pattern, replacement, key)
-        if count:
-            return new
+    new = rename(key, PROJECTOR_RULES)
+    if new is not None:
+        return new
     raise KeyError(f'{key!r} is not a key of an RF-DETR projector (stages_sampling.* / '
                    'stages.*); is this the projector part of an RF-DETR checkpoint?')
 
