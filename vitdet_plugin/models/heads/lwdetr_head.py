@@ -14,21 +14,19 @@ Pipeline (RF-DETR's ``two_stage``, ``bbox_reparam``, ``lite_refpoint_refine``):
 4. :class:`LWDETRDecoder`; every layer's boxes are predicted relative to the initial reference
    boxes by one shared class / box branch.
 5. :class:`GroupSetCriterion` on every layer and on the proposals; prediction = top-k over
-   queries x classes, no NMS (:func:`topk_detections`, as :class:`SdpaDETRHead`).
+   queries x classes, no NMS (:class:`SetPredictionHead`'s, as :class:`SdpaDETRHead`).
 """
-from typing import Dict, List, NamedTuple, Optional, Sequence, cast
+from typing import ClassVar, Dict, NamedTuple, Optional, Sequence, cast
 
 import torch
 from mmdet.registry import MODELS
-from mmdet.structures import SampleList
-from mmengine.model import BaseModule, bias_init_with_prob
 from mmengine.structures import InstanceData
 from torch import Tensor, nn
 
 from .lwdetr_loss import GroupSetCriterion
 from .lwdetr_transformer import (LWDETRDecoder, LWDETRDecoderLayer, Memory, flatten_memory,
                                  reparam_boxes, token_proposals)
-from .sdpa_detr_head import CLS_PRIOR_PROB, HeadOutputs, reg_mlp, topk_detections
+from .sdpa_detr_head import HeadOutputs, SetPredictionHead, reg_mlp
 
 
 class Proposals(NamedTuple):
@@ -42,7 +40,7 @@ class Proposals(NamedTuple):
 
 
 @MODELS.register_module()
-class LWDETRHead(BaseModule):
+class LWDETRHead(SetPredictionHead):
     """LW-DETR / RF-DETR head.
 
     Args:
@@ -61,6 +59,9 @@ class LWDETRHead(BaseModule):
         test_cfg: ``dict(max_per_img=300)`` (RF-DETR's ``num_select``).
         init_cfg: mmengine init config.
     """
+
+    default_max_per_img: ClassVar[int] = 300
+    criterion: GroupSetCriterion
 
     def __init__(self,
                  num_classes: int,
@@ -122,13 +123,8 @@ class LWDETRHead(BaseModule):
                 nn.init.xavier_uniform_(p)
         for layer in self.decoder.layers:
             cast(LWDETRDecoderLayer, layer).cross_attn.init_weights()
-        bias = bias_init_with_prob(CLS_PRIOR_PROB)
-        for cls in [self.cls_branch, *self.enc_cls_branches]:
-            nn.init.constant_(cast(nn.Linear, cls).bias, bias)
-        for reg in [self.reg_branch, *self.enc_reg_branches]:
-            last = cast(nn.Linear, cast(nn.Sequential, reg)[-1])  # see reg_mlp
-            nn.init.zeros_(last.weight)
-            nn.init.zeros_(last.bias)
+        self.init_branches([self.cls_branch, *self.enc_cls_branches],
+                           [self.reg_branch, *self.enc_reg_branches])
         nn.init.zeros_(self.refpoint_embed.weight)
 
     # ------------------------------------------------------------------ forward
@@ -155,11 +151,12 @@ class LWDETRHead(BaseModule):
         return Proposals(torch.cat(refs, 1), torch.cat(logits, 1), torch.cat(boxes, 1),
                          torch.cat(inds, 1))
 
-    def forward(self, feats: Sequence[Tensor],
-                batch_img_metas: Optional[Sequence[dict]] = None) -> HeadOutputs:
+    def forward(self, feats: Sequence[Tensor], batch_img_metas: Optional[Sequence[dict]] = None,
+                batch_gt_instances: Optional[Sequence[InstanceData]] = None) -> HeadOutputs:
         """Predictions for the projector's maps ``feats`` (images described by mmdet
         ``batch_img_metas``): every layer's ``(L, B, G*Q, K)`` logits and ``(L, B, G*Q, 4)``
-        cxcywh boxes, and the proposals' (``G`` groups in training, one at test)."""
+        cxcywh boxes, and the proposals' (``G`` groups in training, one at test). The ground
+        truth (:class:`SetPredictionHead`'s interface) is not used: no denoising queries."""
         if len(feats) != self.num_levels or any(x.shape[1] != self.embed_dims for x in feats):
             raise ValueError(f'{type(self).__name__} expects {self.num_levels} maps of '
                              f'{self.embed_dims} channels (num_levels, embed_dims), got '
@@ -182,34 +179,9 @@ class LWDETRHead(BaseModule):
         if outs.enc_cls_scores is None or outs.enc_bbox_preds is None:
             raise ValueError('LWDETRHead outputs carry the two-stage proposals; got none')
         groups = outs.all_cls_scores.shape[2] // self.num_queries
-        losses: Dict[str, Tensor] = {}
-        num_layers = outs.all_cls_scores.shape[0]
-        for i in range(num_layers):
-            prefix = '' if i == num_layers - 1 else f'd{i}.'
-            layer = self.criterion(outs.all_cls_scores[i], outs.all_bbox_preds[i],
+        losses = self.layer_losses(outs.all_cls_scores, outs.all_bbox_preds,
                                    batch_gt_instances, batch_img_metas, num_groups=groups)
-            losses.update({prefix + k: v for k, v in layer.items()})
         enc = self.criterion(outs.enc_cls_scores, outs.enc_bbox_preds, batch_gt_instances,
                              batch_img_metas, num_groups=groups)
         losses.update({'enc_' + k: v for k, v in enc.items()})
         return losses
-
-    def loss(self, feats: Sequence[Tensor], batch_data_samples: SampleList) -> Dict[str, Tensor]:
-        metas = [s.metainfo for s in batch_data_samples]
-        gts = [s.gt_instances for s in batch_data_samples]
-        return self.loss_by_feat(self(feats, metas), gts, metas)
-
-    # ------------------------------------------------------------------ inference
-    def predict(self, feats: Sequence[Tensor], batch_data_samples: SampleList,
-                rescale: bool = True) -> List[InstanceData]:
-        metas = [s.metainfo for s in batch_data_samples]
-        return self.predict_by_feat(self(feats, metas), metas, rescale)
-
-    def predict_by_feat(self, outs: HeadOutputs, batch_img_metas: Sequence[dict],
-                        rescale: bool = True) -> List[InstanceData]:
-        """Last-layer predictions -> per-image ``InstanceData`` (top ``max_per_img`` pairs)."""
-        cls, boxes = outs.all_cls_scores[-1].float(), outs.all_bbox_preds[-1].float()
-        max_per_img = int(self.test_cfg.get('max_per_img', 300))
-        score_thr = float(self.test_cfg.get('score_thr', 0.0))
-        return [topk_detections(cls[i], boxes[i], meta, rescale, max_per_img, score_thr)
-                for i, meta in enumerate(batch_img_metas)]
