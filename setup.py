@@ -102,8 +102,10 @@ setup(
         # elsewhere: pip install --no-deps panopticapi-lite==0.2.0
         # transformers 5: the parity tests of its checkpoint layouts (save_pretrained folders;
         # its 5.x names, tests/weights/test_checkpoint_transformers.py)
+        # rfdetr (pinned: the RF-DETR parity reference, tests/models/*/test_rfdetr* and
+        # test_lwdetr*; it adds supervision, av, pyDeprecate and requests)
         'tests': ['pytest>=7', 'pytest-xdist>=3.5', 'timm>=1.0.9', 'transformers>=5,<6',
-                  'ruff==0.17.6', 'mypy==2.4.1'],
+                  'rfdetr==1.11.2', 'ruff==0.17.6', 'mypy==2.4.1'],
         # tools/export_onnx.py: torch's dynamo ONNX exporter (onnxscript) and the check
         'deploy': ['onnx>=1.16', 'onnxscript>=0.3', 'onnxruntime>=1.18'],
     },

@@ -14,7 +14,8 @@ Pipeline (all in this head, so any backbone/neck feeding NCHW maps can use it th
 5. :class:`SetCriterion` on every decoder layer (auxiliary losses) and the encoder proposals;
    prediction = top-k over queries x classes, no NMS.
 """
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, cast
+from typing import (Any, Callable, ClassVar, Dict, Iterable, List, NamedTuple, Optional, Sequence,
+                    Tuple, cast)
 
 import torch
 from mmdet.models.layers.transformer.utils import inverse_sigmoid
@@ -68,7 +69,8 @@ class Proposals(NamedTuple):
     token_box: Optional[Tensor] = None
 
 
-def _reg_mlp(dims: int) -> nn.Sequential:
+def reg_mlp(dims: int) -> nn.Sequential:
+    """The 3-layer ReLU MLP ``C -> C -> C -> 4`` of the box branches."""
     layers: List[nn.Module] = []
     for _ in range(REG_MLP_LAYERS - 1):
         layers += [nn.Linear(dims, dims), nn.ReLU(inplace=True)]
@@ -76,8 +78,72 @@ def _reg_mlp(dims: int) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+class SetPredictionHead(BaseModule):
+    """mmdet's head interface of our set-prediction heads: ``loss`` / ``predict`` through
+    ``forward(feats, metas, gts)`` and ``loss_by_feat``; ``predict_by_feat`` is the top-k over
+    queries x classes of the last layer (no NMS); per-layer losses are prefixed ``d{i}.``
+    (auxiliary layers). Subclasses set ``num_classes``, ``test_cfg``, ``criterion``."""
+
+    #: ``max_per_img`` when ``test_cfg`` does not set it.
+    default_max_per_img: ClassVar[int] = 100
+    test_cfg: dict
+    criterion: Callable[..., Dict[str, Tensor]]
+
+    @staticmethod
+    def init_branches(cls_branches: Iterable[nn.Module], reg_branches: Iterable[nn.Module]
+                      ) -> None:
+        """Classification biases at the focal prior (:data:`CLS_PRIOR_PROB`), the last layer
+        of every box MLP (:func:`reg_mlp`) zero: the first boxes are the references."""
+        bias = bias_init_with_prob(CLS_PRIOR_PROB)
+        for cls in cls_branches:
+            nn.init.constant_(cast(nn.Linear, cls).bias, bias)
+        for reg in reg_branches:
+            last = cast(nn.Linear, cast(nn.Sequential, reg)[-1])
+            nn.init.zeros_(last.weight)
+            nn.init.zeros_(last.bias)
+
+    def layer_losses(self, all_cls_scores: Tensor, all_bbox_preds: Tensor,
+                     batch_gt_instances: Sequence[InstanceData],
+                     batch_img_metas: Sequence[dict], prefix: str = '',
+                     **criterion_kwargs: Any) -> Dict[str, Tensor]:
+        """``criterion`` on every layer of ``(L, B, Q, ...)`` predictions: the last layer's
+        terms named ``prefix + term``, the others ``d{i}.`` + that."""
+        losses: Dict[str, Tensor] = {}
+        num_layers = all_cls_scores.shape[0]
+        for i in range(num_layers):
+            name = prefix if i == num_layers - 1 else f'd{i}.{prefix}'
+            layer = self.criterion(all_cls_scores[i], all_bbox_preds[i], batch_gt_instances,
+                                   batch_img_metas, **criterion_kwargs)
+            losses.update({name + k: v for k, v in layer.items()})
+        return losses
+
+    def loss_by_feat(self, outs: HeadOutputs, batch_gt_instances: Sequence[InstanceData],
+                     batch_img_metas: Sequence[dict]) -> Dict[str, Tensor]:
+        raise NotImplementedError(f'{type(self).__name__} must define loss_by_feat')
+
+    def loss(self, feats: Sequence[Tensor], batch_data_samples: SampleList) -> Dict[str, Tensor]:
+        metas = [s.metainfo for s in batch_data_samples]
+        gts = [s.gt_instances for s in batch_data_samples]
+        return self.loss_by_feat(self(feats, metas, gts), gts, metas)
+
+    def predict(self, feats: Sequence[Tensor], batch_data_samples: SampleList,
+                rescale: bool = True) -> List[InstanceData]:
+        metas = [s.metainfo for s in batch_data_samples]
+        return self.predict_by_feat(self(feats, metas), metas, rescale)
+
+    def predict_by_feat(self, outs: HeadOutputs, batch_img_metas: Sequence[dict],
+                        rescale: bool = True) -> List[InstanceData]:
+        """Last-layer predictions -> per-image ``InstanceData`` (xyxy boxes in the
+        ``img_shape`` frame, or the original image when ``rescale``)."""
+        cls, boxes = outs.all_cls_scores[-1].float(), outs.all_bbox_preds[-1].float()
+        max_per_img = int(self.test_cfg.get('max_per_img', self.default_max_per_img))
+        score_thr = float(self.test_cfg.get('score_thr', 0.0))
+        return [topk_detections(cls[i], boxes[i], meta, rescale, max_per_img, score_thr)
+                for i, meta in enumerate(batch_img_metas)]
+
+
 @MODELS.register_module()
-class SdpaDETRHead(BaseModule):
+class SdpaDETRHead(SetPredictionHead):
     """DETR-style detection head with dense multi-scale cross-attention through SDPA.
 
     Args:
@@ -110,6 +176,8 @@ class SdpaDETRHead(BaseModule):
         test_cfg: ``dict(max_per_img=100)``.
         init_cfg: mmengine init config.
     """
+
+    criterion: SetCriterion
 
     def __init__(self,
                  num_classes: int,
@@ -175,7 +243,7 @@ class SdpaDETRHead(BaseModule):
         num_branches = num_decoder_layers + int(two_stage)
         self.cls_branches = nn.ModuleList(
             nn.Linear(embed_dims, num_classes) for _ in range(num_branches))
-        self.reg_branches = nn.ModuleList(_reg_mlp(embed_dims) for _ in range(num_branches))
+        self.reg_branches = nn.ModuleList(reg_mlp(embed_dims) for _ in range(num_branches))
         self.dn = None if dn_cfg is None else DenoisingQueries(num_classes, embed_dims,
                                                                 **dn_cfg)
         assigner = self.train_cfg.get('assigner')
@@ -190,13 +258,7 @@ class SdpaDETRHead(BaseModule):
         return i % num_levels
 
     def _init_head_weights(self) -> None:
-        bias = bias_init_with_prob(CLS_PRIOR_PROB)
-        for cls in self.cls_branches:
-            nn.init.constant_(cast(nn.Linear, cls).bias, bias)
-        for reg in self.reg_branches:
-            last = cast(nn.Linear, cast(nn.Sequential, reg)[-1])  # see _reg_mlp
-            nn.init.zeros_(last.weight)
-            nn.init.zeros_(last.bias)
+        self.init_branches(self.cls_branches, self.reg_branches)
         nn.init.normal_(self.query_embedding.weight)
         if self.ref_logits is not None:
             # centres spread uniformly over the image, small boxes (DAB-DETR style)
@@ -291,13 +353,8 @@ class SdpaDETRHead(BaseModule):
                      batch_img_metas: Sequence[dict]) -> Dict[str, Tensor]:
         """Set losses of every decoder layer (``d{i}.`` prefixes for auxiliary layers), of
         the encoder proposals (``enc_`` prefix) and of the denoising queries (``dn_``)."""
-        losses: Dict[str, Tensor] = {}
-        num_layers = outs.all_cls_scores.shape[0]
-        for i in range(num_layers):
-            prefix = '' if i == num_layers - 1 else f'd{i}.'
-            layer = self.criterion(outs.all_cls_scores[i], outs.all_bbox_preds[i],
+        losses = self.layer_losses(outs.all_cls_scores, outs.all_bbox_preds,
                                    batch_gt_instances, batch_img_metas)
-            losses.update({prefix + k: v for k, v in layer.items()})
         if outs.dense_cls_scores is not None:
             enc = self._one_to_many_losses(outs, batch_gt_instances, batch_img_metas)
             losses.update({'enc_' + k: v for k, v in enc.items()})
@@ -308,11 +365,9 @@ class SdpaDETRHead(BaseModule):
         if outs.dn_cls_scores is not None:
             if outs.dn_bbox_preds is None:
                 raise ValueError('HeadOutputs has dn_cls_scores but no dn_bbox_preds')
-            for i in range(num_layers):
-                prefix = 'dn_' if i == num_layers - 1 else f'd{i}.dn_'
-                layer = self.criterion(outs.dn_cls_scores[i], outs.dn_bbox_preds[i],
-                                       batch_gt_instances, batch_img_metas, outs.dn_matches)
-                losses.update({prefix + k: v for k, v in layer.items()})
+            losses.update(self.layer_losses(outs.dn_cls_scores, outs.dn_bbox_preds,
+                                            batch_gt_instances, batch_img_metas, 'dn_',
+                                            matches=outs.dn_matches))
         return losses
 
     def _one_to_many_losses(self, outs: HeadOutputs, batch_gt_instances: Sequence[InstanceData],
@@ -328,43 +383,28 @@ class SdpaDETRHead(BaseModule):
                    for i, (gt, meta) in enumerate(zip(batch_gt_instances, batch_img_metas))]
         return self.criterion(cls, boxes, batch_gt_instances, batch_img_metas, matches)
 
-    def loss(self, feats: Sequence[Tensor], batch_data_samples: SampleList) -> Dict[str, Tensor]:
-        metas = [s.metainfo for s in batch_data_samples]
-        gts = [s.gt_instances for s in batch_data_samples]
-        return self.loss_by_feat(self(feats, metas, gts), gts, metas)
 
-    # ------------------------------------------------------------------ inference
-    def predict(self, feats: Sequence[Tensor], batch_data_samples: SampleList,
-                rescale: bool = True) -> List[InstanceData]:
-        metas = [s.metainfo for s in batch_data_samples]
-        return self.predict_by_feat(self(feats, metas), metas, rescale)
-
-    def predict_by_feat(self, outs: HeadOutputs, batch_img_metas: Sequence[dict],
-                        rescale: bool = True) -> List[InstanceData]:
-        """Last-layer predictions -> per-image ``InstanceData`` (xyxy boxes in the
-        ``img_shape`` frame, or the original image when ``rescale``)."""
-        cls, boxes = outs.all_cls_scores[-1].float(), outs.all_bbox_preds[-1].float()
-        return [self._predict_single(cls[i], boxes[i], meta, rescale)
-                for i, meta in enumerate(batch_img_metas)]
-
-    def _predict_single(self, cls_score: Tensor, bbox_pred: Tensor, img_meta: dict,
-                        rescale: bool) -> InstanceData:
-        max_per_img = min(int(self.test_cfg.get('max_per_img', 100)), cls_score.numel())
-        scores, idx = cls_score.sigmoid().flatten().topk(max_per_img)
-        labels = idx % self.num_classes
-        bboxes = bbox_cxcywh_to_xyxy(bbox_pred[idx // self.num_classes])
-        img_h, img_w = img_meta['img_shape'][:2]
-        bboxes[:, 0::2] = (bboxes[:, 0::2] * img_w).clamp(min=0, max=img_w)
-        bboxes[:, 1::2] = (bboxes[:, 1::2] * img_h).clamp(min=0, max=img_h)
-        if rescale:
-            if img_meta.get('scale_factor') is None:
-                raise KeyError("rescale=True needs 'scale_factor' in the image meta (set by "
-                               'the Resize transform); pass rescale=False otherwise')
-            bboxes /= bboxes.new_tensor(img_meta['scale_factor']).repeat((1, 2))
-        score_thr = self.test_cfg.get('score_thr', 0.0)
-        keep = scores > score_thr if score_thr > 0 else slice(None)
-        results = InstanceData()
-        results.bboxes = bboxes[keep]
-        results.scores = scores[keep]
-        results.labels = labels[keep]
-        return results
+def topk_detections(cls_score: Tensor, bbox_pred: Tensor, img_meta: dict, rescale: bool,
+                    max_per_img: int, score_thr: float = 0.0) -> InstanceData:
+    """One image's ``(Q, K)`` logits and ``(Q, 4)`` normalised cxcywh boxes -> the
+    ``max_per_img`` top (query, class) pairs by sigmoid score (no NMS) as ``InstanceData``:
+    xyxy boxes clipped to ``img_shape``, in the original image when ``rescale``."""
+    num_classes = cls_score.shape[-1]
+    max_per_img = min(max_per_img, cls_score.numel())
+    scores, idx = cls_score.sigmoid().flatten().topk(max_per_img)
+    labels = idx % num_classes
+    bboxes = bbox_cxcywh_to_xyxy(bbox_pred[idx // num_classes])
+    img_h, img_w = img_meta['img_shape'][:2]
+    bboxes[:, 0::2] = (bboxes[:, 0::2] * img_w).clamp(min=0, max=img_w)
+    bboxes[:, 1::2] = (bboxes[:, 1::2] * img_h).clamp(min=0, max=img_h)
+    if rescale:
+        if img_meta.get('scale_factor') is None:
+            raise KeyError("rescale=True needs 'scale_factor' in the image meta (set by "
+                           'the Resize transform); pass rescale=False otherwise')
+        bboxes /= bboxes.new_tensor(img_meta['scale_factor']).repeat((1, 2))
+    keep = scores > score_thr if score_thr > 0 else slice(None)
+    results = InstanceData()
+    results.bboxes = bboxes[keep]
+    results.scores = scores[keep]
+    results.labels = labels[keep]
+    return results

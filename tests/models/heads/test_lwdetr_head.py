@@ -1,0 +1,165 @@
+"""``LWDETRHead`` against the ``rfdetr`` package's LW-DETR (its ``Transformer`` and heads) with
+the same weights (rfdetr's state dict through our key map) on the same projector maps: the same
+two-stage proposals (top-k token indices), per-layer ``pred_logits`` / ``pred_boxes`` and
+post-processed detections, for RF-DETR N's and S's decoder depths (shrunk widths), two map
+sizes, padded batches, several levels, test (1 group) and training (Group DETR) modes."""
+import pytest
+import torch
+from mmdet.registry import MODELS
+from mmdet.structures import DetDataSample
+from mmengine.registry import init_default_scope
+from mmengine.structures import InstanceData
+from rfdetr.models.postprocess import PostProcess
+
+from lwdetr_reference import (CLASSES, GROUPS, QUERIES, WIDTH, abs_err, build_pair, inputs,
+                              run_reference)
+from vitdet_plugin.models.heads.lwdetr_head import LWDETRHead
+from vitdet_plugin.models.heads.lwdetr_keys import rfdetr_head_key, rfdetr_head_state_dict
+from vitdet_plugin.models.heads.lwdetr_transformer import flatten_memory
+
+#: Issue 50's tolerance of ``pred_logits`` / ``pred_boxes`` (absolute).
+TOL = 1e-4
+#: Two map sizes of the P4 level (RF-DETR N 384 px: 24 x 24; here shrunk), one padded batch
+#: (image 2 smaller than the batch), one with a rectangular map.
+CASES = [((6, 6), [(96, 96), (96, 96)]), ((5, 8), [(80, 128), (64, 96)])]
+
+
+def _compare(ours, ref, layers):
+    """Every layer's logits / boxes and the proposals' against rfdetr's output dict."""
+    expected_cls = [a['pred_logits'] for a in ref['aux_outputs']] + [ref['pred_logits']]
+    expected_box = [a['pred_boxes'] for a in ref['aux_outputs']] + [ref['pred_boxes']]
+    assert ours.all_cls_scores.shape[0] == layers == len(expected_cls)
+    errors = []
+    for i in range(layers):
+        assert ours.all_cls_scores[i].shape == expected_cls[i].shape
+        errors.append(abs_err(ours.all_cls_scores[i], expected_cls[i]))
+        errors.append(abs_err(ours.all_bbox_preds[i], expected_box[i]))
+    errors.append(abs_err(ours.enc_cls_scores, ref['enc_outputs']['pred_logits']))
+    errors.append(abs_err(ours.enc_bbox_preds, ref['enc_outputs']['pred_boxes']))
+    assert max(errors) <= TOL, errors
+
+
+@pytest.mark.parametrize('size', ['N', 'S'])
+@pytest.mark.parametrize('shape,img_shapes', CASES)
+def test_head_matches_rfdetr_at_test(size, shape, img_shapes):
+    pair = build_pair(size)
+    pair.ref.eval()
+    pair.ours.eval()
+    feats, metas, masks = inputs([shape], img_shapes)
+    captured = []
+    hook = pair.ref.transformer.enc_out_class_embed[0].register_forward_hook(
+        lambda module, args, out: captured.append(out))
+    with torch.no_grad():
+        ref = run_reference(pair, feats, masks)
+        ours = pair.ours(feats, metas)
+        top = pair.ours.proposals(flatten_memory(feats, metas), 1).token_inds
+    hook.remove()
+    # rfdetr's proposals: the top QUERIES tokens by the best class logit of its group-0 head
+    expected_top = captured[0].max(-1).values.topk(QUERIES, dim=1).indices
+    assert torch.equal(top, expected_top)
+    layers = len(pair.ours.decoder.layers)
+    assert ours.all_cls_scores.shape == (layers, len(img_shapes), QUERIES, CLASSES)
+    _compare(ours, ref, layers)
+
+
+def test_head_matches_rfdetr_in_training_with_groups():
+    """Group DETR: GROUPS query sets, their own proposals, self-attention within each."""
+    pair = build_pair('N', seed=3)
+    pair.ref.train()
+    pair.ours.train()
+    feats, metas, masks = inputs([(6, 7)], [(96, 112), (80, 96)], seed=4)
+    with torch.no_grad():
+        ref = run_reference(pair, feats, masks)
+        ours = pair.ours(feats, metas)
+    assert ours.all_cls_scores.shape == (2, 2, GROUPS * QUERIES, CLASSES)
+    assert ours.enc_bbox_preds.shape == (2, GROUPS * QUERIES, 4)
+    _compare(ours, ref, 2)
+
+
+def test_head_matches_rfdetr_on_two_levels():
+    """P4 + P5 memory: deformable attention over two levels, proposals on both."""
+    pair = build_pair('S', num_levels=2, seed=5)
+    pair.ref.eval()
+    pair.ours.eval()
+    feats, metas, masks = inputs([(6, 6), (3, 3)], [(96, 96), (64, 80)], seed=6)
+    with torch.no_grad():
+        ref = run_reference(pair, feats, masks)
+        ours = pair.ours(feats, metas)
+    _compare(ours, ref, 3)
+
+
+def test_predict_matches_rfdetr_postprocess():
+    """Top-k over queries x classes, no NMS: rfdetr's ``PostProcess`` on its outputs gives our
+    ``predict_by_feat`` (boxes in the image frame, clipped)."""
+    pair = build_pair('N', seed=7)
+    pair.ref.eval()
+    pair.ours.eval()
+    num_select = 20
+    pair.ours.test_cfg = dict(max_per_img=num_select)
+    feats, metas, masks = inputs([(6, 6)], [(96, 96), (96, 96)], seed=8)
+    with torch.no_grad():
+        ref = run_reference(pair, feats, masks)
+        expected = PostProcess(num_select=num_select)(
+            ref, torch.tensor([[96, 96], [96, 96]]))
+        got = pair.ours.predict_by_feat(pair.ours(feats, metas), metas, rescale=False)
+    for g, e in zip(got, expected):
+        assert torch.equal(g.labels, e['labels'])
+        assert abs_err(g.scores, e['scores']) <= TOL
+        assert abs_err(g.bboxes, e['boxes']) <= 1e-3 * 96
+        assert len(g.bboxes) == num_select
+
+
+def test_head_bad_inputs():
+    head = LWDETRHead(num_classes=CLASSES, embed_dims=WIDTH, num_queries=QUERIES,
+                      num_groups=1, num_decoder_layers=1, cross_heads=4, self_heads=2,
+                      ffn_dims=32)
+    head.eval()
+    with pytest.raises(ValueError, match=r'the maps give 9 tokens, fewer than num_queries=12'):
+        head([torch.zeros(1, WIDTH, 3, 3)])
+    with pytest.raises(ValueError, match=r'expects 1 maps of 32 channels'):
+        head([torch.zeros(1, WIDTH + 1, 4, 4)])
+    with pytest.raises(KeyError, match=r"'transformer.encoder.x' is not a key of an RF-DETR"):
+        rfdetr_head_key('transformer.encoder.x')
+    with pytest.raises(ValueError, match=r'RF-DETR keypoint models are not supported'):
+        rfdetr_head_state_dict({'_kp_active_mask': torch.ones(2, 3, dtype=torch.bool)})
+
+
+def test_mmdet_single_stage_detector_trains_and_predicts():
+    """mmdet's ``SingleStageDetector`` with a tiny ViT's taps, ``RFDETRProjector`` and
+    ``LWDETRHead``: a loss step (every term finite, gradients reach the backbone) and
+    ``predict`` (``max_per_img`` detections in the original image frame)."""
+    init_default_scope('mmdet')
+    detector = MODELS.build(dict(
+        type='SingleStageDetector',
+        data_preprocessor=dict(type='DetDataPreprocessor', pad_size_divisor=16),
+        backbone=dict(type='ViTBackbone', arch=dict(embed_dims=32, depth=2, num_heads=2),
+                      global_attn_indexes=(1,), window_size=4, img_size=96,
+                      out_indices=(0, 1)),
+        neck=dict(type='RFDETRProjector', in_channels=[32, 32], out_channels=WIDTH,
+                  num_blocks=1),
+        bbox_head=dict(type='LWDETRHead', num_classes=CLASSES, embed_dims=WIDTH,
+                       num_queries=QUERIES, num_groups=GROUPS, num_decoder_layers=2,
+                       self_heads=2, cross_heads=4, ffn_dims=64),
+        test_cfg=dict(max_per_img=7)))
+    samples = []
+    for i, (h, w) in enumerate([(96, 80), (64, 96)]):
+        ds = DetDataSample(metainfo=dict(img_shape=(h, w), ori_shape=(2 * h, 2 * w),
+                                         scale_factor=(0.5, 0.5)))
+        ds.gt_instances = InstanceData(bboxes=torch.tensor([[4.0, 6.0, 40.0, 30.0 + i]]),
+                                       labels=torch.tensor([i]))
+        samples.append(ds)
+    images = [torch.rand(3, *s.img_shape) * 255 for s in samples]
+    data = detector.data_preprocessor(dict(inputs=images, data_samples=samples), True)
+    detector.train()
+    losses = detector.loss(data['inputs'], data['data_samples'])
+    assert len(losses) == 9 and all(torch.isfinite(v) for v in losses.values())
+    sum(losses.values()).backward()
+    assert detector.backbone.patch_embed.proj.weight.grad.abs().sum() > 0
+    detector.eval()
+    with torch.no_grad():
+        results = detector.predict(data['inputs'], data['data_samples'])
+    for result in results:
+        pred = result.pred_instances
+        assert pred.bboxes.shape == (7, 4) and pred.labels.max() < CLASSES
+        h, w = result.ori_shape
+        assert float(pred.bboxes[:, 2].max()) <= w and float(pred.bboxes[:, 3].max()) <= h

@@ -1,0 +1,187 @@
+"""``LWDETRHead``: the LW-DETR / RF-DETR detection head on a projector's maps.
+
+Pipeline (RF-DETR's ``two_stage``, ``bbox_reparam``, ``lite_refpoint_refine``):
+
+1. :func:`flatten_memory`: the projector's NCHW maps -> tokens, padding mask, valid ratios (no
+   encoder: the ViT and the projector are the encoder).
+2. Two-stage proposals, per query group: the memory (zeroed where unusable) -> Linear +
+   LayerNorm -> class and box branches; the top ``num_queries`` tokens by their best class
+   logit give proposals, boxes reparameterised on each token's anchor (cell centre, side
+   ``anchor_size * 2**level``).
+3. Queries: learned content + learned box deltas reparameterised on the (detached) proposals.
+   Group DETR: ``num_groups`` query sets (their own proposals and embeddings) in training, the
+   first one at test.
+4. :class:`LWDETRDecoder`; every layer's boxes are predicted relative to the initial reference
+   boxes by one shared class / box branch.
+5. :class:`GroupSetCriterion` on every layer and on the proposals; prediction = top-k over
+   queries x classes, no NMS (:class:`SetPredictionHead`'s, as :class:`SdpaDETRHead`).
+"""
+from typing import ClassVar, Dict, NamedTuple, Optional, Sequence, cast
+
+import torch
+from mmdet.registry import MODELS
+from mmengine.structures import InstanceData
+from torch import Tensor, nn
+
+from .lwdetr_loss import GroupSetCriterion
+from .lwdetr_transformer import (LWDETRDecoder, LWDETRDecoderLayer, Memory, flatten_memory,
+                                 reparam_boxes, token_proposals)
+from .sdpa_detr_head import HeadOutputs, SetPredictionHead, reg_mlp
+
+
+class Proposals(NamedTuple):
+    """Two-stage proposals of every group, groups concatenated on queries: reference boxes
+    ``(B, G*Q, 4)`` (detached), class logits ``(B, G*Q, K)``, boxes ``(B, G*Q, 4)`` and the
+    chosen memory tokens ``(B, G*Q)``."""
+    ref: Tensor
+    cls: Tensor
+    boxes: Tensor
+    token_inds: Tensor
+
+
+@MODELS.register_module()
+class LWDETRHead(SetPredictionHead):
+    """LW-DETR / RF-DETR head.
+
+    Args:
+        num_classes: foreground classes (RF-DETR's COCO checkpoints: 91 logits).
+        embed_dims: channels of the maps (the projector's ``out_channels``) and queries.
+        num_levels: maps given (RF-DETR's detection sizes: 1, P4).
+        num_queries: queries per group (detections per image before top-k).
+        num_groups: Group DETR query groups in training (RF-DETR: 13); 1 at test.
+        num_decoder_layers: decoder layers (RF-DETR N: 2, S: 3, M / L: 4).
+        self_heads, cross_heads, num_points: attention heads and deformable points
+            (RF-DETR: 8, 16, 2).
+        ffn_dims, dropout: decoder FFN channels and dropout (RF-DETR: 2048, 0).
+        anchor_size: normalised side of the level-0 token anchors (doubling per level).
+        train_cfg: ``dict(assigner=...)`` (Hungarian, focal 2 / L1 5 / GIoU 2 costs).
+        loss_cls, loss_bbox, loss_iou: losses (IA-BCE 1, L1 5, GIoU 2).
+        test_cfg: ``dict(max_per_img=300)`` (RF-DETR's ``num_select``).
+        init_cfg: mmengine init config.
+    """
+
+    default_max_per_img: ClassVar[int] = 300
+    criterion: GroupSetCriterion
+
+    def __init__(self,
+                 num_classes: int,
+                 embed_dims: int = 256,
+                 num_levels: int = 1,
+                 num_queries: int = 300,
+                 num_groups: int = 13,
+                 num_decoder_layers: int = 3,
+                 self_heads: int = 8,
+                 cross_heads: int = 16,
+                 num_points: int = 2,
+                 ffn_dims: int = 2048,
+                 dropout: float = 0.0,
+                 anchor_size: float = 0.05,
+                 loss_cls: Optional[dict] = None,
+                 loss_bbox: Optional[dict] = None,
+                 loss_iou: Optional[dict] = None,
+                 train_cfg: Optional[dict] = None,
+                 test_cfg: Optional[dict] = None,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        for name, value in (('num_classes', num_classes), ('num_queries', num_queries),
+                            ('num_groups', num_groups), ('num_levels', num_levels)):
+            if value < 1:
+                raise ValueError(f'{name} must be >= 1, got {value}')
+        if not 0 < anchor_size < 1:
+            raise ValueError(f'anchor_size must be in (0, 1), got {anchor_size}')
+        self.num_classes = num_classes
+        self.embed_dims = embed_dims
+        self.num_levels = num_levels
+        self.num_queries = num_queries
+        self.num_groups = num_groups
+        self.anchor_size = anchor_size
+        self.train_cfg = dict(train_cfg or {})
+        self.test_cfg = dict(test_cfg or {})
+        self.decoder = LWDETRDecoder(num_decoder_layers, embed_dims, self_heads, cross_heads,
+                                     num_levels, num_points, ffn_dims, dropout)
+        total = num_queries * num_groups
+        self.query_feat = nn.Embedding(total, embed_dims)
+        self.refpoint_embed = nn.Embedding(total, 4)
+        self.cls_branch = nn.Linear(embed_dims, num_classes)
+        self.reg_branch = reg_mlp(embed_dims)
+        # two-stage proposals: one set of layers per group
+        self.enc_output = nn.ModuleList(nn.Linear(embed_dims, embed_dims)
+                                        for _ in range(num_groups))
+        self.enc_output_norm = nn.ModuleList(nn.LayerNorm(embed_dims) for _ in range(num_groups))
+        self.enc_cls_branches = nn.ModuleList(nn.Linear(embed_dims, num_classes)
+                                              for _ in range(num_groups))
+        self.enc_reg_branches = nn.ModuleList(reg_mlp(embed_dims) for _ in range(num_groups))
+        self.criterion = GroupSetCriterion(num_classes, self.train_cfg.get('assigner'),
+                                           loss_cls, loss_bbox, loss_iou)
+        self._init_head_weights()
+
+    def _init_head_weights(self) -> None:
+        """RF-DETR's init: Xavier decoder and proposal projections, deformable attention's
+        own, prior-probability class biases, zero last box layers and reference deltas."""
+        for p in [*self.decoder.parameters(), *self.enc_output.parameters()]:
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+        for layer in self.decoder.layers:
+            cast(LWDETRDecoderLayer, layer).cross_attn.init_weights()
+        self.init_branches([self.cls_branch, *self.enc_cls_branches],
+                           [self.reg_branch, *self.enc_reg_branches])
+        nn.init.zeros_(self.refpoint_embed.weight)
+
+    # ------------------------------------------------------------------ forward
+    def proposals(self, memory: Memory, num_groups: int) -> Proposals:
+        """Two-stage proposals of the first ``num_groups`` groups (see :class:`Proposals`)."""
+        b, n, c = memory.tokens.shape
+        if n < self.num_queries:
+            raise ValueError(f'the maps give {n} tokens, fewer than num_queries='
+                             f'{self.num_queries}; use a larger input or fewer queries')
+        anchors, usable = token_proposals(memory, self.anchor_size)            # (B, N, 4), (B, N)
+        tokens = memory.tokens * usable[..., None].to(memory.tokens.dtype)
+        refs, logits, boxes, inds = [], [], [], []
+        for g in range(num_groups):
+            hidden = self.enc_output_norm[g](self.enc_output[g](tokens))         # (B, N, C)
+            cls = self.enc_cls_branches[g](hidden)                               # (B, N, K)
+            top = cls.detach().max(-1).values.topk(self.num_queries, dim=1).indices  # (B, Q)
+            selected = hidden.gather(1, top[..., None].expand(-1, -1, c))        # (B, Q, C)
+            box = reparam_boxes(self.enc_reg_branches[g](selected),
+                                anchors.gather(1, top[..., None].expand(-1, -1, 4)))
+            refs.append(box.detach())
+            logits.append(cls.gather(1, top[..., None].expand(-1, -1, self.num_classes)))
+            boxes.append(box)
+            inds.append(top)
+        return Proposals(torch.cat(refs, 1), torch.cat(logits, 1), torch.cat(boxes, 1),
+                         torch.cat(inds, 1))
+
+    def forward(self, feats: Sequence[Tensor], batch_img_metas: Optional[Sequence[dict]] = None,
+                batch_gt_instances: Optional[Sequence[InstanceData]] = None) -> HeadOutputs:
+        """Predictions for the projector's maps ``feats`` (images described by mmdet
+        ``batch_img_metas``): every layer's ``(L, B, G*Q, K)`` logits and ``(L, B, G*Q, 4)``
+        cxcywh boxes, and the proposals' (``G`` groups in training, one at test). The ground
+        truth (:class:`SetPredictionHead`'s interface) is not used: no denoising queries."""
+        if len(feats) != self.num_levels or any(x.shape[1] != self.embed_dims for x in feats):
+            raise ValueError(f'{type(self).__name__} expects {self.num_levels} maps of '
+                             f'{self.embed_dims} channels (num_levels, embed_dims), got '
+                             f'{[tuple(x.shape) for x in feats]}')
+        memory = flatten_memory(feats, batch_img_metas)
+        groups = self.num_groups if self.training else 1
+        props = self.proposals(memory, groups)
+        total = groups * self.num_queries
+        ref = reparam_boxes(self.refpoint_embed.weight[:total], props.ref)     # (B, G*Q, 4)
+        query = self.query_feat.weight[:total].expand(ref.shape[0], -1, -1)     # (B, G*Q, C)
+        hidden = self.decoder(query.to(memory.tokens.dtype), ref, memory, groups)
+        boxes = reparam_boxes(self.reg_branch(hidden), ref)                     # (L, B, G*Q, 4)
+        return HeadOutputs(self.cls_branch(hidden), boxes, props.cls, props.boxes)
+
+    # ------------------------------------------------------------------ training
+    def loss_by_feat(self, outs: HeadOutputs, batch_gt_instances: Sequence[InstanceData],
+                     batch_img_metas: Sequence[dict]) -> Dict[str, Tensor]:
+        """Group losses of every decoder layer (``d{i}.`` prefixes for the earlier layers)
+        and of the proposals (``enc_`` prefix)."""
+        if outs.enc_cls_scores is None or outs.enc_bbox_preds is None:
+            raise ValueError('LWDETRHead outputs carry the two-stage proposals; got none')
+        groups = outs.all_cls_scores.shape[2] // self.num_queries
+        losses = self.layer_losses(outs.all_cls_scores, outs.all_bbox_preds,
+                                   batch_gt_instances, batch_img_metas, num_groups=groups)
+        enc = self.criterion(outs.enc_cls_scores, outs.enc_bbox_preds, batch_gt_instances,
+                             batch_img_metas, num_groups=groups)
+        losses.update({'enc_' + k: v for k, v in enc.items()})
+        return losses
