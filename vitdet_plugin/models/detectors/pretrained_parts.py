@@ -7,7 +7,7 @@ Our backbones and necks load that themselves, strictly and format-aware (they se
 other part's (mmdet's ``FPN``, the head) with ``strict=False``: missing and unexpected keys are
 only logged, a wrong prefix loads nothing. :func:`init_weights_with_strict_parts` runs the
 detector's usual ``init_weights`` with those entries held back, then loads them with
-:func:`~vitdet_plugin.weights.common.load_pretrained_part` (every key and shape must match) and
+:func:`~vitdet_plugin.weights.common.read_as_saved` (every key and shape must match) and
 logs one line per loaded part.
 """
 from typing import Any, Callable, List, Tuple
@@ -15,7 +15,7 @@ from typing import Any, Callable, List, Tuple
 from mmengine.logging import print_log
 from torch import nn
 
-from ...weights.common import load_pretrained_part
+from ...functional.checkpoint_target import checkpoint_loader
 from ..backbones.base import LOADS_PRETRAINED_ATTR, pretrained_init_cfg
 
 #: (part name, module, its Pretrained entry, its whole init_cfg)
@@ -52,8 +52,11 @@ def init_weights_with_strict_parts(model: nn.Module, init_weights: Callable[[], 
         print_log(f'{name}: loaded from {_describe(cfg)} by {type(getattr(model, name)).__name__}'
                   ' (strict)', logger='current')
     for name, part, cfg, _ in deferred:
-        report = load_pretrained_part(part, cfg['checkpoint'], cfg.get('prefix'),
-                                      source=f'{name} checkpoint')
+        expected = {k: v.shape for k, v in part.state_dict().items()}
+        state_dict, report = checkpoint_loader().read_as_saved(
+            cfg['checkpoint'], cfg.get('prefix'), expected, type(part).__name__,
+            f'{name} checkpoint')
+        part.load_state_dict(state_dict, strict=False)
         print_log(f'{name}: loaded {len(report.loaded)} tensors from {_describe(cfg)} into '
                   f'{type(part).__name__} (strict: every key and shape matched)',
                   logger='current')
