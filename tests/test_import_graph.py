@@ -1,4 +1,6 @@
-"""Dependencies point one way: functional <- weights <- models (layers <- backbones).
+"""Dependencies point one way: functional <- weights, functional <- models (layers <-
+backbones); the models never import the checkpoint code (``weights/``): they describe themselves
+with the contract in ``functional/checkpoint_target.py``, and ``weights/`` plugs its loader in.
 
 Read from the source (no import is executed), so a new import against the direction fails here
 even when it happens to work by import order.
@@ -15,15 +17,18 @@ ALLOWED = {
     'vitdet_plugin.weights': {'vitdet_plugin.functional'},
     'vitdet_plugin.models.layers': {'vitdet_plugin.functional'},
     # backbones import no neck: a pyramid over a backbone is a neck chosen in the config
-    'vitdet_plugin.models.backbones': {'vitdet_plugin.functional', 'vitdet_plugin.weights',
-                                       'vitdet_plugin.models.layers'},
-    'vitdet_plugin.models.necks': {'vitdet_plugin.functional', 'vitdet_plugin.weights',
-                                   'vitdet_plugin.models.layers'},
+    'vitdet_plugin.models.backbones': {'vitdet_plugin.functional', 'vitdet_plugin.models.layers'},
+    'vitdet_plugin.models.necks': {'vitdet_plugin.functional', 'vitdet_plugin.models.layers'},
     # the deployment runner: numpy + onnxruntime (+ OpenCV), nothing of ours that needs torch;
     # its panoptic fusion is numpy too
     'vitdet_plugin.deploy.runner': {'vitdet_plugin.deploy.panoptic'},
     'vitdet_plugin.deploy.panoptic': set(),
 }
+
+
+#: Module prefix -> the prefixes of ours it must not import (for layers that may import most
+#: of the package): no model reads the checkpoint code.
+FORBIDDEN = {'vitdet_plugin.models': {'vitdet_plugin.weights'}}
 
 
 def _module_name(path: Path) -> str:
@@ -69,6 +74,11 @@ def test_every_layer_imports_only_what_lies_below_it():
                         target == a or target.startswith(a + '.') for a in allowed)
                     if not ok:
                         bad.append(f'{module} imports {target}')
+    for module, imported in _graph().items():
+        for prefix, forbidden in FORBIDDEN.items():
+            if module == prefix or module.startswith(prefix + '.'):
+                bad += [f'{module} imports {target}' for target in imported
+                        if any(target == f or target.startswith(f + '.') for f in forbidden)]
     assert not bad, 'imports against the dependency direction:\n' + '\n'.join(sorted(bad))
 
 
@@ -76,9 +86,11 @@ def test_the_graph_is_read_correctly():
     """The reader resolves relative imports (a reader that found nothing would pass above)."""
     graph = _graph()
     assert 'vitdet_plugin.functional' in graph['vitdet_plugin.weights.swin']
-    assert 'vitdet_plugin.weights.target' in graph['vitdet_plugin.models.backbones.swin']
+    assert 'vitdet_plugin.functional.checkpoint_target' in graph[
+        'vitdet_plugin.models.backbones.swin']
     assert 'vitdet_plugin.models.layers.swin_block' in graph['vitdet_plugin.models.backbones.swin']
-    assert 'vitdet_plugin.weights.layouts' in graph['vitdet_plugin.models.necks.simple_fpn']
+    assert 'vitdet_plugin.functional.checkpoint_target' in graph['vitdet_plugin.weights.layouts']
+    assert 'vitdet_plugin.weights.checkpoint_io' in graph['vitdet_plugin.compat']
 
 
 # ------------------------------------------------------------------------------------ tools/

@@ -11,9 +11,20 @@ changes nothing. In order:
    failing later deep inside a model build. Two stacks are supported, each with its own version
    ranges (:func:`installed_stack` tells them apart): OpenMMLab's last releases, and the
    maintained fork (onedl-mmdetection, onedl-mmengine, onedl-mmcv; ``make env STACK=onedl``).
-3. Safe checkpoint loading (:mod:`vitdet_plugin.weights.checkpoint_io`): mmengine's checkpoint
-   objects allow-listed for ``torch.load(weights_only=True)`` (mmengine#1655), and mmengine's
-   loaders for local files and URLs routed through the weights_only reader with its trust list.
+3. Safe checkpoint loading (the readers of :mod:`vitdet_plugin.weights.checkpoint_io`):
+
+   * **mmengine's checkpoints under weights_only.** torch >= 2.6 loads with
+     ``weights_only=True`` by default, and mmengine 0.10.7's resume then fails on the objects
+     its checkpoints carry (``HistoryBuffer`` in the message hub, its statistics methods, numpy
+     arrays and scalars; mmengine#1655). :func:`register_safe_globals` allow-lists exactly those
+     with :func:`torch.serialization.add_safe_globals`; ``weights_only`` stays on.
+   * **mmengine's loaders.** :func:`install_safe_checkpoint_loader` makes mmengine's loaders
+     for local files and for URLs (``http(s)://``, and through it ``modelzoo://``,
+     ``torchvision://``, ``open-mmlab://``, ``mmcls://``), used by ``Runner.resume``
+     (``tools/train.py --resume``), ``load_from`` and ``load_checkpoint``, read through
+     :func:`~vitdet_plugin.weights.checkpoint_io.load_trusted_or_weights_only` with its trust
+     list (mmengine's own URL loader goes through torch hub's ``load_state_dict_from_url``,
+     which unpickles anything).
 4. mmcv 2.1's compiled ``nms`` and ``roi_align`` have no bfloat16 kernels (CPU: float only;
    CUDA: float and half), so bf16 autocast (``AmpOptimWrapper(dtype='bfloat16')``, and CPU
    autocast, which is bf16) fails in two-stage detectors' RPN NMS and RoI feature extraction.
@@ -28,12 +39,13 @@ import functools
 import importlib
 import importlib.metadata
 import os
-from typing import Callable, Dict, NamedTuple, Tuple
+import pickle
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 
 from .ops import startup as ops_startup
-from .weights.checkpoint_io import install_safe_checkpoint_loader, register_safe_globals
+from .weights.checkpoint_io import load_trusted_or_weights_only, resolve_checkpoint_path
 
 MMCV_RANGE = ('2.0.0rc4', '2.2.0')
 MMENGINE_RANGE = ('0.10.0', '0.11.0')
@@ -156,6 +168,113 @@ def patch_mmcv_bf16_ops() -> None:
             op = wrap(op)
             setattr(module, name, op)
         setattr(ops, name, op)  # `from mmcv.ops import nms` after this import gets it too
+
+
+# ----------------------------------------------------------------------------- mmengine's objects
+_HISTORY_BUFFER_STATISTICS = ('min', 'max', 'mean', 'current')
+
+
+def _history_buffer_getattr(obj: object, name: str) -> object:
+    """``getattr`` restricted to what mmengine's ``HistoryBuffer`` pickles.
+
+    A ``HistoryBuffer`` carries its statistics methods (``min``, ``max``, ``mean``,
+    ``current`` and custom registered ones), which pickle writes as
+    ``builtins.getattr(HistoryBuffer, 'min')``. Allow-listing the real ``getattr`` would let a
+    checkpoint fetch any attribute of any allowed object, so only those lookups are served.
+    """
+    from mmengine.logging import HistoryBuffer
+
+    # the class-level registry fills lazily, so the built-ins are listed explicitly (read
+    # before ``obj is HistoryBuffer``, which narrows the untyped class to ``object`` for mypy)
+    registered = HistoryBuffer._statistics_methods
+    if obj is HistoryBuffer and (name in _HISTORY_BUFFER_STATISTICS or name in registered):
+        return getattr(obj, name)
+    raise pickle.UnpicklingError(
+        f'refused builtins.getattr({obj!r}, {name!r}) while loading a checkpoint: only '
+        f'HistoryBuffer statistics methods may be looked up')
+
+
+#: What ``torch.serialization.add_safe_globals`` takes: a class or ``(callable, its name)``.
+SafeGlobal = Union[type, Tuple[Callable[..., Any], str]]
+
+
+def mmengine_safe_globals() -> List[SafeGlobal]:
+    """The classes mmengine checkpoints carry besides tensors and builtins."""
+    import numpy as np
+    from mmengine.logging import HistoryBuffer
+
+    safe: List[SafeGlobal] = [HistoryBuffer, np.ndarray, np.dtype,
+                              (_history_buffer_getattr, 'builtins.getattr')]
+    # numpy pickles arrays through ``_reconstruct`` and scalars through ``scalar``; the module
+    # moved from numpy.core to numpy._core in numpy 2, and a checkpoint names the module of the
+    # numpy that wrote it: allow both names, whichever numpy is installed
+    multiarray = None
+    for modname in ('numpy._core.multiarray', 'numpy.core.multiarray'):
+        try:
+            multiarray = __import__(modname, fromlist=['_reconstruct', 'scalar'])
+            break
+        except ImportError:
+            continue
+    if multiarray is not None:
+        safe += [(getattr(multiarray, fn), f'{modname}.multiarray.{fn}')
+                 for modname in ('numpy._core', 'numpy.core') for fn in ('_reconstruct', 'scalar')]
+    # dtypes are pickled by their class (numpy >= 1.25: numpy.dtypes.Float64DType, ...)
+    dtypes = getattr(np, 'dtypes', None)
+    if dtypes is not None:
+        safe += [getattr(dtypes, n) for n in dir(dtypes) if n.endswith('DType')
+                 and isinstance(getattr(dtypes, n), type)]
+    return safe
+
+
+def register_safe_globals() -> Tuple[str, ...]:
+    """Allow-list mmengine's checkpoint classes for ``torch.load(weights_only=True)``."""
+    add = getattr(torch.serialization, 'add_safe_globals', None)
+    if add is None:  # torch < 2.4 has no weights_only default to fix
+        return ()
+    safe = mmengine_safe_globals()
+    add(safe)
+    return tuple(s[1] if isinstance(s, tuple) else f'{s.__module__}.{s.__qualname__}'
+                 for s in safe)
+
+
+# ----------------------------------------------------------------------------- mmengine's loaders
+def safe_load_from_local(filename: str, map_location: Any = None) -> Any:
+    """mmengine's local-file checkpoint loader, through :func:`load_trusted_or_weights_only`."""
+    path = resolve_checkpoint_path(filename, source='--resume / load_from / the checkpoint path')
+    return load_trusted_or_weights_only(path, map_location, filename)
+
+
+def safe_load_from_http(filename: str, map_location: Any = None,
+                        model_dir: Optional[str] = None, progress: bool = False) -> Any:
+    """mmengine's URL checkpoint loader (same signature) with ``weights_only=True``.
+
+    As mmengine does, rank 0 downloads first (into ``model_dir``, default torch hub's
+    checkpoint cache) while the other ranks wait, then read the cached file."""
+    from mmengine.dist import get_dist_info
+
+    del progress  # downloads are quiet, as in resolve_checkpoint_path
+    rank, world_size = get_dist_info()
+    path = resolve_checkpoint_path(filename, model_dir) if rank == 0 else None
+    if world_size > 1:
+        torch.distributed.barrier()
+        if rank > 0:
+            path = resolve_checkpoint_path(filename, model_dir)
+    assert path is not None  # every rank resolved it
+    return load_trusted_or_weights_only(path, map_location, filename)
+
+
+def install_safe_checkpoint_loader() -> None:
+    """Route mmengine's loading of local checkpoint files and URLs through
+    :func:`safe_load_from_local` / :func:`safe_load_from_http` (idempotent)."""
+    import mmengine.runner.checkpoint as mmengine_checkpoint
+    from mmengine.runner.checkpoint import CheckpointLoader
+
+    CheckpointLoader.register_scheme(prefixes='', force=True)(safe_load_from_local)
+    CheckpointLoader.register_scheme(prefixes=('http://', 'https://'),
+                                     force=True)(safe_load_from_http)
+    # modelzoo://, torchvision://, open-mmlab:// and mmcls:// resolve to a URL and call the
+    # module-level load_from_http directly, not through the registry
+    mmengine_checkpoint.load_from_http = safe_load_from_http
 
 
 def apply() -> None:

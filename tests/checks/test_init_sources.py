@@ -115,7 +115,8 @@ def test_loaded_lines_name_the_report_when_a_module_keeps_one():
 
 def test_loaded_line_of_a_real_backbone_says_layout_and_tensors(tmp_path):
     """A timm Swin file loaded by SwinBackbone's init_weights: the line counts the tensors the
-    model received and names the layout the table detected."""
+    model received, names the layout the table detected and the checkpoint keys dropped (timm's
+    final norm and classifier)."""
     from types import SimpleNamespace
 
     import timm
@@ -133,4 +134,5 @@ def test_loaded_line_of_a_real_backbone_says_layout_and_tensors(tmp_path):
     output_norms = 2 * 3  # norm1..norm3 weight + bias: detection-only, not in the checkpoint
     assert loaded_init_lines(model, cfg) == [
         f'init backbone (SwinBackbone): loaded from {path}, '
-        f'{len(backbone.state_dict()) - output_norms} tensors, Swin timm layout']
+        f'{len(backbone.state_dict()) - output_norms} tensors, Swin timm layout; dropped 4 '
+        'checkpoint keys: norm.weight, norm.bias, head.fc.weight, head.fc.bias']

@@ -10,7 +10,8 @@ import torch
 from mmengine.runner.checkpoint import load_checkpoint
 
 import vitdet_plugin  # noqa: F401
-from vitdet_plugin.weights.checkpoint_io import TRUST_ENV, CheckpointError, safe_load_from_local
+from vitdet_plugin.compat import safe_load_from_local
+from vitdet_plugin.weights.checkpoint_io import TRUST_ENV, CheckpointError
 
 
 def _namespace_checkpoint(path) -> torch.nn.Linear:

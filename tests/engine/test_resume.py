@@ -63,7 +63,7 @@ def test_checkpoint_written_by_either_numpy_loads_weights_only(tmp_path, numpy_m
 
     from mmengine.logging import MessageHub
 
-    from vitdet_plugin.weights.checkpoint_io import safe_load_from_local
+    from vitdet_plugin.compat import safe_load_from_local
     hub = MessageHub.get_instance('numpy-names')
     hub.update_scalar('train/loss', 1.5)
     written = tmp_path / 'written.pth'
@@ -237,7 +237,7 @@ def test_load_from_url_refuses_malicious_checkpoint(tmp_path, monkeypatch):
     import mmengine.runner.checkpoint as mmengine_checkpoint
     from mmengine.runner.checkpoint import load_checkpoint
 
-    from vitdet_plugin.weights.checkpoint_io import safe_load_from_http
+    from vitdet_plugin.compat import safe_load_from_http
 
     served = tmp_path / 'served'
     served.mkdir()

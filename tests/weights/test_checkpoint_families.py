@@ -39,7 +39,9 @@ from vitdet_plugin.models.backbones import (
     ViTBackbone,
 )
 from vitdet_plugin.models.backbones.base import load_pretrained
-from vitdet_plugin.weights import LAYOUTS, CheckpointError, checkpoint_state_dict, detect_layout
+from vitdet_plugin.weights import (LAYOUTS, CheckpointError, checkpoint_state_dict, detect_layout,
+                                   layouts)
+from vitdet_plugin.weights.layout import CLASS_NAMED, GENERIC, SPECIFIC
 from vitdet_plugin.weights.transformers_layouts import TRANSFORMERS_MODELS
 from vitdet_plugin.weights.vit import simple_fpn_to_detectron2
 
@@ -179,3 +181,45 @@ def test_a_checkpoint_of_another_family_is_refused_naming_the_backbone(
         load_pretrained(model, checkpoints[(family, layout)])
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # nothing was loaded
+
+
+#: The layouts each real checkpoint fits besides its own, all of a lower priority: a
+#: transformers class fits its family's reference layout, a ViT family the plain ViT's.
+ALSO_FITS = {('Swin V2', 'transformers Swinv2Model'): {('Swin V2', 'official')},
+             ('DINOv2', 'dinov2 official'): {('ViT', 'mae')},
+             ('DINOv2', 'timm'): {('ViT', 'timm_vit')}, ('DINOv2', 'ours'): {('ViT', 'timm_vit')},
+             ('DINOv3', 'dinov3 official'): {('ViT', 'mae')},
+             ('DINOv3', 'timm'): {('ViT', 'timm_vit')}, ('DINOv3', 'ours'): {('ViT', 'timm_vit')},
+             ('EVA-02', 'eva02 official'): {('ViT', 'mae')},
+             ('EVA-02', 'eva02_det official'): {('ViT', 'detectron2')},
+             ('EVA-02', 'timm'): {('ViT', 'timm_vit')}, ('EVA-02', 'ours'): {('ViT', 'timm_vit')}}
+
+
+def test_detection_asks_every_layout_and_the_stated_priority_decides(checkpoints):
+    """Every layout is asked (the table's order plays no part): each real checkpoint fits its
+    own layout and, at most, layouts of a lower priority (:data:`ALSO_FITS`)."""
+    assert {layout.priority for layout in LAYOUTS} == {CLASS_NAMED, SPECIFIC, GENERIC}
+    for key, ckpt in checkpoints.items():
+        sd = checkpoint_state_dict(ckpt)
+        fits = {(layout.family, layout.name): layout for layout in layouts.matching_layouts(sd)}
+        assert set(fits) == {key} | ALSO_FITS.get(key, set()), key
+        assert all(fits[other].priority < fits[key].priority for other in ALSO_FITS.get(key, ()))
+
+
+def test_the_result_does_not_depend_on_the_order_of_the_table(checkpoints, monkeypatch):
+    monkeypatch.setattr(layouts, 'LAYOUTS', tuple(reversed(LAYOUTS)))
+    for key, ckpt in checkpoints.items():
+        found = detect_layout(checkpoint_state_dict(ckpt))
+        assert (found.family, found.name) == key
+
+
+def test_a_checkpoint_that_fits_two_layouts_alike_is_refused(checkpoints):
+    """A timm Swin and a timm DINOv2 in one state dict: both layouts fit with the same priority;
+    the loader refuses rather than pick one."""
+    mixed = {**checkpoint_state_dict(checkpoints[('Swin', 'timm')]),
+             **checkpoint_state_dict(checkpoints[('DINOv2', 'timm')])}
+    want = ('the checkpoint fits 2 layouts alike: a DINOv2 checkpoint (timm layout), a Swin '
+            'checkpoint (timm layout); it mixes the weights of several models: give the prefix '
+            'of the one to load (init_cfg prefix=..., tools/convert_weights.py --prefix)')
+    with pytest.raises(CheckpointError, match='^' + re.escape(want) + '$'):
+        detect_layout(mixed)

@@ -7,7 +7,8 @@ before anything is built.
 * :func:`loaded_init_lines`: the same after ``init_weights`` and ``load_from`` ran (the train
   log, :class:`~.preflight.PreflightCheckHook`'s ``before_train``). A module that kept the
   :class:`~vitdet_plugin.weights.LoadReport` of its load as ``init_report`` (with an optional
-  ``layout``) gets its tensor count and layout said too.
+  ``layout``, ``dropped`` and ``resampled``) gets its tensor count, layout, the checkpoint keys
+  it dropped and the tensors resampled to its sizes said too.
 * :func:`unreachable_weights`: a ``Pretrained`` URL that is neither in torch hub's cache nor
   reachable: the problem line names the URL, the cache folder, the ``--cfg-options`` that points
   the key at a local copy and ``init_cfg=None`` (random init).
@@ -76,13 +77,26 @@ def planned_init_lines(cfg: Any) -> List[str]:
     return lines
 
 
+#: how many dropped / resampled names a loaded line shows before it counts the rest
+SHOWN_NAMES = 5
+
+
+def _names(names: List[str]) -> str:
+    rest = len(names) - SHOWN_NAMES
+    return ', '.join(names[:SHOWN_NAMES]) + (f', ... ({rest} more)' if rest > 0 else '')
+
+
 def _report_text(module: Any) -> str:
     report = getattr(module, REPORT_ATTR, None)
     loaded = getattr(report, 'loaded', None)
     if loaded is None:
         return ''
     layout = getattr(report, 'layout', None)
-    return f', {len(loaded)} tensors' + (f', {layout} layout' if layout else '')
+    dropped = list(getattr(report, 'dropped', ()))
+    resampled = list(getattr(report, 'resampled', ()))
+    return (f', {len(loaded)} tensors' + (f', {layout} layout' if layout else '')
+            + (f'; dropped {len(dropped)} checkpoint keys: {_names(dropped)}' if dropped else '')
+            + (f'; resampled {len(resampled)}: {_names(resampled)}' if resampled else ''))
 
 
 def loaded_init_lines(model: Any, cfg: Any) -> List[str]:

@@ -1,22 +1,33 @@
-"""Checkpoints: safe reading (:mod:`.checkpoint_io`), state-dict handling (:mod:`.common`), the
-one table of layouts and the loader (:mod:`.layouts`, fed a :class:`~.target.CheckpointTarget`)
+"""Checkpoints: safe reading (:mod:`.checkpoint_io`; transformers folders,
+:mod:`.transformers_folder`), state-dict handling (:mod:`.common`), the
+one table of layouts and the loader (:mod:`.layouts`, fed a
+:class:`~vitdet_plugin.functional.checkpoint_target.CheckpointTarget`)
 and the converters it pairs with detectors, pure ``state_dict -> state_dict`` functions
 (:mod:`.swin`, :mod:`.swin_v2`, :mod:`.vit`, :mod:`.vit_families`; the official DINOv2 /
 DINOv3 / EVA-02 layouts to timm's, :mod:`.official_vit`; the patch-kernel resample,
-:mod:`.patch_resample`)."""
-from .checkpoint_io import CheckpointError, load_checkpoint_file
-from .common import (LoadReport, check_state_dict, checkpoint_state_dict, drop_keys,
-                     load_state_dict_checked, select_prefix, unwrap_state_dict)
+:mod:`.patch_resample`).
+
+Importing this package plugs its loader into the models' checkpoint contract
+(:func:`~vitdet_plugin.functional.checkpoint_target.plug_checkpoint_loader`): the models ask the
+contract, never this package, so the dependency points from here to them.
+"""
+from ..functional.checkpoint_target import (CheckpointLoader, CheckpointTarget, LoadReport,
+                                            plug_checkpoint_loader)
+from .checkpoint_io import CheckpointError
+from .common import (check_state_dict, checkpoint_state_dict, drop_keys, load_checkpoint_file,
+                     load_state_dict_checked, read_as_saved, select_prefix, unwrap_state_dict)
 from .layouts import (FAMILY_BACKBONES, LAYOUTS, Layout, detect_layout, find_layout,
                       load_checkpoint)
 from .official_vit import OFFICIAL_VIT_LAYOUTS, detect_official_vit_layout, official_to_timm
 from .patch_resample import resample_patch_kernel
-from .target import CheckpointTarget
 
 __all__ = [
     'CheckpointError', 'LoadReport', 'check_state_dict', 'checkpoint_state_dict', 'drop_keys',
-    'load_checkpoint_file', 'load_state_dict_checked', 'select_prefix', 'unwrap_state_dict',
+    'load_checkpoint_file', 'load_state_dict_checked', 'read_as_saved', 'select_prefix',
+    'unwrap_state_dict',
     'FAMILY_BACKBONES', 'LAYOUTS', 'Layout', 'detect_layout', 'find_layout', 'load_checkpoint',
     'OFFICIAL_VIT_LAYOUTS', 'detect_official_vit_layout', 'official_to_timm',
     'resample_patch_kernel', 'CheckpointTarget',
 ]
+
+plug_checkpoint_loader(CheckpointLoader(convert=load_checkpoint, read_as_saved=read_as_saved))

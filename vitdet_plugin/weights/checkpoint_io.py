@@ -1,6 +1,6 @@
-"""Checkpoint I/O: every read of a checkpoint file, safe by construction, in one module.
+"""Safe reading of checkpoint files, in one module.
 
-* **Safe reading.** :func:`load_checkpoint_file` reads a local path or URL: ``.pth``/``.pt``/
+* **Safe reading.** :func:`read_checkpoint_file` reads a local path or URL: ``.pth``/``.pt``/
   ``.bin`` through ``torch.load(weights_only=True)`` (:func:`load_trusted_or_weights_only`), a
   detectron2 model-zoo ``.pkl`` through an unpickler that admits only numpy arrays and plain
   containers, ``.safetensors`` through safetensors. A checkpoint carrying arbitrary Python
@@ -11,29 +11,16 @@
   ``argparse.Namespace``) is read with full unpickling only when its path or URL is listed in
   the environment variable ``VITDET_TRUSTED_CHECKPOINTS`` (:data:`TRUST_ENV`, ``os.pathsep``
   separated); there is no switch that turns safe loading off for all files.
-* **mmengine's checkpoints under weights_only.** torch >= 2.6 loads with ``weights_only=True``
-  by default, and mmengine 0.10.7's resume then fails on the objects its checkpoints carry
-  (``HistoryBuffer`` in the message hub, its statistics methods, numpy arrays and scalars;
-  mmengine#1655). :func:`register_safe_globals` allow-lists exactly those with
-  :func:`torch.serialization.add_safe_globals`; ``weights_only`` stays on.
-* **mmengine's loaders.** :func:`install_safe_checkpoint_loader` makes mmengine's loaders for
-  local files and for URLs (``http(s)://``, and through it ``modelzoo://``, ``torchvision://``,
-  ``open-mmlab://``, ``mmcls://``), used by ``Runner.resume`` (``tools/train.py --resume``),
-  ``load_from`` and ``load_checkpoint``, read through :func:`load_trusted_or_weights_only`
-  (mmengine's own URL loader goes through torch hub's ``load_state_dict_from_url``, which
-  unpickles anything).
 
-Importing this module changes nothing outside it: the two installers are called by
-:func:`vitdet_plugin.compat.apply` (``import vitdet_plugin``), for every OpenMMLab library in the
-process.
+A transformers model folder is read by :mod:`.transformers_folder` (through these readers);
+mmengine's loaders are routed through them by :mod:`vitdet_plugin.compat`.
 """
-import json
 import logging
 import os
 import pickle
 import re
 import urllib.parse
-from typing import Any, Callable, List, Optional, Tuple, Union
+from typing import Any, List, Optional, Union
 
 import numpy as np
 import torch
@@ -51,7 +38,8 @@ _PICKLE_SAFE_GLOBALS = frozenset({
     ('numpy.core.multiarray', 'scalar'), ('numpy._core.multiarray', 'scalar'),
     ('numpy', 'ndarray'), ('numpy', 'dtype'), ('collections', 'OrderedDict')})
 
-_URL = re.compile(r'^https?://', re.IGNORECASE)
+#: A URL the readers download (into torch hub's cache) before reading it.
+URL = re.compile(r'^https?://', re.IGNORECASE)
 
 
 class _NumpyOnlyUnpickler(pickle.Unpickler):
@@ -72,7 +60,7 @@ def resolve_checkpoint_path(path: Union[str, os.PathLike], cache_dir: Optional[s
     ``cache_dir`` (default: torch hub's checkpoint cache ``$TORCH_HOME/hub/checkpoints``, as
     mmengine does). A missing file raises ``FileNotFoundError`` telling to check ``source``."""
     path = os.fspath(path)
-    if _URL.match(path):
+    if URL.match(path):
         cache = cache_dir or os.path.join(torch.hub.get_dir(), 'checkpoints')
         local = os.path.join(cache, os.path.basename(urllib.parse.urlparse(path).path))
         if not os.path.isfile(local):
@@ -91,14 +79,12 @@ def resolve_checkpoint_path(path: Union[str, os.PathLike], cache_dir: Optional[s
     return path
 
 
-def load_checkpoint_file(path: Union[str, os.PathLike], map_location: str = 'cpu') -> dict:
-    """Read a checkpoint safely: a local path or URL (see :func:`resolve_checkpoint_path`);
+def read_checkpoint_file(path: Union[str, os.PathLike], map_location: str = 'cpu') -> dict:
+    """Read a checkpoint file safely: a local path or URL (see :func:`resolve_checkpoint_path`);
     ``.pth``/``.pt``/``.bin`` through ``torch.load(weights_only=True)``, a detectron2
     model-zoo ``.pkl`` through an unpickler that admits only numpy arrays and plain
-    containers; a Hugging Face transformers model folder (:func:`load_transformers_folder`).
-    Clear errors for missing, empty, unreadable or unsafe files."""
-    if is_transformers_folder(path):
-        return load_transformers_folder(path, map_location)
+    containers, ``.safetensors`` through safetensors. Clear errors for missing, empty,
+    unreadable or unsafe files."""
     path = resolve_checkpoint_path(path)
     if os.path.getsize(path) == 0:
         raise CheckpointError(f'checkpoint file {path!r} is empty (an interrupted download or '
@@ -189,73 +175,6 @@ def load_trusted_or_weights_only(path: str, map_location: Any = None,
         raise _not_a_checkpoint(path, e) from e
 
 
-#: A transformers model folder's files (``save_pretrained``): the config, one weights file or
-#: an index of shards, in the order they are looked for (safetensors first).
-TRANSFORMERS_CONFIG = 'config.json'
-TRANSFORMERS_WEIGHTS = (('model.safetensors', 'model.safetensors.index.json'),
-                        ('pytorch_model.bin', 'pytorch_model.bin.index.json'))
-
-
-def is_transformers_folder(path: Union[str, os.PathLike]) -> bool:
-    """Whether ``path`` is a local directory (read as a transformers model folder)."""
-    return not _URL.match(os.fspath(path)) and os.path.isdir(os.path.expanduser(path))
-
-
-def read_transformers_config(path: Union[str, os.PathLike]) -> Optional[dict]:
-    """The ``config.json`` of a transformers model folder; None when ``path`` is no folder.
-    A folder without one is refused (it is no ``save_pretrained`` folder)."""
-    if not is_transformers_folder(path):
-        return None
-    folder = os.path.expanduser(os.fspath(path))
-    config = os.path.join(folder, TRANSFORMERS_CONFIG)
-    if not os.path.isfile(config):
-        raise CheckpointError(
-            f'{folder!r} is a directory without {TRANSFORMERS_CONFIG}: a checkpoint directory '
-            f'must be a Hugging Face transformers model folder (save_pretrained writes '
-            f'{TRANSFORMERS_CONFIG} and model.safetensors); give that folder or a checkpoint '
-            'file')
-    with open(config) as f:
-        return json.load(f)
-
-
-def load_transformers_folder(path: Union[str, os.PathLike], map_location: str = 'cpu') -> dict:
-    """The tensors of a transformers model folder: ``model.safetensors``, or the shards its
-    ``model.safetensors.index.json`` lists (``model-0000k-of-0000n.safetensors``); else
-    ``pytorch_model.bin`` (``weights_only``) or its shards. A shard the index names but the
-    folder lacks, or a tensor the index names but no shard holds, is refused naming it."""
-    read_transformers_config(path)
-    folder = os.path.expanduser(os.fspath(path))
-    for single, index in TRANSFORMERS_WEIGHTS:
-        reader: Callable[[str, str], Any] = (load_safetensors if single.endswith('.safetensors')
-                                             else load_trusted_or_weights_only)
-        if os.path.isfile(os.path.join(folder, single)):
-            return reader(os.path.join(folder, single), map_location)
-        if not os.path.isfile(os.path.join(folder, index)):
-            continue
-        with open(os.path.join(folder, index)) as f:
-            weight_map: dict = json.load(f)['weight_map']
-        shards = sorted(set(weight_map.values()))
-        missing = [s for s in shards if not os.path.isfile(os.path.join(folder, s))]
-        if missing:
-            raise CheckpointError(
-                f'the sharded checkpoint {folder!r} lacks {", ".join(missing)} (of the '
-                f'{len(shards)} shards its {index} lists): download or copy the missing '
-                'shard into the folder')
-        sd: dict = {}
-        for shard in shards:
-            sd.update(reader(os.path.join(folder, shard), map_location))
-        absent = [k for k in weight_map if k not in sd]
-        if absent:
-            raise CheckpointError(
-                f'the sharded checkpoint {folder!r}: {index} places {absent[0]!r} in '
-                f'{weight_map[absent[0]]!r}, which does not hold it; the shard is from '
-                'another save: download the folder again')
-        return sd
-    names = ', '.join(n for pair in TRANSFORMERS_WEIGHTS for n in pair)
-    raise CheckpointError(f'the transformers folder {folder!r} has no weights: expected one '
-                          f'of {names}')
-
-
 def load_numpy_pickle(path: Union[str, os.PathLike]) -> dict:
     """Read a detectron2 model-zoo ``.pkl`` (``{'model': {name: ndarray}}``) safely: only
     numpy arrays and plain containers are accepted, arrays become tensors."""
@@ -308,110 +227,3 @@ def _not_a_checkpoint(path: str, e: BaseException,
         f'{detail or _first_line(e)}): the file is truncated or not written by torch.save '
         f'(expected a .pth/.pt file written by torch.save, a .safetensors file or a detectron2 '
         f'.pkl); save or download it again. Nothing in it was executed.')
-
-
-# ----------------------------------------------------------------------------- mmengine's objects
-_HISTORY_BUFFER_STATISTICS = ('min', 'max', 'mean', 'current')
-
-
-def _history_buffer_getattr(obj: object, name: str) -> object:
-    """``getattr`` restricted to what mmengine's ``HistoryBuffer`` pickles.
-
-    A ``HistoryBuffer`` carries its statistics methods (``min``, ``max``, ``mean``,
-    ``current`` and custom registered ones), which pickle writes as
-    ``builtins.getattr(HistoryBuffer, 'min')``. Allow-listing the real ``getattr`` would let a
-    checkpoint fetch any attribute of any allowed object, so only those lookups are served.
-    """
-    from mmengine.logging import HistoryBuffer
-
-    # the class-level registry fills lazily, so the built-ins are listed explicitly (read
-    # before ``obj is HistoryBuffer``, which narrows the untyped class to ``object`` for mypy)
-    registered = HistoryBuffer._statistics_methods
-    if obj is HistoryBuffer and (name in _HISTORY_BUFFER_STATISTICS or name in registered):
-        return getattr(obj, name)
-    raise pickle.UnpicklingError(
-        f'refused builtins.getattr({obj!r}, {name!r}) while loading a checkpoint: only '
-        f'HistoryBuffer statistics methods may be looked up')
-
-
-#: What ``torch.serialization.add_safe_globals`` takes: a class or ``(callable, its name)``.
-SafeGlobal = Union[type, Tuple[Callable[..., Any], str]]
-
-
-def mmengine_safe_globals() -> List[SafeGlobal]:
-    """The classes mmengine checkpoints carry besides tensors and builtins."""
-    import numpy as np
-    from mmengine.logging import HistoryBuffer
-
-    safe: List[SafeGlobal] = [HistoryBuffer, np.ndarray, np.dtype,
-                              (_history_buffer_getattr, 'builtins.getattr')]
-    # numpy pickles arrays through ``_reconstruct`` and scalars through ``scalar``; the module
-    # moved from numpy.core to numpy._core in numpy 2, and a checkpoint names the module of the
-    # numpy that wrote it: allow both names, whichever numpy is installed
-    multiarray = None
-    for modname in ('numpy._core.multiarray', 'numpy.core.multiarray'):
-        try:
-            multiarray = __import__(modname, fromlist=['_reconstruct', 'scalar'])
-            break
-        except ImportError:
-            continue
-    if multiarray is not None:
-        safe += [(getattr(multiarray, fn), f'{modname}.multiarray.{fn}')
-                 for modname in ('numpy._core', 'numpy.core') for fn in ('_reconstruct', 'scalar')]
-    # dtypes are pickled by their class (numpy >= 1.25: numpy.dtypes.Float64DType, ...)
-    dtypes = getattr(np, 'dtypes', None)
-    if dtypes is not None:
-        safe += [getattr(dtypes, n) for n in dir(dtypes) if n.endswith('DType')
-                 and isinstance(getattr(dtypes, n), type)]
-    return safe
-
-
-def register_safe_globals() -> Tuple[str, ...]:
-    """Allow-list mmengine's checkpoint classes for ``torch.load(weights_only=True)``."""
-    add = getattr(torch.serialization, 'add_safe_globals', None)
-    if add is None:  # torch < 2.4 has no weights_only default to fix
-        return ()
-    safe = mmengine_safe_globals()
-    add(safe)
-    return tuple(s[1] if isinstance(s, tuple) else f'{s.__module__}.{s.__qualname__}'
-                 for s in safe)
-
-
-# ----------------------------------------------------------------------------- mmengine's loaders
-def safe_load_from_local(filename: str, map_location: Any = None) -> Any:
-    """mmengine's local-file checkpoint loader, through :func:`load_trusted_or_weights_only`."""
-    path = resolve_checkpoint_path(filename, source='--resume / load_from / the checkpoint path')
-    return load_trusted_or_weights_only(path, map_location, filename)
-
-
-def safe_load_from_http(filename: str, map_location: Any = None,
-                        model_dir: Optional[str] = None, progress: bool = False) -> Any:
-    """mmengine's URL checkpoint loader (same signature) with ``weights_only=True``.
-
-    As mmengine does, rank 0 downloads first (into ``model_dir``, default torch hub's
-    checkpoint cache) while the other ranks wait, then read the cached file."""
-    from mmengine.dist import get_dist_info
-
-    del progress  # downloads are quiet, as in resolve_checkpoint_path
-    rank, world_size = get_dist_info()
-    path = resolve_checkpoint_path(filename, model_dir) if rank == 0 else None
-    if world_size > 1:
-        torch.distributed.barrier()
-        if rank > 0:
-            path = resolve_checkpoint_path(filename, model_dir)
-    assert path is not None  # every rank resolved it
-    return load_trusted_or_weights_only(path, map_location, filename)
-
-
-def install_safe_checkpoint_loader() -> None:
-    """Route mmengine's loading of local checkpoint files and URLs through
-    :func:`safe_load_from_local` / :func:`safe_load_from_http` (idempotent)."""
-    import mmengine.runner.checkpoint as mmengine_checkpoint
-    from mmengine.runner.checkpoint import CheckpointLoader
-
-    CheckpointLoader.register_scheme(prefixes='', force=True)(safe_load_from_local)
-    CheckpointLoader.register_scheme(prefixes=('http://', 'https://'),
-                                     force=True)(safe_load_from_http)
-    # modelzoo://, torchvision://, open-mmlab:// and mmcls:// resolve to a URL and call the
-    # module-level load_from_http directly, not through the registry
-    mmengine_checkpoint.load_from_http = safe_load_from_http

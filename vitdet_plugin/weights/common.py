@@ -9,14 +9,15 @@ import logging
 import math
 import os
 import re
-from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 
-from .checkpoint_io import CheckpointError, load_checkpoint_file
+from ..functional.checkpoint_target import LoadReport, StateDict
+from .checkpoint_io import CheckpointError, read_checkpoint_file
+from .transformers_folder import is_transformers_folder, load_transformers_folder
 
-StateDict = Dict[str, Tensor]
 logger = logging.getLogger('vitdet_plugin')
 
 
@@ -60,6 +61,15 @@ def unwrap_state_dict(ckpt: Mapping) -> StateDict:
         tensors = {k[len('module.'):] if k.startswith('module.') else k: v
                    for k, v in tensors.items()}
     return tensors
+
+
+def load_checkpoint_file(path: Union[str, os.PathLike], map_location: str = 'cpu') -> dict:
+    """A checkpoint read safely: a Hugging Face transformers model folder
+    (:func:`~.transformers_folder.load_transformers_folder`) or a file / URL
+    (:func:`~.checkpoint_io.read_checkpoint_file`)."""
+    if is_transformers_folder(path):
+        return load_transformers_folder(path, map_location)
+    return read_checkpoint_file(path, map_location)
 
 
 def checkpoint_state_dict(checkpoint: Union[str, os.PathLike, Mapping],
@@ -120,14 +130,13 @@ def hw_pair(size: Sequence[int], name: str) -> Tuple[int, int]:
     return size[0], size[1]
 
 
-class LoadReport(NamedTuple):
-    """What a strict load did: the keys loaded, the model keys that were allowed to stay at
-    their initial values, the checkpoint keys dropped as not the module's, and the checkpoint's
-    layout (``'DINOv2 official'``; '' where no layout table was asked)."""
-    loaded: List[str]
-    missing_allowed: List[str]
-    dropped: List[str]
-    layout: str = ''
+def note_resampled(resampled: Optional[List[str]], key: str, before: Sequence[int],
+                   after: Sequence[int]) -> None:
+    """Add ``'<key> <before> -> <after>'`` (shapes as ``14x14``) to ``resampled`` (a
+    converter's report of the tensors it resized to the model's sizes) when the shape changed;
+    nothing when ``resampled`` is None."""
+    if resampled is not None and tuple(before) != tuple(after):
+        resampled.append(f"{key} {'x'.join(map(str, before))} -> {'x'.join(map(str, after))}")
 
 
 def is_square_grid(cells: int) -> bool:
@@ -188,11 +197,12 @@ def load_state_dict_checked(model: nn.Module, sd: Mapping[str, Tensor],
     return report
 
 
-def load_pretrained_part(module: nn.Module, checkpoint: Union[str, os.PathLike, Mapping],
-                         prefix: Optional[str] = None, source: str = 'checkpoint') -> LoadReport:
-    """Load the ``prefix`` part of a checkpoint (e.g. ``'neck.'`` of a detector's) into
-    ``module`` in our / mmdet's own layout (no conversion), strictly: every key of the part
-    must be a key of ``module`` with its shape and the other way round, else
-    :class:`CheckpointError` names the differences."""
-    return load_state_dict_checked(module, checkpoint_state_dict(checkpoint, prefix),
-                                   source=source)
+def read_as_saved(checkpoint: Union[str, os.PathLike, Mapping], prefix: Optional[str],
+                  expected: Mapping[str, torch.Size], owner: str,
+                  source: str = 'checkpoint') -> Tuple[StateDict, LoadReport]:
+    """The ``prefix`` part of a checkpoint (e.g. ``'neck.'`` of a detector's) in our / mmdet's
+    own layout (no conversion), checked strictly against the ``{name: shape}`` module ``owner``
+    expects: every key of the part must be a key of the module with its shape and the other way
+    round, else :class:`CheckpointError` names the differences."""
+    sd = checkpoint_state_dict(checkpoint, prefix)
+    return sd, check_state_dict(sd, expected, source=source, owner=owner)

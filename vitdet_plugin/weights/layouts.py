@@ -1,191 +1,79 @@
 """The one table of checkpoint layouts, and the loader every backbone, neck and
 ``tools/convert_weights.py`` goes through.
 
-Each :class:`Layout` is a pair of pure functions over state dicts: ``detect`` says whether a
-state dict is in this layout, ``convert`` maps it to our parameter names for a
-:class:`~.target.CheckpointTarget`. :data:`LAYOUTS` lists them in the order they are asked
-(the official DINOv2 / DINOv3 / EVA-02 layouts and the families' timm / our layouts before the
-plain ViT, whose keys they share); :func:`detect_layout` names the first that fits.
+Each converter module declares its layouts (``LAYOUTS``, :class:`~.layout.Layout`: a family,
+a name, its classifier and its converter for a
+:class:`~vitdet_plugin.functional.checkpoint_target.CheckpointTarget`); :data:`LAYOUTS` here is
+their sum. Detection does not depend on that order: :func:`find_layout` asks every layout, and
+of those a checkpoint fits, the higher priority wins (a transformers class over the family
+layout its blocks fit, the DINOv2 / DINOv3 / EVA-02 layouts over the plain ViT's, whose keys
+they share); two alike are refused.
 
 :func:`load_checkpoint` reads a checkpoint (``weights_only`` / safetensors / detectron2
 ``.pkl``, :mod:`.checkpoint_io`), refuses one of another family naming the backbone that loads
-it, converts it and checks every key and shape against the target (:class:`~.common.LoadReport`).
-The module then loads the returned state dict itself.
+it, converts it and checks every key and shape against the target
+(:class:`~vitdet_plugin.functional.checkpoint_target.LoadReport`: the keys loaded, dropped and
+resampled). The module then loads the returned state dict itself. :mod:`vitdet_plugin.weights`
+plugs it into the models' checkpoint contract.
 """
 import dataclasses
 import logging
 import os
-from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import List, Mapping, Optional, Tuple, Union
 
 from torch import Tensor
 
+from ..functional.checkpoint_target import CheckpointTarget, LoadReport
+from . import swin, swin_v2, transformers_layouts, vit, vit_families
 from .arch_read import arch_mismatch, read_arch
-from .checkpoint_io import CheckpointError, read_transformers_config
-from .common import LoadReport, StateDict, check_state_dict, checkpoint_state_dict
-from .official_vit import OFFICIAL_FAMILIES
-from .swin import (SWIN_FORMATS, SWIN_UNRECOGNISED, convert_swin, drop_unused_output_norms,
-                   swin_layout)
-from .swin_v2 import (SWIN_V2_FORMATS, SWIN_V2_UNRECOGNISED, check_pretrained_windows,
-                      convert_swin_v2, swin_v2_layout)
-from .target import CheckpointTarget
-from .transformers_layouts import (TRANSFORMERS_MODELS, config_mismatch, config_window,
-                                   transformers_layout, transformers_to_reference)
-from .vit import (OPTIONAL_PARTS, PYRAMID_KEY, VIT_FORMATS, VIT_UNRECOGNISED, convert_vit,
-                  simple_fpn_layout, simple_fpn_part, vit_layout)
-from .vit_families import (FAMILY_LAYOUTS, VIT_FAMILIES, VIT_FAMILY_UNRECOGNISED,
-                           convert_family_checkpoint, family_layout)
+from .checkpoint_io import CheckpointError
+from .common import StateDict, check_state_dict, checkpoint_state_dict
+from .layout import Layout
+from .swin import SWIN_UNRECOGNISED
+from .swin_v2 import SWIN_V2_UNRECOGNISED
+from .transformers_folder import read_transformers_config
+from .transformers_layouts import config_mismatch, config_window
+from .vit import NECK, OPTIONAL_PARTS, PYRAMID_KEY, VIT_UNRECOGNISED
+from .vit_families import VIT_FAMILIES, VIT_FAMILY_UNRECOGNISED
 
 logger = logging.getLogger('vitdet_plugin')
 
 #: Every checkpoint family and the module type that loads it.
 FAMILY_BACKBONES = {'Swin': 'SwinBackbone', 'Swin V2': 'SwinV2Backbone', 'ViT': 'ViTBackbone',
                     'DINOv2': 'DINOv2Backbone', 'DINOv3': 'DINOv3Backbone',
-                    'EVA-02': 'EVA02Backbone', 'simple FPN': 'ViTSimpleFPN'}
-#: The neck's family: it reads its pyramid out of any checkpoint that has one.
-NECK = 'simple FPN'
+                    'EVA-02': 'EVA02Backbone', NECK: 'ViTSimpleFPN'}
 #: What each family's loader says when no layout fits.
 _UNRECOGNISED = {'Swin': SWIN_UNRECOGNISED, 'Swin V2': SWIN_V2_UNRECOGNISED,
                  'ViT': VIT_UNRECOGNISED, **dict.fromkeys(VIT_FAMILIES, VIT_FAMILY_UNRECOGNISED)}
 #: Model keys a checkpoint may lack (they keep their init): Swin's detection output norms.
 _OUTPUT_NORMS = (r'^norm\d+\.',)
 
-Convert = Callable[[StateDict, CheckpointTarget], Tuple[StateDict, List[str]]]
+#: Every layout we load: each converter module declares its own (``LAYOUTS``).
+LAYOUTS: Tuple[Layout, ...] = (transformers_layouts.LAYOUTS + vit_families.LAYOUTS
+                               + swin_v2.LAYOUTS + swin.LAYOUTS + vit.LAYOUTS)
 
 
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """One checkpoint layout: its family, its name, and its (detect, convert) pair."""
-    family: str
-    name: str
-    detect: Callable[[Mapping[str, Tensor]], bool]
-    convert: Convert
-
-    def describe(self) -> str:
-        """``'a Swin checkpoint (mmdet layout)'``."""
-        article = 'an' if self.family[0] in 'AEIOU' else 'a'
-        return f'{article} {self.family} checkpoint ({self.name} layout)'
-
-
-# ----------------------------------------------------------------------------- converters
-def _swin(sd: StateDict, fmt: str, t: CheckpointTarget) -> Tuple[StateDict, List[str]]:
-    converted, dropped = convert_swin(sd, t.window_size, t.pos_grid, fmt, t.src_window_size)
-    return converted, dropped + _spare_output_norms(converted, t)
-
-
-def _swin_v2(sd: StateDict, fmt: str, t: CheckpointTarget) -> Tuple[StateDict, List[str]]:
-    converted, dropped = convert_swin_v2(sd, fmt)
-    check_pretrained_windows(sd, t.pretrained_windows)
-    return converted, dropped + _spare_output_norms(converted, t)
-
-
-def _spare_output_norms(converted: StateDict, t: CheckpointTarget) -> List[str]:
-    if t.out_indices is None:
-        return []
-    spare = drop_unused_output_norms(converted, t.out_indices)
-    if spare:
-        logger.info('%s checkpoint: output norms of stages outside out_indices=%s not used: %s',
-                    t.family, t.out_indices, ', '.join(spare))
-    return spare
-
-
-def _vit(sd: StateDict, fmt: str, t: CheckpointTarget) -> Tuple[StateDict, List[str]]:
-    return convert_vit(sd, t.expected, t.pos_grid, fmt)
-
-
-def _neck(sd: StateDict, fmt: str, t: CheckpointTarget) -> Tuple[StateDict, List[str]]:
-    del fmt  # the pyramid is found by its keys wherever it sits (simple_fpn_part)
-    try:
-        part, used = simple_fpn_part(sd, t.in_stride)
-    except CheckpointError as e:  # no pyramid: name what the checkpoint is, if it is known
-        found = find_layout(sd)
-        if found is None:
-            raise
-        raise CheckpointError(f'{e}. The checkpoint is {found.describe()}: load it into '
-                              f"type='{FAMILY_BACKBONES[found.family]}'") from e
-    taken = set(used)
-    return part, [k for k in sd if k not in taken]
-
-
-def _family(family: str, official: Optional[str]
-            ) -> Callable[[StateDict, str, CheckpointTarget], Tuple[StateDict, List[str]]]:
-    """The converter of a DINOv2 / DINOv3 / EVA-02 layout (``official`` or timm's / ours)."""
-    def convert(sd: StateDict, name: str, t: CheckpointTarget) -> Tuple[StateDict, List[str]]:
-        del name  # ``official`` tells the layout
-        return convert_family_checkpoint(sd, family, official, t)
-    return convert
-
-
-def _transformers(family: str
-                  ) -> Callable[[StateDict, str, CheckpointTarget], Tuple[StateDict, List[str]]]:
-    """A transformers layout's converter: renamed to the family's reference layout
-    (:mod:`.transformers_layouts`), then that layout's converter."""
-    reference: Dict[str, Convert] = {
-        'Swin': lambda sd, t: _swin(sd, 'official', t),
-        'Swin V2': lambda sd, t: _swin_v2(sd, 'official', t),
-        'ViT': lambda sd, t: _vit(sd, 'timm_vit', t),
-        'DINOv2': lambda sd, t: convert_family_checkpoint(sd, 'DINOv2', 'dinov2', t),
-        'DINOv3': lambda sd, t: convert_family_checkpoint(sd, 'DINOv3', 'dinov3', t)}
-
-    def convert(sd: StateDict, name: str, t: CheckpointTarget) -> Tuple[StateDict, List[str]]:
-        renamed, dropped = transformers_to_reference(sd, name)
-        converted, more = reference[family](renamed, t)
-        return converted, dropped + more
-    return convert
-
-
-def _transformers_layouts() -> List[Layout]:
-    """The transformers classes (``'transformers Dinov2Model'``, ...), one layout each."""
-    return [layout for model, family in TRANSFORMERS_MODELS.items()
-            for layout in _layouts(family, (f'transformers {model}',), transformers_layout,
-                                   _transformers(family))]
-
-
-# ----------------------------------------------------------------------------- the table
-def _layouts(family: str, names: Tuple[str, ...],
-             classify: Callable[[Mapping[str, Tensor]], Optional[str]],
-             convert: Callable[[StateDict, str, CheckpointTarget], Tuple[StateDict, List[str]]]
-             ) -> List[Layout]:
-    """One :class:`Layout` per name of a family whose ``classify`` names the layout (or None)."""
-    def layout(name: str) -> Layout:
-        def detect(sd: Mapping[str, Tensor]) -> bool:
-            return classify(sd) == name
-
-        def convert_to(sd: StateDict, t: CheckpointTarget) -> Tuple[StateDict, List[str]]:
-            return convert(sd, name, t)
-        return Layout(family, name, detect, convert_to)
-    return [layout(name) for name in names]
-
-
-def _family_classifier(family: str) -> Callable[[Mapping[str, Tensor]], Optional[str]]:
-    def classify(sd: Mapping[str, Tensor]) -> Optional[str]:
-        found = family_layout(sd)
-        return found[1] if found is not None and found[0] == family else None
-    return classify
-
-
-def _vit_family_layouts() -> List[Layout]:
-    """The official layouts of DINOv2 / DINOv3 / EVA-02, then timm's and ours of each."""
-    official = [layout for name, family in OFFICIAL_FAMILIES.items()
-                for layout in _layouts(family, (f'{name} official',), _family_classifier(family),
-                                       _family(family, name))]
-    return official + [layout for family in VIT_FAMILIES
-                       for layout in _layouts(family, FAMILY_LAYOUTS, _family_classifier(family),
-                                              _family(family, None))]
-
-
-#: Every layout we load, in the order :func:`detect_layout` asks them.
-LAYOUTS: Tuple[Layout, ...] = tuple(
-    _transformers_layouts()
-    + _vit_family_layouts()
-    + _layouts('Swin V2', SWIN_V2_FORMATS, swin_v2_layout, _swin_v2)
-    + _layouts('Swin', SWIN_FORMATS, swin_layout, _swin)
-    + _layouts('ViT', VIT_FORMATS, vit_layout, _vit)
-    + _layouts(NECK, ('detectron2', 'ours'), simple_fpn_layout, _neck))
+def matching_layouts(sd: Mapping[str, Tensor]) -> List[Layout]:
+    """Every layout of :data:`LAYOUTS` that ``sd`` (an unwrapped state dict) fits."""
+    return [layout for layout in LAYOUTS if layout.detects(sd)]
 
 
 def find_layout(sd: Mapping[str, Tensor]) -> Optional[Layout]:
-    """The first layout of :data:`LAYOUTS` that ``sd`` (an unwrapped state dict) is in."""
-    return next((layout for layout in LAYOUTS if layout.detect(sd)), None)
+    """The layout ``sd`` is in, or None: of the layouts it fits, the one of highest
+    :attr:`~.layout.Layout.priority` (a DINOv2 checkpoint also fits the plain ViT's generic
+    layouts); two of the same priority are a :class:`CheckpointError` naming both."""
+    found = matching_layouts(sd)
+    if not found:
+        return None
+    top = max(layout.priority for layout in found)
+    best = [layout for layout in found if layout.priority == top]
+    if len(best) > 1:
+        raise CheckpointError(
+            f"the checkpoint fits {len(best)} layouts alike: "
+            f"{', '.join(layout.describe() for layout in best)}; it mixes the weights of "
+            'several models: give the prefix of the one to load (init_cfg prefix=..., '
+            'tools/convert_weights.py --prefix)')
+    return best[0]
 
 
 def detect_layout(sd: Mapping[str, Tensor], family: Optional[str] = None,
@@ -221,14 +109,16 @@ def load_checkpoint(checkpoint: Union[str, os.PathLike, Mapping],
     of ``target.expected`` (but the optional parts its family allows to be absent), else
     :class:`CheckpointError` names the differences. A checkpoint of another family is refused
     naming the backbone that loads it. Returns the state dict to load and the report (keys
-    loaded, keys left at their init, checkpoint keys dropped)."""
+    loaded, keys left at their init, checkpoint keys dropped, tensors resampled)."""
     if target.expected is None:
         raise ValueError('load_checkpoint needs the target\'s expected {name: shape}; convert '
                          'without a module through detect_layout(sd).convert(sd, target)')
     sd = checkpoint_state_dict(checkpoint, prefix)
     layout = (_neck_layout(sd) if target.family == NECK
               else detect_layout(sd, target.family, target.owner))
-    converted, dropped = layout.convert(sd, _folder_target(checkpoint, layout, target))
+    resampled: List[str] = []
+    converted, dropped = _convert(layout, sd, _folder_target(checkpoint, layout, target),
+                                  resampled)
     _log_dropped(layout, dropped, checkpoint)
     allow: Tuple[str, ...] = ()
     if target.family in ('Swin', 'Swin V2'):
@@ -244,7 +134,22 @@ def load_checkpoint(checkpoint: Union[str, os.PathLike, Mapping],
         raise CheckpointError(mismatch)
     report = check_state_dict(converted, target.expected, allow, source=source,
                               owner=target.owner, dropped=dropped)
-    return converted, report._replace(layout=f'{layout.family} {layout.name}')
+    return converted, report._replace(layout=f'{layout.family} {layout.name}',
+                                      resampled=tuple(resampled))
+
+
+def _convert(layout: Layout, sd: StateDict, target: CheckpointTarget,
+             resampled: List[str]) -> Tuple[StateDict, List[str]]:
+    """``layout.convert``; a neck given a checkpoint without a pyramid is told what the
+    checkpoint is, when the table knows it."""
+    try:
+        return layout.convert(sd, target, resampled)
+    except CheckpointError as e:
+        found = find_layout(sd) if layout.family == NECK else None
+        if found is None or found.family == NECK:
+            raise
+        raise CheckpointError(f'{e}. The checkpoint is {found.describe()}: load it into '
+                              f"type='{FAMILY_BACKBONES[found.family]}'") from e
 
 
 def _folder_target(checkpoint: Union[str, os.PathLike, Mapping], layout: Layout,

@@ -24,7 +24,9 @@ from torch import Tensor
 from ..functional import (bias_table_size, interpolation_dtype, relative_position_index,
                           resize_pos_grid, window_pair)
 from .checkpoint_io import CheckpointError
-from .common import StateDict, backbone_part, hw_pair
+from ..functional.checkpoint_target import CheckpointTarget
+from .common import StateDict, backbone_part, hw_pair, note_resampled
+from .layout import Layout, layouts_of
 
 logger = logging.getLogger('vitdet_plugin')
 
@@ -215,8 +217,8 @@ def resize_rel_pos_bias_table(table: Tensor, window_size: Tuple[int, int],
 def convert_swin(sd: Mapping[str, Tensor], window_size: Optional[Tuple[int, int]] = None,
                  pos_grid: Optional[Tuple[int, int]] = None,
                  src_format: Optional[str] = None,
-                 src_window_size: Optional[Tuple[int, int]] = None
-                 ) -> Tuple[StateDict, List[str]]:
+                 src_window_size: Optional[Tuple[int, int]] = None,
+                 resampled: Optional[List[str]] = None) -> Tuple[StateDict, List[str]]:
     """Convert a Swin state dict of any supported layout to ours.
 
     Args:
@@ -226,6 +228,7 @@ def convert_swin(sd: Mapping[str, Tensor], window_size: Optional[Tuple[int, int]
             rectangular windows (a table's size gives a square window's size, not ``(h, w)``).
         pos_grid: target absolute-position grid ``(h, w)``; resized bicubically if different.
         src_format: skip auto-detection.
+        resampled: if given, gets ``'<key> <shape> -> <shape>'`` for every tensor resized.
 
     Returns:
         the converted state dict and the names of the keys dropped (classification head,
@@ -252,6 +255,7 @@ def convert_swin(sd: Mapping[str, Tensor], window_size: Optional[Tuple[int, int]
                                   else None, square_source=fmt == 'official')
         if pos_grid is not None:
             pos = resize_pos_grid(pos, hw_pair(pos_grid, 'pos_grid'))
+        note_resampled(resampled, 'absolute_pos_embed', sd['absolute_pos_embed'].shape, pos.shape)
         sd['absolute_pos_embed'] = pos
     if window_size is not None:
         tables = [k for k in sd if k.endswith('relative_position_bias_table')]
@@ -265,10 +269,12 @@ def convert_swin(sd: Mapping[str, Tensor], window_size: Optional[Tuple[int, int]
                 'tools/convert_weights.py --src-window-size)', wh, ww, ww, wh, wh, ww, ww, wh,
                 ww, wh)
         for k in tables:
-            sd[k] = resize_rel_pos_bias_table(
+            table = resize_rel_pos_bias_table(
                 sd[k], window_pair(window_size, 'window_size'),
                 window_pair(src_window_size, 'src_window_size') if src_window_size is not None
                 else None)
+            note_resampled(resampled, k, sd[k].shape, table.shape)
+            sd[k] = table
     return sd, dropped
 
 
@@ -334,3 +340,27 @@ def drop_unused_output_norms(sd: StateDict, out_indices: Tuple[int, ...]) -> Lis
     for k in spare:
         del sd[k]
     return spare
+
+
+def spare_output_norms(converted: StateDict, target: CheckpointTarget) -> List[str]:
+    """:func:`drop_unused_output_norms` for ``target.out_indices`` (logged); [] without them."""
+    if target.out_indices is None:
+        return []
+    spare = drop_unused_output_norms(converted, target.out_indices)
+    if spare:
+        logger.info('%s checkpoint: output norms of stages outside out_indices=%s not used: %s',
+                    target.family, target.out_indices, ', '.join(spare))
+    return spare
+
+
+def convert_swin_layout(sd: StateDict, layout: Layout, target: CheckpointTarget,
+                        resampled: Optional[List[str]] = None) -> Tuple[StateDict, List[str]]:
+    """The table's Swin converter: :func:`convert_swin` for ``target``'s window, position grid
+    and output stages."""
+    converted, dropped = convert_swin(sd, target.window_size, target.pos_grid, layout.name,
+                                      target.src_window_size, resampled)
+    return converted, dropped + spare_output_norms(converted, target)
+
+
+#: The Swin V1 layouts of the table.
+LAYOUTS = layouts_of('Swin', SWIN_FORMATS, swin_layout, convert_swin_layout)

@@ -25,7 +25,10 @@ from torch import Tensor
 from ..functional.cpb import CPB_COORD_RANGE
 from .checkpoint_io import CheckpointError
 from .common import StateDict, backbone_part
-from .swin import _OUTPUT_NORM, from_mmdet_names, from_timm_layout, is_swin_v2
+from ..functional.checkpoint_target import CheckpointTarget
+from .layout import Layout, layouts_of
+from .swin import (_OUTPUT_NORM, from_mmdet_names, from_timm_layout, is_swin_v2,
+                   spare_output_norms)
 
 logger = logging.getLogger('vitdet_plugin')
 
@@ -130,3 +133,19 @@ def check_pretrained_windows(sd: Mapping[str, Tensor],
     for w in warnings:
         logger.warning('Swin V2 checkpoint: %s', w)
     return warnings
+
+
+def convert_swin_v2_layout(sd: StateDict, layout: Layout, target: CheckpointTarget,
+                           resampled: Optional[List[str]] = None
+                           ) -> Tuple[StateDict, List[str]]:
+    """The table's Swin V2 converter: :func:`convert_swin_v2` (nothing is resized: the
+    continuous position bias takes any window), the pretraining windows checked against
+    ``target``'s, output norms of stages it does not return dropped."""
+    del resampled  # nothing to resize
+    converted, dropped = convert_swin_v2(sd, layout.name)
+    check_pretrained_windows(sd, target.pretrained_windows)
+    return converted, dropped + spare_output_norms(converted, target)
+
+
+#: The Swin V2 layouts of the table.
+LAYOUTS = layouts_of('Swin V2', SWIN_V2_FORMATS, swin_v2_layout, convert_swin_v2_layout)

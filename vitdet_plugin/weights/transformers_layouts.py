@@ -28,9 +28,11 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from ..functional.checkpoint_target import CheckpointTarget
+from . import swin, swin_v2, vit, vit_families
 from .arch_read import PATCH_KERNEL, read_arch
 from .common import StateDict
-from .target import CheckpointTarget
+from .layout import CLASS_NAMED, Layout, layouts_of
 
 #: The transformers classes we load (layout name ``'transformers ' + class``) and the family
 #: whose backbone loads each.
@@ -202,6 +204,35 @@ def transformers_to_reference(sd: Mapping[str, Tensor], name: str
     if model in ('SwinModel', 'Swinv2Model') and 'pos_embed' in out:
         out['absolute_pos_embed'] = out.pop('pos_embed')
     return _fuse_qkv(out, separate_bias=model == 'Swinv2Model'), dropped
+
+
+def _reference_layout(family: str) -> Layout:
+    """The layout a transformers checkpoint of ``family`` is renamed to (module docstring)."""
+    family_layouts, name = _REFERENCE[family]
+    return next(layout for layout in family_layouts if layout.name == name)
+
+
+#: Per family: the module's layouts and the name of the reference layout among them.
+_REFERENCE = {'Swin': (swin.LAYOUTS, 'official'), 'Swin V2': (swin_v2.LAYOUTS, 'official'),
+              'ViT': (vit.LAYOUTS, 'timm_vit'),
+              'DINOv2': (vit_families.LAYOUTS, 'dinov2' + vit_families.OFFICIAL),
+              'DINOv3': (vit_families.LAYOUTS, 'dinov3' + vit_families.OFFICIAL)}
+
+
+def convert_transformers_layout(sd: StateDict, layout: Layout, target: CheckpointTarget,
+                                resampled: Optional[List[str]] = None
+                                ) -> Tuple[StateDict, List[str]]:
+    """The table's transformers converter: renamed to the family's reference layout
+    (:func:`transformers_to_reference`), then that layout's converter."""
+    renamed, dropped = transformers_to_reference(sd, layout.name)
+    converted, more = _reference_layout(layout.family).convert(renamed, target, resampled)
+    return converted, dropped + more
+
+
+#: One layout per transformers class (``'transformers Dinov2Model'``, ...).
+LAYOUTS = tuple(layout for model, family in TRANSFORMERS_MODELS.items()
+                for layout in layouts_of(family, (PREFIX + model,), transformers_layout,
+                                         convert_transformers_layout, CLASS_NAMED))
 
 
 # ----------------------------------------------------------------------------- config.json

@@ -38,9 +38,11 @@ import torch
 from torch import Tensor
 
 from ..functional import resize_pos_grid, resize_rel_pos
+from ..functional.checkpoint_target import CheckpointTarget
 from .checkpoint_io import CheckpointError
-from .common import (StateDict, drop_keys, hw_pair, is_square_grid, select_prefix,
+from .common import (StateDict, drop_keys, hw_pair, is_square_grid, note_resampled, select_prefix,
                      unwrap_state_dict)
+from .layout import GENERIC, Layout, layouts_of
 
 logger = logging.getLogger('vitdet_plugin')
 
@@ -76,8 +78,8 @@ VIT_UNRECOGNISED = ("no ViT attention weights found (expected keys like "
 
 def vit_layout(sd: Mapping[str, Tensor]) -> Optional[str]:
     """The layout of a plain-ViT state dict (one of :data:`VIT_FORMATS`), or None when it is
-    none. DINOv2 / DINOv3 / EVA-02 checkpoints are told apart before this is asked (the
-    table's order, :data:`~.layouts.LAYOUTS`)."""
+    none. DINOv2 / DINOv3 / EVA-02 checkpoints fit too: their layouts win over these
+    (:data:`~.layout.GENERIC` priority, :func:`~.layouts.find_layout`)."""
     keys = list(sd)
     if any(k.startswith('image_encoder.') or '.mlp.lin1.' in k for k in keys):
         return 'sam'  # also the encoder alone (prefix removed), named by SAM's MLP layers
@@ -247,7 +249,8 @@ def _check_global_blocks(src: Mapping[str, int], dst: Mapping[str, int]) -> None
 def convert_vit(sd: Mapping[str, Tensor],
                 target_shapes: Optional[Mapping[str, Sequence[int]]] = None,
                 pos_grid: Optional[Tuple[int, int]] = None,
-                src_format: Optional[str] = None) -> Tuple[StateDict, List[str]]:
+                src_format: Optional[str] = None,
+                resampled: Optional[List[str]] = None) -> Tuple[StateDict, List[str]]:
     """Convert a ViT state dict of any supported layout to ours.
 
     Args:
@@ -257,6 +260,7 @@ def convert_vit(sd: Mapping[str, Tensor],
             (linear) to its lengths. ``None`` only renames.
         pos_grid: the target's position grid ``(gh, gw)`` (inferred as square if omitted).
         src_format: skip auto-detection (one of :data:`VIT_FORMATS`).
+        resampled: if given, gets ``'<key> <shape> -> <shape>'`` for every tensor resized.
 
     Returns:
         the converted state dict and the names of the source keys dropped (classification
@@ -325,11 +329,14 @@ def convert_vit(sd: Mapping[str, Tensor],
                                '%s; set pretrain_img_size to the checkpoint\'s image size (and '
                                'pretrain_use_cls_token to match) to keep it exactly',
                                tuple(grid.shape[-2:]), t_grid)
+            src_grid = tuple(grid.shape[-2:])
             grid = resize_pos_grid(grid, t_grid).permute(0, 2, 3, 1).flatten(1, 2)
             if t_prefix:
                 cls = (slots[:, :1] if slots is not None
                        else grid.new_zeros(1, 1, grid.shape[-1]))
                 grid = torch.cat([cls, grid], dim=1)
+            if src_grid != tuple(t_grid):
+                note_resampled(resampled, 'pos_embed', src.shape, grid.shape)
             sd['pos_embed'] = grid.contiguous()
     if target_shapes is not None:
         tables = [k for k in sd if _REL_POS.match(k) and k in target_shapes]
@@ -338,7 +345,9 @@ def convert_vit(sd: Mapping[str, Tensor],
         for k in tables:
             length = int(target_shapes[k][0])
             if sd[k].shape[0] != length:
-                sd[k] = resize_rel_pos(sd[k], length)
+                table = resize_rel_pos(sd[k], length)
+                note_resampled(resampled, k, sd[k].shape, table.shape)
+                sd[k] = table
     return sd, dropped
 
 
@@ -388,3 +397,30 @@ def convert_vitdet_to_mmdet(sd: Mapping[str, Tensor],
         out.update({f'neck.{k}': v for k, v in neck.items()})
         dropped = [k for k in dropped if not PYRAMID_KEY.match(k)]
     return out, dropped
+
+
+def convert_vit_layout(sd: StateDict, layout: Layout, target: CheckpointTarget,
+                       resampled: Optional[List[str]] = None) -> Tuple[StateDict, List[str]]:
+    """The table's plain-ViT converter: :func:`convert_vit` to ``target``'s shapes and grid."""
+    return convert_vit(sd, target.expected, target.pos_grid, layout.name, resampled)
+
+
+def convert_simple_fpn_layout(sd: StateDict, layout: Layout, target: CheckpointTarget,
+                              resampled: Optional[List[str]] = None
+                              ) -> Tuple[StateDict, List[str]]:
+    """The table's simple-pyramid converter: :func:`simple_fpn_part` (the pyramid is found by
+    its keys wherever it sits, so ``layout`` only names it) placed by ``target.in_stride``; the
+    other keys are dropped."""
+    del layout, resampled  # nothing to resize
+    part, used = simple_fpn_part(sd, target.in_stride)
+    taken = set(used)
+    return part, [k for k in sd if k not in taken]
+
+
+#: The family of ``ViTSimpleFPN``: a pyramid, read out of any checkpoint that has one.
+NECK = 'simple FPN'
+#: The plain-ViT layouts of the table (generic: the ViT families share their keys) and the
+#: bare simple pyramids (detectron2's ``simfp_*``, ours).
+LAYOUTS = (layouts_of('ViT', VIT_FORMATS, vit_layout, convert_vit_layout, GENERIC)
+           + layouts_of(NECK, ('detectron2', 'ours'), simple_fpn_layout,
+                        convert_simple_fpn_layout))

@@ -16,6 +16,7 @@ timm's DINOv2 checkpoints already use; the differences to the timm layouts:
 The position grid is resized to the model's stored grid (bicubic, antialiased: timm's
 ``checkpoint_filter_fn``).
 """
+import functools
 import logging
 import math
 import re
@@ -26,11 +27,13 @@ from torch import Tensor
 
 from ..functional import resize_pos_grid
 from .checkpoint_io import CheckpointError
-from .common import StateDict, drop_keys, is_square_grid, select_prefix, unwrap_state_dict
+from .common import (StateDict, drop_keys, is_square_grid, note_resampled, select_prefix,
+                     unwrap_state_dict)
 from .official_vit import (DINOV3_ROPE_BASE, OFFICIAL_FAMILIES, detect_official_vit_layout,
                            eva02_rope_grids, official_to_timm)
+from .layout import Layout, layouts_of
 from .patch_resample import resample_patch_kernel
-from .target import CheckpointTarget
+from ..functional.checkpoint_target import CheckpointTarget
 
 logger = logging.getLogger('vitdet_plugin')
 
@@ -103,14 +106,15 @@ def _merge_split_qkv(sd: StateDict) -> StateDict:
 
 def convert_vit_family(sd: Mapping[str, Tensor], family: str,
                        target_shapes: Optional[Mapping[str, Sequence[int]]] = None,
-                       pos_grid: Optional[Tuple[int, int]] = None
-                       ) -> Tuple[StateDict, List[str]]:
+                       pos_grid: Optional[Tuple[int, int]] = None,
+                       resampled: Optional[List[str]] = None) -> Tuple[StateDict, List[str]]:
     """A timm (or our) ``family`` state dict -> our layout, and the dropped source keys.
 
     ``target_shapes`` (the model's state dict shapes): the final norm and the cls / register
     tokens are dropped too when the model was built without them (``final_norm=False``,
     ``prefix_tokens='drop'``). ``pos_grid``: the model's stored position grid (the position
-    embedding is resized to it).
+    embedding is resized to it; ``resampled``, if given, gets ``'<key> <shape> -> <shape>'``
+    when its grid changed).
     """
     if family not in VIT_FAMILIES:
         raise ValueError(f'family={family!r} is not one of {sorted(VIT_FAMILIES)}')
@@ -135,7 +139,11 @@ def convert_vit_family(sd: Mapping[str, Tensor], family: str,
     target_pos = None if target_shapes is None else target_shapes.get('pos_embed')
     if 'pos_embed' in out and (target_pos is None
                                or tuple(target_pos) != tuple(out['pos_embed'].shape)):
-        out['pos_embed'] = _pos_embed_with_cls_slot(out['pos_embed'], has_regs, pos_grid)
+        src = out['pos_embed']
+        out['pos_embed'] = _pos_embed_with_cls_slot(src, has_regs, pos_grid)
+        src_cells = src.shape[1] - (0 if has_regs and is_square_grid(src.shape[1]) else 1)
+        if out['pos_embed'].shape[1] - 1 != src_cells:  # the grid was resized, not only slotted
+            note_resampled(resampled, 'pos_embed', src.shape, out['pos_embed'].shape)
     return out, dropped
 
 
@@ -223,18 +231,21 @@ def family_layout(sd: Mapping[str, Tensor]) -> Optional[Tuple[str, str, Optional
 
 
 def convert_family_checkpoint(sd: Mapping[str, Tensor], family: str, official: Optional[str],
-                              target: CheckpointTarget) -> Tuple[StateDict, List[str]]:
+                              target: CheckpointTarget, resampled: Optional[List[str]] = None
+                              ) -> Tuple[StateDict, List[str]]:
     """A ``family`` state dict (``official`` layout, or timm's / ours when None) -> ours for
     ``target``, and the dropped keys. Official layouts go through
     :func:`~.official_vit.official_to_timm` first; a patch kernel of another size than
     ``target.patch_size`` is resampled (FlexiViT,
-    :func:`~.patch_resample.resample_patch_kernel`)."""
+    :func:`~.patch_resample.resample_patch_kernel`); ``resampled``, if given, gets
+    ``'<key> <shape> -> <shape>'`` for every tensor resized."""
     official_dropped: List[str] = []
     if official is not None:  # facebookresearch / baaivision layouts -> timm's, then ours
         _check_official_fits(target, sd, official)
         sd, official_dropped = official_to_timm(sd, official, **_official_options(target,
                                                                                   official))
-    converted, dropped = convert_vit_family(sd, family, target.expected, target.pos_grid)
+    converted, dropped = convert_vit_family(sd, family, target.expected, target.pos_grid,
+                                            resampled)
     kernel = converted.get('patch_embed.proj.weight')
     want = target.patch_size
     if kernel is not None and want is not None and tuple(kernel.shape[-2:]) != tuple(want):
@@ -242,4 +253,34 @@ def convert_family_checkpoint(sd: Mapping[str, Tensor], family: str, official: O
         logger.info('%s checkpoint: patch kernel %s resampled to %s', family,
                     tuple(kernel.shape[-2:]), tuple(want))
         converted['patch_embed.proj.weight'] = resample_patch_kernel(kernel, want)
+        note_resampled(resampled, 'patch_embed.proj.weight', kernel.shape,
+                       converted['patch_embed.proj.weight'].shape)
     return converted, official_dropped + dropped
+
+
+#: The suffix of an official layout's name (``'dinov2 official'``).
+OFFICIAL = ' official'
+
+
+def family_layout_name(family: str, sd: Mapping[str, Tensor]) -> Optional[str]:
+    """The layout name of ``sd`` when it is a ``family`` checkpoint (:func:`family_layout`),
+    else None: the classifier of ``family``'s layouts."""
+    found = family_layout(sd)
+    return found[1] if found is not None and found[0] == family else None
+
+
+def convert_family_layout(sd: StateDict, layout: Layout, target: CheckpointTarget,
+                          resampled: Optional[List[str]] = None) -> Tuple[StateDict, List[str]]:
+    """The table's DINOv2 / DINOv3 / EVA-02 converter: :func:`convert_family_checkpoint` from
+    the official layout ``layout`` names, or from timm's / ours."""
+    official = layout.name[:-len(OFFICIAL)] if layout.name.endswith(OFFICIAL) else None
+    return convert_family_checkpoint(sd, layout.family, official, target, resampled)
+
+
+#: The layouts of each family: its official ones (:data:`~.official_vit.OFFICIAL_FAMILIES`),
+#: timm's and ours.
+LAYOUTS = tuple(
+    layout for family in VIT_FAMILIES
+    for layout in layouts_of(
+        family, tuple(name + OFFICIAL for name, fam in OFFICIAL_FAMILIES.items() if fam == family)
+        + FAMILY_LAYOUTS, functools.partial(family_layout_name, family), convert_family_layout))

@@ -20,9 +20,7 @@ from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ...weights.common import LoadReport
-from ...weights.layouts import load_checkpoint
-from ...weights.target import CheckpointTarget
+from ...functional.checkpoint_target import CheckpointTarget, LoadReport, checkpoint_loader
 
 _NORMS = (nn.LayerNorm, nn.GroupNorm, _BatchNorm)
 #: Parameter names that are biases: ``bias`` and the separate q / v biases of attention
@@ -71,21 +69,22 @@ class HasCheckpointTarget(Protocol):
     """A module that describes itself to the checkpoint loader (our backbones and necks)."""
 
     def checkpoint_target(self) -> CheckpointTarget:
-        """What :func:`~vitdet_plugin.weights.load_checkpoint` converts a checkpoint for."""
+        """What the checkpoint loader (:mod:`vitdet_plugin.weights`) converts a checkpoint for."""
 
 
 def load_pretrained(module: nn.Module, checkpoint: Union[str, os.PathLike, Mapping],
                     prefix: Optional[str] = None, **options: Any) -> LoadReport:
     """Load a checkpoint of any layout of the table into ``module`` (strict, reported): its
     :meth:`~HasCheckpointTarget.checkpoint_target` (with the load ``options``, e.g.
-    ``src_window_size``) goes to :func:`~vitdet_plugin.weights.load_checkpoint`, which
-    converts and checks; the result is loaded here."""
+    ``src_window_size``) goes to the plugged-in loader
+    (:func:`~vitdet_plugin.functional.checkpoint_target.checkpoint_loader`, the layout table of
+    :mod:`vitdet_plugin.weights`), which converts and checks; the result is loaded here."""
     if not isinstance(module, HasCheckpointTarget):
         raise TypeError(f'{type(module).__name__} has no checkpoint_target(); load its weights '
                         'with load_state_dict')
     target = dataclasses.replace(module.checkpoint_target(),
                                  **{k: v for k, v in options.items() if v is not None})
-    state_dict, report = load_checkpoint(checkpoint, target, prefix)
+    state_dict, report = checkpoint_loader().convert(checkpoint, target, prefix)
     module.load_state_dict(state_dict, strict=False)
     return report
 

@@ -51,7 +51,7 @@ from torch import Tensor, nn
 
 from ...functional import (RopeSpec, SizeCache, check_rope_spec, resize_pos_grid, rope_tables,
                            window_pair, window_partition)
-from ...weights.target import CheckpointTarget
+from ...functional.checkpoint_target import CheckpointTarget
 from ..layers import (ConvStem, PatchEmbed, ResBottleneckBlock, check_flags, check_rates,
                       linear_drop_path_rates, positive_int, positive_number, to_2tuple)
 from .base import (TRUNC_NORMAL_STD, BackboneContract, init_cfg_from_pretrained,

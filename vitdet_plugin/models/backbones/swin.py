@@ -25,7 +25,7 @@ from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor, nn
 
 from ...functional.sizes import ArgumentError, window_pair
-from ...weights.target import CheckpointTarget
+from ...functional.checkpoint_target import CheckpointTarget
 from ..layers.patch_merging import PatchMerging
 from ..layers.swin_block import SwinBlock, WindowAttention
 from .archs import SWIN_ARCHS, SwinArch  # noqa: F401  (SWIN_ARCHS: re-exported)

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from ...functional import from_windows, stage_windows, to_windows
 from ...functional.sizes import Window, WindowArg
-from ...weights.target import CheckpointTarget
+from ...functional.checkpoint_target import CheckpointTarget
 from ..layers import DropPath, Mlp, PatchMerging
 from ..layers.cosine_window_attention import LOGIT_SCALE_INIT, CosineWindowAttention
 from .archs import SwinArch

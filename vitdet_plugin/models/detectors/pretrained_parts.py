@@ -7,7 +7,7 @@ Our backbones and necks load that themselves, strictly and format-aware (they se
 other part's (mmdet's ``FPN``, the head) with ``strict=False``: missing and unexpected keys are
 only logged, a wrong prefix loads nothing. :func:`init_weights_with_strict_parts` runs the
 detector's usual ``init_weights`` with those entries held back, then loads them with
-:func:`~vitdet_plugin.weights.common.load_pretrained_part` (every key and shape must match) and
+the plugged-in loader's ``read_as_saved`` (every key and shape must match) and
 logs one line per loaded part.
 """
 from typing import Any, Callable, List, Tuple
@@ -15,8 +15,8 @@ from typing import Any, Callable, List, Tuple
 from mmengine.logging import print_log
 from torch import nn
 
-from ...weights.common import load_pretrained_part
-from ..backbones.base import LOADS_PRETRAINED_ATTR, pretrained_init_cfg
+from ...functional.checkpoint_target import checkpoint_loader
+from ..backbones.base import LOADS_PRETRAINED_ATTR, pretrained_init_cfg, state_shapes
 
 #: (part name, module, its Pretrained entry, its whole init_cfg)
 _Deferred = Tuple[str, nn.Module, dict, Any]
@@ -52,8 +52,10 @@ def init_weights_with_strict_parts(model: nn.Module, init_weights: Callable[[], 
         print_log(f'{name}: loaded from {_describe(cfg)} by {type(getattr(model, name)).__name__}'
                   ' (strict)', logger='current')
     for name, part, cfg, _ in deferred:
-        report = load_pretrained_part(part, cfg['checkpoint'], cfg.get('prefix'),
-                                      source=f'{name} checkpoint')
+        state_dict, report = checkpoint_loader().read_as_saved(
+            cfg['checkpoint'], cfg.get('prefix'), state_shapes(part), type(part).__name__,
+            f'{name} checkpoint')
+        part.load_state_dict(state_dict, strict=False)
         print_log(f'{name}: loaded {len(report.loaded)} tensors from {_describe(cfg)} into '
                   f'{type(part).__name__} (strict: every key and shape matched)',
                   logger='current')

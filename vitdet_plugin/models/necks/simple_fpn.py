@@ -28,8 +28,7 @@ from mmdet.registry import MODELS
 from mmengine.model import BaseModule
 from torch import Tensor, nn
 
-from ...weights.layouts import NECK, load_checkpoint
-from ...weights.target import CheckpointTarget
+from ...functional.checkpoint_target import CheckpointTarget, checkpoint_loader
 from ..layers import LayerNorm2d, int_arg
 
 #: Scale factors with a defined resampling (output stride = ``in_stride / scale``).
@@ -177,6 +176,8 @@ class ViTSimpleFPN(BaseModule):
 
     #: see :data:`~vitdet_plugin.models.backbones.base.LOADS_PRETRAINED_ATTR`
     loads_pretrained_strictly: ClassVar[bool] = True
+    #: The checkpoint family of the layout table: the pyramid, read out of any checkpoint.
+    CHECKPOINT_FAMILY: ClassVar[str] = 'simple FPN'
 
     def init_weights(self) -> None:
         """Load ``init_cfg``'s pretrained pyramid (format detected, ``weights_only``, strict:
@@ -184,8 +185,8 @@ class ViTSimpleFPN(BaseModule):
         init (detectron2's: c2-xavier convs, PyTorch's deconvs)."""
         cfg = self.init_cfg
         if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
-            state_dict, _ = load_checkpoint(cfg['checkpoint'], self.checkpoint_target(),
-                                            cfg.get('prefix'))
+            state_dict, _ = checkpoint_loader().convert(cfg['checkpoint'], self.checkpoint_target(),
+                                                        cfg.get('prefix'))
             self.load_state_dict(state_dict)
             self._is_init = True
             return
@@ -194,7 +195,7 @@ class ViTSimpleFPN(BaseModule):
     def checkpoint_target(self) -> CheckpointTarget:
         """What the checkpoint loader reads this pyramid for (its input stride places
         detectron2's ``simfp_*`` levels)."""
-        return CheckpointTarget(NECK, type(self).__name__,
+        return CheckpointTarget(self.CHECKPOINT_FAMILY, type(self).__name__,
                                 {k: v.shape for k, v in self.state_dict().items()},
                                 in_stride=self.in_stride)
 
