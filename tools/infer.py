@@ -32,7 +32,7 @@ import json
 import os
 import os.path as osp
 import sys
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not pip-installed
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -55,6 +55,8 @@ PANOPTIC_DIR, PANOPTIC_JSON = 'panoptic', 'panoptic.json'
 VOID_ID = 0
 #: Label of pixels no ground truth segment covers (mmdet's LoadPanopticAnnotations).
 IGNORE_INDEX = 255
+#: Names shown in the line about images an annotation file does not hold.
+MISSING_SHOWN = 3
 
 
 def image_files(inputs: Sequence[str]) -> List[str]:
@@ -148,6 +150,32 @@ def draw(path: str, det: Detections, classes: Sequence[str], threshold: float, o
     cv2.imwrite(out, image)
 
 
+def gt_image_ids(images: Sequence[Dict[str, Any]], gt_images: Sequence[Dict[str, Any]],
+                 key: Callable[[str], str]) -> Dict[int, int]:
+    """Our image id -> the ground truth's, matched by ``key(file_name)``; images the ground
+    truth does not hold are left out (:func:`note_missing` says which)."""
+    by_key = {key(im['file_name']): im['id'] for im in gt_images}
+    return {im['id']: by_key[key(im['file_name'])] for im in images
+            if key(im['file_name']) in by_key}
+
+
+def note_missing(option: str, path: str, images: Sequence[Dict[str, Any]],
+                 gt_images: Sequence[Dict[str, Any]], key: Callable[[str], str]) -> int:
+    """How many of ``images`` the annotation file ``path`` holds; one line naming the others
+    (left out of its metrics: a folder of train and val images against val's annotations), an
+    error line when it holds none."""
+    matched = gt_image_ids(images, gt_images, key)
+    missing = [im['file_name'] for im in images if im['id'] not in matched]
+    shown = ', '.join(missing[:MISSING_SHOWN]) + (', ...' if len(missing) > MISSING_SHOWN else '')
+    if not matched:
+        print(f'error: {option} {path} holds none of the {len(images)} images (matched by file '
+              f'name: {shown}); give the annotation file of these images', file=sys.stderr)
+    elif missing:
+        print(f'{option} {path}: skipped {len(missing)} of {len(images)} images that it does not '
+              f'hold: {shown}', flush=True)
+    return len(matched)
+
+
 def coco_map(predictions: Dict[str, Any], ann_file: str, iou_type: str = 'bbox') -> float:
     """COCO mAP (``iou_type`` bbox or segm) of ``predictions`` against ``ann_file`` (images
     matched by file name, classes by name)."""
@@ -155,16 +183,15 @@ def coco_map(predictions: Dict[str, Any], ann_file: str, iou_type: str = 'bbox')
     from pycocotools.cocoeval import COCOeval
 
     gt = COCO(ann_file)
-    by_name = {osp.basename(im['file_name']): im['id'] for im in gt.dataset['images']}
     cat_by_name = {c['name']: c['id'] for c in gt.dataset['categories']}
     names = {c['id']: c['name'] for c in predictions['categories']}
-    image_ids = {im['id']: by_name[im['file_name']] for im in predictions['images']}
+    image_ids = gt_image_ids(predictions['images'], gt.dataset['images'], osp.basename)
     # segm: the mask without the box, as mmdet's CocoMetric (with a bbox, pycocotools' loadRes
     # would take the box's area for the small / medium / large split)
     shape = 'segmentation' if iou_type == 'segm' else 'bbox'
     results = [dict(image_id=image_ids[a['image_id']], score=a['score'],
                     category_id=cat_by_name[names[a['category_id']]], **{shape: a[shape]})
-               for a in predictions['annotations']]
+               for a in predictions['annotations'] if a['image_id'] in image_ids]
     evaluator = COCOeval(gt, gt.loadRes(results) if results else COCO(), iou_type)
     evaluator.params.imgIds = sorted(image_ids.values())
     evaluator.evaluate()
@@ -212,13 +239,12 @@ def coco_pq(predictions: Dict[str, Any], panoptic: Dict[str, Any], out_dir: str,
     PNGs in ``seg_dir``): images matched by file name, classes by name; panopticapi's
     ``pq_compute`` on the matched images."""
     from panopticapi.evaluation import pq_compute
-    by_stem = {_stem(im['file_name']): im['id'] for im in gt['images']}
     cat_by_name = {c['name']: c['id'] for c in gt['categories']}
     names = {c['id']: c['name'] for c in panoptic['categories']}
-    image_ids = {im['id']: by_stem[_stem(im['file_name'])] for im in predictions['images']}
+    image_ids = gt_image_ids(predictions['images'], gt['images'], _stem)
     ours = [dict(a, image_id=image_ids[a['image_id']], segments_info=[
         dict(s, category_id=cat_by_name[names[s['category_id']]]) for s in a['segments_info']])
-        for a in panoptic['annotations']]
+        for a in panoptic['annotations'] if a['image_id'] in image_ids]
     kept = set(image_ids.values())
     gt = dict(gt, images=[im for im in gt['images'] if im['id'] in kept],
               annotations=[a for a in gt['annotations'] if a['image_id'] in kept])
@@ -244,6 +270,8 @@ def semantic_miou(files: Sequence[str], detections: Sequence[Detections],
     intersect, predicted, truth = np.zeros(n), np.zeros(n), np.zeros(n)
     for path, det in zip(files, detections):
         assert det.panoptic is not None
+        if _stem(path) not in image_id:  # not in the ground truth (note_missing)
+            continue
         ann = annotation[image_id[_stem(path)]]
         ids = rgb2id(load_image(osp.join(seg_dir, ann['file_name']))[..., ::-1])  # (H, W)
         label = np.full(ids.shape, IGNORE_INDEX)
@@ -313,18 +341,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         seg_dir = args.panoptic_seg_dir or osp.splitext(args.panoptic_ann_file)[0]
         with open(args.panoptic_ann_file) as f:
             gt = json.load(f)
+        matched = note_missing('--panoptic-ann-file', args.panoptic_ann_file,
+                               predictions['images'], gt['images'], _stem)
+        if not matched:
+            return 2
         pq = coco_pq(predictions, panoptic, args.out_dir, gt, seg_dir)
         print(f'COCO panoptic PQ {100 * pq["All"]["pq"]:.2f} SQ {100 * pq["All"]["sq"]:.2f} '
               f'RQ {100 * pq["All"]["rq"]:.2f} (things {100 * pq["Things"]["pq"]:.2f}, stuff '
-              f'{100 * pq["Stuff"]["pq"]:.2f}; {args.backend}, {len(files)} images)', flush=True)
+              f'{100 * pq["Stuff"]["pq"]:.2f}; {args.backend}, {matched} images)', flush=True)
         miou = semantic_miou(files, detections, classes, gt, seg_dir)
         print(f'semantic mIoU {miou:.2f} (classes of the panoptic maps; {args.backend})',
               flush=True)
     if args.ann_file:
+        with open(args.ann_file) as f:
+            gt_images = json.load(f)['images']
+        matched = note_missing('--ann-file', args.ann_file, predictions['images'], gt_images,
+                               osp.basename)
+        if not matched:
+            return 2
         with_masks = any('segmentation' in a for a in predictions['annotations'])
         for iou_type in ('bbox', 'segm') if with_masks else ('bbox',):
             print(f'COCO {iou_type} mAP {coco_map(predictions, args.ann_file, iou_type):.4f} '
-                  f'({args.backend}, {len(files)} images)', flush=True)
+                  f'({args.backend}, {matched} images)', flush=True)
     return 0
 
 
