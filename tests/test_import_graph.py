@@ -23,6 +23,9 @@ ALLOWED = {
     # its panoptic fusion is numpy too
     'vitdet_plugin.deploy.runner': {'vitdet_plugin.deploy.panoptic'},
     'vitdet_plugin.deploy.panoptic': set(),
+    # the pictures of tools/analysis/visualize.py: read the models, not deploy / engine / checks
+    'vitdet_plugin.visualization': {'vitdet_plugin.functional', 'vitdet_plugin.models',
+                                    'vitdet_plugin.weights', 'vitdet_plugin.config'},
 }
 
 

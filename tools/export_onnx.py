@@ -17,7 +17,10 @@ Not exported by these parts: the data preprocessor, anchors / box decoding, NMS,
 network, decoding, test_cfg's score threshold / top-k / NMS inside; see docs/deploy.md for the
 I/O contract), the test pipeline's load / resize parameters stored in the file for
 ``vitdet_plugin.deploy.runner``; checked against mmdet's own predict at each check size
-(boxes within 1e-3 of the image side, scores within 1e-4, labels equal, mask IoU >= 0.99).
+(boxes within 1e-3 of the image side, scores within 1e-4, labels equal, mask IoU >= 0.99),
+at the config's ``score_thr`` and, when it is positive, at 0: the raw top-k below it, so that a
+model with no detection above it (under-trained) is still checked; a size with no detection to
+compare fails.
 SdpaDETR, sigmoid anchor heads (RetinaNet), Faster / Mask R-CNN (RPN + StandardRoIHead; Mask
 R-CNN adds the outputs masks and mask_probs) and mmdet's DINO; other detectors are refused with
 the reason.
@@ -44,7 +47,6 @@ from vitdet_plugin.deploy import (CHECK_SIZES, DEFAULT_TOLERANCE, PARTS,
                                   ort_session)
 from vitdet_plugin.deploy.end_to_end import add_metadata
 from vitdet_plugin.deploy.onnx_export import build_model
-from vitdet_plugin.deploy.runner import MASK_OUTPUT
 
 #: ``--part`` of the whole detector (image -> detections).
 DETECTOR = 'detector'
@@ -94,7 +96,7 @@ def export_detector(args: argparse.Namespace) -> int:
     """``--part detector``: export, then onnxruntime vs mmdet's predict per check size."""
     from vitdet_plugin.deploy.end_to_end import (EndToEndDetector, export_end_to_end,
                                                  pipeline_meta)
-    from vitdet_plugin.deploy.end_to_end_check import compare
+    from vitdet_plugin.deploy.end_to_end_check import report
     try:
         cfg, model = build_model(args.config, args.checkpoint, args.cfg_options)
         module = EndToEndDetector(model)
@@ -112,23 +114,14 @@ def export_detector(args: argparse.Namespace) -> int:
           f'(max_per_img {module.max_per_img})', flush=True)
     if args.no_check:
         return 0
-    session = ort_session(args.out)
     g = torch.Generator().manual_seed(0)
     images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g)
               for h, w in args.check_sizes]
     failed = []
-    has_masks = MASK_OUTPUT in module.output_names
-    for p in compare(session, model, images):
-        h, w = p.size
-        masks = f', min mask IoU {p.mask_iou:.4f}' if has_masks else ''
-        if module.panoptic:
-            masks += f', panoptic map equal at {100 * p.panoptic_agreement:.2f} % of the pixels'
-        print(f'  {h}x{w}: {p.num_onnx} detections (PyTorch {p.num_torch}), box error '
-              f'{p.box_error:.1e} of the image side, score error {p.score_error:.1e}, labels '
-              f'{"equal" if p.labels_equal else "DIFFER"}{masks} {"ok" if p.ok else "FAILED"}',
-              flush=True)
-        if not p.ok:
-            failed.append(f'{h}x{w}')
+    for size, line, ok in report(args.out, model, images, module.score_thr):
+        print(line, flush=True)
+        if not ok and size not in failed:
+            failed.append(size)
     if failed:
         print(f'error: onnxruntime differs from mmdet\'s predict at {", ".join(failed)}',
               file=sys.stderr)

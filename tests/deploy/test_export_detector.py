@@ -19,7 +19,9 @@ import vitdet_plugin  # noqa: F401
 from vitdet_plugin.deploy.end_to_end import (OUTPUT_NAMES, PAD_LABEL, EndToEndDetector,
                                              add_metadata, check_exportable,
                                              export_end_to_end, pipeline_meta)
-from vitdet_plugin.deploy.end_to_end_check import BOX_TOLERANCE, SCORE_TOLERANCE, compare, untied
+from vitdet_plugin.deploy import end_to_end_check
+from vitdet_plugin.deploy.end_to_end_check import (BOX_TOLERANCE, SCORE_TOLERANCE, Parity,
+                                                   compare, report, untied)
 from vitdet_plugin.deploy.onnx_export import build_model
 from vitdet_plugin.deploy.ort_check import ort_session
 from vitdet_plugin.deploy.runner import META_KEY, OnnxDetector
@@ -66,6 +68,35 @@ def test_graph_matches_mmdet_predict(exported):
         assert p.num_onnx == p.num_torch > 0, (kind, p)
         assert p.box_error <= BOX_TOLERANCE and p.score_error <= SCORE_TOLERANCE, (kind, p)
         assert p.labels_equal, (kind, p)
+
+
+def test_check_compares_the_raw_top_k_when_nothing_lies_above_the_threshold(exported):
+    """A model with no detection above its score_thr (an under-trained one; here the
+    threshold raised to 1 in the graph and in mmdet's test_cfg alike): a loud warning per size,
+    and the raw top-k below the threshold compared and passing."""
+    kind, model, module, path = exported
+    configured = model.bbox_head.test_cfg.get('score_thr')
+    lines = list(report(path, model, _images(), score_thr=1.0))
+    assert [(size, line) for size, line, _ in lines[::2]] == [
+        (f'{h}x{w}', f'  WARNING {h}x{w}: no detection above score_thr 1 (onnxruntime 0, '
+                     'PyTorch 0): compared below it only') for h, w in SIZES]
+    k = module.max_per_img
+    for (h, w), (size, line, passed) in zip(SIZES, lines[1::2]):
+        assert size == f'{h}x{w}'
+        assert line.startswith(f'  {h}x{w} at score_thr 0 (the raw top-k): {k} detections '
+                               f'(PyTorch {k}), box error '), line
+        assert line.endswith(', labels equal ok') and passed, line
+    assert model.bbox_head.test_cfg.get('score_thr') == configured  # mmdet's test_cfg restored
+
+
+def test_a_size_with_nothing_to_compare_fails(exported, monkeypatch):
+    """A size where neither side detects anything at a threshold of 0: the check fails there
+    (it used to print "0 detections (PyTorch 0) ... ok")."""
+    empty = Parity(size=(96, 128), num_onnx=0, num_torch=0, box_error=0.0, score_error=0.0,
+                   labels_equal=True)
+    monkeypatch.setattr(end_to_end_check, 'compare', lambda *args: [empty])
+    assert list(report(exported[3], exported[1], _images()[:1], score_thr=0.0)) == [
+        ('96x128', '  96x128: no detection to compare (onnxruntime 0, PyTorch 0) FAILED', False)]
 
 
 def test_batch_rows_are_the_single_images_and_padding_follows_the_contract(exported):

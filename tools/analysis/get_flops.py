@@ -25,6 +25,7 @@ if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not 
 import vitdet_plugin  # noqa: F401  (registers our modules)
 from vitdet_plugin.config import load_config
 from vitdet_plugin.models.layers import eager_attention
+from vitdet_plugin.visualization.pyramid import pad_size_divisor, padded_shape
 
 if TYPE_CHECKING:
     from mmdet.models.detectors import BaseDetector
@@ -62,7 +63,7 @@ def dummy_batch(shape: Tuple[int, int], divisor: int):
     from mmdet.structures import DetDataSample
 
     h, w = shape
-    ph, pw = (-(-h // divisor) * divisor, -(-w // divisor) * divisor) if divisor > 1 else (h, w)
+    ph, pw = padded_shape(shape, divisor)
     sample = DetDataSample(metainfo=dict(img_shape=(h, w), ori_shape=(h, w), pad_shape=(ph, pw),
                                          batch_input_shape=(ph, pw), scale_factor=(1.0, 1.0)))
     return torch.zeros(1, 3, ph, pw), [sample]
@@ -103,8 +104,7 @@ def main(argv=None) -> Tuple[float, int]:
     args = parse_args(argv)
     cfg = load_config(args.config, args.cfg_options)
     model = MODELS.build(cfg.model).eval()
-    divisor = int(cfg.model.get('data_preprocessor', {}).get('pad_size_divisor', 1) or 1)
-    inputs, samples = dummy_batch(tuple(args.shape), divisor)
+    inputs, samples = dummy_batch(tuple(args.shape), pad_size_divisor(cfg))
     total, params, rows = complexity(model, inputs, samples, args.depth)
     width = max([len(r[0]) for r in rows] + [len('total')])
     print(f'{args.config}: {type(model).__name__}, input (1, 3, {args.shape[0]}, {args.shape[1]})'

@@ -12,39 +12,9 @@ the DETR decoder.
     common: [--out FILE.png] [--cfg-options k=v ...]
 
 Each command builds the config's detector (random init, or the checkpoint's weights loaded
-strictly), runs one real backbone forward (``decoder``: backbone, neck and head) and writes
-one PNG (default ``work_dirs/visualize/<config>_<command>.png``). An image goes through the
-config's test pipeline and data preprocessor, as at test time; ``--shape`` feeds a zero image
-of that size, padded like the preprocessor pads it.
-
-* ``windows``: the input with the token grid of a Swin stage, its windows (W-MSA) and the
-  shifted windows (SW-MSA, wrapping around the map as the cyclic shift makes them), numbered;
-  hatched: the preprocessor's padding and the window padding of the token map.
-* ``shift-mask``: the region labels (0-8) of the stage's padded map after the cyclic shift and
-  the ``(N, N)`` attention mask of chosen windows (default: the four corners), with a colour
-  bar. The mask is the tensor the model passed to its attention module, captured with a
-  forward pre-hook, not recomputed here; the drawn labels are checked against it.
-* ``features``: every backbone output (``out_strides`` as declared), ``--neck`` adds the
-  neck's: channel-norm heat map and the top three principal components as RGB.
-* ``attention``: the attention probabilities of one query token (``--query`` row and column
-  on the block's token map) over its window (Swin, ViT window blocks) or the whole map (ViT
-  global blocks), mean over heads or ``--head``, over the input. The probabilities are
-  recomputed from the attention module's captured input with its own parameters (``qkv``,
-  ``scale``, relative-position bias, the captured shift mask); the tests check that they give
-  the module's output. Blocks are numbered in forward order (Swin: stage by stage).
-* ``decoder`` (configs with an ``SdpaDETRHead``): top row, the reference boxes of the top
-  ``--top`` queries (default 5; ranked by their best class score of the last decoder layer,
-  what prediction keeps) at every stage: the initial boxes the decoder receives (the encoder
-  proposals with ``two_stage``, else the learned reference boxes), then the boxes after each
-  decoder layer, one colour per query, labelled with its final class and score. Bottom row:
-  the cross-attention of query ``--query`` (a rank among the top, default 0) in decoder layer
-  ``--layer`` (default: the last; negative from the end), mean over heads or ``--head``, one
-  heat map per memory level at its stride, with the query's reference box at that layer's
-  input. The probabilities ``softmax(q k^T / sqrt(d) + bias)`` are recomputed from the
-  module's captured inputs with its own projections, the bias being the captured padding mask
-  plus box prior; the tests check that they give the module's output.
-
-The backbone is built with ``accel='off'`` (the plain path; see ``vis_kit/model.py``).
+strictly), runs one real forward and writes one PNG (default
+``work_dirs/visualize/<config>_<command>.png``); what each picture shows and how it is read
+from the model: docs/look_inside.md. The library: :mod:`vitdet_plugin.visualization`.
 """
 import argparse
 import importlib.util
@@ -57,14 +27,13 @@ from mmengine.config import DictAction
 if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not pip-installed
     sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
+from vitdet_plugin.visualization import VisualizeError
+from vitdet_plugin.visualization.decoder import DEFAULT_TOP, decoder_picture
+from vitdet_plugin.visualization.figures import Picture
+from vitdet_plugin.visualization.model import build_detector, make_input
+from vitdet_plugin.visualization.pictures import (attention_picture, features_picture,
+                                                  shift_mask_picture, windows_picture)
 from vitdet_plugin.weights import CheckpointError
-
-from vis_kit import VisualizeError
-from vis_kit.decoder import DEFAULT_TOP, decoder_picture
-from vis_kit.figures import Picture
-from vis_kit.model import build_detector, make_input
-from vis_kit.pictures import (attention_picture, features_picture,
-                              shift_mask_picture, windows_picture)
 
 #: Where pictures go unless ``--out`` says otherwise.
 DEFAULT_OUT_DIR = osp.join('work_dirs', 'visualize')

@@ -25,8 +25,9 @@ fusion runs in the runner) and mmdet's DINO (:mod:`.deformable_detr`). Anything 
 is refused with the reason (:func:`check_exportable`).
 """
 import json
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -43,6 +44,10 @@ from .two_stage import TwoStage, check_two_stage
 
 #: The stride probe image is this many ``pad_size_divisor`` on a side.
 PROBE_STRIDE_MULTIPLE = 4
+#: Name of the graph's score threshold (``test_cfg``'s ``score_thr``): exported as an input, so
+#: that no other constant is folded into it, then stored as an initializer of that name, which
+#: the export check overrides to compare the raw top-k below it (:mod:`.end_to_end_check`).
+SCORE_THRESHOLD = 'score_threshold'
 
 
 #: Heads whose outputs (semantic / panoptic maps) the graph has no output for, unless the
@@ -109,6 +114,7 @@ class EndToEndDetector(nn.Module):
     """uint8 image batch -> padded detections (module docstring); ``model`` in eval mode."""
 
     model: Any  # an mmdet detector (its parts are untyped)
+    default_score_thr: Tensor  # () float32: test_cfg's score_thr, forward's default
 
     def __init__(self, model: Any) -> None:
         super().__init__()
@@ -125,6 +131,9 @@ class EndToEndDetector(nn.Module):
         test_cfg = model.roi_head.test_cfg if self.two_stage else model.bbox_head.test_cfg
         self.max_per_img = int(test_cfg.get('max_per_img', 100))
         self.score_thr = float(test_cfg.get('score_thr', 0.0))
+        device = next(model.parameters()).device
+        self.register_buffer('default_score_thr', torch.tensor(self.score_thr, device=device),
+                             persistent=False)
         self.nms = self.two_stage.nms if self.two_stage else \
             NmsConfig.of(type(model.bbox_head).__name__, test_cfg.get('nms'), DENSE_IOU)
         self.nms_pre = int(test_cfg.get('nms_pre', -1))
@@ -173,20 +182,24 @@ class EndToEndDetector(nn.Module):
         return list(OUTPUT_NAMES) + (list(MASK_OUTPUTS) if with_mask else []) + \
             ([SEMANTIC_OUTPUT] if self.panoptic else [])
 
-    def forward(self, image: Tensor) -> Tuple[Tensor, ...]:
+    def forward(self, image: Tensor, score_thr: Optional[Tensor] = None) -> Tuple[Tensor, ...]:
+        """Detections of a ``(B, 3, H, W)`` uint8 batch; ``score_thr``: a ``()`` float32
+        threshold (default: ``test_cfg``'s; :data:`SCORE_THRESHOLD`)."""
+        thr = self.default_score_thr if score_thr is None else score_thr
         h, w = image.shape[-2:]
         x = self.preprocess(image)
         feats = self.model.extract_feat(x)
         if self.two_stage is not None:
             proposals, real = self.two_stage.proposals(feats, h, w)
-            boxes, scores, labels = self.two_stage.detections(feats, proposals, real, h, w)
+            boxes, scores, labels = self.two_stage.detections(feats, proposals, real, h, w,
+                                                              thr)
         elif self.kind == 'detr':
-            boxes, scores, labels = self._detr(feats, x, h, w)
+            boxes, scores, labels = self._detr(feats, x, h, w, thr)
         elif self.dino is not None:  # DeformableDETRHead.predict_by_feat: no score_thr
             boxes, scores, labels = query_class_top_k(*self.dino.head_outputs(feats),
                                                       self.max_per_img, h, w)
         else:
-            boxes, scores, labels = self._dense(feats, h, w)
+            boxes, scores, labels = self._dense(feats, h, w, thr)
         out: Tuple[Tensor, ...] = top_k_padded(boxes, scores, labels, self.max_per_img)
         if self.two_stage is not None and self.two_stage.with_mask:
             out = out + self.two_stage.masks(feats, out[0], out[2], h, w)
@@ -195,7 +208,7 @@ class EndToEndDetector(nn.Module):
         return out
 
     # ------------------------------------------------------------------ per kind
-    def _detr(self, feats: Tuple[Tensor, ...], x: Tensor, h, w
+    def _detr(self, feats: Tuple[Tensor, ...], x: Tensor, h, w, thr: Tensor
               ) -> Tuple[Tensor, Tensor, Tensor]:
         """SdpaDETRHead.predict_by_feat on the last decoder layer: top-k of sigmoid scores over
         queries x classes, cxcywh -> xyxy in input pixels."""
@@ -209,11 +222,12 @@ class EndToEndDetector(nn.Module):
         boxes, scores, labels = query_class_top_k(outs.all_cls_scores[-1].float(),
                                                   outs.all_bbox_preds[-1].float(),
                                                   self.max_per_img, h, w)
-        scores = torch.where(scores > self.score_thr, scores, DROPPED_SCORE) \
-            if self.score_thr > 0 else scores
+        # (at score_thr 0 the head keeps every score; a sigmoid is 0 only below logit -100)
+        scores = torch.where(scores > thr, scores, DROPPED_SCORE)
         return boxes, scores, labels
 
-    def _dense(self, feats: Tuple[Tensor, ...], h, w) -> Tuple[Tensor, Tensor, Tensor]:
+    def _dense(self, feats: Tuple[Tensor, ...], h, w, thr: Tensor
+               ) -> Tuple[Tensor, Tensor, Tensor]:
         """AnchorHead.predict_by_feat: per level the ``nms_pre`` best (anchor, class) scores
         above ``score_thr``, decoded; then class-aware NMS (ONNX NonMaxSuppression)."""
         head = self.model.bbox_head
@@ -221,7 +235,7 @@ class EndToEndDetector(nn.Module):
         boxes, scores, labels, _ = anchor_candidates(head, cls_scores, bbox_preds, self.nms_pre,
                                                      h, w)
         # mmdet drops boxes clipped to no width / height
-        valid = (scores > self.score_thr) & large_enough(boxes, self.min_bbox_size)
+        valid = (scores > thr) & large_enough(boxes, self.min_bbox_size)
         scores = torch.where(valid, scores, DROPPED_SCORE)
         survived = nms_survivors(boxes, scores, labels, head.cls_out_channels, self.max_per_img,
                                  self.nms)
@@ -296,10 +310,28 @@ def export_end_to_end(module: EndToEndDetector, path: str,
     x = torch.randint(0, 256, (sample_batch, module.in_channels, *sample_size),
                       dtype=torch.uint8, generator=g)
     with eager_attention(module):
-        torch.onnx.export(module, (x,), path, dynamo=True, dynamic_shapes=dynamic_shapes(),
-                          input_names=[INPUT_NAME], output_names=module.output_names,
-                          opset_version=OPSET, external_data=False,
-                          custom_translation_table=translation_table())
+        torch.onnx.export(module, (x, module.default_score_thr.clone()), path, dynamo=True,
+                          dynamic_shapes=(*dynamic_shapes(), {}),
+                          input_names=[INPUT_NAME, SCORE_THRESHOLD],
+                          output_names=module.output_names, opset_version=OPSET,
+                          external_data=False, custom_translation_table=translation_table())
+    store_score_threshold(path, module.score_thr)
+
+
+def store_score_threshold(path: str, score_thr: float) -> None:
+    """The graph's :data:`SCORE_THRESHOLD` input becomes an initializer holding ``score_thr``
+    (the graph's only input is the image; an input never used, as DINO's, is dropped)."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(path)
+    inputs = graph.graph.input
+    for entry in [i for i in inputs if i.name == SCORE_THRESHOLD]:
+        inputs.remove(entry)
+    if any(SCORE_THRESHOLD in node.input for node in graph.graph.node):
+        graph.graph.initializer.append(numpy_helper.from_array(
+            np.array(score_thr, dtype=np.float32), SCORE_THRESHOLD))
+    onnx.save(graph, path)
 
 
 def add_metadata(path: str, meta: Dict[str, Any]) -> None:

@@ -1,13 +1,22 @@
-"""An end-to-end graph in onnxruntime vs mmdet's own ``predict`` on the same uint8 images."""
-from dataclasses import dataclass
+"""An end-to-end graph in onnxruntime vs mmdet's own ``predict`` on the same uint8 images.
+
+:func:`report` compares at the config's ``score_thr`` and, when it is positive, at 0 as well
+(the graph's threshold overridden, mmdet's ``test_cfg`` set alike): the raw top-k below the
+threshold, so that a model with no detection above it (an under-trained one) is still checked;
+a size with nothing to compare fails.
+"""
 import json
-from typing import Any, List, Optional, Sequence, Tuple
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
+from .end_to_end import SCORE_THRESHOLD
+from .ort_check import ort_session
 from .panoptic import SEMANTIC_OUTPUT, FusionConfig, panoptic_map
-from .runner import INPUT_NAME, META_KEY
+from .runner import INPUT_NAME, MASK_OUTPUT, META_KEY
 
 #: Largest box difference, relative to the image's longer side.
 BOX_TOLERANCE = 1e-3
@@ -31,6 +40,11 @@ class Parity:
     labels_equal: bool    # at every rank whose score is not tied with a neighbour's
     mask_iou: float = 1.0  # smallest mask IoU at those ranks (1 without masks)
     panoptic_agreement: float = 1.0  # pixels of equal panoptic id (1 without a panoptic map)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to compare: no detection on either side."""
+        return self.num_onnx == self.num_torch == 0
 
     @property
     def ok(self) -> bool:
@@ -114,14 +128,90 @@ def parity(outputs: Sequence[np.ndarray], reference: Instances, size: Tuple[int,
                           fusion) == ref_panoptic).mean()))
 
 
-def compare(session: Any, model: Any, images: Sequence[torch.Tensor]) -> List[Parity]:
+def threshold_session(path: str) -> Tuple[Any, bool]:
+    """An onnxruntime session of the graph at ``path`` whose score threshold
+    (:data:`~.end_to_end.SCORE_THRESHOLD`, an initializer) is made an input defaulting to its
+    value, so that :func:`compare` can set it; and whether the graph holds one (DINO's keeps its
+    top-k without a threshold, and a threshold of 0 may be folded away)."""
+    import onnx
+
+    graph = onnx.load(path)
+    found = any(t.name == SCORE_THRESHOLD for t in graph.graph.initializer)
+    if found:
+        graph.graph.input.append(onnx.helper.make_tensor_value_info(
+            SCORE_THRESHOLD, onnx.TensorProto.FLOAT, []))
+    return ort_session(graph.SerializeToString(), quiet=True), found
+
+
+@contextmanager
+def mmdet_score_thr(model: Any, score_thr: Optional[float]) -> Iterator[None]:
+    """mmdet's ``predict`` with the ``test_cfg`` ``score_thr`` that the end-to-end graph reads
+    (the RoI head's, else the bbox head's) set to ``score_thr`` (None: as configured)."""
+    cfg = model.roi_head.test_cfg if getattr(model, 'roi_head', None) is not None \
+        else model.bbox_head.test_cfg
+    before = cfg.get('score_thr')
+    if score_thr is not None:
+        cfg['score_thr'] = score_thr
+    try:
+        yield
+    finally:
+        if before is None:
+            cfg.pop('score_thr', None)
+        else:
+            cfg['score_thr'] = before
+
+
+def compare(session: Any, model: Any, images: Sequence[torch.Tensor],
+            score_thr: Optional[float] = None) -> List[Parity]:
     """Each ``(3, H, W)`` uint8 image through ``session`` (as a batch of 1) and mmdet (masks
-    and the panoptic map too when the graph has them)."""
+    and the panoptic map too when the graph has them); ``score_thr``: the threshold of both
+    (a :func:`threshold_session`; None: the graph's and the config's)."""
     fusion = None
     if SEMANTIC_OUTPUT in [o.name for o in session.get_outputs()]:
         meta = json.loads(session.get_modelmeta().custom_metadata_map[META_KEY])
         fusion = FusionConfig.from_meta(meta['panoptic'])
-    return [parity(session.run(None, {INPUT_NAME: image[None].numpy()}),
-                   mmdet_instances(model, image), (int(image.shape[-2]), int(image.shape[-1])),
-                   fusion)
-            for image in images]
+    feed: Dict[str, np.ndarray] = {} if score_thr is None else \
+        {SCORE_THRESHOLD: np.array(score_thr, dtype=np.float32)}
+    with mmdet_score_thr(model, score_thr):
+        return [parity(session.run(None, {INPUT_NAME: image[None].numpy(), **feed}),
+                       mmdet_instances(model, image),
+                       (int(image.shape[-2]), int(image.shape[-1])), fusion)
+                for image in images]
+
+
+def describe(p: Parity, masks: bool, panoptic: bool) -> str:
+    """One image's comparison in words, ending in ``ok`` or ``FAILED``."""
+    if p.empty:
+        return 'no detection to compare (onnxruntime 0, PyTorch 0) FAILED'
+    extra = f', min mask IoU {p.mask_iou:.4f}' if masks else ''
+    if panoptic:
+        extra += f', panoptic map equal at {100 * p.panoptic_agreement:.2f} % of the pixels'
+    return (f'{p.num_onnx} detections (PyTorch {p.num_torch}), box error {p.box_error:.1e} of '
+            f'the image side, score error {p.score_error:.1e}, labels '
+            f'{"equal" if p.labels_equal else "DIFFER"}{extra} {"ok" if p.ok else "FAILED"}')
+
+
+def report(path: str, model: Any, images: Sequence[torch.Tensor], score_thr: float
+           ) -> Iterator[Tuple[str, str, bool]]:
+    """The export check of the graph at ``path`` (exported at ``score_thr``, the config's):
+    ``(size, line, passed)`` per line. Per image: at ``score_thr``; when it is positive also
+    at 0 (the raw top-k below it), and a loud warning instead of the first line when nothing
+    lies above it; a comparison of no detection at all fails."""
+    session, has_threshold = threshold_session(path)
+    if score_thr > 0 and not has_threshold:
+        raise RuntimeError(f'{path} holds no {SCORE_THRESHOLD!r} initializer though score_thr '
+                           f'is {score_thr:g}: the check cannot compare below the threshold')
+    outputs = [o.name for o in session.get_outputs()]
+    masks, panoptic = MASK_OUTPUT in outputs, SEMANTIC_OUTPUT in outputs
+    at_thr = compare(session, model, images, score_thr if has_threshold else None)
+    raw = compare(session, model, images, 0.0) if score_thr > 0 else [None] * len(images)
+    for p, r in zip(at_thr, raw):
+        size = f'{p.size[0]}x{p.size[1]}'
+        if r is not None and p.empty:
+            yield size, (f'  WARNING {size}: no detection above score_thr {score_thr:g} '
+                         '(onnxruntime 0, PyTorch 0): compared below it only'), True
+        else:
+            yield size, f'  {size}: {describe(p, masks, panoptic)}', p.ok and not p.empty
+        if r is not None:
+            yield size, (f'  {size} at score_thr 0 (the raw top-k): '
+                         f'{describe(r, masks, panoptic)}'), r.ok and not r.empty

@@ -2,7 +2,7 @@
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -51,10 +51,15 @@ class Latency:
 SPINNING = 'session.intra_op.allow_spinning'
 
 
-def ort_session(path: str, spinning: bool = True):
-    """A CPU onnxruntime session of ``path`` (a clear error when onnxruntime is missing).
-    ``spinning=False``: its idle pool threads do not spin after a run (when a PyTorch run
-    is timed right after it, on the same cores)."""
+#: onnxruntime's log severity that shows errors only.
+ORT_ERRORS_ONLY = 3
+
+
+def ort_session(path: Union[str, bytes], spinning: bool = True, quiet: bool = False):
+    """A CPU onnxruntime session of ``path`` (a file, or the model's bytes; a clear error when
+    onnxruntime is missing). ``spinning=False``: its idle pool threads do not spin after a run
+    (when a PyTorch run is timed right after it, on the same cores). ``quiet``: errors only in
+    its log (an overridden initializer draws a warning at every load)."""
     try:
         import onnxruntime as ort
     except ImportError as e:
@@ -66,6 +71,8 @@ def ort_session(path: str, spinning: bool = True):
     options.intra_op_num_threads = torch.get_num_threads()
     if not spinning:
         options.add_session_config_entry(SPINNING, '0')
+    if quiet:
+        options.log_severity_level = ORT_ERRORS_ONLY
     return ort.InferenceSession(path, options, providers=['CPUExecutionProvider'])
 
 

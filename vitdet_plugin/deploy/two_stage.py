@@ -129,7 +129,6 @@ class TwoStage:
         self.rpn_nms = NmsConfig.of('RPN', rpn_cfg.get('nms'), RPN_IOU)
         self.rpn_min_size = float(rpn_cfg.get('min_bbox_size', -1))
         rcnn_cfg = model.roi_head.test_cfg
-        self.score_thr = float(rcnn_cfg.get('score_thr', 0.0))
         self.nms = NmsConfig.of('RoI head', rcnn_cfg.get('nms'), RCNN_IOU)
         self.max_per_img = int(rcnn_cfg.get('max_per_img', 100))
         self.with_mask = bool(model.roi_head.with_mask)
@@ -150,11 +149,12 @@ class TwoStage:
         boxes, _, levels, _ = top_k_padded(boxes, scores, levels, self.num_proposals)
         return boxes, levels != PAD_LABEL
 
-    def detections(self, feats: Tuple[Tensor, ...], proposals: Tensor, real: Tensor, h, w
-                   ) -> Tuple[Tensor, Tensor, Tensor]:
+    def detections(self, feats: Tuple[Tensor, ...], proposals: Tensor, real: Tensor, h, w,
+                   score_thr: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """``BBoxHead.predict_by_feat`` + ``multiclass_nms`` on ``(B, P, 4)`` proposals:
         ``(B, P * C, 4)`` boxes, scores (:data:`DROPPED_SCORE` where not kept) and labels, one
-        candidate per (proposal, class)."""
+        candidate per (proposal, class); ``score_thr``: the RoI head's (a tensor, so that the
+        graph holds it as an initializer)."""
         head = self.model.roi_head.bbox_head
         b, p = proposals.shape[:2]
         num_classes = head.num_classes
@@ -171,7 +171,7 @@ class TwoStage:
         labels = torch.arange(num_classes, device=scores.device)
         labels = labels.repeat(p)[None].expand(b, -1)                        # (B, P * C)
         real = real[:, :, None].expand(b, p, num_classes).reshape(b, -1)    # (B, P * C)
-        valid = real & (scores > self.score_thr)
+        valid = real & (scores > score_thr)
         scores = torch.where(valid, scores, DROPPED_SCORE)
         kept = nms_survivors(boxes, scores, labels, num_classes, self.max_per_img, self.nms)
         return boxes, torch.where(kept & valid, scores, DROPPED_SCORE), labels

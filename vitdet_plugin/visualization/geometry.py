@@ -11,11 +11,11 @@ from typing import List, Sequence, SupportsInt, Tuple
 import torch
 from torch import Tensor
 
-from vis_kit import VisualizeError
-from vitdet_plugin.functional import MASKED_LOGIT, window_partition
+from . import VisualizeError
+from ..functional import MASKED_LOGIT, window_partition
 
 # The model's per-axis region rule is private (no public accessor yet): reused, not copied.
-from vitdet_plugin.functional.window import NUM_REGIONS, region_labels
+from ..functional.window import NUM_REGIONS, region_labels
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def check_labels_match_mask(labels: Tensor, mask: Tensor, window: Sequence[int])
             or not torch.all((mask == 0) | (mask == MASKED_LOGIT)):
         raise RuntimeError('the region labels drawn here disagree with the shift mask the '
                            'model used; update shift_region_labels in '
-                           "tools/analysis/vis_kit/geometry.py to the model's rule")
+                           "vitdet_plugin/visualization/geometry.py to the model's rule")
 
 
 def corner_windows(layout: WindowLayout) -> List[int]:

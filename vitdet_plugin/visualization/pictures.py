@@ -11,16 +11,16 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from torch import Tensor
 
-from feature_shapes import pyramid_rows
-from vis_kit import VisualizeError
-from vis_kit.capture import (BlockRef, Call, attention_probs, block_map_hw, block_shift,
+from .pyramid import pyramid_rows
+from . import VisualizeError
+from .capture import (BlockRef, Call, attention_probs, block_map_hw, block_shift,
                              check_block, check_stage, run_backbone, stage_stride)
-from vis_kit.figures import (FONT_SIZE, OVERLAY_ALPHA, Picture, colorbar, draw_input,
+from .figures import (FONT_SIZE, OVERLAY_ALPHA, Picture, colorbar, draw_input,
                              grid_lines, panel_grid, save, shade_padding, text_panel, title)
-from vis_kit.geometry import (WindowLayout, check_labels_match_mask, check_query, check_windows,
+from .geometry import (WindowLayout, check_labels_match_mask, check_query, check_windows,
                               corner_windows, shift_region_labels, window_layout)
-from vis_kit.model import Detector, ModelInput
-from vitdet_plugin.functional import MASKED_LOGIT, padded_size
+from .model import Detector, ModelInput
+from ..functional import MASKED_LOGIT, padded_size
 
 #: Token grids with more rows or columns than this are drawn without per-token lines.
 MAX_GRID_LINES = 96

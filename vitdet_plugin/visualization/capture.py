@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vis_kit import VisualizeError
-from vitdet_plugin.functional import decomposed_rel_pos_bias
-from vitdet_plugin.models.layers.swin_block import WindowAttention
-from vitdet_plugin.models.backbones.vit_block import ViTAttention
-from vitdet_plugin.models.layers.cosine_window_attention import (LOGIT_SCALE_MAX,
+from . import VisualizeError
+from ..functional import decomposed_rel_pos_bias
+from ..models.layers.swin_block import WindowAttention
+from ..models.backbones.vit_block import ViTAttention
+from ..models.layers.cosine_window_attention import (LOGIT_SCALE_MAX,
                                                                  CosineWindowAttention)
 
 
@@ -241,7 +241,7 @@ def attention_probs(attn: Any, call: Call) -> Tensor:
         return cosine_window_attention_probs(attn, call.arg(0, 'x'), call.arg(1, 'mask'))
     raise VisualizeError(f'attention maps of {type(attn).__name__} are not supported (known: '
                          'WindowAttention, CosineWindowAttention, ViTAttention); add its formula '
-                         'to tools/analysis/vis_kit/capture.py')
+                         'to vitdet_plugin/visualization/capture.py')
 
 
 @torch.no_grad()

@@ -16,10 +16,10 @@ import torch
 from mmengine.config import Config
 from torch import Tensor
 
-from feature_shapes import pad_size_divisor, padded_shape
-from vis_kit import VisualizeError
-from vitdet_plugin.config import load_config
-from vitdet_plugin.weights import checkpoint_state_dict, load_state_dict_checked
+from .pyramid import pad_size_divisor, padded_shape
+from . import VisualizeError
+from ..config import load_config
+from ..weights import checkpoint_state_dict, load_state_dict_checked
 
 #: Transforms of a test pipeline that need annotations; an image given alone has none.
 ANNOTATION_TRANSFORMS = ('LoadAnnotations', 'LoadPanopticAnnotations')

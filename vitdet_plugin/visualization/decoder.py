@@ -26,14 +26,14 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from torch import Tensor, nn
 
-from vis_kit import VisualizeError
-from vis_kit.capture import Call, record_calls
-from vis_kit.figures import (FONT_SIZE, OVERLAY_ALPHA, Picture, colorbar, panel_grid, save,
+from . import VisualizeError
+from .capture import Call, record_calls
+from .figures import (FONT_SIZE, OVERLAY_ALPHA, Picture, colorbar, panel_grid, save,
                              text_panel, title)
-from vis_kit.model import Detector, ModelInput
-from vis_kit.pictures import canvas_hw, draw_input_padded, suptitle, token_extent
-from vitdet_plugin.models.heads import FlatMemory, HeadOutputs, SdpaDETRHead
-from vitdet_plugin.models.layers import MultiheadCrossAttention
+from .model import Detector, ModelInput
+from .pictures import canvas_hw, draw_input_padded, suptitle, token_extent
+from ..models.heads import FlatMemory, HeadOutputs, SdpaDETRHead
+from ..models.layers import MultiheadCrossAttention
 
 #: Queries drawn unless ``--top`` says otherwise.
 DEFAULT_TOP = 5
@@ -92,7 +92,7 @@ def cross_attention(head: SdpaDETRHead, layer: int) -> MultiheadCrossAttention:
     if not isinstance(module, MultiheadCrossAttention):
         raise VisualizeError(f'decoder layer {layer} has no MultiheadCrossAttention cross_attn '
                              f'(got {type(module).__name__}); add its formula to '
-                             'tools/analysis/vis_kit/decoder.py')
+                             'vitdet_plugin/visualization/decoder.py')
     return module
 
 

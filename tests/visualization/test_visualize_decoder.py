@@ -4,7 +4,6 @@ exactly zero), the picture's size for a random-init model and a checkpoint, lear
 boxes (two_stage=False), and the error messages."""
 import os.path as osp
 import re
-import sys
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
@@ -12,20 +11,18 @@ import pytest
 import torch
 from matplotlib.image import imread
 
-import vitdet_plugin  # noqa: F401
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, load_tool
+
+from vitdet_plugin.functional import attend
+from vitdet_plugin.visualization import VisualizeError
+from vitdet_plugin.visualization.capture import Call
+from vitdet_plugin.visualization.decoder import (cross_attention_output, cross_attention_probs,
+                                                 decoder_picture)
+from vitdet_plugin.visualization.figures import PANEL_PX
+from vitdet_plugin.visualization.model import build_detector, image_input
 
 ROOT = str(REPO_ROOT)
-sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis'))
-
-import visualize  # noqa: E402
-from vis_kit import VisualizeError  # noqa: E402
-from vis_kit.capture import Call  # noqa: E402
-from vis_kit.decoder import cross_attention_output, cross_attention_probs, decoder_picture  # noqa: E402
-from vis_kit.figures import PANEL_PX  # noqa: E402
-from vis_kit.model import build_detector, image_input  # noqa: E402
-
-from vitdet_plugin.functional import attend  # noqa: E402
+visualize = load_tool('analysis/visualize.py')
 
 #: The demo SdpaDETR shrunk: Swin 16 wide (strides 8/16/32, 32/64/128 channels), head 32 wide,
 #: 2 heads, 2 decoder layers, 10 queries, no denoising; images resized to 128 px.

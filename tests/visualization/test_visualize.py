@@ -2,7 +2,6 @@
 arrays against the model's own tensors), attention recomputed from captured inputs against the
 modules' outputs, and the error messages for bad arguments."""
 import os.path as osp
-import sys
 from typing import Dict, List, Tuple
 
 import numpy as np
@@ -10,18 +9,16 @@ import pytest
 import torch
 from matplotlib.image import imread
 
-import vitdet_plugin  # noqa: F401
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, load_tool
+
+from vitdet_plugin.functional import MASKED_LOGIT, window_partition
+from vitdet_plugin.visualization.capture import (Call, attention_output, attention_probs,
+                                                 record_calls)
+from vitdet_plugin.visualization.figures import PANEL_PX
+from vitdet_plugin.visualization.model import build_detector, image_input
 
 ROOT = str(REPO_ROOT)
-sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis'))
-
-import visualize  # noqa: E402
-from vis_kit.capture import attention_output, attention_probs, record_calls  # noqa: E402
-from vis_kit.figures import PANEL_PX  # noqa: E402
-from vis_kit.model import build_detector, image_input  # noqa: E402
-
-from vitdet_plugin.functional import MASKED_LOGIT, window_partition  # noqa: E402
+visualize = load_tool('analysis/visualize.py')
 
 DEMO = osp.join(ROOT, 'configs/demo/swin_retinanet_shapes.py')
 #: A zero image of this size is padded to 224 x 192 (pad_size_divisor 32): stage 0 of the demo
@@ -230,7 +227,6 @@ def test_attention_picture_vit_window_and_global_blocks(tmp_path, image, vit_con
 # ----------------------------------------------------------------------------- recomputation
 def test_recomputed_swin_attention_gives_the_modules_output():
     seen = _swin_calls((0, 1), torch.randn(1, 3, *PADDED_INPUT))
-    from vis_kit.capture import Call
     attn = seen['module'][0].attn
     call = Call(*seen['attn'])
     assert call.arg(1, 'mask') is not None
@@ -240,7 +236,6 @@ def test_recomputed_swin_attention_gives_the_modules_output():
 
 @pytest.mark.parametrize('block', [0, 1])  # a window block and a global block
 def test_recomputed_vit_attention_gives_the_modules_output(vit_config, block):
-    from vis_kit.capture import Call
     backbone = build_detector(vit_config).backbone
     attn = backbone.blocks[block].attn
     with record_calls({'attn': attn}) as calls, torch.no_grad():
@@ -254,7 +249,6 @@ def test_recomputed_vit_attention_gives_the_modules_output(vit_config, block):
 
 
 def test_swinv2_pictures_and_recomputed_attention(tmp_path, image, swinv2_config):
-    from vis_kit.capture import Call
     for argv, cols, rows in (
             (['windows', swinv2_config, '--image', image, '--stage', '1'], 2, 1),
             (['shift-mask', swinv2_config, '--image', image, '--stage', '0'], 5, 1),
