@@ -265,8 +265,8 @@ def _single_map_problems(model: dict, neck: dict, neck_key: str, maps: FeatureMa
     heads checked against that pyramid's real levels (one report for both)."""
     suggested = simple_fpn_for(maps.channels[0], maps.strides[0], neck, model)
     line = (f'{neck_key} is {_type_name(neck)}, a neck for a pyramid of backbone maps, but '
-            f'{source} outputs one map; use ViTSimpleFPN on it (as the README does for the plain '
-            f'ViTs): set {neck_key}={dict_text(suggested)}')
+            f'{source} outputs one map: use ViTSimpleFPN on it, as the README does for the plain '
+            f'ViTs; set {neck_key}={dict_text(suggested)}')
     out = neck_maps(suggested, maps)
     return [line] + _check_dense_inputs(model, out, f'the neck (ViTSimpleFPN: {out.describe()})')
 

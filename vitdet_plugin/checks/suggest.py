@@ -51,9 +51,10 @@ def _pick(directory: str, stage: str, want_dir: bool, ext: str = '') -> Optional
     return None
 
 
-def _image_folder(root: str, ann_file: Any) -> Optional[str]:
+def _image_folder(root: str, ann_file: Any, stage: str) -> Optional[str]:
     """The one folder below ``root`` (at most :data:`SEARCH_DEPTH` levels down) that holds the
-    first :data:`SEARCH_IMAGES` images of ``ann_file``; None when not exactly one does."""
+    first :data:`SEARCH_IMAGES` images of ``ann_file`` (of several, the one whose path holds a
+    word of ``stage``); None when not exactly one does."""
     names = [im.get('file_name') for im in _json_field(ann_file, 'images')[:SEARCH_IMAGES]
              if isinstance(im, dict)]
     if not names or not all(isinstance(n, str) for n in names) or not osp.isdir(root):
@@ -66,6 +67,11 @@ def _image_folder(root: str, ann_file: Any) -> Optional[str]:
             subs[:] = []
         if all(osp.isfile(osp.join(folder, n)) for n in names):
             found.append(folder)
+    if len(found) > 1:  # COCO panoptic PNGs share the images' names
+        found = [f for f in found if 'panoptic' not in osp.relpath(f, root).lower()]
+    if len(found) > 1:  # the same file names in each split's folder: the split's word decides
+        found = [f for f in found
+                 if any(w in osp.relpath(f, root).lower() for w in SPLIT_WORDS[stage])]
     return found[0] if len(found) == 1 else None
 
 
@@ -107,7 +113,7 @@ def file_suggestions(cfg: Any, stages: Sequence[str]) -> Dict[str, str]:
                 name = _pick(parent, stage, True)
                 ann_full = ann if not isinstance(ann, str) or osp.isabs(ann) \
                     else osp.join(root, ann)
-                found = osp.join(parent, name) if name else _image_folder(root, ann_full)
+                found = osp.join(parent, name) if name else _image_folder(root, ann_full, stage)
                 if found:
                     out[f'{path}.data_prefix.img'] = _relative(found, root, img) + '/'
     for stage in stages:
