@@ -2,15 +2,13 @@
 ``_delete_`` named with its key path and fix, a plain ViT / DINOv2 fed to the stock FPN told to
 use ViTSimpleFPN with its values, a wrong image folder named as ``data_prefix.img`` (found by
 its images), the tool that ran named in the message, and one report per job (rank 0)."""
-import argparse
 import os
 import os.path as osp
-import shlex
 import shutil
 from types import SimpleNamespace
 
 import pytest
-from mmengine.config import Config, DictAction
+from mmengine.config import Config
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.checks import (ConfigCheckError, PreflightCheckHook, config_problems,
@@ -19,20 +17,13 @@ from vitdet_plugin.checks.config import leftover_deletes
 from vitdet_plugin.checks.suggest import options_text, set_fixes
 from vitdet_plugin.config import DatasetNotFoundError, load_config, running_tool
 from vitdet_plugin.datasets.shapes import ShapesSpec, generate_split
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, parse_cfg_options
 
 ROOT = str(REPO_ROOT)
 SHAPES_RETINANET = osp.join(ROOT, 'configs', 'demo', 'swin_retinanet_shapes.py')
 OPTIONS_HEAD = "Every fix above as options (our tools/train.py and mmdet's tools/train.py alike):"
 #: the tiny shapes images of these tests (the pre-flight check reads files, never trains)
 SPEC = ShapesSpec(image_size=64, objects=(1, 2), object_size=(16, 30), lines=(0, 1))
-
-
-def _options(line: str) -> dict:
-    """``--cfg-options ...`` as a shell and mmengine's DictAction (our tools and mmdet's) read it."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
-    return parser.parse_args(shlex.split(line)).cfg_options
 
 
 # ----------------------------------------------------------------------------- _delete_
@@ -76,7 +67,7 @@ def test_leftover_delete_stops_preflight_before_anything_is_built(tmp_path):
         "'model.neck.in_channels=[16,32]' model.neck.out_channels=16 model.neck.start_level=0 "
         'model.neck.add_extra_convs=on_input model.neck.num_outs=3 train_cfg._delete_=True '
         'train_cfg.type=IterBasedTrainLoop train_cfg.max_iters=6 train_cfg.val_interval=1000000')
-    cfg.merge_from_dict(_options(lines[4]))  # the next run, as mmdet's tools/train.py merges
+    cfg.merge_from_dict(parse_cfg_options(lines[4]))  # the next run, as mmdet's tool merges
     assert leftover_deletes(cfg) == []
     assert preflight(cfg, ('train',), log=None)
 
@@ -108,7 +99,7 @@ def test_dinov2_into_the_stock_fpn_is_told_to_use_vit_simple_fpn():
                     'model.neck.in_channels=384 model.neck.in_stride=14 '
                     "model.neck.out_channels=64 'model.neck.scale_factors=(2.0,1.0,0.5)' "
                     "model.neck.num_outs=3 'model.bbox_head.anchor_generator.strides=[7,14,28]'"]
-    fixed = _vit_into_fpn(dinov2, **_options(tail[1]))
+    fixed = _vit_into_fpn(dinov2, **parse_cfg_options(tail[1]))
     assert fixed.model.neck.to_dict() == dict(
         type='ViTSimpleFPN', in_channels=384, in_stride=14, out_channels=64,
         scale_factors=(2.0, 1.0, 0.5), num_outs=3)
@@ -167,7 +158,7 @@ def test_wrong_image_folder_names_data_prefix_img_and_its_fix(moved_images):
         OPTIONS_HEAD,
         '  --cfg-options train_dataloader.dataset.data_prefix.img=pics/train/ '
         'val_dataloader.dataset.data_prefix.img=pics/val/']
-    options = _options(str(e.value).splitlines()[-1])
+    options = parse_cfg_options(str(e.value).splitlines()[-1])
     assert len(preflight(load_config(SHAPES_RETINANET, {**mine, **options}),
                          ('train', 'val'), log=None)) == 2
 

@@ -321,33 +321,47 @@ def check_num_classes(cfg: Any, stages: Sequence[str] = ('train',)) -> List[str]
     for node, path in _walk({k: v for k, v in model.items() if k != 'rpn_head'}, 'model'):
         if path.endswith(('.semantic_head', '.seg_head')):
             continue  # semantic heads count things + stuff their own way
+        counts = {}  # the class counts once the lines above are applied
         for key in CLASS_COUNT_KEYS:
             value = node.get(key)
-            if key not in expected or not isinstance(value, int):
+            if not isinstance(value, int):
+                continue
+            counts[key] = value
+            if key not in expected:
                 continue
             want, source = expected[key]
             if value != want:
+                counts[key] = want
                 names = list(meta.get(source) or ())
                 shown = names if len(names) <= 10 else names[:10] + ['...']
                 problems.append(f'{path}.{key}={value} but {ds_key} has {want} {source} '
                                 f'{shown}; set {path}.{key}={want}')
-        num = node.get('num_classes')
-        if not isinstance(num, int) and isinstance(node.get('num_things_classes'), int):
-            num = node['num_things_classes'] + int(node.get('num_stuff_classes') or 0)
+        num = counts.get('num_classes')
+        if num is None and 'num_things_classes' in counts:
+            num = counts['num_things_classes'] + counts.get('num_stuff_classes', 0)
+        if num is None:
+            continue
         weights = node.get('class_weight')
-        if isinstance(num, int) and isinstance(weights, (list, tuple)) \
-                and len(weights) not in (num, num + 1):
+        if isinstance(weights, (list, tuple)) and len(weights) not in (num, num + 1):
             problems.append(f'{path}.class_weight has {len(weights)} entries for '
                             f'num_classes={num}; give num_classes + 1 = {num + 1} (the last '
-                            'weighs the no-object class)')
+                            'weighs the no-object class)' + _weights_fix(path, weights, num))
         for loss_key, loss in node.items():
             cw = loss.get('class_weight') if isinstance(loss, dict) else None
-            if isinstance(num, int) and isinstance(cw, (list, tuple)) \
-                    and len(cw) not in (num, num + 1):
+            if isinstance(cw, (list, tuple)) and len(cw) not in (num, num + 1):
                 problems.append(f'{path}.{loss_key}.class_weight has {len(cw)} entries for '
                                 f'{num} classes; give {num + 1} ({num} classes + the '
-                                'no-object class)')
+                                'no-object class)' + _weights_fix(f'{path}.{loss_key}', cw, num))
     return problems
+
+
+def _weights_fix(path: str, weights: Sequence[Any], num: int) -> str:
+    """``; set ...class_weight=[...]`` when every class has the same weight (the config's
+    class weight for ``num`` classes, then its no-object weight); else nothing to set."""
+    classes = list(weights[:-1])
+    if not classes or any(w != classes[0] for w in classes):
+        return ''
+    return f'; set {path}.class_weight={[classes[0]] * num + [weights[-1]]}'
 
 
 # ----------------------------------------------------------------------------- files
