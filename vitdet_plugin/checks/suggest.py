@@ -55,9 +55,9 @@ def _image_folder(root: str, ann_file: Any, stage: str) -> Optional[str]:
     """The one folder below ``root`` (at most :data:`SEARCH_DEPTH` levels down) that holds the
     first :data:`SEARCH_IMAGES` images of ``ann_file`` (of several, the one whose path holds a
     word of ``stage``); None when not exactly one does."""
-    names = [im.get('file_name') for im in _json_field(ann_file, 'images')[:SEARCH_IMAGES]
-             if isinstance(im, dict)]
-    if not names or not all(isinstance(n, str) for n in names) or not osp.isdir(root):
+    images = [im for im in _json_field(ann_file, 'images')[:SEARCH_IMAGES] if isinstance(im, dict)]
+    names = [n for n in (im.get('file_name') for im in images) if isinstance(n, str)]
+    if not names or len(names) != len(images) or not osp.isdir(root):
         return None
     found = []
     base = root.rstrip('/').count(os.sep)
