@@ -64,6 +64,9 @@ def _shrink_sizes(node) -> None:
             if key in SIZE_KEYS and isinstance(value, (int, list, tuple)) \
                     and _largest(value) > SHRINK_ABOVE:
                 node[key] = _divided(value)
+                ratio = node.get('ratio_range')
+                if ratio:  # LSJ's smallest draw stays the config's size (above the stride)
+                    node['ratio_range'] = (min(ratio[0] * SIZE_DIVISOR, ratio[1]), ratio[1])
             else:
                 _shrink_sizes(value)
 
