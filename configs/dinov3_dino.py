@@ -37,3 +37,7 @@ optim_wrapper = dict(
                        extra_no_decay_names=('query_embedding', 'level_embed')),
     optimizer=dict(type='AdamW', lr=1e-4, weight_decay=1e-4),
     clip_grad=dict(max_norm=0.1, norm_type=2))
+
+# the config / data checks before the first iteration with any runner (mmdet's tools/train.py
+# too; configs/_base_/default_runtime.py has them, this config's mmdet base does not)
+custom_hooks = [dict(type='PreflightCheckHook')]

@@ -66,8 +66,7 @@ model = dict(
         mask_head=dict(norm_cfg=head_norm_cfg)))
 
 max_iters = 60000
-train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=max_iters,
-                 val_interval=5000)
+train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=5000)
 val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
 param_scheduler = [

@@ -25,3 +25,7 @@ optim_wrapper = dict(
             'absolute_pos_embed': dict(lr_mult=0.1, decay_mult=0.),
             'relative_position_bias_table': dict(lr_mult=0.1, decay_mult=0.),
         }))
+
+# the config / data checks before the first iteration with any runner (mmdet's tools/train.py
+# too; configs/_base_/default_runtime.py has them, this config's mmdet base does not)
+custom_hooks = [dict(type='PreflightCheckHook')]

@@ -42,3 +42,7 @@ optim_wrapper = dict(
             'level_embed': no_decay_embed,
         },
         norm_decay_mult=0.0))
+
+# the config / data checks before the first iteration with any runner (mmdet's tools/train.py
+# too; configs/_base_/default_runtime.py has them, this config's mmdet base does not)
+custom_hooks = [dict(type='PreflightCheckHook')]

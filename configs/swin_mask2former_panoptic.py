@@ -76,3 +76,7 @@ val_evaluator = [
     dict(type='SemSegMetric', iou_metrics=['mIoU']),
 ]
 test_evaluator = val_evaluator
+
+# the config / data checks before the first iteration with any runner (mmdet's tools/train.py
+# too; configs/_base_/default_runtime.py has them, this config's mmdet base does not)
+custom_hooks = [dict(type='PreflightCheckHook')]

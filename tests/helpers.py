@@ -82,3 +82,15 @@ def run_tool(path: str, args: List[str]) -> ToolRun:
         except SystemExit as e:  # argparse errors (2), --help (0)
             code = e.code if isinstance(e.code, int) else 1
     return ToolRun(int(code or 0), out.getvalue(), err.getvalue())
+
+
+def parse_cfg_options(line: str) -> dict:
+    """A ``--cfg-options ...`` line (as a message prints it) read as a shell and mmengine's
+    DictAction read it: what our tools and mmdet's tools/train.py merge into the config."""
+    import argparse
+    import shlex
+
+    from mmengine.config import DictAction
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    return parser.parse_args(shlex.split(line)).cfg_options

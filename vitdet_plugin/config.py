@@ -15,6 +15,7 @@ data is expected and the exact override that points the config elsewhere. The da
 import os
 import os.path as osp
 import shlex
+import sys
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from mmengine.config import Config
@@ -24,6 +25,8 @@ LOADER_KEYS = {'train': ('train_dataloader',), 'val': ('val_dataloader',),
                'test': ('test_dataloader',)}
 EVALUATOR_KEYS = {'train': (), 'val': ('val_evaluator',), 'test': ('test_evaluator',)}
 PLACEHOLDER_ROOT = '/path/to/data/'
+#: folders of data_root a missing-folder message lists, at most
+SHOWN_ENTRIES = 10
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -186,13 +189,39 @@ def missing_data(cfg: Config, stages: Sequence[str] = ('train', 'val')) -> List[
     return list(dict.fromkeys(missing))
 
 
+def running_tool() -> str:
+    """The script this process runs, as a command line names it (relative to the working
+    directory when below it): ``tools/train.py`` for ours and for mmdet's alike, so a message
+    names the tool that ran, not one of ours."""
+    script = sys.argv[0] if sys.argv and sys.argv[0] else 'tools/train.py'
+    full = osp.abspath(script)
+    cwd = os.getcwd()
+    return osp.relpath(full, cwd) if full.startswith(cwd + os.sep) else script
+
+
+def _folder_fixes(missing: Sequence[str], root: str) -> List[str]:
+    """For missing ``data_prefix`` folders under a ``data_root`` that exists: the keys at fault
+    and what to set them to (moving ``data_root`` would not help)."""
+    keys = [m.split(': ', 1)[0] for m in missing]
+    entries = sorted(e + '/' for e in os.listdir(root) if osp.isdir(osp.join(root, e)))
+    shown = ', '.join(entries[:SHOWN_ENTRIES] + (['...'] if len(entries) > SHOWN_ENTRIES else []))
+    one = len(keys) == 1
+    return [f"data_root='{root}' exists (its folders: {shown or 'none'}), so the "
+            f'{"key" if one else "keys"} at fault {"is" if one else "are"} {", ".join(keys)}: '
+            f'set {"it" if one else "each"} to the folder of the images, relative to data_root']
+
+
 def check_data(cfg: Config, stages: Sequence[str] = ('train', 'val'),
-               config_path: Optional[str] = None, tool: str = 'tools/train.py') -> None:
+               config_path: Optional[str] = None, tool: str = 'tools/train.py',
+               ours: bool = True) -> None:
     """Raise :class:`DatasetNotFoundError` when the data ``stages`` need is missing.
 
     The message names the missing paths, the expected ``data_root`` (and the working directory
     relative paths are resolved against), the config's ``data_help`` (how to obtain the data) and
-    the exact ``--cfg-options`` that point the config at another directory.
+    the exact ``--cfg-options`` that point the config at another directory, as options of
+    ``tool`` (``ours``: one of vitdet_plugin's tools, which move every path derived from
+    ``data_root``). When ``data_root`` exists and only image folders are missing, the message
+    names those keys instead: moving ``data_root`` would not help.
     """
     missing = missing_data(cfg, stages)
     if not missing:
@@ -201,6 +230,10 @@ def check_data(cfg: Config, stages: Sequence[str] = ('train', 'val'),
     name = config_path or cfg.filename or 'the config'
     lines = [f'Dataset not found for {name}:']
     lines += [f'  missing {m}' for m in missing]
+    folders_only = all('.data_prefix.' in m.split(': ', 1)[0] for m in missing)
+    if isinstance(root, str) and folders_only and osp.isdir(root):
+        lines += _folder_fixes(missing, root)
+        raise DatasetNotFoundError('\n'.join(lines))
     if isinstance(root, str):
         lines.append(f"The config expects its data under data_root='{root}'"
                      + ('' if osp.isabs(root) else f' (relative to the current directory '
@@ -208,14 +241,17 @@ def check_data(cfg: Config, stages: Sequence[str] = ('train', 'val'),
     help_text = cfg.get('data_help')
     if isinstance(help_text, str) and help_text:
         lines.append(help_text.format(data_root=root))
-    if isinstance(root, str):
+    if not isinstance(root, str):
+        lines.append('Set the dataloaders\' dataset.data_root / ann_file with --cfg-options.')
+    elif ours:
         lines.append('Point the config at your copy with')
         lines.append(f'  python {tool} {name} --cfg-options data_root={PLACEHOLDER_ROOT}')
         lines.append("(vitdet_plugin's tools move every path derived from data_root), or, with "
                      'any mmengine runner (e.g. mmdet\'s tools/train.py):')
         lines.append(f'  {data_root_override(cfg, PLACEHOLDER_ROOT)}')
-    else:
-        lines.append('Set the dataloaders\' dataset.data_root / ann_file with --cfg-options.')
+    else:  # another runner: only the explicit override moves every path
+        lines.append('Point the config at your copy with')
+        lines.append(f'  python {tool} {name} {data_root_override(cfg, PLACEHOLDER_ROOT)}')
     raise DatasetNotFoundError('\n'.join(lines))
 
 

@@ -18,6 +18,7 @@ from mmengine.runner import Runner
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.checks import ConfigCheckError, check_config, config_problems, preflight
+from vitdet_plugin.checks.suggest import set_fixes
 from vitdet_plugin.config import DatasetNotFoundError, load_config
 
 ROOT = str(REPO_ROOT)
@@ -146,12 +147,24 @@ def test_deformable_levels_of_dino_against_the_neck():
 
 
 def test_mask2former_class_counts_and_class_weight():
+    """The class weights are checked against the counts the lines before them set (one run):
+    a uniform list gets its value for the new count."""
     assert _problems(osp.join(ROOT, 'configs', 'swin_mask2former_panoptic.py'),
                      **{'model.panoptic_head.num_things_classes': 10}) == [
         'model.panoptic_head.num_things_classes=10 but train_dataloader.dataset has 80 '
-        f'thing_classes {COCO_80}; set model.panoptic_head.num_things_classes=80',
-        'model.panoptic_head.loss_cls.class_weight has 134 entries for 63 classes; give 64 '
-        '(63 classes + the no-object class)']
+        f'thing_classes {COCO_80}; set model.panoptic_head.num_things_classes=80']
+    three = {'train_dataloader.dataset.metainfo': dict(classes=('a', 'b', 'c'))}
+    problems = _problems(osp.join(ROOT, 'configs', 'swin_mask2former_instance.py'), **three)
+    assert problems == [
+        "model.panoptic_head.num_things_classes=80 but train_dataloader.dataset has 3 classes "
+        "['a', 'b', 'c']; set model.panoptic_head.num_things_classes=3",
+        'model.panoptic_head.loss_cls.class_weight has 81 entries for 3 classes; give 4 (3 '
+        'classes + the no-object class); set model.panoptic_head.loss_cls.class_weight='
+        '[1.0, 1.0, 1.0, 0.1]',
+        "model.panoptic_fusion_head.num_things_classes=80 but train_dataloader.dataset has 3 "
+        "classes ['a', 'b', 'c']; set model.panoptic_fusion_head.num_things_classes=3"]
+    assert _problems(osp.join(ROOT, 'configs', 'swin_mask2former_instance.py'),
+                     **three, **set_fixes(problems)) == []
 
 
 def test_a_backbone_without_a_contract_is_probed_on_meta_tensors():

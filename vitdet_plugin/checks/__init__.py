@@ -3,8 +3,8 @@ dataset (:mod:`.config`), the annotations and images (:mod:`.data`), both togeth
 summary line per dataset (:func:`preflight`, and :class:`PreflightCheckHook` for any runner)."""
 from .config import ConfigCheckError, check_config, config_problems
 from .data import DataCheckError, DataSummary, check_annotations
-from .preflight import PreflightCheckHook, drop_preflight_hook, preflight
+from .preflight import PreflightCheckHook, drop_preflight_hook, exit_on_report, preflight
 
 __all__ = ['ConfigCheckError', 'check_config', 'config_problems', 'DataCheckError',
            'DataSummary', 'check_annotations', 'PreflightCheckHook', 'drop_preflight_hook',
-           'preflight']
+           'exit_on_report', 'preflight']

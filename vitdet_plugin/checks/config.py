@@ -13,6 +13,10 @@ reported together in one :class:`ConfigCheckError`.
 
 Checked:
 
+* ``_delete_`` keys left in the merged config (:func:`leftover_deletes`);
+* a multi-level neck (FPN) on a single-map backbone (plain ViT / DINOv2 / DINOv3 / EVA-02):
+  the ``ViTSimpleFPN`` to use instead (:mod:`.single_map`), and ``ViTSimpleFPN.in_stride``
+  against the backbone's stride;
 * ``model.neck.in_channels`` against the backbone's output channels (which ``out_indices``
   select), and the neck's outputs (run on meta tensors) as the heads' inputs;
 * the heads' ``in_channels``, RoI extractors' ``out_channels``, ``anchor_generator`` /
@@ -25,6 +29,7 @@ Checked:
   file which does not exist.
 """
 import copy
+import math
 import os
 import os.path as osp
 from dataclasses import dataclass
@@ -33,10 +38,14 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import torch
 
 from ..config import LOADER_KEYS, iter_datasets
+from .single_map import is_multi_level, is_simple_fpn, simple_fpn_for
+from .suggest import DELETE_KEY, dict_text
 
 #: side of the square meta-device input the backbone / neck are probed with (divisible by every
 #: stride up to 128, so strides are exact)
 PROBE_SIZE = 512
+#: stride-2 steps a neck may add below its coarsest input whose strides the probe reads exactly
+PROBE_HALVINGS = 7
 #: keys of a model config that hold a head fed by the neck (or by the backbone without one)
 DENSE_HEAD_KEYS = ('rpn_head', 'bbox_head')
 #: keys under which a model config keeps class counts per kind
@@ -89,13 +98,17 @@ def backbone_maps(backbone_cfg: dict, in_channels: int = 3) -> FeatureMaps:
 
 
 def neck_maps(neck_cfg: dict, inputs: FeatureMaps) -> FeatureMaps:
-    """The feature maps a neck outputs for ``inputs`` (a forward on meta tensors)."""
+    """The feature maps a neck outputs for ``inputs``: a forward on meta tensors of an input
+    side that every input stride times ``2 ** PROBE_HALVINGS`` divides, so the strides of the
+    levels the neck adds are exact (14, 28, ..., 224 on a stride-14 map, never 102 / 170 from a
+    rounded size)."""
     neck = _build_on_meta(neck_cfg)
     neck.eval()
-    feats = tuple(torch.empty(1, c, PROBE_SIZE // s, PROBE_SIZE // s, device='meta')
+    size = math.lcm(*inputs.strides) * 2 ** PROBE_HALVINGS
+    feats = tuple(torch.empty(1, c, size // s, size // s, device='meta')
                   for c, s in zip(inputs.channels, inputs.strides))
     with torch.no_grad():
-        return _maps_of(neck(feats), PROBE_SIZE)
+        return _maps_of(neck(feats), size)
 
 
 def _type_name(cfg: dict) -> str:
@@ -223,6 +236,12 @@ def check_model_structure(model: dict,
     neck, neck_key = _first_neck(model)
     if not isinstance(neck, dict):
         return _check_dense_inputs(model, maps, source)
+    if len(maps.channels) == 1 and is_multi_level(neck):
+        return _single_map_problems(model, neck, neck_key, maps, source)
+    if is_simple_fpn(neck) and neck.get('in_stride', maps.strides[-1]) != maps.strides[-1]:
+        return [f'{neck_key}.in_stride={neck["in_stride"]} but {source} outputs stride '
+                f'{maps.strides[-1]}; set '
+                f'{neck_key}.in_stride={maps.strides[-1]}']
     given = neck.get('in_channels')
     if isinstance(given, (list, tuple)) and list(given) != list(maps.channels):
         hint = ''
@@ -238,6 +257,18 @@ def check_model_structure(model: dict,
     except Exception as e:
         return [f'{neck_key} ({_type_name(neck)}) fails on {source}: {type(e).__name__}: {e}']
     return _check_dense_inputs(model, out, f'the neck ({_type_name(neck)}: {out.describe()})')
+
+
+def _single_map_problems(model: dict, neck: dict, neck_key: str, maps: FeatureMaps,
+                         source: str) -> List[str]:
+    """A multi-level neck on one backbone map: the ``ViTSimpleFPN`` to use instead, then the
+    heads checked against that pyramid's real levels (one report for both)."""
+    suggested = simple_fpn_for(maps.channels[0], maps.strides[0], neck, model)
+    line = (f'{neck_key} is {_type_name(neck)}, a neck for a pyramid of backbone maps, but '
+            f'{source} outputs one map: use ViTSimpleFPN on it, as the README does for the plain '
+            f'ViTs; set {neck_key}={dict_text(suggested)}')
+    out = neck_maps(suggested, maps)
+    return [line] + _check_dense_inputs(model, out, f'the neck (ViTSimpleFPN: {out.describe()})')
 
 
 # ----------------------------------------------------------------------------- classes
@@ -290,33 +321,47 @@ def check_num_classes(cfg: Any, stages: Sequence[str] = ('train',)) -> List[str]
     for node, path in _walk({k: v for k, v in model.items() if k != 'rpn_head'}, 'model'):
         if path.endswith(('.semantic_head', '.seg_head')):
             continue  # semantic heads count things + stuff their own way
+        counts = {}  # the class counts once the lines above are applied
         for key in CLASS_COUNT_KEYS:
             value = node.get(key)
-            if key not in expected or not isinstance(value, int):
+            if not isinstance(value, int):
+                continue
+            counts[key] = value
+            if key not in expected:
                 continue
             want, source = expected[key]
             if value != want:
+                counts[key] = want
                 names = list(meta.get(source) or ())
                 shown = names if len(names) <= 10 else names[:10] + ['...']
                 problems.append(f'{path}.{key}={value} but {ds_key} has {want} {source} '
                                 f'{shown}; set {path}.{key}={want}')
-        num = node.get('num_classes')
-        if not isinstance(num, int) and isinstance(node.get('num_things_classes'), int):
-            num = node['num_things_classes'] + int(node.get('num_stuff_classes') or 0)
+        num = counts.get('num_classes')
+        if num is None and 'num_things_classes' in counts:
+            num = counts['num_things_classes'] + counts.get('num_stuff_classes', 0)
+        if num is None:
+            continue
         weights = node.get('class_weight')
-        if isinstance(num, int) and isinstance(weights, (list, tuple)) \
-                and len(weights) not in (num, num + 1):
+        if isinstance(weights, (list, tuple)) and len(weights) not in (num, num + 1):
             problems.append(f'{path}.class_weight has {len(weights)} entries for '
                             f'num_classes={num}; give num_classes + 1 = {num + 1} (the last '
-                            'weighs the no-object class)')
+                            'weighs the no-object class)' + _weights_fix(path, weights, num))
         for loss_key, loss in node.items():
             cw = loss.get('class_weight') if isinstance(loss, dict) else None
-            if isinstance(num, int) and isinstance(cw, (list, tuple)) \
-                    and len(cw) not in (num, num + 1):
+            if isinstance(cw, (list, tuple)) and len(cw) not in (num, num + 1):
                 problems.append(f'{path}.{loss_key}.class_weight has {len(cw)} entries for '
                                 f'{num} classes; give {num + 1} ({num} classes + the '
-                                'no-object class)')
+                                'no-object class)' + _weights_fix(f'{path}.{loss_key}', cw, num))
     return problems
+
+
+def _weights_fix(path: str, weights: Sequence[Any], num: int) -> str:
+    """``; set ...class_weight=[...]`` when every class has the same weight (the config's
+    class weight for ``num`` classes, then its no-object weight); else nothing to set."""
+    classes = list(weights[:-1])
+    if not classes or any(w != classes[0] for w in classes):
+        return ''
+    return f'; set {path}.class_weight={[classes[0]] * num + [weights[-1]]}'
 
 
 # ----------------------------------------------------------------------------- files
@@ -349,13 +394,59 @@ def check_checkpoint_files(cfg: Any) -> List[str]:
     return problems
 
 
+# ----------------------------------------------------------------------------- merging
+def _has_dict_in_list(value: Any) -> bool:
+    """``--cfg-options`` cannot write a dict inside a list."""
+    if isinstance(value, dict):
+        return any(_has_dict_in_list(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(isinstance(v, dict) or _has_dict_in_list(v) for v in value)
+    return False
+
+
+def leftover_deletes(cfg: Any) -> List[str]:
+    """Every ``_delete_`` key left in the merged config, one line each: mmengine removes it
+    only where a base config has the key to replace, so elsewhere the builder of that section
+    gets it as an argument (``TypeError: IterBasedTrainLoop.__init__() got an unexpected keyword
+    argument '_delete_'``) or silently ignores it."""
+    root = cfg._cfg_dict.to_dict() if hasattr(cfg, '_cfg_dict') else dict(cfg)
+    problems = []
+    for key, value in root.items():
+        for node, path in _walk(value, str(key)):
+            if DELETE_KEY not in node:
+                continue
+            kept = {k: v for k, v in node.items() if k != DELETE_KEY}
+            fix = '' if _has_dict_in_list(kept) else f', or set {path}={dict_text(kept)}'
+            problems.append(f'{path}.{DELETE_KEY}={node[DELETE_KEY]!r} is left in the merged '
+                            f'config (no base config has a {path} for it to replace), so what '
+                            f"builds {path} gets it as an argument (TypeError: unexpected keyword "
+                            f"argument '{DELETE_KEY}'); remove {DELETE_KEY}=True from {path} in "
+                            f'the config file{fix}')
+    return problems
+
+
+def without_deletes(cfg: Any) -> Any:
+    """A copy of ``cfg`` without its leftover ``_delete_`` keys (``cfg`` when it has none), so
+    the checks after :func:`leftover_deletes` see what the fixed config holds."""
+    if not leftover_deletes(cfg):
+        return cfg
+    fixed = copy.deepcopy(cfg)
+    for key in list(fixed.keys()):
+        for node, _ in _walk(fixed[key], str(key)):
+            node.pop(DELETE_KEY, None)
+    return fixed
+
+
 # ----------------------------------------------------------------------------- entry
 def config_problems(cfg: Any, stages: Sequence[str] = ('train',), weights: bool = True,
                     probed: Union[FeatureMaps, str, None] = None) -> List[str]:
     """Every problem :func:`check_config` would report, one line each (``weights``: also the
     checkpoint files training would load; ``probed``: see :func:`check_model_structure`)."""
+    leftovers = leftover_deletes(cfg)
+    cfg = without_deletes(cfg)
     model = cfg.get('model')
-    problems = check_model_structure(model, probed) if isinstance(model, dict) else []
+    problems = leftovers
+    problems += check_model_structure(model, probed) if isinstance(model, dict) else []
     problems += check_num_classes(cfg, stages)
     return problems + (check_checkpoint_files(cfg) if weights else [])
 

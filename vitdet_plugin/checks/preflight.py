@@ -12,18 +12,20 @@ the batch fits the dataset and the pretrained weights can be had
 :class:`PreflightCheckHook` says it again once they are loaded.
 """
 import copy
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+import os
+import sys
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
-from ..config import DatasetNotFoundError, check_data
-from .config import (ConfigCheckError, FeatureMaps, config_problems, probe_backbone,
-                     raise_problems)
+from ..config import DatasetNotFoundError, check_data, running_tool
+from .config import (ConfigCheckError, FeatureMaps, config_problems, leftover_deletes,
+                     probe_backbone, raise_problems, without_deletes)
 from .data import DataCheckError, DataSummary, check_annotations
 from .init_sources import loaded_init_lines, planned_init_lines, unreachable_weights
-from .suggest import (class_suggestions, file_suggestions, options_text, set_fixes,
-                      with_file_lines)
+from .suggest import (class_suggestions, file_suggestions, merge_fixes, options_text,
+                      set_fixes, with_file_lines)
 
 #: type name of the hook, as configs write it
 HOOK_TYPE = 'PreflightCheckHook'
@@ -53,12 +55,13 @@ class PreflightError(DatasetNotFoundError, ConfigCheckError, DataCheckError):
 
 
 def _checked_copy(cfg: Any, fixes: Dict[str, Any]) -> Any:
-    """``cfg`` with ``fixes`` applied (a copy; ``cfg`` itself is left as the user wrote it)."""
+    """``cfg`` with ``fixes`` applied and no leftover ``_delete_`` (a copy; ``cfg`` itself is
+    left as the user wrote it)."""
     if not fixes:
-        return cfg
+        return without_deletes(cfg)
     fixed = copy.deepcopy(cfg)
-    fixed.merge_from_dict(dict(fixes))
-    return fixed
+    merge_fixes(fixed, fixes)
+    return without_deletes(fixed)
 
 
 def _problem_block(problems: Sequence[str], cfg: Any, config_path: Optional[str]) -> str:
@@ -72,7 +75,8 @@ def _problem_block(problems: Sequence[str], cfg: Any, config_path: Optional[str]
 def preflight(cfg: Any, stages: Sequence[str] = ('train', 'val'),
               config_path: Optional[str] = None, tool: str = 'tools/train.py',
               weights: bool = True,
-              log: Optional[Callable[[str], None]] = print) -> List[DataSummary]:
+              log: Optional[Callable[[str], None]] = print,
+              ours: bool = True) -> List[DataSummary]:
     """Check ``cfg`` for a run over ``stages`` before anything is built, every problem in one
     report.
 
@@ -82,6 +86,8 @@ def preflight(cfg: Any, stages: Sequence[str] = ('train', 'val'),
     left unset while the annotations have other categories, are assumed fixed
     (:mod:`.suggest`) for the checks after them, so the class counts are checked against the
     data's classes in the same report; the report ends with every fix as ``--cfg-options``.
+    ``tool`` is the script the messages name (``ours``: one of vitdet_plugin's tools, which
+    move every path derived from ``data_root``).
 
     Raises :class:`~vitdet_plugin.datasets.DatasetNotFoundError`,
     :class:`~.config.ConfigCheckError` or :class:`~.data.DataCheckError` when the problems are
@@ -94,7 +100,7 @@ def preflight(cfg: Any, stages: Sequence[str] = ('train', 'val'),
     sections: List[Tuple[type, str]] = []
     fixes: Dict[str, Any] = {}
     try:
-        check_data(cfg, stages, config_path=config_path, tool=tool)
+        check_data(cfg, stages, config_path=config_path, tool=tool, ours=ours)
     except DatasetNotFoundError as e:
         found = file_suggestions(cfg, stages)
         sections.append((DatasetNotFoundError, with_file_lines(str(e), found)))
@@ -104,7 +110,8 @@ def preflight(cfg: Any, stages: Sequence[str] = ('train', 'val'),
     checked = _checked_copy(cfg, fixes)
     model = checked.get('model')
     probed = probe_backbone(model) if isinstance(model, dict) else None  # built once, on meta
-    problems = class_lines + config_problems(checked, stages, weights, probed)
+    problems = leftover_deletes(cfg) + class_lines
+    problems += config_problems(checked, stages, weights, probed)
     if weights:
         problems += unreachable_weights(checked)
     largest = max(probed.strides) if isinstance(probed, FeatureMaps) else None
@@ -137,6 +144,23 @@ def preflight(cfg: Any, stages: Sequence[str] = ('train', 'val'),
         for line in planned_init_lines(cfg) if 'train' in stages else ():
             log(line)
     return summaries
+
+
+def report_rank() -> int:
+    """This process's rank in a job (torchrun's ``RANK``; the process group's once started):
+    a report every rank would print identically is printed by rank 0 only."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get('RANK', '0') or 0)
+
+
+def exit_on_report(error: Exception) -> NoReturn:
+    """End a tool whose checks failed: rank 0 exits with ``error: <the report>``, the other
+    ranks of a job with status 1 and no text (one report per job)."""
+    if report_rank() != 0:
+        sys.exit(1)
+    sys.exit(f'error: {error}')
 
 
 def drop_preflight_hook(cfg: Any) -> None:
@@ -177,9 +201,13 @@ class PreflightCheckHook(Hook):
         training = isinstance(runner._train_loop, BaseLoop)
         wanted = ('train', 'val') if training else ('test',)
         stages = tuple(s for s in wanted if cfg.get(f'{s}_dataloader'))
-        preflight(cfg, stages, weights=self.weights and training,
-                  tool='tools/train.py' if training else 'tools/test.py',
-                  log=runner.logger.info)
+        try:
+            preflight(cfg, stages, weights=self.weights and training, tool=running_tool(),
+                      log=runner.logger.info, ours=False)
+        except (DatasetNotFoundError, ConfigCheckError, DataCheckError):
+            if report_rank() != 0:  # the same report on every rank: rank 0 gives it
+                raise SystemExit(1) from None
+            raise
 
     def before_train(self, runner) -> None:
         for line in loaded_init_lines(runner.model, runner.cfg):

@@ -21,10 +21,16 @@ from ..config import EVALUATOR_KEYS, LOADER_KEYS, is_remote, iter_datasets
 
 #: words a file or folder name holds for each split (test data is often the val split)
 SPLIT_WORDS = {'train': ('train',), 'val': ('val',), 'test': ('test', 'val')}
-#: the fix at the end of a config problem line: ``...; set KEY=VALUE``
-SET_FIX = re.compile(r'; set ([\w.]+)=(.+?)(?: or fewer.*)?$')
+#: the fix at the end of a config problem line: ``...; set KEY=VALUE`` (or ``..., or set``)
+SET_FIX = re.compile(r'(?:;|, or) set ([\w.]+)=(.+?)(?: or fewer.*)?$')
+#: mmengine's key that makes a merged dict replace the base's instead of updating it
+DELETE_KEY = '_delete_'
 #: class names shown in a line, at most
 SHOWN_NAMES = 10
+#: a missing image folder is looked for this many levels below data_root, by the first
+#: SEARCH_IMAGES file names of the annotation file
+SEARCH_DEPTH = 3
+SEARCH_IMAGES = 3
 
 
 def _pick(directory: str, stage: str, want_dir: bool, ext: str = '') -> Optional[str]:
@@ -43,6 +49,30 @@ def _pick(directory: str, stage: str, want_dir: bool, ext: str = '') -> Optional
         if found:
             return None
     return None
+
+
+def _image_folder(root: str, ann_file: Any, stage: str) -> Optional[str]:
+    """The one folder below ``root`` (at most :data:`SEARCH_DEPTH` levels down) that holds the
+    first :data:`SEARCH_IMAGES` images of ``ann_file`` (of several, the one whose path holds a
+    word of ``stage``); None when not exactly one does."""
+    images = [im for im in _json_field(ann_file, 'images')[:SEARCH_IMAGES] if isinstance(im, dict)]
+    names = [n for n in (im.get('file_name') for im in images) if isinstance(n, str)]
+    if not names or len(names) != len(images) or not osp.isdir(root):
+        return None
+    found = []
+    base = root.rstrip('/').count(os.sep)
+    for folder, subs, _ in os.walk(root):
+        subs[:] = sorted(d for d in subs if not d.startswith('.'))
+        if folder.rstrip('/').count(os.sep) - base >= SEARCH_DEPTH:
+            subs[:] = []
+        if all(osp.isfile(osp.join(folder, n)) for n in names):
+            found.append(folder)
+    if len(found) > 1:  # COCO panoptic PNGs share the images' names
+        found = [f for f in found if 'panoptic' not in osp.relpath(f, root).lower()]
+    if len(found) > 1:  # the same file names in each split's folder: the split's word decides
+        found = [f for f in found
+                 if any(w in osp.relpath(f, root).lower() for w in SPLIT_WORDS[stage])]
+    return found[0] if len(found) == 1 else None
 
 
 def _relative(found: str, root: str, given: str) -> str:
@@ -81,9 +111,11 @@ def file_suggestions(cfg: Any, stages: Sequence[str]) -> Dict[str, str]:
             if not osp.exists(full):
                 parent = osp.dirname(full.rstrip('/')) or root
                 name = _pick(parent, stage, True)
-                if name:
-                    out[f'{path}.data_prefix.img'] = _relative(
-                        osp.join(parent, name), root, img) + '/'
+                ann_full = ann if not isinstance(ann, str) or osp.isabs(ann) \
+                    else osp.join(root, ann)
+                found = osp.join(parent, name) if name else _image_folder(root, ann_full, stage)
+                if found:
+                    out[f'{path}.data_prefix.img'] = _relative(found, root, img) + '/'
     for stage in stages:
         for key in EVALUATOR_KEYS[stage]:
             ev = cfg.get(key)
@@ -107,15 +139,22 @@ def with_file_lines(message: str, suggested: Dict[str, str]) -> str:
     return '\n'.join(lines[:last + 1] + found + lines[last + 1:])
 
 
-def _json_categories(ann_file: str) -> Optional[Tuple[str, ...]]:
+def _json_field(ann_file: Any, key: str) -> list:
+    """The list under ``key`` of a COCO json; [] when unreadable (the annotation check reports
+    an unreadable file)."""
+    if not isinstance(ann_file, str) or not osp.isfile(ann_file):
+        return []
     try:
         with open(ann_file) as f:
-            cats = json.load(f).get('categories')
+            value = json.load(f).get(key)
     except (OSError, ValueError, AttributeError):
-        return None  # the annotation check reports an unreadable file
-    if not isinstance(cats, list):
-        return None
-    return tuple(str(c.get('name')) for c in cats if isinstance(c, dict))
+        return []
+    return value if isinstance(value, list) else []
+
+
+def _json_categories(ann_file: str) -> Optional[Tuple[str, ...]]:
+    cats = _json_field(ann_file, 'categories')
+    return tuple(str(c.get('name')) for c in cats if isinstance(c, dict)) or None
 
 
 ClassNames = Tuple[str, ...]
@@ -152,16 +191,65 @@ def class_suggestions(cfg: Any, stages: Sequence[str]) -> Tuple[Dict[str, ClassN
     return found, lines
 
 
+def dict_text(value: Any) -> str:
+    """``value`` as a config file writes it: dicts as ``dict(key=...)``, the rest as repr."""
+    if isinstance(value, dict):
+        return 'dict(' + ', '.join(f'{k}={dict_text(v)}' for k, v in value.items()) + ')'
+    if isinstance(value, (list, tuple)):
+        items = [dict_text(v) for v in value]
+        if isinstance(value, list):
+            return '[' + ', '.join(items) + ']'
+        return '(' + ', '.join(items) + (',' if len(items) == 1 else '') + ')'
+    return repr(value)
+
+
+def _literal(node: ast.expr) -> Any:
+    """A literal, with ``dict(key=...)`` calls read as dicts (what :func:`dict_text` wrote)."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+            and node.func.id == 'dict' and not node.args:
+        return {kw.arg: _literal(kw.value) for kw in node.keywords}
+    if isinstance(node, (ast.List, ast.Tuple)):
+        items = [_literal(n) for n in node.elts]
+        return items if isinstance(node, ast.List) else tuple(items)
+    return ast.literal_eval(node)
+
+
 def set_fixes(problem_lines: Sequence[str]) -> Dict[str, Any]:
-    """``key -> value`` of the ``; set KEY=VALUE`` fix that ends a config problem line."""
+    """``key -> value`` of the ``; set KEY=VALUE`` fix that ends a config problem line (a
+    ``dict(...)`` value replaces the whole key)."""
     out: Dict[str, Any] = {}
     for line in problem_lines:
         m = SET_FIX.search(line)
         if m:
             try:
-                out[m.group(1)] = ast.literal_eval(m.group(2))
-            except (ValueError, SyntaxError):
+                out[m.group(1)] = _literal(ast.parse(m.group(2), mode='eval').body)
+            except (ValueError, SyntaxError, TypeError):
                 out[m.group(1)] = m.group(2)
+    return out
+
+
+def merge_fixes(cfg: Any, fixes: Dict[str, Any]) -> None:
+    """Apply ``fixes`` to ``cfg`` in place as ``--cfg-options`` would: a dict value replaces
+    the key's dict (``_delete_``), any other value is set."""
+    cfg.merge_from_dict({k: dict(v, **{DELETE_KEY: True}) if isinstance(v, dict) else v
+                         for k, v in fixes.items()})
+
+
+def _flat_options(fixes: Dict[str, Any]) -> Dict[str, Any]:
+    """Dict values as ``KEY._delete_=True`` and one option per leaf (mmengine merges the
+    dotted keys into one dict, which then replaces the config's)."""
+    out: Dict[str, Any] = {}
+
+    def leaves(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                leaves(f'{prefix}.{k}', v)
+        else:
+            out[prefix] = value
+    for key, value in fixes.items():
+        if isinstance(value, dict):
+            out[f'{key}.{DELETE_KEY}'] = True
+        leaves(key, value)
     return out
 
 
@@ -179,6 +267,7 @@ def options_text(fixes: Dict[str, Any]) -> List[str]:
     mmdet's take it alike); a note when a value cannot pass that way (spaces are dropped)."""
     if not fixes:
         return []
+    fixes = _flat_options(fixes)
     parts = [shlex.quote(f'{k}={_option_value(v)}') for k, v in fixes.items()]
     lines = ['Every fix above as options (our tools/train.py and mmdet\'s tools/train.py alike):',
              '  --cfg-options ' + ' '.join(parts)]
