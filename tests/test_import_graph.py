@@ -77,7 +77,8 @@ def test_the_graph_is_read_correctly():
     graph = _graph()
     assert 'vitdet_plugin.functional' in graph['vitdet_plugin.weights.swin']
     assert 'vitdet_plugin.weights.target' in graph['vitdet_plugin.models.backbones.swin']
-    assert 'vitdet_plugin.models.layers.swin_block' in graph['vitdet_plugin.models.backbones.swin']
+    swin = graph['vitdet_plugin.models.backbones.swin']
+    assert 'vitdet_plugin.models.backbones.swin_block' in swin
     assert 'vitdet_plugin.weights.layouts' in graph['vitdet_plugin.models.necks.simple_fpn']
 
 

@@ -22,10 +22,9 @@ from torch import Tensor, nn
 
 from vis_kit import VisualizeError
 from vitdet_plugin.functional import decomposed_rel_pos_bias
-from vitdet_plugin.models.layers.swin_block import WindowAttention
+from vitdet_plugin.models.backbones.swin_block import WindowAttention
+from vitdet_plugin.models.backbones.swin_v2_block import LOGIT_SCALE_MAX, CosineWindowAttention
 from vitdet_plugin.models.backbones.vit_block import ViTAttention
-from vitdet_plugin.models.layers.cosine_window_attention import (LOGIT_SCALE_MAX,
-                                                                 CosineWindowAttention)
 
 
 # ----------------------------------------------------------------------------- structure

@@ -49,11 +49,18 @@ from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor, nn
 
-from ...functional import (RopeSpec, SizeCache, check_rope_spec, resize_pos_grid, rope_tables,
-                           window_pair, window_partition)
+from ...functional.rel_pos import resize_pos_grid
+from ...functional.rope import RopeSpec, check_rope_spec, rope_tables
+from ...functional.size_cache import SizeCache
+from ...functional.sizes import window_pair
+from ...functional.window import window_partition
 from ...weights.target import CheckpointTarget
-from ..layers import (ConvStem, PatchEmbed, ResBottleneckBlock, check_flags, check_rates,
-                      linear_drop_path_rates, positive_int, positive_number, to_2tuple)
+from ..layers.arguments import (check_flags, check_rates, positive_int, positive_number,
+                                refuse_removed, to_2tuple)
+from ..layers.conv_stem import ConvStem
+from ..layers.mlp import linear_drop_path_rates
+from ..layers.patch_embed import PatchEmbed
+from ..layers.res_bottleneck import ResBottleneckBlock
 from .base import (TRUNC_NORMAL_STD, BackboneContract, init_cfg_from_pretrained,
                    init_transformer_weights_, load_init_checkpoint, run_blocks,
                    state_shapes)
@@ -115,7 +122,7 @@ class PlainViTBackbone(BackboneContract, BaseModule):
             ``forward_features``, whose EVA-02 norm comes after the pooling, ``fc_norm``).
         frozen_stages: ``-1`` trains all; ``0`` freezes the embeddings and tokens; ``k``
             also the first ``k`` blocks.
-        with_cp: activation checkpointing per block; fused_attn: SDPA (False: eager).
+        with_cp: activation checkpointing per block.
         norm_cfg: the blocks' norms (default LayerNorm, the arch's eps); act_cfg: the GELU
             MLP's activation.
         in_channels: image channels.
@@ -125,6 +132,7 @@ class PlainViTBackbone(BackboneContract, BaseModule):
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH[, prefix=...])`` loads a
             checkpoint of this family in any of its layouts (official, timm, ours; see
             :mod:`vitdet_plugin.weights.layouts`).
+        accel, fused_attn: removed (an error names the replacement).
     """
 
     ARCH: ClassVar[Type[PlainViTArch]] = PlainViTArch
@@ -174,13 +182,14 @@ class PlainViTBackbone(BackboneContract, BaseModule):
                  attn_drop_rate: float = 0.0,
                  frozen_stages: int = -1,
                  with_cp: bool = False,
-                 fused_attn: bool = True,
                  norm_cfg: Optional[dict] = None,
                  act_cfg: Optional[dict] = None,
                  pretrained: Optional[str] = None,
-                 init_cfg: Optional[dict] = None) -> None:
-        super().__init__(init_cfg=init_cfg_from_pretrained(pretrained, init_cfg))
+                 init_cfg: Optional[dict] = None,
+                 **removed: object) -> None:
         name = type(self).__name__
+        refuse_removed(name, removed)
+        super().__init__(init_cfg=init_cfg_from_pretrained(pretrained, init_cfg))
         if not self.FAMILY:
             raise TypeError('PlainViTBackbone is the shared base: build ViTBackbone, '
                             'DINOv2Backbone, DINOv3Backbone or EVA02Backbone')
@@ -216,8 +225,8 @@ class PlainViTBackbone(BackboneContract, BaseModule):
         check_rates(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate)
         final_norm = self.FINAL_NORM if final_norm is None else final_norm
         use_abs_pos = self.USE_ABS_POS if use_abs_pos is None else use_abs_pos
-        check_flags(final_norm=final_norm, with_cp=with_cp, fused_attn=fused_attn,
-                    use_abs_pos=use_abs_pos, pretrain_use_cls_token=pretrain_use_cls_token)
+        check_flags(final_norm=final_norm, with_cp=with_cp, use_abs_pos=use_abs_pos,
+                    pretrain_use_cls_token=pretrain_use_cls_token)
         self.frozen_stages, self.with_cp, self.final_norm = frozen_stages, with_cp, final_norm
         keep = prefix_tokens == 'keep'
         if spec.rel_pos and keep:
@@ -266,7 +275,7 @@ class PlainViTBackbone(BackboneContract, BaseModule):
             rel_pos_size = (window or full_grid) if spec.rel_pos else None
             self.blocks.append(ViTBlock(
                 spec, window, rel_pos_size, i in spec.residual_block_indexes, rotate_half,
-                drop_rate, attn_drop_rate, rates[i], fused_attn, norm_cfg, act_cfg))
+                drop_rate, attn_drop_rate, rates[i], norm_cfg, act_cfg))
         self.norm = nn.LayerNorm(dims, eps=spec.norm_eps) if final_norm else None
         self.out_channels = (dims,) * len(self.out_indices)
         self.out_strides = (self.patch_size,) * len(self.out_indices)

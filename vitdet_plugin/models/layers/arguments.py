@@ -4,12 +4,12 @@
 refuse anything but an integral value, naming the argument and what was given.
 """
 import numbers
-from typing import Tuple
+from typing import Mapping, Tuple
 
 from ...functional.sizes import ArgumentError, is_int, to_2tuple
 
 __all__ = ['ArgumentError', 'check_flag', 'check_flags', 'check_rate', 'check_rates', 'int_arg',
-           'int_tuple', 'positive_int', 'positive_number', 'to_2tuple']
+           'int_tuple', 'positive_int', 'positive_number', 'refuse_removed', 'to_2tuple']
 
 
 def int_arg(value, name: str = 'value') -> int:
@@ -77,17 +77,24 @@ def check_rate(value, name: str) -> float:
     return float(value)
 
 
-#: Accepted values of the backbones' ``accel`` switch.
-ACCEL_MODES = ('auto', 'off')
+#: Constructor options removed with the CPU-only kernels, and what replaces each.
+REMOVED_OPTIONS = {
+    'accel': 'the models have one forward, the plain one, on every device; for CPU inference '
+             'export the detector to ONNX and run it with onnxruntime (docs/deploy.md: '
+             'tools/export_onnx.py, then tools/infer.py --backend onnxruntime)',
+    'fused_attn': 'attention always runs F.scaled_dot_product_attention; for the explicit '
+                  'formula wrap the call in vitdet_plugin.models.layers.eager_attention(model)',
+}
 
 
-def check_accel(mode: object) -> str:
-    """``mode`` if it is one of :data:`ACCEL_MODES`, else a ``ValueError`` naming the choices."""
-    if not isinstance(mode, str) or mode not in ACCEL_MODES:
-        raise ValueError(f'accel={mode!r} is not supported; choose one of {list(ACCEL_MODES)} '
-                         "('auto': our CPU kernels on CPU, the plain path elsewhere; 'off': "
-                         'the plain path everywhere)')
-    return mode
+def refuse_removed(owner: str, options: Mapping[str, object]) -> None:
+    """A ``TypeError`` for any option left in ``options`` (a constructor's ``**removed``): the
+    fix for the :data:`REMOVED_OPTIONS`, Python's own message for any other name."""
+    for name in options:
+        if name in REMOVED_OPTIONS:
+            raise TypeError(f'{owner}({name}=...) was removed: {REMOVED_OPTIONS[name]}; delete '
+                            f'{name} from the config')
+        raise TypeError(f"{owner}.__init__() got an unexpected keyword argument '{name}'")
 
 
 def head_dim(dim: int, num_heads: int) -> int:

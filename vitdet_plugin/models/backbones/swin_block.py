@@ -3,8 +3,7 @@
 Detection semantics (Swin-Transformer-Object-Detection / mmdet): a shifted block always shifts,
 and every block pads its map to whole windows with zeros at the bottom/right. Parameter names
 follow the official layout (``norm1``, ``attn.{qkv,proj,relative_position_bias_table}``,
-``norm2``, ``mlp.{fc1,fc2}``). On the CPU in inference the backbone may run these blocks through
-:mod:`~vitdet_plugin.models.backbones.swin_inference` instead, which calls their submodules.
+``norm2``, ``mlp.{fc1,fc2}``).
 """
 import math
 from functools import partial
@@ -18,15 +17,13 @@ from ...functional.attention import attend
 from ...functional.rel_pos import bias_table_size, relative_position_index
 from ...functional.size_cache import SizeCache
 from ...functional.window import from_windows, to_windows, window_bias
-from .arguments import head_dim
-from .attention import register_fusable_attention
-from .mlp import DropPath, Mlp
+from ..layers.arguments import head_dim
+from ..layers.mlp import DropPath, Mlp
 
 #: Flattened relative-position indices per (window, device); a function of sizes alone.
 _INDEX: SizeCache[Tensor] = SizeCache()
 
 
-@register_fusable_attention
 class WindowAttention(nn.Module):
     """Multi-head attention inside ``wh x ww`` windows with a learned relative-position bias.
 
@@ -39,13 +36,11 @@ class WindowAttention(nn.Module):
             as there and in the official code, ``None`` or ``0`` mean the default).
         attn_drop: dropout on the attention weights (training only).
         proj_drop: dropout after ``proj``.
-        fused: ``F.scaled_dot_product_attention`` (True) or the explicit formula, the reference
-            of the parity tests (:func:`~.attention.eager_attention` switches it).
     """
 
     def __init__(self, dim: int, num_heads: int, window_size: Tuple[int, int],
                  qkv_bias: bool = True, qk_scale: Optional[float] = None,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0, fused: bool = True) -> None:
+                 attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = head_dim(dim, num_heads)
@@ -57,7 +52,7 @@ class WindowAttention(nn.Module):
         self.attn_drop = float(attn_drop)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
-        self.fused = fused
+        self.fused = True  # SDPA; eager_attention() switches it
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         """``x``: windows ``(B * nW, N, C)``; ``mask``: ``(nW, N, N)`` shift mask or None.
