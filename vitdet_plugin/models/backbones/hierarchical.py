@@ -1,14 +1,8 @@
-"""The hierarchical window backbone that Swin V1 and V2 share.
-
-:class:`WindowBackbone` owns what does not depend on the block: the patch embedding (optional
-convolutional stem and absolute position embedding), the stage loop with patch merging between
-stages, a norm per output, layer ids, freezing and ``with_cp``. A subclass passes its block and
-patch-merging factories, its arch spec and its weight loader.
-
-Parameter names follow the official Microsoft layout: ``patch_embed.*``,
-``absolute_pos_embed``, ``layers.{i}.blocks.{j}.*``, ``layers.{i}.downsample.*`` (at the end of
-stage ``i``) and ``norm{i}`` per output.
-"""
+"""The hierarchical window backbone that Swin V1 and V2 share: the patch embedding (optional
+conv stem and absolute position embedding), the stage loop with patch merging between stages, a
+norm per output (official names: ``layers.{i}.blocks.{j}``, ``layers.{i}.downsample``,
+``norm{i}``), layer ids, freezing and ``with_cp``. A subclass passes its block and merging
+factories."""
 import re
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -18,7 +12,8 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch import Tensor, nn
 
-from ..layers.arguments import check_flags, check_rates, int_tuple, positive_int, to_2tuple
+from ...functional.sizes import to_2tuple
+from ..layers.arguments import check_flags, check_rates, int_tuple, positive_int
 from ..layers.conv_stem import ConvStem
 from ..layers.mlp import linear_drop_path_rates
 from ..layers.patch_embed import PatchEmbed
@@ -33,11 +28,7 @@ MergeFactory = Callable[[int], nn.Module]
 
 
 class WindowStage(nn.Module):
-    """A stage: its blocks in turn, then optional patch merging.
-
-    ``blocks`` and ``downsample`` keep the official names (``layers.{i}.blocks.{j}``,
-    ``layers.{i}.downsample``); the stage itself has no parameters.
-    """
+    """A stage: its blocks in turn, then optional patch merging (no parameters of its own)."""
 
     def __init__(self, blocks: Sequence[nn.Module], downsample: Optional[nn.Module],
                  with_cp: bool) -> None:
@@ -53,20 +44,8 @@ class WindowStage(nn.Module):
 
 
 class WindowBackbone(BackboneContract, BaseModule):
-    """Patch embedding, stages of window blocks, a norm per output: see the module docstring.
-
-    ``block`` and ``merge`` build the stages' blocks and patch merging; the other arguments
-    are documented at :class:`~.swin.SwinBackbone`.
-    """
-
-    depths: Tuple[int, ...]
-    out_indices: Tuple[int, ...]
-    frozen_stages: int
-    use_abs_pos_embed: bool
-    absolute_pos_embed: nn.Parameter
-    patch_embed: PatchEmbed
-    drop_after_pos: nn.Module
-    layers: nn.ModuleList
+    """Patch embedding, stages of ``block`` s with ``merge`` between them, a norm per output;
+    the other arguments are documented at :class:`~.swin.SwinBackbone`."""
 
     def __init__(self, spec: SwinArch, block: BlockFactory, merge: MergeFactory, *,
                  in_channels: int, patch_size: int, out_indices: Sequence[int],
@@ -162,18 +141,14 @@ class WindowBackbone(BackboneContract, BaseModule):
         return []
 
     # ------------------------------------------------------------------ forward
-    def embed(self, x: Tensor) -> Tensor:
-        """Images ``(B, C_in, H, W)`` -> tokens ``(B, H/p, W/p, C)`` (+ position embedding)."""
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """``(B, C_in, H, W)`` -> maps ``(B, C_i, ceil(H / s_i), ceil(W / s_i))``."""
         x = self.patch_embed(x)                                      # (B, h, w, C)
         if self.use_abs_pos_embed:
             pos = F.interpolate(self.absolute_pos_embed, size=x.shape[1:3], mode='bicubic',
                                 align_corners=False)                 # (1, C, h, w)
             x = x + pos.permute(0, 2, 3, 1)
-        return self.drop_after_pos(x)
-
-    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
-        """``(B, C_in, H, W)`` -> maps ``(B, C_i, ceil(H / s_i), ceil(W / s_i))``."""
-        x = self.embed(x)                                            # (B, H/p, W/p, C)
+        x = self.drop_after_pos(x)
         outs = []
         for i, stage in enumerate(self.layers):
             out, x = stage(x)                                        # out: (B, H_i, W_i, C_i)

@@ -2,42 +2,10 @@
 
 ``x -> patch_embed -> [+ pos_embed] -> [cls, registers, patches] -> blocks -> [norm] -> maps``:
 the patch tokens of the ``out_indices`` blocks as ``(B, C, h, w)`` maps at stride
-``patch_size`` (for the simple pyramid neck ``ViTSimpleFPN``). Each family is a registered
-preset: :class:`~.vit.ViTBackbone` (ViTDet / SAM), :class:`DINOv2Backbone`,
-:class:`DINOv3Backbone`, :class:`EVA02Backbone`.
-
-Options (presets in :mod:`.vit_archs`; parameter names are timm's / SAM's, see
-:mod:`vitdet_plugin.weights`):
-
-* absolute position embedding stored at the pretraining grid (with a cls slot, used when the
-  model keeps a cls token) and resized to the input grid: bicubic (ViTDet) or antialiased as
-  timm's DINOv2 / EVA-02; rotary embedding (EVA-02, DINOv3:
-  :mod:`vitdet_plugin.functional.rope`); cls and register tokens;
-* q / k / v bias modes, EVA-02's sub-LN, LayerScale, SwiGLU MLPs, per-family LayerNorm eps;
-  ViTDet's decomposed relative positions and residual conv blocks.
-
-Window attention runs in every block but ``global_attn_indexes`` (ViTDet / EVA-02-det), on
-windows zero-padded at the bottom/right. Two choices are ours:
-
-``rope_coords`` (rope families): ``'window'`` builds each window block's table on the
-window's own grid (EVA-02-det: ``ft_seq_len=window_size`` rescaled onto the pretraining grid,
-the global blocks on the full grid); ``'global'`` partitions the full grid's table with the
-tokens, so window blocks see the same relative positions as the global blocks. Default
-``'window'`` for both: for EVA-02 it is the reference detection code (its published detectors
-were trained with it); DINOv3's coordinates are normalised to ``[-1, 1]`` per grid, so a
-window table is exactly what the model saw on a pretraining image of the window's size (the
-default window, 14, is DINOv3's 224 / 16 pretraining grid).
-
-``prefix_tokens``: ``'keep'`` (default) carries the cls / register tokens through every block;
-in window blocks every window attends to them as extra tokens and their outputs are averaged
-over the windows of the image. ``'drop'`` removes them after the embedding (ViTDet / EVA-02-det
-drop the cls token; the model then has no ``cls_token`` / ``reg_token``, a checkpoint's are
-reported as dropped). Measured
-(``tests/models/backbones/test_vit_family_windows.py::test_prefix_token_choice_measured``:
-random weights, 4 blocks of which 2 global, window 3 on a 5 x 7 grid, relative L2 distance of
-the patch features to the all-global model with the same weights): DINOv3 keep 0.0008 / drop
-0.0011, EVA-02 keep 0.0267 / drop 0.0286. Keeping them is the closer one in both families (and
-registers exist to take the high-norm artefacts off the patch tokens), hence the default.
+``patch_size``, for the simple pyramid neck ``ViTSimpleFPN``. Each family is a registered preset
+(:mod:`.vit_archs`). Window attention runs in every block but ``global_attn_indexes``; the two
+choices that are ours, ``rope_coords`` and ``prefix_tokens``, are explained (and measured) in
+docs/backbones.md.
 """
 import dataclasses
 import re
@@ -52,11 +20,11 @@ from torch import Tensor, nn
 from ...functional.rel_pos import resize_pos_grid
 from ...functional.rope import RopeSpec, check_rope_spec, rope_tables
 from ...functional.size_cache import SizeCache
-from ...functional.sizes import window_pair
+from ...functional.sizes import to_2tuple, window_pair
 from ...functional.window import window_partition
 from ...weights.target import CheckpointTarget
 from ..layers.arguments import (check_flags, check_rates, positive_int, positive_number,
-                                refuse_removed, to_2tuple)
+                                refuse_removed)
 from ..layers.conv_stem import ConvStem
 from ..layers.mlp import linear_drop_path_rates
 from ..layers.patch_embed import PatchEmbed
@@ -132,7 +100,8 @@ class PlainViTBackbone(BackboneContract, BaseModule):
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH[, prefix=...])`` loads a
             checkpoint of this family in any of its layouts (official, timm, ours; see
             :mod:`vitdet_plugin.weights.layouts`).
-        accel, fused_attn: removed (an error names the replacement).
+        removed: options removed with the CPU kernels (``accel``, ``fused_attn``): an error
+            names what replaces them.
     """
 
     ARCH: ClassVar[Type[PlainViTArch]] = PlainViTArch

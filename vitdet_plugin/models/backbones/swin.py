@@ -1,17 +1,9 @@
 """Swin Transformer backbone with detection semantics (Swin-Transformer-Object-Detection / mmdet).
 
-Patch partition + linear embedding, stages of alternating W-MSA / SW-MSA blocks with a
-relative-position bias and the shifted-window mask, patch merging between stages, and a
-LayerNorm per output. Any input size works: the image is padded to the patch size and each
-block pads its input to the window size (zeros at the bottom/right), so an ``H x W`` input gives
-stride-``s`` maps of ``ceil(H / s) x ceil(W / s)``.
-
-Parameter names follow the official Microsoft layout (``layers.{i}.blocks.{j}...``, downsample
-at the end of stage ``i``), so official checkpoints load without renaming; other layouts are
-converted by :mod:`vitdet_plugin.weights.swin`.
-
-The block is :class:`~.swin_block.SwinBlock`; the stages, embedding, output norms and freezing
-are :class:`~.hierarchical.WindowBackbone`'s.
+Any input size: the image is padded to the patch size and each block to whole windows (zeros
+at the bottom/right), so an ``H x W`` input gives stride-``s`` maps of ``ceil(H / s) x
+ceil(W / s)``. The block is :class:`~.swin_block.SwinBlock`; stages, embedding, output norms and
+freezing are :class:`~.hierarchical.WindowBackbone`'s. Parameter names are the official ones.
 """
 import numbers
 from typing import Optional, Sequence, Tuple, Union
@@ -50,27 +42,23 @@ class SwinBackbone(WindowBackbone):
             grid (``pretrain_img_size / patch_size``) and bicubically resized to the input.
         pretrain_img_size: image size of that grid (int or ``(h, w)``).
         patch_norm: LayerNorm after the patch embedding and in patch merging.
-        stem_channels: optional convolutional stem (:class:`~..layers.ConvStem`, one ``3x3``
-            stride-2 conv + norm + ReLU per entry) before a patch projection covering the rest
-            of ``patch_size``; for training from scratch (no published weights).
-        stem_norm_cfg: norm config of the stem's convolutions (default BN).
+        stem_channels, stem_norm_cfg: an optional convolutional stem before the patch
+            projection (:class:`~..layers.ConvStem`), for training from scratch.
         out_indices: stages whose outputs are returned (each through its own norm).
-        frozen_stages: ``-1`` trains everything; ``0`` freezes the patch embedding (and the
-            absolute position embedding); ``k >= 1`` also stages ``0..k-1`` and their output
-            norms (``requires_grad=False``, kept in eval mode).
+        frozen_stages: ``-1`` trains everything; ``0`` freezes the patch (and absolute position)
+            embedding; ``k >= 1`` also stages ``0..k-1`` and their output norms.
         norm_eval: keep every norm layer in eval mode during training.
         with_cp: activation checkpointing per block (non-reentrant).
         norm_cfg, act_cfg: mmcv config dicts.
         strides, convert_weights: mmdet's arguments, accepted so that mmdet configs build:
             ``strides`` must be ``(patch_size, 2, ...)``; checkpoint formats are detected
             whatever ``convert_weights`` says.
-        init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads official, Swin detection,
-            timm, mmdet/mmpretrain or our own checkpoints (format detected, weights_only; a
-            path, ``~`` path or http(s) URL; optional ``prefix`` and, for a checkpoint with a
-            rectangular window, ``src_window_size=(h, w)``).
+        init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads a Swin checkpoint of any
+            layout (docs/checkpoints.md; optional ``prefix``, ``src_window_size=(h, w)``).
         pretrained: deprecated mmdet spelling of ``init_cfg=dict(type='Pretrained',
             checkpoint=...)``.
-        accel, fused_attn: removed (an error names the replacement).
+        removed: options removed with the CPU kernels (``accel``, ``fused_attn``): an error
+            names what replaces them.
     """
 
     NO_DECAY_PARAMS = ('absolute_pos_embed', 'relative_position_bias_table')

@@ -13,10 +13,9 @@ import torch
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from torch import Tensor, nn
 
-from ...functional.attention import attend
 from ...functional.rel_pos import bias_table_size, relative_position_index
 from ...functional.size_cache import SizeCache
-from ...functional.window import from_windows, to_windows, window_bias
+from ...functional.window import from_windows, to_windows, window_attend
 from ..layers.arguments import head_dim
 from ..layers.mlp import DropPath, Mlp
 
@@ -58,21 +57,13 @@ class WindowAttention(nn.Module):
         """``x``: windows ``(B * nW, N, C)``; ``mask``: ``(nW, N, N)`` shift mask or None.
 
         ``softmax(q k^T * scale + bias (+ mask)) v``, then ``proj``."""
-        bw, n, c = x.shape
-        heads, d = self.num_heads, self.head_dim
-        qkv = self.qkv(x).view(bw, n, 3, heads, d)                   # (B * nW, N, 3, heads, d)
+        bw, n, _ = x.shape
+        qkv = self.qkv(x).view(bw, n, 3, self.num_heads, self.head_dim)  # (B * nW, N, 3, heads, d)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)               # (B * nW, heads, N, d)
-        if mask is not None:
-            # windows folded into the heads: one image's bias + mask broadcasts over the batch
-            nw = mask.shape[0]
-            q, k, v = (t.reshape(bw // nw, nw * heads, n, d)
-                       for t in (q, k, v))                           # (B, nW * heads, N, d)
         dropout_p = self.attn_drop if self.training else 0.0
-        # bias (1, heads, N, N), with a mask (1, nW * heads, N, N); SDPA, or the formula
-        out = attend(q, k, v, window_bias(self.relative_position_bias(), mask), dropout_p,
-                     self.fused, self.scale)                         # as q
-        out = out.reshape(bw, heads, n, d).transpose(1, 2)           # (B * nW, N, heads, d)
-        return self.proj_drop(self.proj(out.reshape(bw, n, c)))      # (B * nW, N, C)
+        out = window_attend(q, k, v, self.relative_position_bias(), mask, dropout_p,
+                            self.fused, self.scale)                  # (B * nW, N, C)
+        return self.proj_drop(self.proj(out))
 
     def relative_position_bias(self) -> Tensor:
         """The ``(1, heads, N, N)`` bias of one window, gathered from the table."""

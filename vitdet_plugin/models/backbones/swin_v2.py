@@ -53,7 +53,7 @@ class SwinV2Backbone(WindowBackbone):
         drop_rate, attn_drop_rate, drop_path_rate: as :class:`~.swin.SwinBackbone`.
         patch_norm: LayerNorm after the patch embedding (patch merging always has its norm).
         out_indices, frozen_stages, norm_eval, with_cp, norm_cfg, act_cfg, in_channels,
-            patch_size, accel, fused_attn: as :class:`~.swin.SwinBackbone`.
+            patch_size, removed: as :class:`~.swin.SwinBackbone`.
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads official, timm,
             mmpretrain or our own Swin V2 checkpoints (format detected, weights_only; optional
             ``prefix``).

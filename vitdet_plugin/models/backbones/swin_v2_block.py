@@ -16,12 +16,11 @@ import torch.nn.functional as F
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from torch import Tensor, nn
 
-from ...functional.attention import attend
 from ...functional.cpb import log_spaced_relative_coords
 from ...functional.rel_pos import relative_position_index
 from ...functional.size_cache import SizeCache
 from ...functional.sizes import Window
-from ...functional.window import from_windows, to_windows, window_bias
+from ...functional.window import from_windows, to_windows, window_attend
 from ..layers.arguments import head_dim
 from ..layers.mlp import DropPath, Mlp
 
@@ -84,27 +83,20 @@ class CosineWindowAttention(nn.Module):
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         """``x``: windows ``(B * nW, N, C)``; ``mask``: ``(nW, N, N)`` shift mask or None."""
-        bw, n, c = x.shape
-        heads, d = self.num_heads, self.head_dim
+        bw, n, _ = x.shape
         qkv_bias = (None if self.q_bias is None else
                     torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias]))
-        qkv = F.linear(x, self.qkv.weight, qkv_bias).view(bw, n, 3, heads, d)
+        qkv = F.linear(x, self.qkv.weight, qkv_bias).view(bw, n, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)               # (B * nW, heads, N, d)
         # scaled cosine logits: unit q times the clamped logit scale (one pass over q), unit k
         scale = self.logit_scale.clamp(max=LOGIT_SCALE_MAX).exp().to(q.dtype)  # (heads, 1, 1)
         norm = torch.linalg.vector_norm(q, dim=-1, keepdim=True).clamp_min(NORMALIZE_EPS)
         q = q * (scale / norm)
         k = F.normalize(k, dim=-1, eps=NORMALIZE_EPS)
-        if mask is not None:
-            # windows folded into the heads: one image's bias + mask broadcasts over the batch
-            nw = mask.shape[0]
-            q, k, v = (t.reshape(bw // nw, nw * heads, n, d)
-                       for t in (q, k, v))                           # (B, nW * heads, N, d)
         dropout_p = self.attn_drop if self.training else 0.0
-        out = attend(q, k, v, window_bias(self.position_bias(), mask), dropout_p, self.fused,
-                     scale=1.0)                                      # as q
-        out = out.reshape(bw, heads, n, d).transpose(1, 2)           # (B * nW, N, heads, d)
-        return self.proj_drop(self.proj(out.reshape(bw, n, c)))      # (B * nW, N, C)
+        out = window_attend(q, k, v, self.position_bias(), mask, dropout_p, self.fused,
+                            scale=1.0)                               # (B * nW, N, C)
+        return self.proj_drop(self.proj(out))
 
     def position_bias(self) -> Tensor:
         """The ``(1, heads, N, N)`` continuous position bias of one window."""

@@ -65,7 +65,8 @@ class ViTBackbone(PlainViTBackbone):
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads timm ViT / DeiT / MAE,
             SAM, timm ``samvit``, detectron2 ViTDet or our own checkpoints (format detected,
             ``weights_only=True``, strict with a report).
-        accel, fused_attn: removed (an error names the replacement).
+        removed: options removed with the CPU kernels (``accel``, ``fused_attn``): an error
+            names what replaces them.
     """
 
     ARCH = ViTArch

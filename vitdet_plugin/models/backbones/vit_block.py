@@ -99,8 +99,7 @@ class ViTAttention(Attention):
         if rope is not None:
             q, k = self.rotate(q, num_prefix, rope), self.rotate(k, num_prefix, rope)
             # q and k are new tensors now: a v of its own, so backward keeps (B', P + N, C)
-            # instead of the whole (B', P + N, 3C) projection alive (measured: EVA-02-B saved
-            # activations at 512 px 883 -> 811 MB; timm 809 MB)
+            # instead of the whole (B', P + N, 3C) projection alive (docs/speed.md)
             v = v.contiguous()
         if self.rel_pos_h is None or self.rel_pos_w is None:
             out = attend(q, k, v, None, self.dropout_p, self.fused, self.scale)

@@ -1,20 +1,13 @@
-"""Argument checks shared by the backbones: ints that stay ints.
-
-``int()`` would silently truncate ``1.7``, parse ``'2'`` and accept ``True``; these helpers
-refuse anything but an integral value, naming the argument and what was given.
-"""
+"""Constructor argument checks shared by the backbones: each error names the argument and
+what was given (ints stay ints, as :mod:`vitdet_plugin.functional.sizes` parses them)."""
 import numbers
 from typing import Mapping, Tuple
 
-from ...functional.sizes import ArgumentError, is_int, to_2tuple
-
-__all__ = ['ArgumentError', 'check_flag', 'check_flags', 'check_rate', 'check_rates', 'int_arg',
-           'int_tuple', 'positive_int', 'positive_number', 'refuse_removed', 'to_2tuple']
+from ...functional.sizes import ArgumentError, is_int
 
 
 def int_arg(value, name: str = 'value') -> int:
-    """``value`` as an int; floats, strings or bools (which ``int()`` would silently truncate
-    or parse) raise a ``ValueError`` naming what was given."""
+    """``value`` as an int; floats, strings or bools raise a ``ValueError``."""
     if not is_int(value):
         raise ArgumentError(f'{name} must be an int, got {value!r} ({type(value).__name__})')
     return int(value)
@@ -29,8 +22,8 @@ def positive_int(value, name: str = 'value', detail: str = '') -> int:
 
 
 def int_tuple(values, name: str = 'value') -> Tuple[int, ...]:
-    """An int or a sequence of ints as a tuple; floats, strings or bools (which ``int()``
-    would silently truncate or parse) raise a ``ValueError`` naming what was given."""
+    """An int or a sequence of ints as a tuple; floats, strings or bools raise a
+    ``ValueError``."""
     if is_int(values):
         return (int(values), )
     if isinstance(values, (str, bytes)) or not hasattr(values, '__iter__'):

@@ -1,0 +1,80 @@
+"""Two checkouts of the plugin, back to back: what a change costs on the CPU.
+
+Runs ``tools/benchmark.py`` of each checkout (its own ``vitdet_plugin`` first on the path) with
+the same arguments, alternating before / after for ``--rounds`` rounds, and prints ours' median
+forward and training-step seconds and saved activations per checkout, with ours / mmdet (or
+timm), which the reference models in the same process measure against the machine's load.
+
+    git archive main | tar -x -C /tmp/before
+    python tools/dev/bench/before_after.py /tmp/before . --rounds 2 -- --model swin \\
+        --sizes 512x512 --train-size 512x512 --processes 1
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List
+
+#: Columns of a benchmark row: timed (seconds per repeat) and memory (bytes saved for backward).
+COLUMNS = ('fwd', 'fwd+bwd', 'mem MB')
+
+
+def run_checkout(root: Path, args: List[str]) -> List[dict]:
+    """The rows of ``root``'s ``tools/benchmark.py args`` (``root`` first on ``PYTHONPATH``)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, 'rows.json')
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(root), str(root / 'tools'), os.environ.get('PYTHONPATH', '')]))
+        cmd = [sys.executable, str(root / 'tools' / 'benchmark.py'), *args, '--json', out]
+        subprocess.run(cmd, env=env, cwd=root, check=True)
+        with open(out) as f:
+            return json.load(f)['rows']
+
+
+def summary(rows: List[dict]) -> Dict[str, Dict[str, float]]:
+    """``{column: {model: median}}`` over every repeat of every row given (one size)."""
+    result: Dict[str, Dict[str, float]] = {}
+    for col in COLUMNS:
+        values: Dict[str, List[float]] = {}
+        for row in rows:
+            for model, v in (row.get(col) or {}).items():
+                values.setdefault(model, []).extend(v if isinstance(v, list) else [v])
+        result[col] = {m: statistics.median(v) for m, v in values.items()}
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('before', type=Path)
+    parser.add_argument('after', type=Path)
+    parser.add_argument('--rounds', type=int, default=2)
+    argv = sys.argv[1:]
+    cut = argv.index('--') if '--' in argv else len(argv)  # after --: tools/benchmark.py's
+    args, bench = parser.parse_args(argv[:cut]), argv[cut + 1:]
+    runs: Dict[str, List[dict]] = {'before': [], 'after': []}
+    for _ in range(args.rounds):
+        for name in runs:
+            runs[name] += run_checkout(getattr(args, name).resolve(), bench)
+    sizes = sorted({row['size'] for rows in runs.values() for row in rows})
+    for size in sizes:
+        print(f'size {size}')
+        for name, rows in runs.items():
+            s = summary([r for r in rows if r['size'] == size])
+            cells = []
+            for col in COLUMNS:
+                ours = s[col].get('ours')
+                if ours is None:
+                    continue
+                unit = 1 / 2 ** 20 if col == 'mem MB' else 1.0
+                refs = ', '.join(f'{ours / v:.2f}x {m}' for m, v in s[col].items()
+                                 if m != 'ours' and v)
+                cells.append(f'{col} {ours * unit:.3g} ({refs})')
+            print(f'  {name:>6}: ' + ' | '.join(cells))
+
+
+if __name__ == '__main__':
+    main()
