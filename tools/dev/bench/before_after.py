@@ -1,9 +1,10 @@
 """Two checkouts of the plugin, back to back: what a change costs on the CPU.
 
-Runs ``tools/benchmark.py`` of each checkout (its own ``vitdet_plugin`` first on the path) with
-the same arguments, alternating before / after for ``--rounds`` rounds, and prints ours' median
-forward and training-step seconds and saved activations per checkout, with ours / mmdet (or
-timm), which the reference models in the same process measure against the machine's load.
+Runs ``tools/benchmark.py`` of each checkout (``--same-process``, its own ``vitdet_plugin``
+first on ``sys.path``, ahead of an installed one) with the same arguments, alternating before /
+after for ``--rounds`` rounds, and prints ours' median forward and training-step seconds and
+saved activations per checkout, with ours / mmdet (or timm): the reference models in the same
+process measure the machine's load.
 
     git archive main | tar -x -C /tmp/before
     python tools/dev/bench/before_after.py /tmp/before . --rounds 2 -- --model swin \\
@@ -21,16 +22,20 @@ from typing import Dict, List
 
 #: Columns of a benchmark row: timed (seconds per repeat) and memory (bytes saved for backward).
 COLUMNS = ('fwd', 'fwd+bwd', 'mem MB')
+#: Runs ``argv[2:]`` as ``ROOT/tools/benchmark.py`` with ROOT (``argv[1]``) first on the path: an
+#: editable install's ``.pth`` would otherwise win over ``PYTHONPATH``.
+BOOTSTRAP = ('import runpy, sys; root = sys.argv.pop(1); sys.path[:0] = [root, root + "/tools"]; '
+             'import vitdet_plugin; assert vitdet_plugin.__file__.startswith(root), '
+             'vitdet_plugin.__file__; sys.argv[0] = root + "/tools/benchmark.py"; '
+             'runpy.run_path(sys.argv[0], run_name="__main__")')
 
 
 def run_checkout(root: Path, args: List[str]) -> List[dict]:
-    """The rows of ``root``'s ``tools/benchmark.py args`` (``root`` first on ``PYTHONPATH``)."""
+    """The rows of ``root``'s ``tools/benchmark.py args --same-process``."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, 'rows.json')
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [str(root), str(root / 'tools'), os.environ.get('PYTHONPATH', '')]))
-        cmd = [sys.executable, str(root / 'tools' / 'benchmark.py'), *args, '--json', out]
-        subprocess.run(cmd, env=env, cwd=root, check=True)
+        cmd = [sys.executable, '-c', BOOTSTRAP, str(root), *args, '--same-process', '--json', out]
+        subprocess.run(cmd, cwd=root, check=True)
         with open(out) as f:
             return json.load(f)['rows']
 
