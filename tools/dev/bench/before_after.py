@@ -74,10 +74,9 @@ def main() -> None:
                 ours = s[col].get('ours')
                 if ours is None:
                     continue
-                unit = 1 / 2 ** 20 if col == 'mem MB' else 1.0
                 refs = ', '.join(f'{ours / v:.2f}x {m}' for m, v in s[col].items()
                                  if m != 'ours' and v)
-                cells.append(f'{col} {ours * unit:.3g} ({refs})')
+                cells.append(f'{col} {ours:.3g} ({refs})')
             print(f'  {name:>6}: ' + ' | '.join(cells))
 
 

@@ -5,7 +5,7 @@ relative-position bias and shift mask, the ViT its decomposed relative positions
 runs; :func:`eager_attention` switches every attention module to the explicit formula.
 """
 from contextlib import contextmanager
-from typing import Iterator, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 from torch import Tensor, nn
 
@@ -83,7 +83,8 @@ def eager_attention(model: nn.Module) -> Iterator[nn.Module]:
     """Run ``model`` with the explicit attention formula instead of SDPA, then restore it: the
     one kernel switch, for every attention module of ours (each calls :func:`attend` with its
     ``fused`` flag). ONNX export and FLOP counting use it."""
-    saved = [(m, m.fused) for m in model.modules() if isinstance(getattr(m, 'fused', None), bool)]
+    modules: List[Any] = list(model.modules())
+    saved = [(m, m.fused) for m in modules if isinstance(getattr(m, 'fused', None), bool)]
     for m, _ in saved:
         m.fused = False
     try:
