@@ -100,7 +100,7 @@ def test_swin_detector_trains_and_validates_under_fsdp2_on_two_ranks(tmp_path):
     for res in ranks:
         assert res['wrapper'] == 'FSDP2Wrapper'
         assert res['param_types'] == ['DTensor']
-        assert 'SwinBlock' in res['sharded'], res['sharded']
+        assert res['sharded'] == ['FSDPRetinaNet', 'FSDPSwinBlock'], res['sharded']
         assert len(res['losses']) == TRAIN_ITERS and all(map(math.isfinite, res['losses']))
         assert len(res['metrics']) == 1, res['metrics']  # the end-of-training validation
         assert math.isfinite(res['metrics'][0][METRIC]), res['metrics']
