@@ -15,7 +15,7 @@ from typing import Iterator, List, Optional, Set
 
 PACKAGE = 'vitdet_plugin'
 #: Rooms left out of a model's reading set (the issue's method).
-DEFAULT_EXCLUDE = ('weights', 'checks', 'ops', 'engine', 'compat.py', 'config')
+DEFAULT_EXCLUDE = ('weights', 'checks', 'ops', 'engine', 'compat', 'config')
 
 
 def module_file(root: Path, dotted: str) -> Optional[Path]:
@@ -28,10 +28,8 @@ def module_file(root: Path, dotted: str) -> Optional[Path]:
 
 
 def imported_files(root: Path, path: Path) -> Iterator[Path]:
-    """Package files named by the imports of ``path`` (a package's ``__init__`` on the way in)."""
-    package = path.relative_to(root).with_suffix('').parts[:-1]
-    if path.name != '__init__.py':
-        package = path.relative_to(root).parts[:-1]
+    """Package files named by the imports of ``path``."""
+    package = path.relative_to(root).parts[:-1]  # what a relative import of level 1 names
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         names: List[str] = []
         if isinstance(node, ast.Import):
@@ -50,7 +48,7 @@ def closure(root: Path, starts: List[Path], exclude: Set[str]) -> Set[Path]:
     """Every package file reachable from ``starts``, minus the excluded rooms."""
     def excluded(p: Path) -> bool:
         rel = p.relative_to(root / PACKAGE).parts
-        return rel[0] in exclude
+        return Path(rel[0]).stem in exclude  # a package or a module
     seen: Set[Path] = set()
     todo = [p.resolve() for p in starts]
     while todo:
