@@ -91,7 +91,8 @@ def test_the_graph_is_read_correctly():
     assert 'vitdet_plugin.functional' in graph['vitdet_plugin.weights.swin']
     assert 'vitdet_plugin.functional.checkpoint_target' in graph[
         'vitdet_plugin.models.backbones.swin']
-    assert 'vitdet_plugin.models.layers.swin_block' in graph['vitdet_plugin.models.backbones.swin']
+    swin = graph['vitdet_plugin.models.backbones.swin']
+    assert 'vitdet_plugin.models.backbones.swin_block' in swin
     assert 'vitdet_plugin.functional.checkpoint_target' in graph['vitdet_plugin.weights.layouts']
     assert 'vitdet_plugin.weights.checkpoint_io' in graph['vitdet_plugin.compat']
 

@@ -25,7 +25,7 @@ def _ours(**kw):
 def _official_from(model: SwinBackbone, buffers: bool = True) -> dict:
     """What microsoft/Swin-Transformer saves for these weights: ``{'model': sd}`` with the
     index / mask buffers, the final norm and the classification head, no output norms."""
-    from vitdet_plugin.models.layers import relative_position_index, shifted_window_mask
+    from vitdet_plugin.functional import relative_position_index, shifted_window_mask
     sd = {k: v.clone() for k, v in model.state_dict().items() if not re.match(r'norm\d', k)}
     for i, stage in enumerate(model.layers if buffers else []):
         for j, blk in enumerate(stage.blocks):
@@ -415,7 +415,7 @@ def test_official_rectangular_window_is_read_from_its_index_buffer(caplog):
     a (5, 7) checkpoint loads into a (7, 5) model resized (not verbatim), no argument needed,
     and a contradicting src_window_size is refused."""
     arch = dict(embed_dims=32, depths=(2, 2), num_heads=(2, 4))
-    from vitdet_plugin.models.layers import relative_position_index
+    from vitdet_plugin.functional import relative_position_index
     src = randomize_(SwinBackbone(arch=arch, window_size=(5, 7), out_indices=(0, 1)))
     ckpt = _official_from(src, buffers=False)
     for k in [k for k in ckpt['model'] if k.endswith('relative_position_bias_table')]:

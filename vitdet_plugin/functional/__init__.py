@@ -1,8 +1,8 @@
 """Pure functions: windowing, shift masks, window sizes, relative positions, grid resizing.
 
 A leaf of the package: it imports nothing of ours, so the weight converters (``weights/``) and
-the models (``models/``) can both use it without importing each other (``tests/
-test_import_graph.py`` keeps it that way). Caches here hold only what depends on sizes alone
+the models (``models/``) can both use it without importing each other (the import-graph test
+keeps it that way). Caches here hold only what depends on sizes alone
 (see :mod:`.size_cache`).
 """
 from .attention import attend
@@ -17,7 +17,7 @@ from .size_cache import SizeCache, builds_cache
 from .sizes import ArgumentError, stage_windows, to_2tuple, window_pair
 from .symbolic import known_equal, known_zero
 from .window import (MASKED_LOGIT, WindowGrid, from_windows, pad_to_multiple, padded_size,
-                     shifted_window_mask, to_windows, window_bias, window_partition,
+                     shifted_window_mask, to_windows, window_attend, window_partition,
                      window_reverse)
 
 __all__ = [
@@ -29,5 +29,5 @@ __all__ = [
     'rope_frequencies', 'rope_tables',
     'ArgumentError', 'stage_windows', 'to_2tuple', 'window_pair', 'known_equal', 'known_zero',
     'MASKED_LOGIT', 'WindowGrid', 'from_windows', 'pad_to_multiple', 'padded_size',
-    'shifted_window_mask', 'to_windows', 'window_bias', 'window_partition', 'window_reverse',
+    'shifted_window_mask', 'to_windows', 'window_attend', 'window_partition', 'window_reverse',
 ]

@@ -1,10 +1,6 @@
-"""Bounded caches of tensors that depend on sizes alone (window masks, one-hot position keys).
-
-Nothing cached here is derived from weights, so an entry can never go stale: it is a function
-of its key ``(sizes..., device, dtype)``. Entries are kept least-recently-used first and the
-cache holds at most ``maxsize`` of them, so a multi-scale training loop or a COCO evaluation
-(a new image size every image) cannot grow it without bound.
-"""
+"""Bounded caches of tensors that depend on sizes alone (window masks, one-hot position keys):
+an entry, a function of its key ``(sizes..., device, dtype)``, never goes stale; least recently
+used entries go first, so a new image size every image cannot grow a cache without bound."""
 import functools
 from collections import OrderedDict
 from typing import Callable, Generic, Hashable, TypeVar

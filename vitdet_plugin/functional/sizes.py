@@ -1,10 +1,6 @@
-"""Size arguments: ints that stay ints, ``(h, w)`` pairs and window sizes.
-
-``int()`` would silently truncate ``1.7``, parse ``'2'`` and accept ``True``; these parsers
-refuse anything but integral values, naming the argument and what was given. Window sizes are
-parsed here once for every backbone and weight converter (:func:`window_pair`,
-:func:`stage_windows`).
-"""
+"""Size arguments, parsed once for every backbone and weight converter: ``(h, w)`` pairs and
+window sizes of ints that stay ints (``int()`` would truncate ``1.7``, parse ``'2'`` and accept
+``True``); errors name the argument and what was given."""
 import numbers
 from typing import List, Optional, Sequence, Tuple, Union
 

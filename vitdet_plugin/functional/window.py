@@ -1,14 +1,12 @@
-"""The window flow of window attention (Swin V1, V2, ViT): pad, shift, partition and back.
-
-:func:`to_windows` / :func:`from_windows` are the one implementation every model's plain path
-uses (the ViT with no shift); :func:`shifted_window_mask` is the one (cached) shift mask.
-"""
+"""The one window flow of window attention (Swin V1, V2, ViT): pad, shift, partition
+(:func:`to_windows`), attend (:func:`window_attend`) and back (:func:`from_windows`)."""
 from typing import NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .attention import attend
 from .size_cache import SizeCache
 from .symbolic import SizeLike, known_zero
 
@@ -127,13 +125,9 @@ class WindowGrid(NamedTuple):
 
 def to_windows(x: Tensor, window_size: Tuple[int, int],
                shift_size: Tuple[int, int] = (0, 0)) -> Tuple[Tensor, WindowGrid]:
-    """The one window flow: zero-pad at the bottom/right to whole windows, roll by
-    ``-shift_size`` (when non-zero), partition.
-
-    ``(B, H, W, C)`` -> windows ``(B * nW, wh * ww, C)`` and the :class:`WindowGrid` that
-    :func:`from_windows` reverses. Detection semantics: a shifted grid always shifts, also
-    when the map is a single window.
-    """
+    """``(B, H, W, C)`` -> windows ``(B * nW, wh * ww, C)`` and their :class:`WindowGrid`:
+    zero-pad at the bottom/right to whole windows, roll by ``-shift_size``, partition. Detection
+    semantics: a shifted grid always shifts, also when the map is a single window."""
     h, w = x.shape[1:3]
     x = pad_to_multiple(x, window_size)                             # (B, Hp, Wp, C)
     hp, wp = x.shape[1:3]
@@ -144,24 +138,24 @@ def to_windows(x: Tensor, window_size: Tuple[int, int],
 
 
 def from_windows(windows: Tensor, grid: WindowGrid) -> Tensor:
-    """Inverse of :func:`to_windows`: reverse the partition, roll back, crop.
-
-    ``(B * nW, wh * ww, C)`` -> ``(B, H, W, C)`` (a view of the padded map when it was padded).
-    """
+    """Inverse of :func:`to_windows`: ``(B * nW, wh * ww, C)`` -> ``(B, H, W, C)`` (a view of
+    the padded map when it was padded)."""
     x = window_reverse(windows, grid.window, grid.padded)           # (B, Hp, Wp, C)
     if any(grid.shift):
         x = torch.roll(x, grid.shift, dims=(1, 2))
     return x[:, :grid.size[0], :grid.size[1]]                       # (B, H, W, C)
 
 
-def window_bias(bias: Tensor, mask: Optional[Tensor]) -> Tensor:
-    """The ``attn_mask`` of (shifted) window attention.
-
-    ``bias``: ``(1, heads, N, N)``; ``mask``: ``(nW, N, N)`` shift mask or None. With a mask,
-    the windows are folded into the head dim (queries ``(B, nW * heads, N, d)``) and the result
-    is ``(1, nW * heads, N, N)``: one image's worth, broadcast over the batch.
-    """
-    if mask is None:
-        return bias
-    nw, n = mask.shape[0], mask.shape[-1]
-    return (bias + mask.unsqueeze(1)).reshape(1, nw * bias.shape[1], n, n)
+def window_attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Optional[Tensor],
+                  dropout_p: float, fused: bool, scale: Optional[float]) -> Tensor:
+    """Attention inside windows: ``q``, ``k``, ``v`` ``(B * nW, heads, N, d)``, ``bias`` the
+    ``(1, heads, N, N)`` bias of one window, ``mask`` the ``(nW, N, N)`` shift mask or None ->
+    ``(B * nW, N, heads * d)``. With a mask the windows are folded into the heads, so one
+    image's bias + mask ``(1, nW * heads, N, N)`` broadcasts over the batch."""
+    bw, heads, n, d = q.shape
+    if mask is not None:
+        nw = mask.shape[0]
+        q, k, v = (t.reshape(bw // nw, nw * heads, n, d) for t in (q, k, v))  # (B, nW*heads, N, d)
+        bias = (bias + mask.unsqueeze(1)).reshape(1, nw * heads, n, n)
+    out = attend(q, k, v, bias, dropout_p, fused, scale)                     # as q
+    return out.reshape(bw, heads, n, d).transpose(1, 2).reshape(bw, n, heads * d)

@@ -22,10 +22,9 @@ from torch import Tensor, nn
 
 from . import VisualizeError
 from ..functional import decomposed_rel_pos_bias
-from ..models.layers.swin_block import WindowAttention
+from ..models.backbones.swin_block import WindowAttention
+from ..models.backbones.swin_v2_block import LOGIT_SCALE_MAX, CosineWindowAttention
 from ..models.backbones.vit_block import ViTAttention
-from ..models.layers.cosine_window_attention import (LOGIT_SCALE_MAX,
-                                                                 CosineWindowAttention)
 
 
 # ----------------------------------------------------------------------------- structure
@@ -161,7 +160,7 @@ def run_backbone(backbone: Any, inputs: Tensor,
     missing = sorted(set(watch) - set(calls))
     if missing:
         raise RuntimeError(f'the forward never called {missing}: the backbone took a path '
-                           'that bypasses these modules (build it with accel=\'off\')')
+                           'that bypasses these modules')
     if isinstance(outs, Tensor):
         outs = (outs,)
     return tuple(outs), calls

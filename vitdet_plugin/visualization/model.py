@@ -1,12 +1,11 @@
 """The detector of a config, its weights, and the input its backbone sees.
 
-The model is built from the config with the backbone's plain path (``accel='off'``); a
+The model is built from the config (every backbone has one forward, so the hooks fire); a
 checkpoint, when given, is loaded strictly through :mod:`vitdet_plugin.weights` (safe
 ``weights_only`` loading). The input is either an image run through the config's test pipeline
 and the detector's data preprocessor (what the detector sees at test time), or a zero image of
 a given size padded like the preprocessor pads it.
 """
-import inspect
 import os.path as osp
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
@@ -65,15 +64,6 @@ class ModelInput:
         return int(self.inputs.shape[-2]), int(self.inputs.shape[-1])
 
 
-def _accepts_argument(type_name: Any, argument: str) -> bool:
-    from mmdet.registry import MODELS
-
-    cls = type_name if isinstance(type_name, type) else MODELS.get(type_name)
-    if cls is None:
-        return False
-    return argument in inspect.signature(cls).parameters
-
-
 def build_detector(config: str, checkpoint: Optional[str] = None,
                    cfg_options: Optional[dict] = None) -> Detector:
     """The config's detector in eval mode on the CPU, with ``checkpoint`` loaded if given."""
@@ -83,11 +73,6 @@ def build_detector(config: str, checkpoint: Optional[str] = None,
     backbone_cfg = cfg.model.get('backbone')
     if backbone_cfg is None:
         raise VisualizeError(f'{config}: the model has no backbone to look inside')
-    # The plain path, so that the hooks fire: on the CPU, accel='auto' runs Swin inference
-    # (eval, no grad) through a chunked kernel (models/backbones/swin_inference.py) that never
-    # calls SwinBlock.forward or its attention module. 'off' computes the same outputs.
-    if _accepts_argument(backbone_cfg.get('type'), 'accel'):
-        backbone_cfg.accel = 'off'
     model = MODELS.build(cfg.model).eval()
     if checkpoint is not None:
         if not osp.isfile(checkpoint):

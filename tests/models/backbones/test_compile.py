@@ -22,8 +22,7 @@ from helpers import REPO_ROOT, max_rel_err, randomize_
 from torch import Tensor, nn
 
 import vitdet_plugin  # noqa: F401
-from vitdet_plugin.models.backbones import SwinBackbone, SwinV2Backbone, ViTBackbone, swin_inference
-from vitdet_plugin.models.layers import mlp as mlp_module
+from vitdet_plugin.models.backbones import SwinBackbone, SwinV2Backbone, ViTBackbone
 from vitdet_plugin.models.necks import ViTSimpleFPN
 
 #: fp32: compiled vs eager outputs and gradients, max |a - b| / max |b| (the issue's bound).
@@ -214,92 +213,6 @@ def test_inductor_training_step_matches_eager(name):
     if apart:
         _, exact = _run(copy.deepcopy(model).double(), x.double(), True, False)
         _assert_as_close_as_eager(grads, ref_grads, exact, FP32_TOL, 'gradient', only=apart)
-
-
-def _record_cpu_kernels(monkeypatch) -> List[str]:
-    """Names of the CPU kernels reached from now on ('chunked', 'gelu'), in call order."""
-    calls: List[str] = []
-
-    def record(name: str, real: Callable) -> Callable:
-        def wrapper(*args, **kwargs):
-            calls.append(name)
-            return real(*args, **kwargs)
-        return wrapper
-
-    monkeypatch.setattr(swin_inference, '_stage_', record('chunked', swin_inference._stage_))
-    monkeypatch.setattr(mlp_module, 'gelu_linear', record('gelu', mlp_module.gelu_linear))
-    return calls
-
-
-def _graph_ops(gm: torch.fx.GraphModule) -> List[str]:
-    return [str(n.target) for n in gm.graph.nodes if n.op == 'call_function']
-
-
-def test_compile_keeps_the_gelu_kernel_and_export_takes_the_plain_path(monkeypatch):
-    """Eager CPU forwards use the CPU kernels; a compiled training forward keeps the GELU
-    recompute as a custom op in its graphs (forward and backward, one per block), a compiled
-    inference forward has no custom op (no chunked loop), and torch.export holds standard ops
-    only (the plain path)."""
-    calls = _record_cpu_kernels(monkeypatch)
-    model = _model('swin', False)
-    x = torch.randn(BATCH, 3, *SIZE)
-    for training in (False, True):
-        _run(model.train(training), x, training, False)
-    assert set(calls) == {'chunked', 'gelu'}, calls  # eager: the CPU kernels
-    blocks = sum(model.depths)
-
-    graphs: List[torch.fx.GraphModule] = []
-
-    def keep(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        graphs.append(gm)
-        return make_boxed_func(gm.forward)
-
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
-    for training in (False, True):
-        graphs.clear()
-        torch._dynamo.reset()
-        backend = aot_autograd(fw_compiler=keep, bw_compiler=keep)
-        _run(torch.compile(model.train(training), backend=backend, fullgraph=True), x,
-             training, False)
-        ops = [op for gm in graphs for op in _graph_ops(gm)]
-        if not training:
-            assert not any('vitdet_plugin' in op for op in ops), ops
-            continue
-        assert len(graphs) == 2  # forward and backward: one graph each, no break
-        fwd, bwd = _graph_ops(graphs[0]), _graph_ops(graphs[1])
-        assert fwd.count('vitdet_plugin.gelu_linear.default') == blocks
-        assert bwd.count('vitdet_plugin.gelu_linear_backward.default') == blocks
-    calls.clear()
-    exported = torch.export.export(model.train(True), (x,))
-    ops = _graph_ops(exported.graph_module)
-    assert calls == [] and not any('vitdet_plugin' in op for op in ops), ops
-
-
-def test_kernel_choice_under_compile_export_and_tracing():
-    """The chunked inference stays off under torch.compile, export and tracing; the GELU
-    kernel stays on under torch.compile only (exported graphs hold standard ops)."""
-    mlp = mlp_module.Mlp(4, 8)
-
-    def flags(t: Tensor) -> Tensor:
-        return t + torch.tensor([float(swin_inference.chunked_inference_applies(t)),
-                                 float(mlp._recomputes_gelu(t)),
-                                 float(mlp_module.exporting_graph())])
-
-    y = torch.zeros(1, 3)
-    assert flags(y).tolist() == [[0, 1, 0]]  # eager, grad enabled
-    with torch.no_grad():
-        assert flags(y).tolist() == [[1, 0, 0]]
-        assert torch.compile(flags, backend='eager', fullgraph=True)(y).tolist() == [[0, 0, 0]]
-    torch._dynamo.reset()
-    assert torch.compile(flags, backend='eager', fullgraph=True)(y).tolist() == [[0, 1, 0]]
-    assert torch.jit.trace(flags, y, check_trace=False)(y).tolist() == [[0, 0, 1]]
-
-    class Flags(nn.Module):
-        def forward(self, t: Tensor) -> Tensor:
-            return flags(t)
-
-    assert torch.export.export(Flags(), (y,)).module()(y).tolist() == [[0, 0, 1]]
 
 
 @pytest.fixture(scope='module')

@@ -70,12 +70,9 @@ TINY: Dict[str, Dict[str, dict]] = {
     },
 }
 #: Arguments the ViT families take in another form: their qkv bias is a mode (None: the
-#: arch's), they take no accel argument (their MLPs always recompute GELU in CPU training).
-#: BAD_ARGUMENTS key ->
-#: the families' bad value and expected error.
+#: arch's). BAD_ARGUMENTS key -> the families' bad value and expected error.
 FAMILY_ARGUMENTS = {
     'qkv_bias': (dict(qkv_bias=True), r"qkv_bias=True is not one of \['qkv', 'qv', 'none'\]"),
-    'accel': (dict(accel='fast'), r"got an unexpected keyword argument 'accel'"),
 }
 FAMILIES = ('DINOv2Backbone', 'DINOv3Backbone', 'EVA02Backbone')
 #: Necks: registered name -> kwargs (``in_channels``, ``in_stride``: the map it takes).
@@ -239,9 +236,13 @@ BAD_ARGUMENTS = [
     (dict(patch_size=0), r'patch_size must be a positive int'),
     (dict(mlp_ratio=0), r'mlp_ratio must be positive'),
     (dict(with_cp='yes'), r"with_cp must be True or False, got 'yes'"),
-    (dict(fused_attn=1), r'fused_attn must be True or False, got 1'),
+    (dict(fused_attn=True), r'fused_attn=\.\.\.\) was removed: attention always runs '
+                            r'F\.scaled_dot_product_attention; .*eager_attention\(model\)'),
     (dict(qkv_bias=None), r'qkv_bias must be True or False, got None'),
-    (dict(accel='fast'), r"accel='fast' is not supported; choose one of \['auto', 'off'\]"),
+    (dict(accel='auto'), r'accel=\.\.\.\) was removed: .* export the detector to ONNX .*'
+                         r'\(docs/deploy\.md: tools/export_onnx\.py, then tools/infer\.py '
+                         r'--backend onnxruntime\); delete accel from the config'),
+    (dict(bogus=1), r"__init__\(\) got an unexpected keyword argument 'bogus'"),
     (dict(arch='nonexistent'), r"unknown .* arch 'nonexistent'; choose one of"),
     (dict(arch=dict(bogus=1)), r"arch dict has unknown keys \['bogus'\]"),
     (dict(arch=7), r'arch must be a preset name, a dict or None, got int'),

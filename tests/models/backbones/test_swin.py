@@ -9,8 +9,9 @@ from torch import nn
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.models.backbones.base import load_pretrained
-from vitdet_plugin.models.backbones.swin import SWIN_ARCHS, SwinBackbone
-from vitdet_plugin.models.layers import eager_attention, set_recompute_gelu
+from vitdet_plugin.models.backbones.swin import SwinBackbone
+from vitdet_plugin.models.backbones.swin_archs import SwinArch
+from vitdet_plugin.models.layers import eager_attention
 from vitdet_plugin.weights.swin import swin_to_mmdet
 
 SMALL = dict(arch=dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(2, 2, 4, 4)))
@@ -21,13 +22,13 @@ def _expected_shapes(model, h, w, batch=1):
             for c, s in zip(model.out_channels, model.out_strides)]
 
 
-@pytest.mark.parametrize('arch', sorted(SWIN_ARCHS))
+@pytest.mark.parametrize('arch', sorted(SwinArch.PRESETS))
 @pytest.mark.parametrize('hw', [(224, 224), (513, 769), (800, 1216), (97, 131)])
 def test_preset_shapes_follow_contract(arch, hw):
     with torch.device('meta'):
         model = SwinBackbone(arch=arch, drop_path_rate=0.0).eval()
         outs = model(torch.empty(1, 3, *hw))
-    spec = SWIN_ARCHS[arch]
+    spec = SwinArch.PRESETS[arch]
     c = spec['embed_dims']
     assert model.out_channels == (c, 2 * c, 4 * c, 8 * c)
     assert model.out_strides == (4, 8, 16, 32)
@@ -239,7 +240,7 @@ def test_size_caches_hold_no_autograd_history(mode):
     forward at the same size reuses them."""
     from vitdet_plugin.functional import window
     window._SHIFT_MASKS.clear()
-    model = randomize_(SwinBackbone(**SMALL, accel='off')).eval()
+    model = randomize_(SwinBackbone(**SMALL)).eval()
     ctx = torch.no_grad() if mode == 'no_grad' else torch.inference_mode()
     with ctx:
         model(torch.randn(1, 3, 64, 96))
@@ -322,7 +323,6 @@ def test_training_fused_and_eager_agree_in_outputs_and_grads():
     b = randomize_(SwinBackbone(**SMALL, drop_path_rate=0.0, window_size=(5, 7))).train()
     x = torch.randn(2, 3, 93, 141)
     outs_a = a(x)
-    set_recompute_gelu(b, False)  # plain autograd MLP as the reference
     with eager_attention(b):
         outs_b = b(x)
     assert_close_rel(outs_a, outs_b, tol=1e-5)

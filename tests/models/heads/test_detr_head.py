@@ -13,11 +13,7 @@ from mmengine.structures import InstanceData
 import vitdet_plugin  # noqa: F401  (registers our modules)
 from helpers import REPO_ROOT
 from vitdet_plugin.models.heads import SdpaDETRHead, SetCriterion
-from vitdet_plugin.models.layers import (
-    MultiheadCrossAttention,
-    eager_attention,
-    set_fused_attention,
-)
+from vitdet_plugin.models.layers import MultiheadCrossAttention, eager_attention
 
 REPO = str(REPO_ROOT)
 NUM_CLASSES = 5
@@ -175,7 +171,6 @@ def test_fused_matches_eager_attention():
             eager = head(feats, metas)
     assert all(m.fused for m in head.modules() if isinstance(m, MultiheadCrossAttention))
     torch.testing.assert_close(fused.all_bbox_preds, eager.all_bbox_preds, rtol=1e-4, atol=1e-5)
-    set_fused_attention(head, True)
 
 
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])

@@ -1,9 +1,9 @@
 """Backbones; each declares the :class:`BackboneContract` (outputs, layer ids, no-decay names)."""
-from .archs import SwinArch
 from .base import ArchSpec, BackboneContract, check_contract
 from .plain_vit import DINOv2Backbone, DINOv3Backbone, EVA02Backbone, PlainViTBackbone
 from .swin import SwinBackbone
-from .swin_v2 import SwinV2Arch, SwinV2Backbone
+from .swin_archs import SwinArch, SwinV2Arch
+from .swin_v2 import SwinV2Backbone
 from .vit import ViTBackbone
 from .vit_archs import PlainViTArch, ViTArch
 

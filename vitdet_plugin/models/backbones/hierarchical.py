@@ -1,19 +1,10 @@
-"""The hierarchical window backbone that Swin V1 and V2 share.
-
-:class:`WindowBackbone` owns what does not depend on the block: the argument checks, the patch
-embedding (optional convolutional stem and absolute position embedding), the stage loop with
-patch merging between stages, a norm per output, layer ids, freezing, ``with_cp`` and the
-``accel`` switch. A subclass gives its block (:meth:`WindowBackbone.make_block`), its patch
-merging (:meth:`WindowBackbone.make_merge`), its arch spec and its weight loader.
-``accel='off'`` switches the MLPs' CPU GELU recompute off (:class:`~..layers.Mlp`).
-
-Parameter names follow the official Microsoft layout: ``patch_embed.*``,
-``absolute_pos_embed``, ``layers.{i}.blocks.{j}.*``, ``layers.{i}.downsample.*`` (at the end of
-stage ``i``) and ``norm{i}`` per output.
-"""
+"""The hierarchical window backbone that Swin V1 and V2 share: the patch embedding (optional
+conv stem and absolute position embedding), the stage loop with patch merging between stages, a
+norm per output (official names: ``layers.{i}.blocks.{j}``, ``layers.{i}.downsample``,
+``norm{i}``), layer ids, freezing and ``with_cp``. A subclass passes its block and merging
+factories."""
 import re
-import warnings
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -21,22 +12,23 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch import Tensor, nn
 
-from ..layers.arguments import (check_accel, check_flags, check_rates, int_tuple, positive_int,
-                               positive_number, to_2tuple)
-from ..layers.attention import set_fused_attention
+from ...functional.sizes import to_2tuple
+from ..layers.arguments import check_flags, check_rates, int_tuple, positive_int
 from ..layers.conv_stem import ConvStem
-from ..layers.mlp import linear_drop_path_rates, set_recompute_gelu
+from ..layers.mlp import linear_drop_path_rates
 from ..layers.patch_embed import PatchEmbed
-from .archs import SwinArch
 from .base import BackboneContract, run_blocks
+from .swin_archs import SwinArch
+
+#: ``block(stage, index, dim, num_heads, drop_path)``: block ``index`` of stage ``stage``,
+#: ``(B, H, W, dim)`` -> the same.
+BlockFactory = Callable[[int, int, int, int, float], nn.Module]
+#: ``merge(dim)``: the patch merging at the end of a stage of ``dim`` channels.
+MergeFactory = Callable[[int], nn.Module]
 
 
 class WindowStage(nn.Module):
-    """A stage: its blocks in turn, then optional patch merging.
-
-    ``blocks`` and ``downsample`` keep the official names (``layers.{i}.blocks.{j}``,
-    ``layers.{i}.downsample``); the stage itself has no parameters.
-    """
+    """A stage: its blocks in turn, then optional patch merging (no parameters of its own)."""
 
     def __init__(self, blocks: Sequence[nn.Module], downsample: Optional[nn.Module],
                  with_cp: bool) -> None:
@@ -52,31 +44,15 @@ class WindowStage(nn.Module):
 
 
 class WindowBackbone(BackboneContract, BaseModule):
-    """Patch embedding, stages of window blocks, a norm per output: see the module docstring.
+    """Patch embedding, stages of ``block`` s with ``merge`` between them, a norm per output;
+    the other arguments are documented at :class:`~.swin.SwinBackbone`."""
 
-    A subclass sets what :meth:`make_block` / :meth:`make_merge` read, then calls this
-    constructor with its resolved arch spec and the common arguments (documented at
-    :class:`~.swin.SwinBackbone`).
-    """
-
-    depths: Tuple[int, ...]
-    out_indices: Tuple[int, ...]
-    frozen_stages: int
-    accel: str
-    use_abs_pos_embed: bool
-    absolute_pos_embed: nn.Parameter
-    patch_embed: PatchEmbed
-    drop_after_pos: nn.Module
-    layers: nn.ModuleList
-
-    def __init__(self, spec: SwinArch, *, in_channels: int, patch_size: int,
-                 out_indices: Sequence[int], frozen_stages: int, mlp_ratio: float,
-                 drop_rate: float, attn_drop_rate: float, drop_path_rate: float,
-                 patch_norm: bool, norm_eval: bool, with_cp: bool, fused_attn: bool,
-                 accel: str, norm_cfg: Optional[dict], stem_channels: Sequence[int] = (),
+    def __init__(self, spec: SwinArch, block: BlockFactory, merge: MergeFactory, *,
+                 in_channels: int, patch_size: int, out_indices: Sequence[int],
+                 frozen_stages: int, drop_rate: float, drop_path_rate: float, patch_norm: bool,
+                 norm_eval: bool, with_cp: bool, norm_cfg: dict, stem_channels: Sequence[int] = (),
                  stem_norm_cfg: Optional[dict] = None, use_abs_pos_embed: bool = False,
-                 pretrain_img_size: object = 224, init_cfg: Optional[dict] = None,
-                 **flags: bool) -> None:
+                 pretrain_img_size: object = 224, init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
         self.embed_dims, self.depths, self.num_heads = spec.embed_dims, spec.depths, spec.num_heads
         num_stages = len(self.depths)
@@ -90,15 +66,11 @@ class WindowBackbone(BackboneContract, BaseModule):
         if not -1 <= frozen_stages <= num_stages:
             raise ValueError(f'frozen_stages={frozen_stages} must be in -1..{num_stages} '
                              '(-1: train all, 0: patch embedding, k: also the first k stages)')
-        positive_number(mlp_ratio, 'mlp_ratio')
-        check_rates(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
-                    drop_path_rate=drop_path_rate)
-        check_flags(**flags, use_abs_pos_embed=use_abs_pos_embed, patch_norm=patch_norm,
-                    norm_eval=norm_eval, with_cp=with_cp, fused_attn=fused_attn)
-        self.accel = check_accel(accel)
+        check_rates(drop_rate=drop_rate, drop_path_rate=drop_path_rate)
+        check_flags(use_abs_pos_embed=use_abs_pos_embed, patch_norm=patch_norm,
+                    norm_eval=norm_eval, with_cp=with_cp)
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
-        norm_cfg = norm_cfg or dict(type='LN')
 
         stem = ConvStem(in_channels, stem_channels, stem_norm_cfg) if len(stem_channels) else None
         patch_norm_layer = build_norm_layer(norm_cfg, self.embed_dims)[1] if patch_norm else None
@@ -115,10 +87,10 @@ class WindowBackbone(BackboneContract, BaseModule):
         self.layers = nn.ModuleList()
         for i, depth in enumerate(self.depths):
             start = sum(self.depths[:i])
-            blocks = [self.make_block(i, j, dims[i], self.num_heads[i], rates[start + j])
+            blocks = [block(i, j, dims[i], self.num_heads[i], rates[start + j])
                       for j in range(depth)]
-            merge = self.make_merge(dims[i], norm_cfg) if i < num_stages - 1 else None
-            self.layers.append(WindowStage(blocks, merge, with_cp))
+            downsample = merge(dims[i]) if i < num_stages - 1 else None
+            self.layers.append(WindowStage(blocks, downsample, with_cp))
         for i in self.out_indices:
             self.add_module(f'norm{i}', build_norm_layer(norm_cfg, dims[i])[1])
 
@@ -126,13 +98,6 @@ class WindowBackbone(BackboneContract, BaseModule):
         self.out_channels = tuple(dims[i] for i in self.out_indices)
         self.out_strides = tuple(patch_size * 2**i for i in self.out_indices)
         self.num_layers = sum(self.depths)
-        if not fused_attn:
-            warnings.warn('fused_attn=False is deprecated: `accel` is the one switch of the '
-                          'attention kernels; for the eager reference formula use '
-                          'vitdet_plugin.models.layers.eager_attention(model)',
-                          DeprecationWarning, stacklevel=3)
-            set_fused_attention(self, False)
-        set_recompute_gelu(self, self.accel == 'auto')
         self._freeze_stages()
 
     @staticmethod
@@ -144,16 +109,6 @@ class WindowBackbone(BackboneContract, BaseModule):
         if len(set(indices)) != len(indices):
             raise ValueError(f'out_indices={indices} has duplicates')
         return tuple(sorted(indices))  # stage order, as mmdet's outputs
-
-    # ------------------------------------------------------------------ what a subclass gives
-    def make_block(self, stage: int, index: int, dim: int, num_heads: int,
-                   drop_path: float) -> nn.Module:
-        """Block ``index`` of stage ``stage`` (``(B, H, W, dim)`` -> the same)."""
-        raise NotImplementedError
-
-    def make_merge(self, dim: int, norm_cfg: dict) -> nn.Module:
-        """The patch merging at the end of a stage of ``dim`` channels."""
-        raise NotImplementedError
 
     # ------------------------------------------------------------------ contract
     def layer_id(self, name: str) -> int:
@@ -186,18 +141,14 @@ class WindowBackbone(BackboneContract, BaseModule):
         return []
 
     # ------------------------------------------------------------------ forward
-    def embed(self, x: Tensor) -> Tensor:
-        """Images ``(B, C_in, H, W)`` -> tokens ``(B, H/p, W/p, C)`` (+ position embedding)."""
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """``(B, C_in, H, W)`` -> maps ``(B, C_i, ceil(H / s_i), ceil(W / s_i))``."""
         x = self.patch_embed(x)                                      # (B, h, w, C)
         if self.use_abs_pos_embed:
             pos = F.interpolate(self.absolute_pos_embed, size=x.shape[1:3], mode='bicubic',
                                 align_corners=False)                 # (1, C, h, w)
             x = x + pos.permute(0, 2, 3, 1)
-        return self.drop_after_pos(x)
-
-    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
-        """``(B, C_in, H, W)`` -> maps ``(B, C_i, ceil(H / s_i), ceil(W / s_i))``."""
-        x = self.embed(x)                                            # (B, H/p, W/p, C)
+        x = self.drop_after_pos(x)
         outs = []
         for i, stage in enumerate(self.layers):
             out, x = stage(x)                                        # out: (B, H_i, W_i, C_i)

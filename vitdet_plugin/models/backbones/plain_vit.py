@@ -2,42 +2,10 @@
 
 ``x -> patch_embed -> [+ pos_embed] -> [cls, registers, patches] -> blocks -> [norm] -> maps``:
 the patch tokens of the ``out_indices`` blocks as ``(B, C, h, w)`` maps at stride
-``patch_size`` (for the simple pyramid neck ``ViTSimpleFPN``). Each family is a registered
-preset: :class:`~.vit.ViTBackbone` (ViTDet / SAM), :class:`DINOv2Backbone`,
-:class:`DINOv3Backbone`, :class:`EVA02Backbone`.
-
-Options (presets in :mod:`.vit_archs`; parameter names are timm's / SAM's, see
-:mod:`vitdet_plugin.weights`):
-
-* absolute position embedding stored at the pretraining grid (with a cls slot, used when the
-  model keeps a cls token) and resized to the input grid: bicubic (ViTDet) or antialiased as
-  timm's DINOv2 / EVA-02; rotary embedding (EVA-02, DINOv3:
-  :mod:`vitdet_plugin.functional.rope`); cls and register tokens;
-* q / k / v bias modes, EVA-02's sub-LN, LayerScale, SwiGLU MLPs, per-family LayerNorm eps;
-  ViTDet's decomposed relative positions and residual conv blocks.
-
-Window attention runs in every block but ``global_attn_indexes`` (ViTDet / EVA-02-det), on
-windows zero-padded at the bottom/right. Two choices are ours:
-
-``rope_coords`` (rope families): ``'window'`` builds each window block's table on the
-window's own grid (EVA-02-det: ``ft_seq_len=window_size`` rescaled onto the pretraining grid,
-the global blocks on the full grid); ``'global'`` partitions the full grid's table with the
-tokens, so window blocks see the same relative positions as the global blocks. Default
-``'window'`` for both: for EVA-02 it is the reference detection code (its published detectors
-were trained with it); DINOv3's coordinates are normalised to ``[-1, 1]`` per grid, so a
-window table is exactly what the model saw on a pretraining image of the window's size (the
-default window, 14, is DINOv3's 224 / 16 pretraining grid).
-
-``prefix_tokens``: ``'keep'`` (default) carries the cls / register tokens through every block;
-in window blocks every window attends to them as extra tokens and their outputs are averaged
-over the windows of the image. ``'drop'`` removes them after the embedding (ViTDet / EVA-02-det
-drop the cls token; the model then has no ``cls_token`` / ``reg_token``, a checkpoint's are
-reported as dropped). Measured
-(``tests/models/backbones/test_vit_family_windows.py::test_prefix_token_choice_measured``:
-random weights, 4 blocks of which 2 global, window 3 on a 5 x 7 grid, relative L2 distance of
-the patch features to the all-global model with the same weights): DINOv3 keep 0.0008 / drop
-0.0011, EVA-02 keep 0.0267 / drop 0.0286. Keeping them is the closer one in both families (and
-registers exist to take the high-norm artefacts off the patch tokens), hence the default.
+``patch_size``, for the simple pyramid neck ``ViTSimpleFPN``. Each family is a registered preset
+(:mod:`.vit_archs`). Window attention runs in every block but ``global_attn_indexes``; the two
+choices that are ours, ``rope_coords`` and ``prefix_tokens``, are explained (and measured) in
+docs/backbones.md.
 """
 import dataclasses
 import re
@@ -49,11 +17,18 @@ from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor, nn
 
-from ...functional import (RopeSpec, SizeCache, check_rope_spec, resize_pos_grid, rope_tables,
-                           window_pair, window_partition)
+from ...functional.rel_pos import resize_pos_grid
+from ...functional.rope import RopeSpec, check_rope_spec, rope_tables
+from ...functional.size_cache import SizeCache
+from ...functional.sizes import to_2tuple, window_pair
+from ...functional.window import window_partition
 from ...functional.checkpoint_target import CheckpointTarget
-from ..layers import (ConvStem, PatchEmbed, ResBottleneckBlock, check_flags, check_rates,
-                      linear_drop_path_rates, positive_int, positive_number, to_2tuple)
+from ..layers.arguments import (check_flags, check_rates, positive_int, positive_number,
+                                refuse_removed)
+from ..layers.conv_stem import ConvStem
+from ..layers.mlp import linear_drop_path_rates
+from ..layers.patch_embed import PatchEmbed
+from ..layers.res_bottleneck import ResBottleneckBlock
 from .base import (TRUNC_NORMAL_STD, BackboneContract, init_cfg_from_pretrained,
                    init_transformer_weights_, load_init_checkpoint, run_blocks,
                    state_shapes)
@@ -115,7 +90,7 @@ class PlainViTBackbone(BackboneContract, BaseModule):
             ``forward_features``, whose EVA-02 norm comes after the pooling, ``fc_norm``).
         frozen_stages: ``-1`` trains all; ``0`` freezes the embeddings and tokens; ``k``
             also the first ``k`` blocks.
-        with_cp: activation checkpointing per block; fused_attn: SDPA (False: eager).
+        with_cp: activation checkpointing per block.
         norm_cfg: the blocks' norms (default LayerNorm, the arch's eps); act_cfg: the GELU
             MLP's activation.
         in_channels: image channels.
@@ -125,6 +100,8 @@ class PlainViTBackbone(BackboneContract, BaseModule):
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH[, prefix=...])`` loads a
             checkpoint of this family in any of its layouts (official, timm, ours; see
             :mod:`vitdet_plugin.weights.layouts`).
+        removed: options removed with the CPU kernels (``accel``, ``fused_attn``): an error
+            names what replaces them.
     """
 
     ARCH: ClassVar[Type[PlainViTArch]] = PlainViTArch
@@ -174,13 +151,14 @@ class PlainViTBackbone(BackboneContract, BaseModule):
                  attn_drop_rate: float = 0.0,
                  frozen_stages: int = -1,
                  with_cp: bool = False,
-                 fused_attn: bool = True,
                  norm_cfg: Optional[dict] = None,
                  act_cfg: Optional[dict] = None,
                  pretrained: Optional[str] = None,
-                 init_cfg: Optional[dict] = None) -> None:
-        super().__init__(init_cfg=init_cfg_from_pretrained(pretrained, init_cfg))
+                 init_cfg: Optional[dict] = None,
+                 **removed: object) -> None:
         name = type(self).__name__
+        refuse_removed(name, removed)
+        super().__init__(init_cfg=init_cfg_from_pretrained(pretrained, init_cfg))
         if not self.FAMILY:
             raise TypeError('PlainViTBackbone is the shared base: build ViTBackbone, '
                             'DINOv2Backbone, DINOv3Backbone or EVA02Backbone')
@@ -216,8 +194,8 @@ class PlainViTBackbone(BackboneContract, BaseModule):
         check_rates(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate)
         final_norm = self.FINAL_NORM if final_norm is None else final_norm
         use_abs_pos = self.USE_ABS_POS if use_abs_pos is None else use_abs_pos
-        check_flags(final_norm=final_norm, with_cp=with_cp, fused_attn=fused_attn,
-                    use_abs_pos=use_abs_pos, pretrain_use_cls_token=pretrain_use_cls_token)
+        check_flags(final_norm=final_norm, with_cp=with_cp, use_abs_pos=use_abs_pos,
+                    pretrain_use_cls_token=pretrain_use_cls_token)
         self.frozen_stages, self.with_cp, self.final_norm = frozen_stages, with_cp, final_norm
         keep = prefix_tokens == 'keep'
         if spec.rel_pos and keep:
@@ -266,7 +244,7 @@ class PlainViTBackbone(BackboneContract, BaseModule):
             rel_pos_size = (window or full_grid) if spec.rel_pos else None
             self.blocks.append(ViTBlock(
                 spec, window, rel_pos_size, i in spec.residual_block_indexes, rotate_half,
-                drop_rate, attn_drop_rate, rates[i], fused_attn, norm_cfg, act_cfg))
+                drop_rate, attn_drop_rate, rates[i], norm_cfg, act_cfg))
         self.norm = nn.LayerNorm(dims, eps=spec.norm_eps) if final_norm else None
         self.out_channels = (dims,) * len(self.out_indices)
         self.out_strides = (self.patch_size,) * len(self.out_indices)

@@ -1,38 +1,27 @@
 """Swin Transformer backbone with detection semantics (Swin-Transformer-Object-Detection / mmdet).
 
-Patch partition + linear embedding, stages of alternating W-MSA / SW-MSA blocks with a
-relative-position bias and the shifted-window mask, patch merging between stages, and a
-LayerNorm per output. Any input size works: the image is padded to the patch size and each
-block pads its input to the window size (zeros at the bottom/right), so an ``H x W`` input gives
-stride-``s`` maps of ``ceil(H / s) x ceil(W / s)``.
-
-Parameter names follow the official Microsoft layout (``layers.{i}.blocks.{j}...``, downsample
-at the end of stage ``i``), so official checkpoints load without renaming; other layouts are
-converted by :mod:`vitdet_plugin.weights.swin`.
-
-The block is :class:`~..layers.swin_block.SwinBlock`; the stages, embedding, output norms and
-freezing are :class:`~.hierarchical.WindowBackbone`'s. On the CPU in inference, ``accel='auto'``
-runs the stages through :mod:`.swin_inference` (chunked, in place); training MLPs recompute their
-GELU in backward (:class:`~..layers.Mlp`).
+Any input size: the image is padded to the patch size and each block to whole windows (zeros
+at the bottom/right), so an ``H x W`` input gives stride-``s`` maps of ``ceil(H / s) x
+ceil(W / s)``. The block is :class:`~.swin_block.SwinBlock`; stages, embedding, output norms and
+freezing are :class:`~.hierarchical.WindowBackbone`'s. Parameter names are the official ones.
 """
 import numbers
-from functools import partial
 from typing import Optional, Sequence, Tuple, Union
 
 from mmcv.cnn import build_norm_layer
 from mmdet.registry import MODELS
 from mmengine.model.weight_init import trunc_normal_
-from torch import Tensor, nn
+from torch import nn
 
 from ...functional.sizes import ArgumentError, window_pair
 from ...functional.checkpoint_target import CheckpointTarget
+from ..layers.arguments import check_flags, check_rates, positive_number, refuse_removed
 from ..layers.patch_merging import PatchMerging
-from ..layers.swin_block import SwinBlock, WindowAttention
-from .archs import SWIN_ARCHS, SwinArch  # noqa: F401  (SWIN_ARCHS: re-exported)
 from .base import (TRUNC_NORMAL_STD, init_cfg_from_pretrained, init_transformer_weights_,
                    load_init_checkpoint, state_shapes)
-from .hierarchical import WindowBackbone, WindowStage
-from .swin_inference import chunked_inference_applies, chunked_stage, norm_to_nchw
+from .hierarchical import WindowBackbone
+from .swin_archs import SwinArch
+from .swin_block import SwinBlock, WindowAttention
 
 
 @MODELS.register_module()
@@ -53,29 +42,23 @@ class SwinBackbone(WindowBackbone):
             grid (``pretrain_img_size / patch_size``) and bicubically resized to the input.
         pretrain_img_size: image size of that grid (int or ``(h, w)``).
         patch_norm: LayerNorm after the patch embedding and in patch merging.
-        stem_channels: optional convolutional stem (:class:`~..layers.ConvStem`, one ``3x3``
-            stride-2 conv + norm + ReLU per entry) before a patch projection covering the rest
-            of ``patch_size``; for training from scratch (no published weights).
-        stem_norm_cfg: norm config of the stem's convolutions (default BN).
+        stem_channels, stem_norm_cfg: an optional convolutional stem before the patch
+            projection (:class:`~..layers.ConvStem`), for training from scratch.
         out_indices: stages whose outputs are returned (each through its own norm).
-        frozen_stages: ``-1`` trains everything; ``0`` freezes the patch embedding (and the
-            absolute position embedding); ``k >= 1`` also stages ``0..k-1`` and their output
-            norms (``requires_grad=False``, kept in eval mode).
+        frozen_stages: ``-1`` trains everything; ``0`` freezes the patch (and absolute position)
+            embedding; ``k >= 1`` also stages ``0..k-1`` and their output norms.
         norm_eval: keep every norm layer in eval mode during training.
         with_cp: activation checkpointing per block (non-reentrant).
-        fused_attn: deprecated; False warns and switches the attention to the eager formula
-            (:func:`~..layers.eager_attention` is the way to do that).
-        accel: ``'auto'`` (default): on the CPU, chunked inference (:mod:`.swin_inference`)
-            and the MLPs' GELU recompute in training; ``'off'``: the plain path everywhere.
         norm_cfg, act_cfg: mmcv config dicts.
-        strides: accepted for mmdet-config compatibility; must equal ``(patch_size, 2, ...)``.
-        convert_weights: accepted for mmdet-config compatibility (formats are detected).
-        init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads official, Swin detection,
-            timm, mmdet/mmpretrain or our own checkpoints (format detected, weights_only; a
-            path, ``~`` path or http(s) URL; optional ``prefix`` and, for a checkpoint with a
-            rectangular window, ``src_window_size=(h, w)``).
+        strides, convert_weights: mmdet's arguments, accepted so that mmdet configs build:
+            ``strides`` must be ``(patch_size, 2, ...)``; checkpoint formats are detected
+            whatever ``convert_weights`` says.
+        init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads a Swin checkpoint of any
+            layout (docs/checkpoints.md; optional ``prefix``, ``src_window_size=(h, w)``).
         pretrained: deprecated mmdet spelling of ``init_cfg=dict(type='Pretrained',
             checkpoint=...)``.
+        removed: options removed with the CPU kernels (``accel``, ``fused_attn``): an error
+            names what replaces them.
     """
 
     NO_DECAY_PARAMS = ('absolute_pos_embed', 'relative_position_bias_table')
@@ -103,17 +86,17 @@ class SwinBackbone(WindowBackbone):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
-                 fused_attn: bool = True,
-                 accel: str = 'auto',
                  norm_cfg: Optional[dict] = None,
                  act_cfg: Optional[dict] = None,
                  strides: Optional[Sequence[int]] = None,
                  convert_weights: bool = True,
                  pretrained: Optional[str] = None,
-                 init_cfg: Optional[dict] = None) -> None:
+                 init_cfg: Optional[dict] = None,
+                 **removed: object) -> None:
+        refuse_removed(type(self).__name__, removed)
         init_cfg = init_cfg_from_pretrained(pretrained, init_cfg)
         spec = SwinArch.resolve(arch, embed_dims=embed_dims, depths=depths, num_heads=num_heads)
-        self.window_size = window_pair(window_size, 'window_size')
+        window = window_pair(window_size, 'window_size')
         expected_strides = (patch_size,) + (2,) * (len(spec.depths) - 1)
         if strides is not None and tuple(strides) != expected_strides:
             raise ArgumentError(f'strides={tuple(strides)} is not supported: Swin uses the '
@@ -121,44 +104,32 @@ class SwinBackbone(WindowBackbone):
         if qk_scale is not None and (not isinstance(qk_scale, numbers.Real) or qk_scale < 0):
             raise ValueError(f'qk_scale must be None or a non-negative number (0: the default '
                              f'head_dim ** -0.5), got {qk_scale!r}')
-        self.convert_weights = convert_weights
-        self._merge_norm = patch_norm
-        self._block = partial(SwinBlock, window_size=self.window_size, mlp_ratio=mlp_ratio,
-                              qkv_bias=qkv_bias, qk_scale=qk_scale, drop=drop_rate,
-                              attn_drop=attn_drop_rate, norm_cfg=norm_cfg or dict(type='LN'),
-                              act_cfg=act_cfg)
+        positive_number(mlp_ratio, 'mlp_ratio')
+        check_rates(attn_drop_rate=attn_drop_rate)
+        check_flags(qkv_bias=qkv_bias, convert_weights=convert_weights)
+        norm_cfg = norm_cfg or dict(type='LN')
+
+        def block(stage: int, index: int, dim: int, heads: int, drop_path: float) -> nn.Module:
+            """W-MSA and SW-MSA blocks in turn."""
+            return SwinBlock(dim, heads, window, shift=index % 2 == 1, mlp_ratio=mlp_ratio,
+                             qkv_bias=qkv_bias, qk_scale=qk_scale, drop=drop_rate,
+                             attn_drop=attn_drop_rate, drop_path=drop_path, norm_cfg=norm_cfg,
+                             act_cfg=act_cfg)
+
+        def merge(dim: int) -> nn.Module:
+            """Concat 2x2 -> norm (with ``patch_norm``) -> linear ``4C -> 2C``."""
+            norm = build_norm_layer(norm_cfg, 4 * dim)[1] if patch_norm else nn.Identity()
+            return PatchMerging(dim, norm)
+
         super().__init__(
-            spec, in_channels=in_channels, patch_size=patch_size, out_indices=out_indices,
-            frozen_stages=frozen_stages, mlp_ratio=mlp_ratio, drop_rate=drop_rate,
-            attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate, patch_norm=patch_norm,
-            norm_eval=norm_eval, with_cp=with_cp, fused_attn=fused_attn, accel=accel,
-            norm_cfg=norm_cfg, stem_channels=stem_channels, stem_norm_cfg=stem_norm_cfg,
-            use_abs_pos_embed=use_abs_pos_embed, pretrain_img_size=pretrain_img_size,
-            init_cfg=init_cfg, qkv_bias=qkv_bias, convert_weights=convert_weights)
-
-    def make_block(self, stage: int, index: int, dim: int, num_heads: int,
-                   drop_path: float) -> nn.Module:
-        """W-MSA and SW-MSA blocks in turn."""
-        return self._block(dim, num_heads, shift=index % 2 == 1, drop_path=drop_path)
-
-    def make_merge(self, dim: int, norm_cfg: dict) -> nn.Module:
-        """Concat 2x2 -> norm (with ``patch_norm``) -> linear ``4C -> 2C``."""
-        norm = build_norm_layer(norm_cfg, 4 * dim)[1] if self._merge_norm else nn.Identity()
-        return PatchMerging(dim, norm)
-
-    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
-        """``(B, C_in, H, W)`` -> maps ``(B, C_i, ceil(H / s_i), ceil(W / s_i))``; on the CPU
-        in inference (``accel='auto'``) through :mod:`.swin_inference`, same values."""
-        if self.accel == 'off' or not chunked_inference_applies(x):
-            return super().forward(x)                                # the plain path
-        x = self.embed(x)                                            # (B, H/p, W/p, C)
-        outs = []
-        for i, stage in enumerate(self.layers):
-            assert isinstance(stage, WindowStage)
-            out, x = chunked_stage(stage.blocks, stage.downsample, x)  # (B, H_i, W_i, C_i)
-            if i in self.out_indices:
-                outs.append(norm_to_nchw(getattr(self, f'norm{i}'), out))  # (B, C_i, H_i, W_i)
-        return tuple(outs)
+            spec, block, merge, in_channels=in_channels, patch_size=patch_size,
+            out_indices=out_indices, frozen_stages=frozen_stages, drop_rate=drop_rate,
+            drop_path_rate=drop_path_rate, patch_norm=patch_norm, norm_eval=norm_eval,
+            with_cp=with_cp, norm_cfg=norm_cfg, stem_channels=stem_channels,
+            stem_norm_cfg=stem_norm_cfg, use_abs_pos_embed=use_abs_pos_embed,
+            pretrain_img_size=pretrain_img_size, init_cfg=init_cfg)
+        self.window_size = window
+        self.convert_weights = convert_weights
 
     def checkpoint_target(self) -> CheckpointTarget:
         """What the checkpoint loader converts a Swin checkpoint for."""

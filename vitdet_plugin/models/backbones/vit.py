@@ -20,8 +20,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 from mmdet.registry import MODELS
 
-from ..layers.arguments import check_accel, check_flags
-from ..layers.mlp import set_recompute_gelu
+from ..layers.arguments import check_flags, refuse_removed
 from .plain_vit import PlainViTBackbone
 from .vit_archs import VIT_ARCHS, ViTArch
 
@@ -47,7 +46,7 @@ class ViTBackbone(PlainViTBackbone):
         drop_rate, attn_drop_rate: dropout after the projections / on the attention weights.
         frozen_stages: ``-1`` trains all; ``0`` freezes the embeddings; ``k`` also the first
             ``k`` blocks.
-        with_cp: activation checkpointing per block; fused_attn: SDPA (False: eager).
+        with_cp: activation checkpointing per block.
         stem_channels: optional convolutional stem for training from scratch (not in
             pretrained checkpoints); ``stem_norm_cfg``: its norms (default BN).
         img_size: input size the global blocks' relative-position tables are sized for
@@ -58,8 +57,6 @@ class ViTBackbone(PlainViTBackbone):
         use_abs_pos, use_rel_pos: absolute position embedding; decomposed relative positions.
         qkv_bias: a bias on the fused ``qkv`` projection.
         residual_block_indexes: blocks followed by a residual bottleneck conv block.
-        accel: ``'auto'`` (default): in CPU training the MLPs recompute their GELU in backward
-            (:class:`~..layers.Mlp`); ``'off'``: the plain path everywhere.
         norm_cfg, act_cfg: the blocks' norms (default LN, eps 1e-6) and MLP activation.
         pretrained: deprecated mmdet spelling of ``init_cfg=dict(type='Pretrained',
             checkpoint=...)``.
@@ -68,6 +65,8 @@ class ViTBackbone(PlainViTBackbone):
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads timm ViT / DeiT / MAE,
             SAM, timm ``samvit``, detectron2 ViTDet or our own checkpoints (format detected,
             ``weights_only=True``, strict with a report).
+        removed: options removed with the CPU kernels (``accel``, ``fused_attn``): an error
+            names what replaces them.
     """
 
     ARCH = ViTArch
@@ -100,16 +99,15 @@ class ViTBackbone(PlainViTBackbone):
                  out_indices: Sequence[int] = (-1,),
                  frozen_stages: int = -1,
                  with_cp: bool = False,
-                 fused_attn: bool = True,
-                 accel: str = 'auto',
                  norm_cfg: Optional[dict] = None,
                  act_cfg: Optional[dict] = None,
                  pyramid: Union[bool, dict, None] = None,
                  pretrained: Optional[str] = None,
-                 init_cfg: Optional[dict] = None) -> None:
+                 init_cfg: Optional[dict] = None,
+                 **removed: object) -> None:
+        refuse_removed(type(self).__name__, removed)
         check_flags(pretrain_use_cls_token=pretrain_use_cls_token, use_abs_pos=use_abs_pos,
                     use_rel_pos=use_rel_pos, qkv_bias=qkv_bias)
-        check_accel(accel)
         if pyramid:
             dims = ViTArch.resolve(arch, embed_dims=embed_dims, depth=depth,
                                    num_heads=num_heads).embed_dims
@@ -125,9 +123,7 @@ class ViTBackbone(PlainViTBackbone):
             pretrain_use_cls_token=pretrain_use_cls_token, use_abs_pos=use_abs_pos, rope=None,
             prefix_tokens='drop', out_indices=out_indices, drop_rate=drop_rate,
             attn_drop_rate=attn_drop_rate, frozen_stages=frozen_stages, with_cp=with_cp,
-            fused_attn=fused_attn, norm_cfg=norm_cfg, act_cfg=act_cfg, pretrained=pretrained,
-            init_cfg=init_cfg)
-        set_recompute_gelu(self, accel == 'auto')
+            norm_cfg=norm_cfg, act_cfg=act_cfg, pretrained=pretrained, init_cfg=init_cfg)
 
 
 def _pyramid_moved_message(pyramid: Union[bool, dict], embed_dims: int, patch_size: int) -> str:

@@ -12,7 +12,8 @@ trains sharded across GPUs (docs/large_models.md).
 import dataclasses
 from typing import ClassVar, Optional, Sequence, Tuple
 
-from ..layers import check_flag, check_rate, int_arg, int_tuple, positive_int, positive_number
+from ..layers.arguments import (check_flag, check_rate, int_arg, int_tuple, positive_int,
+                               positive_number)
 from .base import ArchSpec
 
 #: MLP kinds: GELU ``fc1/fc2``; SwiGLU with separate gate / value projections

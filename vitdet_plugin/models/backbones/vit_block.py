@@ -11,10 +11,15 @@ import torch.nn.functional as F
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from torch import Tensor, nn
 
-from ...functional import (apply_rope, attend, decomposed_rel_pos_bias,
-                           decomposed_rel_pos_channels, from_windows, to_windows)
-from ..layers import (Attention, DropPath, LayerScale, Mlp, ResBottleneckBlock, SwiGLU,
-                      SwiGLUPacked)
+from ...functional.attention import attend
+from ...functional.decomposed_rel_pos import decomposed_rel_pos_bias, decomposed_rel_pos_channels
+from ...functional.rope import apply_rope
+from ...functional.window import from_windows, to_windows
+from ..layers.attention import Attention
+from ..layers.layer_scale import LayerScale
+from ..layers.mlp import DropPath, Mlp
+from ..layers.res_bottleneck import ResBottleneckBlock
+from ..layers.swiglu import SwiGLU, SwiGLUPacked
 from .vit_archs import PlainViTArch
 
 #: ``(sin, cos)`` rotary tables, each ``(G, N, head_dim)``: one table for every window / image
@@ -37,7 +42,7 @@ class ViTAttention(Attention):
     Decomposed relative positions ride along as extra query / key channels
     (:func:`~vitdet_plugin.functional.decomposed_rel_pos_channels`), so the fused kernel runs
     without an ``attn_mask`` and no ``(heads, N, N)`` bias is formed or kept; the eager path
-    (``fused=False``) adds the dense bias, the reference formulation.
+    (:func:`~..layers.attention.eager_attention`) adds the dense bias.
 
     Args:
         qkv_bias: ``'qkv'`` (one bias of the fused projection), ``'qv'`` (``q_bias`` and
@@ -50,10 +55,10 @@ class ViTAttention(Attention):
     """
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: str = 'qkv', attn_drop: float = 0.0,
-                 proj_drop: float = 0.0, fused: bool = True, sub_ln_eps: Optional[float] = None,
+                 proj_drop: float = 0.0, sub_ln_eps: Optional[float] = None,
                  rotate_half: bool = False,
                  rel_pos_size: Optional[Tuple[int, int]] = None) -> None:
-        super().__init__(dim, num_heads, qkv_bias == 'qkv', attn_drop, proj_drop, fused)
+        super().__init__(dim, num_heads, qkv_bias == 'qkv', attn_drop, proj_drop)
         self.qkv_bias_mode = qkv_bias
         self.q_bias: Optional[nn.Parameter] = None
         self.v_bias: Optional[nn.Parameter] = None
@@ -94,8 +99,7 @@ class ViTAttention(Attention):
         if rope is not None:
             q, k = self.rotate(q, num_prefix, rope), self.rotate(k, num_prefix, rope)
             # q and k are new tensors now: a v of its own, so backward keeps (B', P + N, C)
-            # instead of the whole (B', P + N, 3C) projection alive (measured: EVA-02-B saved
-            # activations at 512 px 883 -> 811 MB; timm 809 MB)
+            # instead of the whole (B', P + N, 3C) projection alive (docs/speed.md)
             v = v.contiguous()
         if self.rel_pos_h is None or self.rel_pos_w is None:
             out = attend(q, k, v, None, self.dropout_p, self.fused, self.scale)
@@ -146,14 +150,14 @@ class ViTBlock(nn.Module):
     def __init__(self, spec: PlainViTArch, window_size: Optional[Tuple[int, int]],
                  rel_pos_size: Optional[Tuple[int, int]] = None, residual: bool = False,
                  rotate_half: bool = False, drop: float = 0.0, attn_drop: float = 0.0,
-                 drop_path: float = 0.0, fused_attn: bool = True,
-                 norm_cfg: Optional[dict] = None, act_cfg: Optional[dict] = None) -> None:
+                 drop_path: float = 0.0, norm_cfg: Optional[dict] = None,
+                 act_cfg: Optional[dict] = None) -> None:
         super().__init__()
         dim, eps = spec.embed_dims, spec.norm_eps
         norm_cfg = norm_cfg or dict(type='LN', eps=eps)
         self.window_size = window_size
         self.norm1 = build_norm_layer(norm_cfg, dim)[1]
-        self.attn = ViTAttention(dim, spec.num_heads, spec.qkv_bias, attn_drop, drop, fused_attn,
+        self.attn = ViTAttention(dim, spec.num_heads, spec.qkv_bias, attn_drop, drop,
                                  eps if spec.attn_sub_ln else None, rotate_half, rel_pos_size)
         self.ls1 = LayerScale(dim, spec.layer_scale) if spec.layer_scale else nn.Identity()
         self.norm2 = build_norm_layer(norm_cfg, dim)[1]

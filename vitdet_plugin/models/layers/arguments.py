@@ -1,20 +1,13 @@
-"""Argument checks shared by the backbones: ints that stay ints.
-
-``int()`` would silently truncate ``1.7``, parse ``'2'`` and accept ``True``; these helpers
-refuse anything but an integral value, naming the argument and what was given.
-"""
+"""Constructor argument checks shared by the backbones: each error names the argument and
+what was given (ints stay ints, as :mod:`vitdet_plugin.functional.sizes` parses them)."""
 import numbers
-from typing import Tuple
+from typing import Mapping, Tuple
 
-from ...functional.sizes import ArgumentError, is_int, to_2tuple
-
-__all__ = ['ArgumentError', 'check_flag', 'check_flags', 'check_rate', 'check_rates', 'int_arg',
-           'int_tuple', 'positive_int', 'positive_number', 'to_2tuple']
+from ...functional.sizes import ArgumentError, is_int
 
 
 def int_arg(value, name: str = 'value') -> int:
-    """``value`` as an int; floats, strings or bools (which ``int()`` would silently truncate
-    or parse) raise a ``ValueError`` naming what was given."""
+    """``value`` as an int; floats, strings or bools raise a ``ValueError``."""
     if not is_int(value):
         raise ArgumentError(f'{name} must be an int, got {value!r} ({type(value).__name__})')
     return int(value)
@@ -29,8 +22,8 @@ def positive_int(value, name: str = 'value', detail: str = '') -> int:
 
 
 def int_tuple(values, name: str = 'value') -> Tuple[int, ...]:
-    """An int or a sequence of ints as a tuple; floats, strings or bools (which ``int()``
-    would silently truncate or parse) raise a ``ValueError`` naming what was given."""
+    """An int or a sequence of ints as a tuple; floats, strings or bools raise a
+    ``ValueError``."""
     if is_int(values):
         return (int(values), )
     if isinstance(values, (str, bytes)) or not hasattr(values, '__iter__'):
@@ -77,17 +70,24 @@ def check_rate(value, name: str) -> float:
     return float(value)
 
 
-#: Accepted values of the backbones' ``accel`` switch.
-ACCEL_MODES = ('auto', 'off')
+#: Constructor options removed with the CPU-only kernels, and what replaces each.
+REMOVED_OPTIONS = {
+    'accel': 'the models have one forward, the plain one, on every device; for CPU inference '
+             'export the detector to ONNX and run it with onnxruntime (docs/deploy.md: '
+             'tools/export_onnx.py, then tools/infer.py --backend onnxruntime)',
+    'fused_attn': 'attention always runs F.scaled_dot_product_attention; for the explicit '
+                  'formula wrap the call in vitdet_plugin.models.layers.eager_attention(model)',
+}
 
 
-def check_accel(mode: object) -> str:
-    """``mode`` if it is one of :data:`ACCEL_MODES`, else a ``ValueError`` naming the choices."""
-    if not isinstance(mode, str) or mode not in ACCEL_MODES:
-        raise ValueError(f'accel={mode!r} is not supported; choose one of {list(ACCEL_MODES)} '
-                         "('auto': our CPU kernels on CPU, the plain path elsewhere; 'off': "
-                         'the plain path everywhere)')
-    return mode
+def refuse_removed(owner: str, options: Mapping[str, object]) -> None:
+    """A ``TypeError`` for any option left in ``options`` (a constructor's ``**removed``): the
+    fix for the :data:`REMOVED_OPTIONS`, Python's own message for any other name."""
+    for name in options:
+        if name in REMOVED_OPTIONS:
+            raise TypeError(f'{owner}({name}=...) was removed: {REMOVED_OPTIONS[name]}; delete '
+                            f'{name} from the config')
+        raise TypeError(f"{owner}.__init__() got an unexpected keyword argument '{name}'")
 
 
 def head_dim(dim: int, num_heads: int) -> int:

@@ -1,21 +1,18 @@
 """Multi-head self-attention through ``F.scaled_dot_product_attention``.
 
 One attention core serves the backbones and the head: Swin's window attention adds its
-relative-position bias and shift mask, the ViT its decomposed relative positions. The fused
-path (``fused=True``) is what runs; the eager path computes the same formula step by step, for
-debugging and as the reference of the parity tests.
+relative-position bias and shift mask, the ViT its decomposed relative positions. SDPA is what
+runs; :func:`eager_attention` switches every attention module to the explicit formula.
 """
 from contextlib import contextmanager
-from typing import Any, Iterator, List, Optional, Tuple, cast
+from typing import Any, Iterator, List, Optional, Tuple
 
 from torch import Tensor, nn
 
 from ...functional.attention import attend
-from ...functional.window import MASKED_LOGIT
 from .arguments import head_dim
 
-__all__ = ['MASKED_LOGIT', 'Attention', 'attend', 'eager_attention',
-           'register_fusable_attention', 'set_fused_attention']
+__all__ = ['Attention', 'eager_attention']
 
 
 class Attention(nn.Module):
@@ -29,12 +26,11 @@ class Attention(nn.Module):
         qkv_bias: bias on the fused ``qkv`` projection.
         attn_drop: dropout on attention weights (training only).
         proj_drop: dropout after the output projection.
-        fused: default for :attr:`fused`; see :func:`set_fused_attention`.
         scale: logit scale; ``head_dim ** -0.5`` when None.
     """
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0, fused: bool = True,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0,
                  scale: Optional[float] = None) -> None:
         super().__init__()
         self.dim = dim
@@ -44,7 +40,7 @@ class Attention(nn.Module):
         self.attn_drop = float(attn_drop)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
-        self.fused = fused
+        self.fused = True  # SDPA; eager_attention() switches it
         self.scale = self.head_dim ** -0.5 if scale is None else scale
 
     def project_qkv(self, x: Tensor) -> Tensor:
@@ -82,37 +78,15 @@ class Attention(nn.Module):
         return f'num_heads={self.num_heads}, fused={self.fused}'
 
 
-#: Module classes whose ``fused`` flag :func:`set_fused_attention` and :func:`eager_attention`
-#: switch; other attention modules built on :func:`attend` join via
-#: :func:`register_fusable_attention`.
-_FUSABLE_ATTENTION_TYPES: List[type] = [Attention]
-
-
-def register_fusable_attention(cls: type) -> type:
-    """Let :func:`set_fused_attention` / :func:`eager_attention` switch ``cls.fused``."""
-    if cls not in _FUSABLE_ATTENTION_TYPES:
-        _FUSABLE_ATTENTION_TYPES.append(cls)
-    return cls
-
-
-def _is_fusable(m: nn.Module) -> bool:
-    return isinstance(m, tuple(_FUSABLE_ATTENTION_TYPES))
-
-
-def set_fused_attention(model: nn.Module, fused: bool) -> nn.Module:
-    """Switch every :class:`Attention` (and registered attention module) in ``model`` to the
-    fused (SDPA) or eager path."""
-    for m in model.modules():
-        if _is_fusable(m):
-            cast(Any, m).fused = fused  # a registered attention module's flag
-    return model
-
-
 @contextmanager
 def eager_attention(model: nn.Module) -> Iterator[nn.Module]:
-    """Context manager running ``model`` with the eager attention path, then restoring it."""
-    saved = [(m, m.fused) for m in model.modules() if _is_fusable(m)]
-    set_fused_attention(model, False)
+    """Run ``model`` with the explicit attention formula instead of SDPA, then restore it: the
+    one kernel switch, for every attention module of ours (each calls :func:`attend` with its
+    ``fused`` flag). ONNX export and FLOP counting use it."""
+    modules: List[Any] = list(model.modules())
+    saved = [(m, m.fused) for m in modules if isinstance(getattr(m, 'fused', None), bool)]
+    for m, _ in saved:
+        m.fused = False
     try:
         yield model
     finally:

@@ -10,7 +10,7 @@ from typing import Optional
 
 from torch import Tensor, nn
 
-from .attention import attend, register_fusable_attention
+from ...functional.attention import attend
 
 
 class MultiheadCrossAttention(nn.Module):
@@ -24,7 +24,6 @@ class MultiheadCrossAttention(nn.Module):
         qkv_bias: biases on the q / k / v projections.
         attn_drop: dropout on attention weights (training only).
         proj_drop: dropout after the output projection.
-        fused: use the fused SDPA kernel (see :func:`set_fused_attention`).
     """
 
     def __init__(self,
@@ -34,8 +33,7 @@ class MultiheadCrossAttention(nn.Module):
                  value_dims: Optional[int] = None,
                  qkv_bias: bool = True,
                  attn_drop: float = 0.0,
-                 proj_drop: float = 0.0,
-                 fused: bool = True) -> None:
+                 proj_drop: float = 0.0) -> None:
         super().__init__()
         if num_heads <= 0 or embed_dims % num_heads:
             raise ValueError(f'embed_dims={embed_dims} must be divisible by '
@@ -51,7 +49,7 @@ class MultiheadCrossAttention(nn.Module):
         self.out_proj = nn.Linear(embed_dims, embed_dims)
         self.attn_drop = float(attn_drop)
         self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
-        self.fused = fused
+        self.fused = True  # SDPA; eager_attention() switches it
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -94,5 +92,3 @@ class MultiheadCrossAttention(nn.Module):
     def extra_repr(self) -> str:
         return f'num_heads={self.num_heads}, fused={self.fused}'
 
-
-register_fusable_attention(MultiheadCrossAttention)

@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from ...functional.symbolic import known_zero
 from ...functional.window import padded_size
-from .arguments import to_2tuple
+from ...functional.sizes import to_2tuple
 from .conv_stem import ConvStem
 
 

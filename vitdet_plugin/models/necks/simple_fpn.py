@@ -29,7 +29,8 @@ from mmengine.model import BaseModule
 from torch import Tensor, nn
 
 from ...functional.checkpoint_target import CheckpointTarget, checkpoint_loader
-from ..layers import LayerNorm2d, int_arg
+from ..layers.arguments import int_arg
+from ..layers.norm import LayerNorm2d
 
 #: Scale factors with a defined resampling (output stride = ``in_stride / scale``).
 SUPPORTED_SCALES = (4.0, 2.0, 1.0, 0.5)

@@ -3,8 +3,7 @@
 Detection semantics (Swin-Transformer-Object-Detection / mmdet): a shifted block always shifts,
 and every block pads its map to whole windows with zeros at the bottom/right. Parameter names
 follow the official layout (``norm1``, ``attn.{qkv,proj,relative_position_bias_table}``,
-``norm2``, ``mlp.{fc1,fc2}``). On the CPU in inference the backbone may run these blocks through
-:mod:`~vitdet_plugin.models.backbones.swin_inference` instead, which calls their submodules.
+``norm2``, ``mlp.{fc1,fc2}``).
 """
 import math
 from functools import partial
@@ -14,19 +13,16 @@ import torch
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from torch import Tensor, nn
 
-from ...functional.attention import attend
 from ...functional.rel_pos import bias_table_size, relative_position_index
 from ...functional.size_cache import SizeCache
-from ...functional.window import from_windows, to_windows, window_bias
-from .arguments import head_dim
-from .attention import register_fusable_attention
-from .mlp import DropPath, Mlp
+from ...functional.window import from_windows, to_windows, window_attend
+from ..layers.arguments import head_dim
+from ..layers.mlp import DropPath, Mlp
 
 #: Flattened relative-position indices per (window, device); a function of sizes alone.
 _INDEX: SizeCache[Tensor] = SizeCache()
 
 
-@register_fusable_attention
 class WindowAttention(nn.Module):
     """Multi-head attention inside ``wh x ww`` windows with a learned relative-position bias.
 
@@ -39,13 +35,11 @@ class WindowAttention(nn.Module):
             as there and in the official code, ``None`` or ``0`` mean the default).
         attn_drop: dropout on the attention weights (training only).
         proj_drop: dropout after ``proj``.
-        fused: ``F.scaled_dot_product_attention`` (True) or the explicit formula, the reference
-            of the parity tests (:func:`~.attention.eager_attention` switches it).
     """
 
     def __init__(self, dim: int, num_heads: int, window_size: Tuple[int, int],
                  qkv_bias: bool = True, qk_scale: Optional[float] = None,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0, fused: bool = True) -> None:
+                 attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = head_dim(dim, num_heads)
@@ -57,27 +51,19 @@ class WindowAttention(nn.Module):
         self.attn_drop = float(attn_drop)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
-        self.fused = fused
+        self.fused = True  # SDPA; eager_attention() switches it
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         """``x``: windows ``(B * nW, N, C)``; ``mask``: ``(nW, N, N)`` shift mask or None.
 
         ``softmax(q k^T * scale + bias (+ mask)) v``, then ``proj``."""
-        bw, n, c = x.shape
-        heads, d = self.num_heads, self.head_dim
-        qkv = self.qkv(x).view(bw, n, 3, heads, d)                   # (B * nW, N, 3, heads, d)
+        bw, n, _ = x.shape
+        qkv = self.qkv(x).view(bw, n, 3, self.num_heads, self.head_dim)  # (B * nW, N, 3, heads, d)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)               # (B * nW, heads, N, d)
-        if mask is not None:
-            # windows folded into the heads: one image's bias + mask broadcasts over the batch
-            nw = mask.shape[0]
-            q, k, v = (t.reshape(bw // nw, nw * heads, n, d)
-                       for t in (q, k, v))                           # (B, nW * heads, N, d)
         dropout_p = self.attn_drop if self.training else 0.0
-        # bias (1, heads, N, N), with a mask (1, nW * heads, N, N); SDPA, or the formula
-        out = attend(q, k, v, window_bias(self.relative_position_bias(), mask), dropout_p,
-                     self.fused, self.scale)                         # as q
-        out = out.reshape(bw, heads, n, d).transpose(1, 2)           # (B * nW, N, heads, d)
-        return self.proj_drop(self.proj(out.reshape(bw, n, c)))      # (B * nW, N, C)
+        out = window_attend(q, k, v, self.relative_position_bias(), mask, dropout_p,
+                            self.fused, self.scale)                  # (B * nW, N, C)
+        return self.proj_drop(self.proj(out))
 
     def relative_position_bias(self) -> Tensor:
         """The ``(1, heads, N, N)`` bias of one window, gathered from the table."""

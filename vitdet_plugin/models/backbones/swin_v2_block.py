@@ -1,4 +1,5 @@
-"""Swin V2 window attention: scaled cosine attention with a continuous position bias.
+"""The Swin V2 block and its window attention: scaled cosine attention with a continuous
+position bias.
 
 ``softmax(normalize(q) normalize(k)^T * exp(min(logit_scale, log 100)) + 16 sigmoid(cpb) + mask) v``
 as in the official Swin V2 code, timm and mmpretrain. The logit scale is folded into the
@@ -7,16 +8,21 @@ bias (plus the shift mask, windows folded into the heads as in Swin V1's
 :class:`~.swin_block.WindowAttention`) as its ``attn_mask``.
 """
 import math
+from functools import partial
 from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from mmcv.cnn import build_activation_layer, build_norm_layer
 from torch import Tensor, nn
 
-from ...functional import SizeCache, attend, relative_position_index, window_bias
 from ...functional.cpb import log_spaced_relative_coords
-from .arguments import head_dim
-from .attention import register_fusable_attention
+from ...functional.rel_pos import relative_position_index
+from ...functional.size_cache import SizeCache
+from ...functional.sizes import Window
+from ...functional.window import from_windows, to_windows, window_attend
+from ..layers.arguments import head_dim
+from ..layers.mlp import DropPath, Mlp
 
 #: ``logit_scale`` starts at ``log(10)``: cosine similarities are multiplied by 10 at first.
 LOGIT_SCALE_INIT = math.log(10.0)
@@ -33,7 +39,6 @@ CPB_BIAS_SCALE = 16.0
 _POSITIONS: SizeCache[Tuple[Tensor, Tensor]] = SizeCache()
 
 
-@register_fusable_attention
 class CosineWindowAttention(nn.Module):
     """Swin V2 multi-head attention inside ``wh x ww`` windows.
 
@@ -50,12 +55,11 @@ class CosineWindowAttention(nn.Module):
             normalised by it (``(0, 0)``: by the window itself).
         qkv_bias: learn ``q_bias`` and ``v_bias``.
         attn_drop, proj_drop: dropout on the attention weights / after ``proj``.
-        fused: ``F.scaled_dot_product_attention`` (True) or the explicit reference formula.
     """
 
     def __init__(self, dim: int, num_heads: int, window_size: Tuple[int, int],
                  pretrained_window_size: Tuple[int, int] = (0, 0), qkv_bias: bool = True,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0, fused: bool = True) -> None:
+                 attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = head_dim(dim, num_heads)
@@ -75,31 +79,24 @@ class CosineWindowAttention(nn.Module):
         self.attn_drop = float(attn_drop)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
-        self.fused = fused
+        self.fused = True  # SDPA; eager_attention() switches it
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         """``x``: windows ``(B * nW, N, C)``; ``mask``: ``(nW, N, N)`` shift mask or None."""
-        bw, n, c = x.shape
-        heads, d = self.num_heads, self.head_dim
+        bw, n, _ = x.shape
         qkv_bias = (None if self.q_bias is None else
                     torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias]))
-        qkv = F.linear(x, self.qkv.weight, qkv_bias).view(bw, n, 3, heads, d)
+        qkv = F.linear(x, self.qkv.weight, qkv_bias).view(bw, n, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)               # (B * nW, heads, N, d)
         # scaled cosine logits: unit q times the clamped logit scale (one pass over q), unit k
         scale = self.logit_scale.clamp(max=LOGIT_SCALE_MAX).exp().to(q.dtype)  # (heads, 1, 1)
         norm = torch.linalg.vector_norm(q, dim=-1, keepdim=True).clamp_min(NORMALIZE_EPS)
         q = q * (scale / norm)
         k = F.normalize(k, dim=-1, eps=NORMALIZE_EPS)
-        if mask is not None:
-            # windows folded into the heads: one image's bias + mask broadcasts over the batch
-            nw = mask.shape[0]
-            q, k, v = (t.reshape(bw // nw, nw * heads, n, d)
-                       for t in (q, k, v))                           # (B, nW * heads, N, d)
         dropout_p = self.attn_drop if self.training else 0.0
-        out = attend(q, k, v, window_bias(self.position_bias(), mask), dropout_p, self.fused,
-                     scale=1.0)                                      # as q
-        out = out.reshape(bw, heads, n, d).transpose(1, 2)           # (B * nW, N, heads, d)
-        return self.proj_drop(self.proj(out.reshape(bw, n, c)))      # (B * nW, N, C)
+        out = window_attend(q, k, v, self.position_bias(), mask, dropout_p, self.fused,
+                            scale=1.0)                               # (B * nW, N, C)
+        return self.proj_drop(self.proj(out))
 
     def position_bias(self) -> Tensor:
         """The ``(1, heads, N, N)`` continuous position bias of one window."""
@@ -117,3 +114,57 @@ class CosineWindowAttention(nn.Module):
     def extra_repr(self) -> str:
         return (f'window_size={self.window_size}, pretrained_window_size='
                 f'{self.pretrained_window_size}, num_heads={self.num_heads}, fused={self.fused}')
+
+
+class SwinV2Block(nn.Module):
+    """One Swin V2 block on ``(B, H, W, C)``: post-norm cosine window attention, then MLP.
+
+    Args:
+        dim, num_heads, window_size, pretrained_window_size: see
+            :class:`CosineWindowAttention`.
+        shift: shift the windows by half a window (SW-MSA).
+        pad_small_map: see :class:`SwinV2Backbone`.
+        extra_norm: a final norm after the block (``norm3``; huge / giant models).
+    """
+
+    def __init__(self, dim: int, num_heads: int, window_size: Window,
+                 pretrained_window_size: Window, shift: bool, pad_small_map: bool = True,
+                 extra_norm: bool = False, mlp_ratio: float = 4.0, qkv_bias: bool = True,
+                 drop: float = 0.0, attn_drop: float = 0.0, drop_path: float = 0.0,
+                 norm_cfg: Optional[dict] = None, act_cfg: Optional[dict] = None) -> None:
+        super().__init__()
+        norm_cfg = norm_cfg or dict(type='LN')
+        self.window_size = window_size
+        self.shift_size = (window_size[0] // 2, window_size[1] // 2) if shift else (0, 0)
+        self.pad_small_map = pad_small_map
+        self.attn = CosineWindowAttention(dim, num_heads, window_size, pretrained_window_size,
+                                          qkv_bias, attn_drop, drop)
+        self.norm1 = build_norm_layer(norm_cfg, dim)[1]
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        act = partial(build_activation_layer, act_cfg or dict(type='GELU'))
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act, drop=drop)
+        self.norm2 = build_norm_layer(norm_cfg, dim)[1]
+        self.norm3 = build_norm_layer(norm_cfg, dim)[1] if extra_norm else None
+
+    def shift_for(self, hw: Tuple[int, int]) -> Window:
+        """The shift on an ``H x W`` map: always (detection), or mmpretrain's classification
+        rule without ``pad_small_map`` (none when a side equals its window)."""
+        if not self.pad_small_map:
+            if any(s < w for s, w in zip(hw, self.window_size)):
+                raise ValueError(
+                    f'a {hw[0]}x{hw[1]} feature map is smaller than the {self.window_size[0]}x'
+                    f'{self.window_size[1]} window, which pad_small_map=False does not allow; '
+                    'set pad_small_map=True (pad and shift, the detection semantics) or use a '
+                    'smaller window_size / larger input')
+            if any(s == w for s, w in zip(hw, self.window_size)):
+                return (0, 0)
+        return self.shift_size
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(B, H, W, C)`` -> ``(B, H, W, C)``: residual post-norm attention, then MLP."""
+        shift = self.shift_for((x.shape[1], x.shape[2]))
+        windows, grid = to_windows(x, self.window_size, shift)       # (B * nW, N, C)
+        windows = self.attn(windows, grid.shift_mask(x.device, x.dtype))  # (B * nW, N, C)
+        x = x + self.drop_path(self.norm1(from_windows(windows, grid)))  # (B, H, W, C)
+        x = x + self.drop_path(self.norm2(self.mlp(x)))
+        return self.norm3(x) if self.norm3 is not None else x

@@ -1,10 +1,11 @@
-"""Architecture presets of the Swin backbones: frozen dataclasses that validate themselves.
+"""Architecture presets of Swin V1 and V2: frozen dataclasses that validate themselves.
 
 ``SwinArch.resolve(arch, **overrides)`` merges a preset name (or a dict of fields) with the
 fields given as constructor arguments (see :class:`~.base.ArchSpec`); the plain ViT's specs are
 in :mod:`.vit_archs`.
 """
 import dataclasses
+import numbers
 from typing import ClassVar, Tuple
 
 from ..layers.arguments import int_tuple, positive_int
@@ -43,5 +44,24 @@ class SwinArch(ArchSpec):
                                  f'num_heads={h}; choose heads that divide embed_dims * 2**stage')
 
 
-#: The Swin presets (embed dims, depths, heads of the published models).
-SWIN_ARCHS = SwinArch.PRESETS
+@dataclasses.dataclass(frozen=True)
+class SwinV2Arch(SwinArch):
+    """:class:`SwinArch` plus ``extra_norm_every_n_blocks`` (huge / giant: 6)."""
+
+    extra_norm_every_n_blocks: int = 0
+
+    NAME: ClassVar[str] = 'Swin V2'
+    PRESETS: ClassVar = {
+        **SwinArch.PRESETS,
+        # mmpretrain's presets; its source notes the head counts are not certain
+        'huge': dict(embed_dims=352, depths=(2, 2, 18, 2), num_heads=(8, 16, 32, 64),
+                     extra_norm_every_n_blocks=6),
+        'giant': dict(embed_dims=512, depths=(2, 2, 42, 4), num_heads=(16, 32, 64, 128),
+                      extra_norm_every_n_blocks=6),
+    }
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        n = self.extra_norm_every_n_blocks
+        if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 0:
+            raise ValueError(f'extra_norm_every_n_blocks must be an int >= 0 (0: none), got {n!r}')
