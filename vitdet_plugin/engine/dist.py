@@ -17,7 +17,7 @@ writes the file) can reach interpreter finalisation while a gloo worker thread s
 its references of that collective; a C++ thread that then needs the GIL is ended by CPython
 with ``pthread_exit``, whose unwinding through gloo's ``noexcept`` run loop calls
 ``std::terminate``: "terminate called without an active exception", SIGABRT, a failed job
-(docs/training.md#multi-rank-jobs-end-cleanly).
+(docs/training.md#distributed-training).
 
 What happens when a rank dies, and the report of it: :mod:`.dist_faults`.
 """
