@@ -91,8 +91,9 @@ def shard_running_stat_norms(module: nn.Module, policy: MixedPrecisionPolicy,
     ``policy`` keeps the parameters' dtype."""
     if policy.param_dtype in (None, torch.float32):
         return []
-    norms = [m for m in module.modules() if isinstance(m, _NormBase) and m.track_running_stats
-             and next(m.parameters(), None) is not None]
+    norms: List[nn.Module] = [
+        m for m in module.modules() if isinstance(m, _NormBase) and m.track_running_stats
+        and next(m.parameters(), None) is not None]
     fp32 = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=policy.reduce_dtype,
                                 cast_forward_inputs=False)
     for norm in norms:
