@@ -14,6 +14,9 @@ images a single process sees in two accumulated iterations. Modes:
 * ``kill``: as ``train`` for 50 iterations under the fault report; rank 1 SIGKILLs itself
   at iteration :data:`KILL_AT_ITER`.
 * ``configs``: a shrunk training step of each FSDP config in ``sys.argv[4:]``.
+* ``policy``: configs/_base_/fsdp.py exactly as shipped (bf16 mixed precision, activation
+  checkpointing) on the ViT and on the ViT with a BatchNorm conv stem: one training iteration,
+  then a validation with mmdet's CocoMetric (:func:`register_dtype_metric`).
 """
 import json
 import os
@@ -232,6 +235,95 @@ def configs(paths: List[str], data_root: str, work: str) -> None:
                                losses=_recorder(runner).losses), f)
 
 
+#: the shipped sharding policy, read as it is
+FSDP_POLICY = osp.join(ROOT, 'configs', '_base_', 'fsdp.py')
+#: the BatchNorm model: the tiny ViT with one stride-2 conv stem (BN by default)
+STEM_CHANNELS = (8,)
+
+
+def register_dtype_metric() -> None:
+    """``DtypeCocoMetric``: mmdet's ``CocoMetric`` recording the dtypes of the predictions it
+    gets (``dtypes``) and its result (``result``, rank 0)."""
+    from mmdet.evaluation import CocoMetric
+    from mmdet.registry import METRICS
+
+    @METRICS.register_module(force=True)
+    class DtypeCocoMetric(CocoMetric):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.dtypes: set = set()
+            self.result: Dict[str, float] = {}
+
+        def process(self, data_batch: Any, data_samples: Any) -> None:
+            for sample in data_samples:
+                self.dtypes.update(str(v.dtype) for v in sample['pred_instances'].values()
+                                   if v.is_floating_point())
+            super().process(data_batch, data_samples)
+
+        def compute_metrics(self, results: list) -> Dict[str, float]:
+            self.result = super().compute_metrics(results)
+            return self.result
+
+
+def policy_cfg(data_root: str, work_dir: str, name: str) -> dict:
+    """``name`` ('vit' / 'bn') trained 1 iteration and validated, under the shipped policy."""
+    from dist_worker import IMAGE_SIZE
+    from mmengine.config import Config
+    cfg = vit_cfg(data_root, work_dir, 1, 1, 1, 'pytorch', experiment_name=name)
+    cfg['custom_hooks'] = [h for h in cfg['custom_hooks'] if h['type'] != 'EMAHook']
+    if name == 'bn':  # the stem trains (frozen_stages=0 would freeze it with the patch embedding)
+        cfg['model']['backbone'].update(stem_channels=STEM_CHANNELS, frozen_stages=-1)
+    cfg['model']['test_cfg']['score_thr'] = 0.0  # an untrained model's boxes reach the metric
+    shipped = Config.fromfile(FSDP_POLICY)
+    cfg['runner_type'] = shipped.runner_type
+    cfg['model_wrapper_cfg'] = shipped.model_wrapper_cfg.to_dict()
+    dataset = dict(cfg['train_dataloader']['dataset'], pipeline=[
+        dict(type='LoadImageFromFile'),
+        dict(type='Resize', scale=(IMAGE_SIZE, IMAGE_SIZE), keep_ratio=True),
+        dict(type='LoadAnnotations', with_bbox=True), dict(type='PackDetInputs')])
+    cfg['val_dataloader'] = dict(batch_size=1, num_workers=0, dataset=dataset,
+                                 sampler=dict(type='DefaultSampler', shuffle=False))
+    cfg['val_evaluator'] = dict(type='DtypeCocoMetric', metric='bbox', ann_file=osp.join(
+        data_root, dataset['ann_file']))
+    cfg['val_cfg'] = dict(type='ValLoop')
+    cfg['train_cfg']['val_interval'] = 1
+    return cfg
+
+
+def policy(data_root: str, work: str) -> None:
+    """Train + validate each model under the shipped policy; per rank ``policy{R}.json``: the
+    prediction dtypes the metric got, its result, the dtypes a Linear and a BatchNorm compute
+    with (weights as the forward sees them, input) and the BN's running statistics."""
+    from torch import nn
+    from torch.nn.modules.batchnorm import _BatchNorm
+    register_dtype_metric()
+    result = {}
+    for name in ('vit', 'bn'):
+        runner = _runner(policy_cfg(data_root, osp.join(work, name), name))
+        seen: Dict[str, List[str]] = {}
+
+        def record(kind: str, seen: Dict[str, List[str]] = seen):
+            def hook(module, args) -> None:
+                seen.setdefault(f'{kind} {"train" if module.training else "eval"}',
+                                [str(module.weight.dtype), str(args[0].dtype)])
+            return hook
+        detector = runner.model.module
+        linear = next(m for m in detector.backbone.modules() if isinstance(m, nn.Linear))
+        linear.register_forward_pre_hook(record('linear'))
+        norms = [m for m in detector.modules() if isinstance(m, _BatchNorm)]
+        for norm in norms:
+            norm.register_forward_pre_hook(record('bn'))
+        runner.train()
+        metric = runner.val_evaluator.metrics[0]
+        result[name] = dict(dtypes=sorted(metric.dtypes), metric=metric.result, seen=seen,
+                            iter=runner.iter, losses=_recorder(runner).losses,
+                            norms=len(norms), running=[
+                                [str(n.running_mean.dtype), float(n.running_mean.abs().sum())]
+                                for n in norms])
+    with open(osp.join(work, f"policy{os.environ['RANK']}.json"), 'w') as f:
+        json.dump(result, f)
+
+
 def main(argv: List[str]) -> None:
     import torch
 
@@ -243,6 +335,8 @@ def main(argv: List[str]) -> None:
         train(data_root, work)
     elif mode == 'kill':
         kill(data_root, work)
+    elif mode == 'policy':
+        policy(data_root, work)
     else:
         configs(argv[3:], data_root, work)
 

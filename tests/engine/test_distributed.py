@@ -88,3 +88,25 @@ def test_prepare_cpu_distributed_needs_torchrun_env(monkeypatch):
                        r"variables .*\['RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT'\] are "
                        r'not set\. Start the job with tools/dist_train\.sh'):
         prepare_cpu_distributed(dict(launcher='pytorch'))
+
+
+def _thread_names() -> list:
+    """Names of this process's native threads (Linux: /proc/self/task/*/comm)."""
+    return [open(f'/proc/self/task/{t}/comm').read().strip() for t in os.listdir('/proc/self/task')]
+
+
+def test_end_distributed_destroys_the_group_and_joins_the_gloo_threads(tmp_path):
+    """The atexit handler of every multi-rank process: after it no gloo worker thread is left
+    to outlive the interpreter (docs/training.md#distributed-training)."""
+    import torch.distributed as dist
+
+    from vitdet_plugin.engine.dist import end_distributed
+    assert not dist.is_initialized()
+    dist.init_process_group('gloo', init_method=f'file://{tmp_path}/store', rank=0,
+                            world_size=1)
+    dist.all_reduce(torch.ones(2))
+    assert 'pt_gloo_runloop' in _thread_names()
+    end_distributed()
+    assert not dist.is_initialized()
+    assert 'pt_gloo_runloop' not in _thread_names()
+    end_distributed()  # without a group: nothing

@@ -10,8 +10,19 @@ timeout of ``env_cfg.dist_cfg.timeout`` (:data:`DEFAULT_COLLECTIVE_TIMEOUT_S` if
 sets ``model_wrapper_cfg.device_ids=None`` (DDP; ``FSDP2Wrapper`` is left as it is). On
 machines with CUDA it only checks the timeout.
 
+Every process of a multi-rank job also gets :func:`end_distributed` as an ``atexit`` handler:
+the process group is destroyed while the interpreter is still whole. Without it a rank that
+leaves right after its last collective (rank 1 after the checkpoint gather: rank 0 still
+writes the file) can reach interpreter finalisation while a gloo worker thread still drops
+its references of that collective; a C++ thread that then needs the GIL is ended by CPython
+with ``pthread_exit``, whose unwinding through gloo's ``noexcept`` run loop calls
+``std::terminate``: "terminate called without an active exception", SIGABRT, a failed job
+(docs/training.md#distributed-training).
+
 What happens when a rank dies, and the report of it: :mod:`.dist_faults`.
 """
+import atexit
+import gc
 import math
 import os
 from datetime import timedelta
@@ -50,13 +61,31 @@ def collective_timeout(cfg: MutableMapping) -> float:
     return float(value)
 
 
+def end_distributed() -> None:
+    """Destroy every process group of this process (torch's "call before exit") and collect
+    the runner's reference cycles, so that the backends (gloo's worker and transport threads)
+    go down before the interpreter finalises; nothing without a process group. Registered
+    with ``atexit`` by :func:`prepare_cpu_distributed`, also on exit by an exception."""
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
+        gc.collect()
+
+
+def register_end_distributed() -> None:
+    """Run :func:`end_distributed` at interpreter exit (once per process)."""
+    atexit.unregister(end_distributed)
+    atexit.register(end_distributed)
+
+
 def prepare_cpu_distributed(cfg: MutableMapping, backend: str = 'gloo') -> bool:
     """Make ``cfg`` (launcher ``'pytorch'``) trainable with DDP on CPU; True if it did.
 
-    Call before ``Runner.from_cfg(cfg)`` in every process started by torchrun.
+    Call before ``Runner.from_cfg(cfg)`` in every process started by torchrun. Any launcher
+    also registers :func:`end_distributed` for the interpreter's exit.
     """
     if cfg.get('launcher', 'none') == 'none':
         return False
+    register_end_distributed()
     timeout = collective_timeout(cfg)  # checked on GPU machines too (mmengine's init_dist)
     if cfg.get('launcher') != 'pytorch' or torch.cuda.is_available():
         return False

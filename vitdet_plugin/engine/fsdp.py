@@ -7,7 +7,9 @@
 parameters, gradients and optimizer state; a block's full parameters exist only while it runs.
 Options: a :class:`~torch.distributed.fsdp.MixedPrecisionPolicy` (``mixed_precision=dict(
 param_dtype='bfloat16', reduce_dtype='float32')``: bf16 compute / all-gathers, fp32 gradient
-reduction and fp32 master weights), activation checkpointing per block (it switches on the
+reduction and fp32 master weights; norm layers with running statistics (BatchNorm) keep fp32
+parameters, :func:`shard_running_stat_norms`; predictions leave the wrapper in fp32,
+:func:`predictions_to_fp32`), activation checkpointing per block (it switches on the
 backbones' own ``with_cp``: non-reentrant :func:`torch.utils.checkpoint.checkpoint` per
 block) and :class:`~torch.distributed.fsdp.CPUOffloadPolicy`.
 
@@ -25,12 +27,14 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 from mmengine.optim import OptimWrapper
+from mmengine.structures import BaseDataElement
 from mmengine.registry import MODEL_WRAPPERS
 from torch import nn
 from torch.distributed.fsdp import (CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy,
                                     fully_shard)
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.tensor import Shard
+from torch.nn.modules.batchnorm import _NormBase
 
 #: Modules sharded one by one (class names): the plain ViT's block and the Swin blocks. Every
 #: parameter outside them (patch embedding, neck, heads) is sharded once with the whole model.
@@ -38,6 +42,9 @@ DEFAULT_BLOCK_TYPES = ('ViTBlock', 'SwinBlock', 'SwinV2Block')
 #: dtype names accepted by ``mixed_precision``
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 MIXED_PRECISION_KEYS = ('param_dtype', 'reduce_dtype', 'output_dtype', 'cast_forward_inputs')
+#: prediction dtypes cast to fp32 on the way out (mmdet's metrics call ``.numpy()``, which has
+#: no bf16; visualisers and the export expect fp32)
+LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def _dtype(value: Optional[str], key: str) -> Optional[torch.dtype]:
@@ -71,6 +78,43 @@ def shard_largest_dim(param: nn.Parameter) -> Shard:
     even = [d for d in range(1, param.dim()) if param.shape[d] % world == 0]
     best = max(even, key=lambda d: param.shape[d], default=0)
     return Shard(best if param.shape[best] > param.shape[0] else 0)
+
+
+def shard_running_stat_norms(module: nn.Module, policy: MixedPrecisionPolicy,
+                             **shard_kwargs: Any) -> List[nn.Module]:
+    """Shard every norm layer with running statistics (BatchNorm, InstanceNorm with
+    ``track_running_stats``) and parameters as its own unit whose parameters stay in their
+    dtype (fp32): the policy would cast its weight to ``param_dtype`` while its running
+    statistics, buffers, stay fp32, which ``batch_norm`` refuses ("expected scalar type
+    BFloat16 but found Float"). Its input keeps the compute dtype (``batch_norm`` takes a bf16
+    input with fp32 weight and statistics and returns bf16). The units, in order; none when
+    ``policy`` keeps the parameters' dtype."""
+    if policy.param_dtype in (None, torch.float32):
+        return []
+    norms: List[nn.Module] = [
+        m for m in module.modules() if isinstance(m, _NormBase) and m.track_running_stats
+        and next(m.parameters(), None) is not None]
+    fp32 = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=policy.reduce_dtype,
+                                cast_forward_inputs=False)
+    for norm in norms:
+        fully_shard(norm, mp_policy=fp32, **shard_kwargs)
+    return norms
+
+
+def predictions_to_fp32(outputs: Any) -> Any:
+    """``outputs`` (a list of data samples, dicts, tensors) with every bf16 / fp16 tensor
+    cast to fp32; data elements (``DetDataSample``, ``InstanceData``) are changed in place."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs.float() if outputs.dtype in LOW_PRECISION else outputs
+    if isinstance(outputs, BaseDataElement):
+        for key in outputs.keys():
+            setattr(outputs, key, predictions_to_fp32(getattr(outputs, key)))
+        return outputs
+    if isinstance(outputs, dict):
+        return {k: predictions_to_fp32(v) for k, v in outputs.items()}
+    if isinstance(outputs, (list, tuple)):
+        return type(outputs)(predictions_to_fp32(v) for v in outputs)
+    return outputs
 
 
 def shard_blocks(module: nn.Module, block_types: Sequence[str]) -> List[nn.Module]:
@@ -167,10 +211,13 @@ class FSDP2Wrapper(nn.Module):
             enable_activation_checkpointing(module)
         mp_policy = mixed_precision_policy(mixed_precision)
         offload_policy = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
-        for unit in [*shard_blocks(module, tuple(block_types)), module]:  # blocks, then the rest
-            fully_shard(unit, mp_policy=mp_policy, offload_policy=offload_policy,
-                        reshard_after_forward=reshard_after_forward,
-                        shard_placement_fn=shard_largest_dim)
+        shard_kwargs: Dict[str, Any] = dict(
+            offload_policy=offload_policy, reshard_after_forward=reshard_after_forward,
+            shard_placement_fn=shard_largest_dim)
+        blocks = shard_blocks(module, tuple(block_types))
+        shard_running_stat_norms(module, mp_policy, **shard_kwargs)  # innermost units first
+        for unit in [*blocks, module]:  # blocks, then the rest
+            fully_shard(unit, mp_policy=mp_policy, **shard_kwargs)
         if init_on_rank0:
             broadcast_weights_from_rank0(module, full, self.built_on_meta)
         self.module = module
@@ -187,12 +234,12 @@ class FSDP2Wrapper(nn.Module):
         return log_vars
 
     def val_step(self, data: Union[dict, tuple, list]) -> list:
-        """Predictions of a validation batch (every rank runs the sharded forward)."""
-        return self.module.val_step(data)
+        """Predictions of a validation batch (every rank runs the sharded forward), fp32."""
+        return predictions_to_fp32(self.module.val_step(data))
 
     def test_step(self, data: Union[dict, tuple, list]) -> list:
-        """Predictions of a test batch (every rank runs the sharded forward)."""
-        return self.module.test_step(data)
+        """Predictions of a test batch (every rank runs the sharded forward), fp32."""
+        return predictions_to_fp32(self.module.test_step(data))
 
     def _run_forward(self, data: Union[dict, tuple, list], mode: str) -> Any:
         if isinstance(data, dict):

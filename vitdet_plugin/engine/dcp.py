@@ -1,0 +1,132 @@
+"""Distributed checkpoints (``torch.distributed.checkpoint``, DCP) and the ordinary mmengine file.
+
+A DCP checkpoint is a directory: ``.metadata`` plus one ``__<rank>_0.distcp`` file per rank
+that wrote it, holding an mmengine checkpoint (``meta``, ``state_dict``, ``optimizer``,
+``message_hub``, ``param_schedulers``, ...) as every tensor under its dotted path
+(``state_dict.backbone.blocks.0.attn.qkv.weight``; a sharded tensor as the shards its ranks
+wrote, resharded on load at any world size) and the rest of the dict, its tensors replaced by
+their paths, as one pickled entry (:data:`SKELETON_KEY`): DCP's own nesting would turn integer
+keys (a DDP run's optimizer state) into strings and ``OrderedDict`` / ``Counter`` (message hub,
+``MultiStepLR`` milestones) into plain dicts.
+:func:`dcp_to_file` turns it into the single file that ``tools/test.py``, ``load_from`` and DDP
+runs read (full tensors, one process); :func:`file_to_dcp` turns a single file into a DCP
+directory (one shard file). Both write next to the target and rename when complete, so an
+interrupted conversion leaves no half-written checkpoint under the target's name.
+Command: ``python tools/dcp_convert.py SRC DST`` (the direction from SRC).
+"""
+import io
+import os
+import os.path as osp
+import shutil
+from typing import Any, Dict
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+#: the file DCP writes last into a checkpoint directory: its presence marks a complete one
+DCP_METADATA = '.metadata'
+PARTIAL_SUFFIX = '.partial'
+#: the entry holding the checkpoint's structure and non-tensor values
+SKELETON_KEY = 'mmengine_checkpoint'
+#: a tensor's place in the skeleton: (TENSOR_TAG, its key in the DCP checkpoint)
+TENSOR_TAG = '__dcp_tensor__'
+
+
+def split_tensors(node: Any, tensors: Dict[str, torch.Tensor], path: str = '') -> Any:
+    """``node`` with every tensor replaced by ``(TENSOR_TAG, path)``; the tensors go into
+    ``tensors`` under their dotted paths. Containers keep their types and keys."""
+    if isinstance(node, torch.Tensor):
+        if path in tensors:
+            raise ValueError(f'two tensors of the checkpoint have the path {path!r} (keys that '
+                             'differ only in type, e.g. 0 and "0"); rename one')
+        tensors[path] = node
+        return (TENSOR_TAG, path)
+    prefix = f'{path}.' if path else ''
+    if isinstance(node, dict):
+        out = node.copy()  # OrderedDict, Counter, ... stay what they are
+        for key, value in node.items():
+            out[key] = split_tensors(value, tensors, f'{prefix}{key}')
+        return out
+    if type(node) in (list, tuple):
+        return type(node)(split_tensors(v, tensors, f'{prefix}{i}') for i, v in enumerate(node))
+    return node
+
+
+def join_tensors(node: Any, tensors: Dict[str, torch.Tensor]) -> Any:
+    """The inverse of :func:`split_tensors`."""
+    if type(node) is tuple and len(node) == 2 and node[0] == TENSOR_TAG:
+        return tensors[node[1]]
+    if isinstance(node, dict):
+        out = node.copy()
+        for key, value in node.items():
+            out[key] = join_tensors(value, tensors)
+        return out
+    if type(node) in (list, tuple):
+        return type(node)(join_tensors(v, tensors) for v in node)
+    return node
+
+
+def read_dcp(src_dir: str) -> Dict[str, Any]:
+    """The whole checkpoint of the DCP directory ``src_dir`` in this process (full tensors)."""
+    metadata = FileSystemReader(src_dir).read_metadata().state_dict_metadata
+    if SKELETON_KEY not in metadata:
+        raise ValueError(f'{src_dir} is a DCP checkpoint without the {SKELETON_KEY!r} entry of '
+                         'an mmengine checkpoint; it was not written by vitdet_plugin')
+    state: Dict[str, Any] = {
+        key: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+        for key, meta in metadata.items() if isinstance(meta, TensorStorageMetadata)}
+    state[SKELETON_KEY] = io.BytesIO()
+    dcp.load(state, checkpoint_id=src_dir)
+    pickled = state.pop(SKELETON_KEY)  # DCP wrote the entry's bytes into it
+    pickled.seek(0)
+    return join_tensors(torch.load(pickled, weights_only=False), state)
+
+
+def is_dcp_checkpoint(path: str) -> bool:
+    """Whether ``path`` is a complete DCP checkpoint directory."""
+    return osp.isdir(path) and osp.isfile(osp.join(path, DCP_METADATA))
+
+
+def _check_target(dst: str) -> None:
+    if osp.exists(dst):
+        raise FileExistsError(f'{dst} exists; give a new path or remove it first')
+
+
+def dcp_to_file(src_dir: str, dst_file: str) -> None:
+    """Write the DCP checkpoint ``src_dir`` as one mmengine checkpoint file ``dst_file``
+    (full tensors: the whole model and optimizer state in this process's memory)."""
+    if not is_dcp_checkpoint(src_dir):
+        raise ValueError(f'{src_dir} is not a DCP checkpoint directory (no {DCP_METADATA} in '
+                         'it); give the directory a sharded run saved, e.g. work_dir/iter_N')
+    _check_target(dst_file)
+    partial = dst_file + PARTIAL_SUFFIX
+    torch.save(read_dcp(src_dir), partial)
+    os.replace(partial, dst_file)
+
+
+def file_to_dcp(src_file: str, dst_dir: str) -> None:
+    """Write the mmengine checkpoint file ``src_file`` as the DCP directory ``dst_dir``."""
+    if not osp.isfile(src_file):
+        raise ValueError(f'{src_file} is not a checkpoint file; give a .pth file '
+                         '(a DCP directory converts the other way)')
+    _check_target(dst_dir)
+    partial = dst_dir + PARTIAL_SUFFIX
+    shutil.rmtree(partial, ignore_errors=True)  # left by an interrupted conversion
+    tensors: Dict[str, torch.Tensor] = {}
+    skeleton = split_tensors(torch.load(src_file, map_location='cpu', weights_only=False),
+                             tensors)
+    pickled = io.BytesIO()  # one entry: DCP would flatten a dict
+    torch.save(skeleton, pickled)
+    dcp.save({**tensors, SKELETON_KEY: pickled}, checkpoint_id=partial)
+    os.rename(partial, dst_dir)
+
+
+def convert(src: str, dst: str) -> str:
+    """DCP directory -> file, or file -> DCP directory, by what ``src`` is; the direction."""
+    if osp.isdir(src):
+        dcp_to_file(src, dst)
+        return 'DCP -> file'
+    file_to_dcp(src, dst)
+    return 'file -> DCP'
