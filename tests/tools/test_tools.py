@@ -246,8 +246,8 @@ def test_benchmark_runs_at_a_size_below_one_window_per_stage(tmp_path, monkeypat
 
 
 #: The user entry points of tools/ (the developer kits are under tools/dev/).
-PYTHON_TOOLS = ('train', 'test', 'benchmark', 'convert_weights', 'export_onnx', 'infer',
-                'make_shapes', 'analysis/feature_shapes', 'analysis/get_flops',
+PYTHON_TOOLS = ('train', 'test', 'benchmark', 'convert_weights', 'dcp_convert', 'export_onnx',
+                'infer', 'make_shapes', 'analysis/feature_shapes', 'analysis/get_flops',
                 'analysis/visualize')
 SHELL_TOOLS = ('dist_train.sh', 'demo.sh')
 

@@ -76,7 +76,9 @@ FAMILY_ARGUMENTS = {
 }
 FAMILIES = ('DINOv2Backbone', 'DINOv3Backbone', 'EVA02Backbone')
 #: Necks: registered name -> kwargs (``in_channels``, ``in_stride``: the map it takes).
-TINY_NECKS = {'ViTSimpleFPN': dict(in_channels=32, out_channels=16, in_stride=16)}
+TINY_NECKS = {'ViTSimpleFPN': dict(in_channels=32, out_channels=16, in_stride=16),
+              'RFDETRProjector': dict(in_channels=32, out_channels=16, in_stride=16,
+                                      num_blocks=1, levels=('P3', 'P4', 'P5', 'P6'))}
 NECK_VARIANTS = {'ViTSimpleFPN': [dict(), dict(scale_factors=(2.0, 1.0, 0.5), num_outs=3,
                                               norm_cfg=dict(type='GN', num_groups=4))]}
 

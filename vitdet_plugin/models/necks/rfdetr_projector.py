@@ -22,6 +22,7 @@ from mmdet.registry import MODELS
 from mmengine.model import BaseModule
 from torch import Tensor, nn
 
+from ...functional.checkpoint_target import checkpoint_loader
 from .simple_fpn import DEFAULT_NORM_CFG, _resampler, build_norm2d
 
 #: Pyramid level -> resampling scale of the patch-stride taps (P6 is a max-pool of the last).
@@ -147,6 +148,21 @@ class RFDETRProjector(BaseModule):
         self.out_channels: Tuple[int, ...] = (out_channels,) * len(levels)
         self.out_strides: Tuple[int, ...] = tuple(
             int(in_stride * 2 ** (int(lvl[1]) - 4)) for lvl in levels)
+
+    def init_weights(self) -> None:
+        """Load ``init_cfg``'s pretrained projector as saved by a detector of ours (the part
+        under ``prefix``, ``'neck.'`` when none is given; strict: missing, unexpected or
+        mis-shaped keys raise naming them), or keep the constructor init."""
+        cfg = self.init_cfg
+        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
+            expected = {k: v.shape for k, v in self.state_dict().items()}
+            state_dict, _ = checkpoint_loader().read_as_saved(
+                cfg['checkpoint'], cfg.get('prefix') or 'neck.', expected, type(self).__name__,
+                f"checkpoint {cfg['checkpoint']}")
+            self.load_state_dict(state_dict)
+            self._is_init = True
+            return
+        super().init_weights()
 
     def forward(self, taps: Union[Tensor, Sequence[Tensor]]) -> Tuple[Tensor, ...]:
         """``len(in_channels)`` maps ``(B, C_i, h, w)`` -> one map per level
