@@ -25,7 +25,7 @@ if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not 
 
 import vitdet_plugin  # noqa: F401  (registers our modules, torch/mmengine resume fix)
 from vitdet_plugin.checks import (ConfigCheckError, DataCheckError, drop_preflight_hook,
-                                  preflight)
+                                  exit_on_report, preflight)
 from vitdet_plugin.config import DatasetNotFoundError, load_config
 from vitdet_plugin.engine.dist import prepare_cpu_distributed
 from vitdet_plugin.engine.dist_faults import DistributedFaultError, train_with_fault_report
@@ -119,7 +119,7 @@ def main(argv=None) -> None:
         preflight(cfg, stages, config_path=args.config, tool='tools/train.py')
         check_fsdp_config(cfg)  # FSDP2Wrapper needs FSDP2Runner
     except (DatasetNotFoundError, ConfigCheckError, DataCheckError, ValueError) as e:
-        sys.exit(f'error: {e}')
+        exit_on_report(e)  # one report per job: rank 0's
     drop_preflight_hook(cfg)  # its checks just ran
     prepare_cpu_distributed(cfg)  # gloo + CPU DDP wrapper when torchrun runs without GPUs
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
