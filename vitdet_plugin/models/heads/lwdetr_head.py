@@ -82,21 +82,13 @@ class LWDETRHead(SetPredictionHead):
                  train_cfg: Optional[dict] = None,
                  test_cfg: Optional[dict] = None,
                  init_cfg: Optional[dict] = None) -> None:
-        super().__init__(init_cfg=init_cfg)
-        for name, value in (('num_classes', num_classes), ('num_queries', num_queries),
-                            ('num_groups', num_groups), ('num_levels', num_levels)):
+        super().__init__(num_classes, num_queries, embed_dims, anchor_size, train_cfg, test_cfg,
+                         init_cfg)
+        for name, value in (('num_groups', num_groups), ('num_levels', num_levels)):
             if value < 1:
                 raise ValueError(f'{name} must be >= 1, got {value}')
-        if not 0 < anchor_size < 1:
-            raise ValueError(f'anchor_size must be in (0, 1), got {anchor_size}')
-        self.num_classes = num_classes
-        self.embed_dims = embed_dims
         self.num_levels = num_levels
-        self.num_queries = num_queries
         self.num_groups = num_groups
-        self.anchor_size = anchor_size
-        self.train_cfg = dict(train_cfg or {})
-        self.test_cfg = dict(test_cfg or {})
         self.decoder = LWDETRDecoder(num_decoder_layers, embed_dims, self_heads, cross_heads,
                                      num_levels, num_points, ffn_dims, dropout)
         total = num_queries * num_groups

@@ -86,8 +86,25 @@ class SetPredictionHead(BaseModule):
 
     #: ``max_per_img`` when ``test_cfg`` does not set it.
     default_max_per_img: ClassVar[int] = 100
-    test_cfg: dict
     criterion: Callable[..., Dict[str, Tensor]]
+
+    def __init__(self, num_classes: int, num_queries: int, embed_dims: int, anchor_size: float,
+                 train_cfg: Optional[dict], test_cfg: Optional[dict],
+                 init_cfg: Optional[dict]) -> None:
+        """Check and keep what every set-prediction head has: classes, queries (per group),
+        channels, the side of its level-0 token anchors, and its train / test configs."""
+        super().__init__(init_cfg=init_cfg)
+        for name, value in (('num_classes', num_classes), ('num_queries', num_queries)):
+            if value < 1:
+                raise ValueError(f'{name} must be >= 1, got {value}')
+        if not 0 < anchor_size < 1:
+            raise ValueError(f'anchor_size must be in (0, 1), got {anchor_size}')
+        self.num_classes = num_classes
+        self.num_queries = num_queries
+        self.embed_dims = embed_dims
+        self.anchor_size = anchor_size
+        self.train_cfg = dict(train_cfg or {})
+        self.test_cfg = dict(test_cfg or {})
 
     @staticmethod
     def init_branches(cls_branches: Iterable[nn.Module], reg_branches: Iterable[nn.Module]
@@ -205,24 +222,13 @@ class SdpaDETRHead(SetPredictionHead):
                  train_cfg: Optional[dict] = None,
                  test_cfg: Optional[dict] = None,
                  init_cfg: Optional[dict] = None) -> None:
-        super().__init__(init_cfg=init_cfg)
-        if num_classes < 1:
-            raise ValueError(f'num_classes must be >= 1, got {num_classes}')
-        if num_queries < 1:
-            raise ValueError(f'num_queries must be >= 1, got {num_queries}')
-        if not 0 < anchor_size < 1:
-            raise ValueError(f'anchor_size must be in (0, 1), got {anchor_size}')
+        super().__init__(num_classes, num_queries, embed_dims, anchor_size, train_cfg, test_cfg,
+                         init_cfg)
         if enc_one_to_many is not None and (not two_stage or enc_one_to_many < 1):
             raise ValueError(f'enc_one_to_many={enc_one_to_many} needs two_stage=True and a '
                              'count >= 1 (tokens per ground truth), or None')
         self.enc_one_to_many = enc_one_to_many
-        self.num_classes = num_classes
-        self.num_queries = num_queries
-        self.embed_dims = embed_dims
         self.two_stage = two_stage
-        self.anchor_size = anchor_size
-        self.train_cfg = dict(train_cfg or {})
-        self.test_cfg = dict(test_cfg or {})
         self.memory = MultiScaleMemory(in_channels, embed_dims, in_levels, num_extra_levels,
                                        in_strides)
         num_levels = self.memory.num_levels
