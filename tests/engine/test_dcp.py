@@ -2,12 +2,14 @@
 tools/dcp_convert.py): an mmengine checkpoint (written by mmengine's ``save_checkpoint``: model,
 AdamW state of torch's optimizer, message hub, scheduler, meta) round-trips file -> DCP -> file
 unchanged, and the DCP directory is read by torch's own DCP reader."""
+import io
 import os
 import os.path as osp
 
 import numpy as np
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from helpers import run_tool
 from mmengine.logging import MessageHub
 from mmengine.runner.checkpoint import save_checkpoint
@@ -15,7 +17,8 @@ from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from vitdet_plugin.engine.dcp import dcp_to_file, file_to_dcp, is_dcp_checkpoint
+from vitdet_plugin.engine.dcp import SKELETON_KEY, dcp_to_file, file_to_dcp, is_dcp_checkpoint
+from vitdet_plugin.weights import CheckpointError
 
 
 def _flat(node):
@@ -88,3 +91,26 @@ def test_conversion_refuses_wrong_sources_and_existing_targets(checkpoint, tmp_p
         file_to_dcp(checkpoint, checkpoint)
     assert run_tool('dcp_convert.py', [checkpoint, checkpoint]).returncode == 1
     assert osp.isfile(checkpoint)
+
+
+class Payload:
+    """An object no allow-list holds: unpickling it could run code."""
+
+
+def test_conversion_reads_weights_only_both_ways(tmp_path):
+    """A checkpoint with an object off the weights_only allow-list is refused, naming it, in
+    both directions (a .pth file, and the pickled entry of a DCP directory): nothing is
+    unpickled unless the file is listed in VITDET_TRUSTED_CHECKPOINTS."""
+    tampered = str(tmp_path / 'tampered.pth')
+    torch.save({'meta': Payload(), 'state_dict': {'w': torch.ones(2)}}, tampered)
+    refused = r"refused to load checkpoint .*: it contains Python objects .*refused: .*Payload\)"
+    with pytest.raises(CheckpointError, match=refused):
+        file_to_dcp(tampered, str(tmp_path / 'd'))
+    entry = io.BytesIO()
+    torch.save({'meta': Payload()}, entry)
+    dcp_dir = str(tmp_path / 'tampered_dcp')
+    dcp.save({'w': torch.ones(2), SKELETON_KEY: entry}, checkpoint_id=dcp_dir)
+    with pytest.raises(CheckpointError, match=refused):
+        dcp_to_file(dcp_dir, str(tmp_path / 'x.pth'))
+    assert run_tool('dcp_convert.py', [dcp_dir, str(tmp_path / 'x.pth')]).returncode == 1
+    assert not osp.exists(tmp_path / 'x.pth') and not osp.exists(tmp_path / 'd')

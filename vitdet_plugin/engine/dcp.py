@@ -25,6 +25,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from ..weights.checkpoint_io import load_trusted_or_weights_only
+
 #: the file DCP writes last into a checkpoint directory: its presence marks a complete one
 DCP_METADATA = '.metadata'
 PARTIAL_SUFFIX = '.partial'
@@ -80,8 +82,8 @@ def read_dcp(src_dir: str) -> Dict[str, Any]:
     state[SKELETON_KEY] = io.BytesIO()
     dcp.load(state, checkpoint_id=src_dir)
     pickled = state.pop(SKELETON_KEY)  # DCP wrote the entry's bytes into it
-    pickled.seek(0)
-    return join_tensors(torch.load(pickled, weights_only=False), state)
+    pickled.seek(0)  # weights_only, as every checkpoint read (the trust list names src_dir)
+    return join_tensors(load_trusted_or_weights_only(pickled, given=src_dir), state)
 
 
 def is_dcp_checkpoint(path: str) -> bool:
@@ -115,8 +117,7 @@ def file_to_dcp(src_file: str, dst_dir: str) -> None:
     partial = dst_dir + PARTIAL_SUFFIX
     shutil.rmtree(partial, ignore_errors=True)  # left by an interrupted conversion
     tensors: Dict[str, torch.Tensor] = {}
-    skeleton = split_tensors(torch.load(src_file, map_location='cpu', weights_only=False),
-                             tensors)
+    skeleton = split_tensors(load_trusted_or_weights_only(src_file, 'cpu'), tensors)
     pickled = io.BytesIO()  # one entry: DCP would flatten a dict
     torch.save(skeleton, pickled)
     dcp.save({**tensors, SKELETON_KEY: pickled}, checkpoint_id=partial)

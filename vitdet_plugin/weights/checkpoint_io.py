@@ -20,7 +20,7 @@ import os
 import pickle
 import re
 import urllib.parse
-from typing import Any, List, Optional, Union
+from typing import IO, Any, List, Optional, Union
 
 import numpy as np
 import torch
@@ -140,21 +140,24 @@ def _unpickler_detail(error: pickle.UnpicklingError) -> str:
     return lines[0] if lines else ''
 
 
-def load_trusted_or_weights_only(path: str, map_location: Any = None,
+def load_trusted_or_weights_only(source: Union[str, IO[bytes]], map_location: Any = None,
                                  given: Optional[str] = None) -> Any:
-    """Read the ``torch.save`` file ``path`` (``given``: the name the user wrote, e.g. a URL).
+    """Read what ``torch.save`` wrote to the file ``source``, or to a stream read from a
+    checkpoint (``given``: the name the user wrote, e.g. a URL or the directory the stream
+    came from; messages and the trust list use it).
 
-    ``weights_only=True`` unless ``path`` or ``given`` is listed in :data:`TRUST_ENV`. A
+    ``weights_only=True`` unless ``source`` or ``given`` is listed in :data:`TRUST_ENV`. A
     refused object raises :class:`CheckpointError` naming it and the way to trust the file;
     a file that is no checkpoint raises :class:`CheckpointError` saying so; every other error
     (out of memory, a device ``map_location`` cannot reach) propagates unchanged.
     """
+    path = source if isinstance(source, str) else (given or '<stream>')
     if is_trusted(path, given or ''):
         logger.warning('%s lists %r: reading it with full unpickling (weights_only=False)',
                        TRUST_ENV, given or path)
-        return torch.load(path, map_location=map_location, weights_only=False)
+        return torch.load(source, map_location=map_location, weights_only=False)
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(source, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         refused = _refused_global(e)
         if refused is None:
