@@ -6,20 +6,23 @@ import torch
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.functional import checkpoint_target
 from vitdet_plugin.models.backbones import ViTBackbone
-from vitdet_plugin.models.backbones.base import load_pretrained
-from vitdet_plugin.weights import load_checkpoint, read_as_saved
+from vitdet_plugin.weights import load_checkpoint, load_init_checkpoint, read_as_saved
 
 
 def test_importing_the_package_plugs_the_layout_table_in():
     loader = checkpoint_target.checkpoint_loader()
     assert loader.convert is load_checkpoint
     assert loader.read_as_saved is read_as_saved
+    assert loader.load_init is load_init_checkpoint
 
 
 def test_without_a_plugged_loader_a_model_load_names_the_fix(monkeypatch):
+    arch = dict(embed_dims=32, depth=1, num_heads=2)
+    state = ViTBackbone(arch=arch, global_attn_indexes=(0,)).state_dict()
+    model = ViTBackbone(arch=arch, global_attn_indexes=(0,), init_cfg=dict(
+        type='Pretrained', checkpoint={k: torch.zeros(v.shape) for k, v in state.items()}))
     monkeypatch.setattr(checkpoint_target, '_plugged', {})
-    model = ViTBackbone(arch=dict(embed_dims=32, depth=1, num_heads=2), global_attn_indexes=(0,))
     with pytest.raises(RuntimeError, match='^no checkpoint loader is plugged in: import '
                        r'vitdet_plugin \(its weights package plugs the layout table in\) before '
                        'loading weights$'):
-        load_pretrained(model, {k: torch.zeros(v.shape) for k, v in model.state_dict().items()})
+        model.init_weights()

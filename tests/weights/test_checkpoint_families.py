@@ -38,7 +38,7 @@ from vitdet_plugin.models.backbones import (
     SwinV2Backbone,
     ViTBackbone,
 )
-from vitdet_plugin.models.backbones.base import load_pretrained
+from vitdet_plugin.weights import load_pretrained
 from vitdet_plugin.weights import (LAYOUTS, CheckpointError, checkpoint_state_dict, detect_layout,
                                    layouts)
 from vitdet_plugin.weights.layout import CLASS_NAMED, GENERIC, SPECIFIC

@@ -31,7 +31,7 @@ from torch import nn
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.models.backbones import (DINOv2Backbone, DINOv3Backbone, SwinBackbone,
                                             SwinV2Backbone, ViTBackbone)
-from vitdet_plugin.models.backbones.base import load_pretrained
+from vitdet_plugin.weights import load_pretrained
 from vitdet_plugin.weights import CheckpointError
 from vitdet_plugin.weights.transformers_layouts import config_mismatch
 

@@ -10,7 +10,7 @@ from helpers import assert_close_rel, randomize_
 from mmengine.config import ConfigDict
 
 import vitdet_plugin  # noqa: F401
-from vitdet_plugin.models.backbones.base import load_pretrained
+from vitdet_plugin.weights import load_pretrained
 from vitdet_plugin.models.backbones.swin import SwinBackbone
 from vitdet_plugin.weights import CheckpointError, detect_layout
 from vitdet_plugin.weights.swin import convert_swin, resize_rel_pos_bias_table, swin_to_mmdet

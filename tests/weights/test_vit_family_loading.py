@@ -12,7 +12,7 @@ from timm.models import vision_transformer as timm_vit
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.models.backbones import DINOv2Backbone, DINOv3Backbone, EVA02Backbone
-from vitdet_plugin.models.backbones.base import load_pretrained
+from vitdet_plugin.weights import load_pretrained
 from vitdet_plugin.weights.checkpoint_io import CheckpointError
 
 #: fp32 bound of the issue: max |ours - timm| / max |timm|.

@@ -14,7 +14,7 @@ from torch import nn
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.models.backbones import ViTBackbone
-from vitdet_plugin.models.backbones.base import load_pretrained
+from vitdet_plugin.weights import load_pretrained
 from vitdet_plugin.functional import resize_rel_pos
 from vitdet_plugin.models.necks import ViTSimpleFPN
 from vitdet_plugin.weights import detect_layout

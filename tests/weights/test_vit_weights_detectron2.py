@@ -21,7 +21,7 @@ from torch import nn
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.models.backbones import ViTBackbone
-from vitdet_plugin.models.backbones.base import load_pretrained
+from vitdet_plugin.weights import load_pretrained
 from vitdet_plugin.models.necks import ViTSimpleFPN
 from vitdet_plugin.weights.checkpoint_io import CheckpointError
 from vitdet_plugin.weights.vit import (

@@ -9,25 +9,24 @@ from .attention import attend
 from .decomposed_rel_pos import (decomposed_rel_pos_bias, decomposed_rel_pos_channels,
                                  decomposed_rel_pos_embeddings, decomposed_rel_pos_terms,
                                  resize_rel_pos)
-from .rel_pos import (bias_table_size, interpolation_dtype, relative_position_index,
-                      resize_pos_grid)
+from .rel_pos import interpolation_dtype, resize_pos_grid
 from .rope import (ROPE_FORMULATIONS, RopeSpec, apply_rope, check_rope_spec,
                    rope_axis_coords, rope_frequencies, rope_tables)
-from .size_cache import SizeCache, builds_cache
-from .sizes import ArgumentError, stage_windows, to_2tuple, window_pair
+from .size_cache import SizeCache
+from .sizes import ArgumentError, to_2tuple, window_pair
 from .symbolic import known_equal, known_zero
-from .window import (MASKED_LOGIT, WindowGrid, from_windows, pad_to_multiple, padded_size,
-                     shifted_window_mask, to_windows, window_attend, window_partition,
-                     window_reverse)
+from .window import (MASKED_LOGIT, WindowGrid, bias_table_size, from_windows, pad_to_multiple,
+                     padded_size, relative_position_index, shifted_window_mask, to_windows,
+                     window_attend, window_partition, window_reverse)
 
 __all__ = [
     'attend',
     'bias_table_size', 'decomposed_rel_pos_bias', 'decomposed_rel_pos_channels',
     'decomposed_rel_pos_embeddings', 'decomposed_rel_pos_terms', 'interpolation_dtype',
-    'relative_position_index', 'resize_pos_grid', 'resize_rel_pos', 'SizeCache', 'builds_cache',
+    'relative_position_index', 'resize_pos_grid', 'resize_rel_pos', 'SizeCache',
     'ROPE_FORMULATIONS', 'RopeSpec', 'apply_rope', 'check_rope_spec', 'rope_axis_coords',
     'rope_frequencies', 'rope_tables',
-    'ArgumentError', 'stage_windows', 'to_2tuple', 'window_pair', 'known_equal', 'known_zero',
+    'ArgumentError', 'to_2tuple', 'window_pair', 'known_equal', 'known_zero',
     'MASKED_LOGIT', 'WindowGrid', 'from_windows', 'pad_to_multiple', 'padded_size',
     'shifted_window_mask', 'to_windows', 'window_attend', 'window_partition', 'window_reverse',
 ]

@@ -1,16 +1,17 @@
 """The checkpoint contract between the models and the loader (:mod:`vitdet_plugin.weights`).
 
-A model describes itself with a :class:`CheckpointTarget` (its ``checkpoint_target()``) and asks
-:func:`load_for_target` for the converted state dict and a :class:`LoadReport`; the loader is
-plugged in by :mod:`vitdet_plugin.weights` when it is imported (``import vitdet_plugin`` does
-that before it imports the models). So the dependency points from ``weights/`` to this module
-and never from a model to ``weights/`` (``tests/test_import_graph.py``).
+A model describes itself with a :class:`CheckpointTarget` (its ``checkpoint_target()``) and
+asks the :func:`checkpoint_loader` to load its ``init_cfg`` checkpoint; the loader is plugged in
+by :mod:`vitdet_plugin.weights` when it is imported (``import vitdet_plugin`` does that before
+it imports the models). So the dependency points from ``weights/`` to this module and never
+from a model to ``weights/``.
 """
 import dataclasses
 import os
-from typing import Callable, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
+from torch import nn
 
 Pair = Tuple[int, int]
 #: What a checkpoint can be given as: a path, a URL, a transformers folder or a loaded dict.
@@ -82,10 +83,28 @@ ReadAsSaved = Callable[[CheckpointSource, Optional[str], Mapping[str, torch.Size
                        Tuple[StateDict, LoadReport]]
 
 
+#: ``(module, options) -> loaded``: loads the Pretrained ``init_cfg`` checkpoint of ``module``
+#: (converted for its ``checkpoint_target()`` with the load ``options`` named, read from the same
+#: entry) and marks it initialised; False when its ``init_cfg`` names none.
+LoadInit = Callable[[nn.Module, Sequence[str]], bool]
+
+
 class CheckpointLoader(NamedTuple):
-    """The two loads the models ask for (see :data:`ConvertForTarget`, :data:`ReadAsSaved`)."""
+    """The loads the models ask for (:data:`ConvertForTarget`, :data:`ReadAsSaved`,
+    :data:`LoadInit`)."""
     convert: ConvertForTarget
     read_as_saved: ReadAsSaved
+    load_init: LoadInit
+
+
+def pretrained_init_cfg(init_cfg: Any) -> Optional[dict]:
+    """The ``dict(type='Pretrained', checkpoint=...)`` entry of an mmengine ``init_cfg`` (a
+    dict or a list of dicts), or None."""
+    cfgs = init_cfg if isinstance(init_cfg, (list, tuple)) else [init_cfg]
+    found = [c for c in cfgs if isinstance(c, dict) and c.get('type') == 'Pretrained']
+    if len(found) > 1:
+        raise ValueError(f'init_cfg lists {len(found)} Pretrained checkpoints; give one')
+    return found[0] if found else None
 
 
 _plugged: Dict[str, CheckpointLoader] = {}

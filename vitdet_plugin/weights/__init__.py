@@ -1,7 +1,8 @@
 """Checkpoints: safe reading (:mod:`.checkpoint_io`; transformers folders,
 :mod:`.transformers_folder`), state-dict handling (:mod:`.common`), the
 one table of layouts and the loader (:mod:`.layouts`, fed a
-:class:`~vitdet_plugin.functional.checkpoint_target.CheckpointTarget`)
+:class:`~vitdet_plugin.functional.checkpoint_target.CheckpointTarget`; loaded into a module by
+:mod:`.pretrained`)
 and the converters it pairs with detectors, pure ``state_dict -> state_dict`` functions
 (:mod:`.swin`, :mod:`.swin_v2`, :mod:`.vit`, :mod:`.vit_families`; the official DINOv2 /
 DINOv3 / EVA-02 layouts to timm's, :mod:`.official_vit`; the patch-kernel resample,
@@ -20,6 +21,7 @@ from .layouts import (FAMILY_BACKBONES, LAYOUTS, Layout, detect_layout, find_lay
                       load_checkpoint)
 from .official_vit import OFFICIAL_VIT_LAYOUTS, detect_official_vit_layout, official_to_timm
 from .patch_resample import resample_patch_kernel
+from .pretrained import HasCheckpointTarget, load_init_checkpoint, load_pretrained
 
 __all__ = [
     'CheckpointError', 'LoadReport', 'check_state_dict', 'checkpoint_state_dict', 'drop_keys',
@@ -27,7 +29,9 @@ __all__ = [
     'unwrap_state_dict',
     'FAMILY_BACKBONES', 'LAYOUTS', 'Layout', 'detect_layout', 'find_layout', 'load_checkpoint',
     'OFFICIAL_VIT_LAYOUTS', 'detect_official_vit_layout', 'official_to_timm',
-    'resample_patch_kernel', 'CheckpointTarget',
+    'resample_patch_kernel', 'CheckpointTarget', 'HasCheckpointTarget', 'load_init_checkpoint',
+    'load_pretrained',
 ]
 
-plug_checkpoint_loader(CheckpointLoader(convert=load_checkpoint, read_as_saved=read_as_saved))
+plug_checkpoint_loader(CheckpointLoader(convert=load_checkpoint, read_as_saved=read_as_saved,
+                                        load_init=load_init_checkpoint))

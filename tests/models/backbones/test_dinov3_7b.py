@@ -13,7 +13,7 @@ from test_vit_family_loading import TOL, patch_tokens, timm_tokens
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.models.backbones import DINOv3Backbone
-from vitdet_plugin.models.backbones.base import load_pretrained
+from vitdet_plugin.weights import load_pretrained
 
 NAME = 'vit_7b_patch16_dinov3'
 #: parameters of dinov3_vit7b16 without its pretraining-only tokens / norms (timm's count)

@@ -8,7 +8,7 @@ from helpers import assert_close_rel, max_rel_err, randomize_
 from torch import nn
 
 import vitdet_plugin  # noqa: F401
-from vitdet_plugin.models.backbones.base import load_pretrained
+from vitdet_plugin.weights import load_pretrained
 from vitdet_plugin.models.backbones.swin import SwinBackbone
 from vitdet_plugin.models.backbones.swin_archs import SwinArch
 from vitdet_plugin.models.layers import eager_attention

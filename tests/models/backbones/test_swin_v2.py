@@ -21,7 +21,7 @@ from torch import Tensor
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.functional.cpb import log_spaced_relative_coords
 from vitdet_plugin.models.backbones import SwinBackbone, SwinV2Backbone
-from vitdet_plugin.models.backbones.base import load_pretrained
+from vitdet_plugin.weights import load_pretrained
 from vitdet_plugin.models.backbones.swin_v2_block import SwinV2Block
 from vitdet_plugin.weights import CheckpointError, detect_layout
 from vitdet_plugin.weights.swin_v2 import check_pretrained_windows, convert_swin_v2

@@ -18,7 +18,7 @@ from vitdet_plugin.models.backbones import (
     EVA02Backbone,
     ViTBackbone,
 )
-from vitdet_plugin.models.backbones.base import load_pretrained
+from vitdet_plugin.weights import load_pretrained
 from vitdet_plugin.weights.checkpoint_io import CheckpointError
 from vitdet_plugin.weights.vit_families import convert_vit_family, detect_vit_family
 

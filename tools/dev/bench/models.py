@@ -101,7 +101,7 @@ def build_swin(arch: str, size: Size, with_cp: bool) -> Compared:
     from mmdet.models.backbones import SwinTransformer
     _import_plugin()
     from vitdet_plugin.models.backbones import SwinBackbone
-    from vitdet_plugin.models.backbones.base import load_pretrained
+    from vitdet_plugin.weights import load_pretrained
     from vitdet_plugin.weights.swin import swin_to_mmdet
 
     # always_partition: keep the 7x7 windows (and their shift) in stages smaller than a
@@ -129,7 +129,7 @@ def build_vit(arch: str, with_cp: bool) -> Compared:
     import timm
     _import_plugin()
     from vitdet_plugin.models.backbones import ViTBackbone
-    from vitdet_plugin.models.backbones.base import load_pretrained
+    from vitdet_plugin.weights import load_pretrained
 
     ref: Any = timm.create_model(f'samvit_{arch}_patch16', pretrained=False, num_classes=0,
                             drop_path_rate=0.0)
@@ -168,7 +168,7 @@ def build_swinv2(arch: str, size: Size, with_cp: bool) -> Compared:
     import timm
     _import_plugin()
     from vitdet_plugin.models.backbones import SwinV2Backbone
-    from vitdet_plugin.models.backbones.base import load_pretrained
+    from vitdet_plugin.weights import load_pretrained
 
     tm: Any = timm.create_model(f'swinv2_{arch}_window{SWINV2_WINDOW}_256', pretrained=False,
                            num_classes=0, img_size=size, strict_img_size=False,
@@ -219,7 +219,7 @@ def build_vit_family(family: str, arch: str, with_cp: bool) -> Compared:
     import timm
     _import_plugin()
     from mmdet.registry import MODELS as MMDET_MODELS
-    from vitdet_plugin.models.backbones.base import load_pretrained
+    from vitdet_plugin.weights import load_pretrained
 
     timm_name, ours_type = VIT_FAMILIES[family]
     ref: Any = timm.create_model(timm_name.format(arch=arch), pretrained=False, num_classes=0,

@@ -10,9 +10,8 @@ The contract (:class:`BackboneContract`) is what configs, necks, optimizers and 
   embeddings and tables).
 """
 import dataclasses
-import os
-from typing import (Any, Callable, ClassVar, Dict, Iterable, List, Mapping, Optional, Protocol,
-                    Set, Tuple, Type, TypeVar, Union, runtime_checkable)
+from typing import (Any, Callable, ClassVar, Dict, Iterable, List, Mapping, Optional, Set, Tuple,
+                    Type, TypeVar)
 
 import torch
 import torch.utils.checkpoint as cp
@@ -20,7 +19,7 @@ from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ...functional.checkpoint_target import CheckpointTarget, LoadReport, checkpoint_loader
+from ...functional.checkpoint_target import checkpoint_loader
 
 _NORMS = (nn.LayerNorm, nn.GroupNorm, _BatchNorm)
 #: Parameter names that are biases: ``bias`` and the separate q / v biases of attention
@@ -32,23 +31,10 @@ TRUNC_NORMAL_STD = 0.02
 SpecT = TypeVar('SpecT', bound='ArchSpec')
 
 
-#: Attribute where a module keeps the LoadReport of its ``init_cfg`` checkpoint (read by the
-#: pre-flight hook's init-source lines, :mod:`vitdet_plugin.checks.init_sources`).
-INIT_REPORT_ATTR = 'init_report'
 #: Class attribute of the modules whose ``init_weights`` loads their own Pretrained ``init_cfg``
 #: strictly (our backbones and necks); a detector leaves those to them and loads the others'
 #: itself (:mod:`vitdet_plugin.models.detectors.pretrained_parts`).
 LOADS_PRETRAINED_ATTR = 'loads_pretrained_strictly'
-
-
-def pretrained_init_cfg(init_cfg: Any) -> Optional[dict]:
-    """The ``dict(type='Pretrained', checkpoint=...)`` entry of an mmengine ``init_cfg`` (a
-    dict or a list of dicts), or None."""
-    cfgs = init_cfg if isinstance(init_cfg, (list, tuple)) else [init_cfg]
-    found = [c for c in cfgs if isinstance(c, dict) and c.get('type') == 'Pretrained']
-    if len(found) > 1:
-        raise ValueError(f'init_cfg lists {len(found)} Pretrained checkpoints; give one')
-    return found[0] if found else None
 
 
 def init_cfg_from_pretrained(pretrained: Optional[str], init_cfg: Any) -> Any:
@@ -64,43 +50,11 @@ def init_cfg_from_pretrained(pretrained: Optional[str], init_cfg: Any) -> Any:
     return dict(type='Pretrained', checkpoint=pretrained)
 
 
-@runtime_checkable
-class HasCheckpointTarget(Protocol):
-    """A module that describes itself to the checkpoint loader (our backbones and necks)."""
-
-    def checkpoint_target(self) -> CheckpointTarget:
-        """What the checkpoint loader (:mod:`vitdet_plugin.weights`) converts a checkpoint for."""
-
-
-def load_pretrained(module: nn.Module, checkpoint: Union[str, os.PathLike, Mapping],
-                    prefix: Optional[str] = None, **options: Any) -> LoadReport:
-    """Load a checkpoint of any layout of the table into ``module`` (strict, reported): its
-    :meth:`~HasCheckpointTarget.checkpoint_target` (with the load ``options``, e.g.
-    ``src_window_size``) goes to the plugged-in loader
-    (:func:`~vitdet_plugin.functional.checkpoint_target.checkpoint_loader`, the layout table of
-    :mod:`vitdet_plugin.weights`), which converts and checks; the result is loaded here."""
-    if not isinstance(module, HasCheckpointTarget):
-        raise TypeError(f'{type(module).__name__} has no checkpoint_target(); load its weights '
-                        'with load_state_dict')
-    target = dataclasses.replace(module.checkpoint_target(),
-                                 **{k: v for k, v in options.items() if v is not None})
-    state_dict, report = checkpoint_loader().convert(checkpoint, target, prefix)
-    module.load_state_dict(state_dict, strict=False)
-    return report
-
-
 def load_init_checkpoint(module: nn.Module, *options: str) -> bool:
-    """Load the ``init_cfg`` Pretrained checkpoint of ``module`` (:func:`load_pretrained`, with
-    the named ``options`` read from the same init config) and mark it initialised; False
-    (nothing loaded) when the init config names none."""
-    pretrained = pretrained_init_cfg(getattr(module, 'init_cfg', None))
-    if pretrained is None:
-        return False
-    report = load_pretrained(module, pretrained['checkpoint'], pretrained.get('prefix'),
-                             **{name: pretrained.get(name) for name in options})
-    setattr(module, INIT_REPORT_ATTR, report)  # the train log's "init backbone ..." line
-    setattr(module, '_is_init', True)  # noqa: B010  (mmengine BaseModule's init flag)
-    return True
+    """Load the ``init_cfg`` Pretrained checkpoint of ``module`` through the plugged-in loader
+    (converted for its ``checkpoint_target()``, with the named load ``options`` of the same
+    entry); False (nothing loaded) when the init config names none."""
+    return checkpoint_loader().load_init(module, options)
 
 
 def state_shapes(module: nn.Module) -> Dict[str, torch.Size]:

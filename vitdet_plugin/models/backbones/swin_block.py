@@ -13,9 +13,9 @@ import torch
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from torch import Tensor, nn
 
-from ...functional.rel_pos import bias_table_size, relative_position_index
 from ...functional.size_cache import SizeCache
-from ...functional.window import from_windows, to_windows, window_attend
+from ...functional.window import (bias_table_size, from_windows, relative_position_index,
+                                  to_windows, window_attend)
 from ..layers.arguments import head_dim
 from ..layers.mlp import DropPath, Mlp
 

@@ -15,14 +15,14 @@ Parameter names follow the official Microsoft layout (``layers.{i}.blocks.{j}...
 at the end of stage ``i``); timm and mmpretrain layouts are converted by
 :mod:`vitdet_plugin.weights.swin_v2`.
 """
-from typing import Optional, Sequence, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 from mmcv.cnn import build_norm_layer
 from mmdet.registry import MODELS
 from torch import nn
 
-from ...functional.sizes import WindowArg, stage_windows
 from ...functional.checkpoint_target import CheckpointTarget
+from ...functional.sizes import Window, pair_or_none
 from ..layers.arguments import check_flags, check_rates, positive_number, refuse_removed
 from ..layers.patch_merging import PatchMerging
 from .base import (init_cfg_from_pretrained, init_transformer_weights_, load_init_checkpoint,
@@ -30,6 +30,28 @@ from .base import (init_cfg_from_pretrained, init_transformer_weights_, load_ini
 from .hierarchical import WindowBackbone
 from .swin_archs import SwinV2Arch
 from .swin_v2_block import LOGIT_SCALE_INIT, CosineWindowAttention, SwinV2Block
+
+#: A window: an int (square) or ``(h, w)``; per stage: one of those, or a sequence of them.
+WindowArg = Union[int, Sequence[int], Sequence[Union[int, Sequence[int]]]]
+
+
+def stage_windows(value: WindowArg, num_stages: int, name: str, minimum: int,
+                  pair_for_all: bool = True) -> Tuple[Window, ...]:
+    """One ``(h, w)`` per stage from an int, one int / ``(h, w)`` per stage, or (with
+    ``pair_for_all``) a pair of ints: one ``(h, w)`` for all stages, as in timm. Sides below
+    ``minimum`` are refused (0 may mean "the stage's own window")."""
+    windows: List[Optional[Window]] = [pair_or_none(value)] * num_stages
+    if isinstance(value, (tuple, list)) and not (pair_for_all and windows[0] is not None):
+        windows = [pair_or_none(v) for v in value] if len(value) == num_stages else [None]
+    found = [w for w in windows if w is not None]
+    if len(found) != num_stages:
+        form = 'an int or a pair (h, w), or' if pair_for_all else 'an int or'
+        raise ValueError(f'{name} must be {form} one int or (h, w) pair per stage (the model '
+                         f'has {num_stages} stages), got {value!r}')
+    if any(min(w) < minimum for w in found):
+        bound = 'positive' if minimum > 0 else f'>= {minimum} (0: the stage\'s own window)'
+        raise ValueError(f'{name} must be {bound}, got {value!r}')
+    return tuple(found)
 
 
 @MODELS.register_module()

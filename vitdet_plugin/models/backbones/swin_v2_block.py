@@ -17,10 +17,10 @@ from mmcv.cnn import build_activation_layer, build_norm_layer
 from torch import Tensor, nn
 
 from ...functional.cpb import log_spaced_relative_coords
-from ...functional.rel_pos import relative_position_index
 from ...functional.size_cache import SizeCache
 from ...functional.sizes import Window
-from ...functional.window import from_windows, to_windows, window_attend
+from ...functional.window import (from_windows, relative_position_index, to_windows,
+                                  window_attend)
 from ..layers.arguments import head_dim
 from ..layers.mlp import DropPath, Mlp
 

@@ -15,8 +15,8 @@ from typing import Any, Callable, List, Tuple
 from mmengine.logging import print_log
 from torch import nn
 
-from ...functional.checkpoint_target import checkpoint_loader
-from ..backbones.base import LOADS_PRETRAINED_ATTR, pretrained_init_cfg, state_shapes
+from ...functional.checkpoint_target import checkpoint_loader, pretrained_init_cfg
+from ..backbones.base import LOADS_PRETRAINED_ATTR, state_shapes
 
 #: (part name, module, its Pretrained entry, its whole init_cfg)
 _Deferred = Tuple[str, nn.Module, dict, Any]

@@ -22,7 +22,6 @@ class PatchEmbed(nn.Module):
         in_chans: input channels.
         embed_dim: output channels.
         norm_layer: optional norm applied to the tokens (``(B, H', W', C)``).
-        pad: pad inputs that are not a multiple of the patch size; if False they are rejected.
         stem: optional module run on the (padded) image before the projection, e.g. a
             :class:`~.conv_stem.ConvStem`; it must have ``out_channels`` and an integer
             ``stride`` that divides the patch size, and the projection covers the rest of it.
@@ -33,13 +32,10 @@ class PatchEmbed(nn.Module):
                  in_chans: int,
                  embed_dim: int,
                  norm_layer: Optional[nn.Module] = None,
-                 pad: bool = True,
                  stem: Optional[ConvStem] = None) -> None:
         super().__init__()
         self.patch_size = to_2tuple(patch_size)
         self.in_chans = in_chans
-        self.embed_dim = embed_dim
-        self.pad = pad
         self.stem = stem
         kernel, proj_in = self.patch_size, in_chans
         if stem is not None:
@@ -78,9 +74,6 @@ class PatchEmbed(nn.Module):
         hp, wp = padded_size((h, w), (ph, pw))  # ceil-div: simple symbolic sizes downstream
         pad_h, pad_w = hp - h, wp - w
         if not known_zero(pad_h, pad_w):  # symbolic sizes always pad (maybe by 0): no guard
-            if not self.pad and (pad_h or pad_w):
-                raise ValueError(f'input size {h}x{w} is not a multiple of the patch size '
-                                 f'{ph}x{pw}')
             x = F.pad(x, (0, pad_w, 0, pad_h))
         if self.stem is not None:
             x = self.stem(x)
