@@ -15,9 +15,10 @@ from .rope import (ROPE_FORMULATIONS, RopeSpec, apply_rope, check_rope_spec,
 from .size_cache import SizeCache
 from .sizes import ArgumentError, to_2tuple, window_pair
 from .symbolic import known_equal, known_zero
-from .window import (MASKED_LOGIT, WindowGrid, bias_table_size, from_windows, pad_to_multiple,
-                     padded_size, relative_position_index, shifted_window_mask, to_windows,
-                     window_attend, window_partition, window_reverse)
+from .swin_bias import bias_table_size, relative_position_index, window_bias
+from .window import (MASKED_LOGIT, WindowGrid, from_windows, pad_to_multiple, padded_size,
+                     shifted_window_mask, to_windows, window_attend, window_partition,
+                     window_reverse)
 
 __all__ = [
     'attend',
@@ -28,5 +29,6 @@ __all__ = [
     'rope_frequencies', 'rope_tables',
     'ArgumentError', 'to_2tuple', 'window_pair', 'known_equal', 'known_zero',
     'MASKED_LOGIT', 'WindowGrid', 'from_windows', 'pad_to_multiple', 'padded_size',
-    'shifted_window_mask', 'to_windows', 'window_attend', 'window_partition', 'window_reverse',
+    'shifted_window_mask', 'to_windows', 'window_attend', 'window_bias', 'window_partition',
+    'window_reverse',
 ]

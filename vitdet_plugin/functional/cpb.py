@@ -26,7 +26,7 @@ def log_spaced_relative_coords(window_size: Tuple[int, int],
 
     Offsets are divided by ``pretrained_window_size - 1`` per axis, or by ``window_size - 1``
     when the pretrained size is 0; a divisor of 0 (a one-token axis) counts as 1, as in timm.
-    Rows follow :func:`~.window.relative_position_index` (the table flattened row-major).
+    Rows follow :func:`~.swin_bias.relative_position_index` (the table flattened row-major).
     """
     wh, ww = window_size
     ph, pw = pretrained_window_size

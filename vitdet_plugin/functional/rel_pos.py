@@ -1,6 +1,6 @@
 """The resizing of position grids (absolute position embeddings, relative-position tables).
 
-Swin's bias-table index is in :mod:`.window`, ViTDet's decomposed per-axis tables in
+Swin's bias-table index is in :mod:`.swin_bias`, ViTDet's decomposed per-axis tables in
 :mod:`.decomposed_rel_pos`.
 """
 from typing import Tuple

@@ -1,7 +1,5 @@
 """The one window flow of window attention (Swin V1, V2, ViT): pad, shift, partition
-(:func:`to_windows`), attend (:func:`window_attend`) and back (:func:`from_windows`); and the
-relative-position index of a window (Swin: a learned table of ``(2wh - 1) * (2ww - 1)`` entries
-per head, gathered into a ``(heads, N, N)`` bias for an ``N = wh * ww`` window)."""
+(:func:`to_windows`), attend (:func:`window_attend`) and back (:func:`from_windows`)."""
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -108,21 +106,6 @@ def shifted_window_mask(hw: Tuple[SizeLike, SizeLike], window_size: Tuple[int, i
     key = (tuple(hw), tuple(window_size), tuple(shift_size), device, dtype)
     return _SHIFT_MASKS.get(key, lambda: _build_shift_mask(hw, window_size, shift_size,
                                                            device, dtype))
-
-
-def bias_table_size(window_size: Tuple[int, int]) -> Tuple[int, int]:
-    """The ``(2wh - 1, 2ww - 1)`` grid of relative offsets a Swin bias table covers (its rows,
-    one per offset, are that grid flattened)."""
-    return 2 * window_size[0] - 1, 2 * window_size[1] - 1
-
-
-def relative_position_index(window_size: Tuple[int, int]) -> Tensor:
-    """Index ``(N, N)`` into a ``((2wh-1)(2ww-1), heads)`` Swin bias table (official layout)."""
-    wh, ww = window_size
-    coords = torch.stack(torch.meshgrid(torch.arange(wh), torch.arange(ww), indexing='ij'))
-    coords = coords.flatten(1)                                  # (2, N)
-    rel = coords[:, :, None] - coords[:, None, :]               # (2, N, N)
-    return (rel[0] + wh - 1) * (2 * ww - 1) + (rel[1] + ww - 1)
 
 
 class WindowGrid(NamedTuple):

@@ -31,12 +31,6 @@ TRUNC_NORMAL_STD = 0.02
 SpecT = TypeVar('SpecT', bound='ArchSpec')
 
 
-#: Class attribute of the modules whose ``init_weights`` loads their own Pretrained ``init_cfg``
-#: strictly (our backbones and necks); a detector leaves those to them and loads the others'
-#: itself (:mod:`vitdet_plugin.models.detectors.pretrained_parts`).
-LOADS_PRETRAINED_ATTR = 'loads_pretrained_strictly'
-
-
 def init_cfg_from_pretrained(pretrained: Optional[str], init_cfg: Any) -> Any:
     """mmdet's deprecated ``pretrained=PATH`` as an ``init_cfg``."""
     if pretrained is None:
@@ -182,7 +176,7 @@ class BackboneContract(FreezeMixin):
     #: ``cpb_mlp``) of parameters that get no weight decay besides norms and biases.
     NO_DECAY_PARAMS: ClassVar[Tuple[str, ...]] = ()
     #: ``init_weights`` loads a Pretrained ``init_cfg`` itself (format detected, strict): see
-    #: :data:`LOADS_PRETRAINED_ATTR`.
+    #: :data:`~vitdet_plugin.models.detectors.pretrained_parts.LOADS_PRETRAINED_ATTR`.
     loads_pretrained_strictly: ClassVar[bool] = True
 
     out_channels: Tuple[int, ...]

@@ -1,9 +1,5 @@
-"""Architecture presets of Swin V1 and V2: frozen dataclasses that validate themselves.
-
-``SwinArch.resolve(arch, **overrides)`` merges a preset name (or a dict of fields) with the
-fields given as constructor arguments (see :class:`~.base.ArchSpec`); the plain ViT's specs are
-in :mod:`.vit_archs`.
-"""
+"""Architecture presets of Swin V1 and V2 (:class:`~.base.ArchSpec`: ``resolve`` merges a
+preset name or dict with the fields given as constructor arguments)."""
 import dataclasses
 import numbers
 from typing import ClassVar, Tuple

@@ -13,14 +13,10 @@ import torch
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from torch import Tensor, nn
 
-from ...functional.size_cache import SizeCache
-from ...functional.window import (bias_table_size, from_windows, relative_position_index,
-                                  to_windows, window_attend)
+from ...functional.swin_bias import bias_table_size, window_bias
+from ...functional.window import from_windows, to_windows, window_attend
 from ..layers.arguments import head_dim
 from ..layers.mlp import DropPath, Mlp
-
-#: Flattened relative-position indices per (window, device); a function of sizes alone.
-_INDEX: SizeCache[Tensor] = SizeCache()
 
 
 class WindowAttention(nn.Module):
@@ -67,12 +63,7 @@ class WindowAttention(nn.Module):
 
     def relative_position_bias(self) -> Tensor:
         """The ``(1, heads, N, N)`` bias of one window, gathered from the table."""
-        n, table = self.window_size[0] * self.window_size[1], self.relative_position_bias_table
-        # the index is derived from window_size per device (not a buffer: a model built on
-        # the meta device and materialised with to_empty() would index with garbage)
-        index = _INDEX.get((self.window_size, table.device), lambda: relative_position_index(
-            self.window_size).view(-1).to(table.device))
-        return table[index].view(n, n, -1).permute(2, 0, 1).unsqueeze(0)  # (1, heads, N, N)
+        return window_bias(self.relative_position_bias_table, self.window_size)
 
     def extra_repr(self) -> str:
         return (f'window_size={self.window_size}, num_heads={self.num_heads}, '

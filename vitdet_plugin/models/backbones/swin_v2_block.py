@@ -19,8 +19,8 @@ from torch import Tensor, nn
 from ...functional.cpb import log_spaced_relative_coords
 from ...functional.size_cache import SizeCache
 from ...functional.sizes import Window
-from ...functional.window import (from_windows, relative_position_index, to_windows,
-                                  window_attend)
+from ...functional.swin_bias import window_bias
+from ...functional.window import from_windows, to_windows, window_attend
 from ..layers.arguments import head_dim
 from ..layers.mlp import DropPath, Mlp
 
@@ -35,8 +35,8 @@ CPB_HIDDEN = 512
 #: The position bias is ``CPB_BIAS_SCALE * sigmoid(mlp(coords))``, in ``(0, 16)``.
 CPB_BIAS_SCALE = 16.0
 
-#: (log-spaced coordinates, flattened index) per (window, pretrained window, device).
-_POSITIONS: SizeCache[Tuple[Tensor, Tensor]] = SizeCache()
+#: Log-spaced relative coordinates per (window, pretrained window, device).
+_COORDS: SizeCache[Tensor] = SizeCache()
 
 
 class CosineWindowAttention(nn.Module):
@@ -102,14 +102,10 @@ class CosineWindowAttention(nn.Module):
         """The ``(1, heads, N, N)`` continuous position bias of one window."""
         weight = self.logit_scale  # the device and dtype of the parameters
         key = (self.window_size, self.pretrained_window_size, weight.device)
-        coords, index = _POSITIONS.get(key, lambda: (
-            log_spaced_relative_coords(self.window_size, self.pretrained_window_size,
-                                       weight.device),
-            relative_position_index(self.window_size).view(-1).to(weight.device)))
+        coords = _COORDS.get(key, lambda: log_spaced_relative_coords(
+            self.window_size, self.pretrained_window_size, weight.device))
         table = self.cpb_mlp(coords.to(weight.dtype)).view(-1, self.num_heads)  # (T, heads)
-        n = self.window_size[0] * self.window_size[1]
-        bias = table[index].view(n, n, self.num_heads).permute(2, 0, 1)          # (heads, N, N)
-        return (CPB_BIAS_SCALE * torch.sigmoid(bias)).unsqueeze(0)
+        return CPB_BIAS_SCALE * torch.sigmoid(window_bias(table, self.window_size))
 
     def extra_repr(self) -> str:
         return (f'window_size={self.window_size}, pretrained_window_size='

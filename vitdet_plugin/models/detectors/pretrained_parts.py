@@ -3,7 +3,7 @@
 A detector built from a checkpoint's parts (a DETR head on the backbone and neck of another
 detector) gives each part ``init_cfg=dict(type='Pretrained', checkpoint=..., prefix=...)``.
 Our backbones and necks load that themselves, strictly and format-aware (they set
-:data:`~vitdet_plugin.models.backbones.base.LOADS_PRETRAINED_ATTR`). mmengine would load any
+:data:`LOADS_PRETRAINED_ATTR`). mmengine would load any
 other part's (mmdet's ``FPN``, the head) with ``strict=False``: missing and unexpected keys are
 only logged, a wrong prefix loads nothing. :func:`init_weights_with_strict_parts` runs the
 detector's usual ``init_weights`` with those entries held back, then loads them with
@@ -16,7 +16,11 @@ from mmengine.logging import print_log
 from torch import nn
 
 from ...functional.checkpoint_target import checkpoint_loader, pretrained_init_cfg
-from ..backbones.base import LOADS_PRETRAINED_ATTR, state_shapes
+from ..backbones.base import state_shapes
+
+#: Class attribute of the modules whose ``init_weights`` loads their own Pretrained ``init_cfg``
+#: strictly (our backbones and necks); a detector leaves those to them and loads the others'.
+LOADS_PRETRAINED_ATTR = 'loads_pretrained_strictly'
 
 #: (part name, module, its Pretrained entry, its whole init_cfg)
 _Deferred = Tuple[str, nn.Module, dict, Any]

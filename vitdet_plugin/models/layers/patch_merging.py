@@ -1,7 +1,5 @@
-"""Swin patch merging: 2x2 neighbourhood concat -> norm -> linear ``4C -> out`` (V1), or
+"""Swin patch merging: 2x2 neighbourhood concat -> norm -> linear ``4C -> 2C`` (V1), or
 concat -> linear -> norm (V2, ``post_norm=True``)."""
-from typing import Optional
-
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -9,7 +7,7 @@ from ...functional.symbolic import known_zero
 
 
 class PatchMerging(nn.Module):
-    """Downsample ``(B, H, W, C)`` to ``(B, ceil(H/2), ceil(W/2), out_dim)``.
+    """Downsample ``(B, H, W, C)`` to ``(B, ceil(H/2), ceil(W/2), 2C)``.
 
     Odd sizes are zero-padded at the bottom/right. The concatenation order is the official
     Swin / timm one: ``(0::2, 0::2), (1::2, 0::2), (0::2, 1::2), (1::2, 1::2)`` along channels
@@ -17,20 +15,16 @@ class PatchMerging(nn.Module):
 
     Args:
         dim: input channels ``C``.
-        norm_layer: norm over the ``4C`` concatenation (over the ``out_dim`` output with
+        norm_layer: norm over the ``4C`` concatenation (over the ``2C`` output with
             ``post_norm``).
-        out_dim: output channels (``2C`` when None).
         post_norm: reduce first, then norm (Swin V2).
     """
 
-    def __init__(self, dim: int, norm_layer: nn.Module, out_dim: Optional[int] = None,
-                 post_norm: bool = False) -> None:
+    def __init__(self, dim: int, norm_layer: nn.Module, post_norm: bool = False) -> None:
         super().__init__()
         self.post_norm = post_norm
-        self.dim = dim
-        self.out_dim = out_dim or 2 * dim
         self.norm = norm_layer
-        self.reduction = nn.Linear(4 * dim, self.out_dim, bias=False)
+        self.reduction = nn.Linear(4 * dim, 2 * dim, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         b, h, w, c = x.shape
@@ -40,5 +34,5 @@ class PatchMerging(nn.Module):
         x = x.view(b, h2, 2, w2, 2, c)                               # (B, H/2, 2[h], W/2, 2[w], C)
         x = x.permute(0, 1, 3, 4, 2, 5).reshape(b, h2, w2, 4 * c)   # official order
         if self.post_norm:
-            return self.norm(self.reduction(x))                      # (B, H/2, W/2, out)
-        return self.reduction(self.norm(x))                          # (B, H/2, W/2, out)
+            return self.norm(self.reduction(x))                      # (B, H/2, W/2, 2C)
+        return self.reduction(self.norm(x))                          # (B, H/2, W/2, 2C)

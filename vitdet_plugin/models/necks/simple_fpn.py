@@ -175,7 +175,7 @@ class ViTSimpleFPN(BaseModule):
         self.out_channels: Tuple[int, ...] = (out_channels,) * num_outs
         self.out_strides: Tuple[int, ...] = tuple(strides)
 
-    #: see :data:`~vitdet_plugin.models.backbones.base.LOADS_PRETRAINED_ATTR`
+    #: see :data:`~vitdet_plugin.models.detectors.pretrained_parts.LOADS_PRETRAINED_ATTR`
     loads_pretrained_strictly: ClassVar[bool] = True
     #: The checkpoint family of the layout table: the pyramid, read out of any checkpoint.
     CHECKPOINT_FAMILY: ClassVar[str] = 'simple FPN'
