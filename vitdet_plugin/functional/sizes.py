@@ -22,7 +22,7 @@ def is_int(value: object) -> bool:
 
 def pair_or_none(value: object) -> Optional[Window]:
     """``7 -> (7, 7)``, ``(7, 9) -> (7, 9)`` (a tuple, list or ``torch.Size``), else None."""
-    if is_int(value):
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return (int(value), int(value))
     if isinstance(value, (tuple, list)) and len(value) == 2 and all(map(is_int, value)):
         return (int(value[0]), int(value[1]))
