@@ -21,7 +21,7 @@ from .layouts import (FAMILY_BACKBONES, LAYOUTS, Layout, detect_layout, find_lay
                       load_checkpoint)
 from .official_vit import OFFICIAL_VIT_LAYOUTS, detect_official_vit_layout, official_to_timm
 from .patch_resample import resample_patch_kernel
-from .pretrained import HasCheckpointTarget, load_init_checkpoint, load_pretrained
+from .pretrained import load_init_checkpoint, load_pretrained
 
 __all__ = [
     'CheckpointError', 'LoadReport', 'check_state_dict', 'checkpoint_state_dict', 'drop_keys',
@@ -29,8 +29,7 @@ __all__ = [
     'unwrap_state_dict',
     'FAMILY_BACKBONES', 'LAYOUTS', 'Layout', 'detect_layout', 'find_layout', 'load_checkpoint',
     'OFFICIAL_VIT_LAYOUTS', 'detect_official_vit_layout', 'official_to_timm',
-    'resample_patch_kernel', 'CheckpointTarget', 'HasCheckpointTarget', 'load_init_checkpoint',
-    'load_pretrained',
+    'resample_patch_kernel', 'CheckpointTarget', 'load_init_checkpoint', 'load_pretrained',
 ]
 
 plug_checkpoint_loader(CheckpointLoader(convert=load_checkpoint, read_as_saved=read_as_saved,

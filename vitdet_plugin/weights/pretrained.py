@@ -4,12 +4,11 @@ target goes to the layout table (:func:`.layouts.load_checkpoint`), which conver
 the result is loaded here. :func:`load_init_checkpoint` is what the models reach through the
 contract (``checkpoint_loader().load_init``) from their ``init_weights``."""
 import dataclasses
-from typing import Any, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Optional, Sequence
 
 from torch import nn
 
-from ..functional.checkpoint_target import (CheckpointSource, CheckpointTarget, LoadReport,
-                                            pretrained_init_cfg)
+from ..functional.checkpoint_target import CheckpointSource, LoadReport, pretrained_init_cfg
 from .layouts import load_checkpoint
 
 #: Attribute where a module keeps the LoadReport of its ``init_cfg`` checkpoint (read by the
@@ -17,24 +16,16 @@ from .layouts import load_checkpoint
 INIT_REPORT_ATTR = 'init_report'
 
 
-@runtime_checkable
-class HasCheckpointTarget(Protocol):
-    """A module that describes itself to the checkpoint loader (our backbones and necks)."""
-
-    def checkpoint_target(self) -> CheckpointTarget:
-        """What the layout table converts a checkpoint for."""
-
-
 def load_pretrained(module: nn.Module, checkpoint: CheckpointSource,
                     prefix: Optional[str] = None, **options: Any) -> LoadReport:
     """Load a checkpoint of any layout of the table into ``module`` (strict, reported): its
-    :meth:`~HasCheckpointTarget.checkpoint_target`, with the load ``options`` (e.g.
+    ``checkpoint_target()`` (a CheckpointTarget), with the load ``options`` (e.g.
     ``src_window_size``), is converted for by :func:`.layouts.load_checkpoint`."""
-    if not isinstance(module, HasCheckpointTarget):
+    describe = getattr(module, 'checkpoint_target', None)
+    if not callable(describe):
         raise TypeError(f'{type(module).__name__} has no checkpoint_target(); load its weights '
                         'with load_state_dict')
-    target = dataclasses.replace(module.checkpoint_target(),
-                                 **{k: v for k, v in options.items() if v is not None})
+    target = dataclasses.replace(describe(), **{k: v for k, v in options.items() if v is not None})
     state_dict, report = load_checkpoint(checkpoint, target, prefix)
     module.load_state_dict(state_dict, strict=False)
     return report
