@@ -1,9 +1,9 @@
 """Architecture presets of Swin V1 and V2 (:class:`~.base.ArchSpec`: ``resolve`` merges a
 preset name or dict with the fields given as constructor arguments)."""
 import dataclasses
-import numbers
 from typing import ClassVar, Tuple
 
+from ...functional.sizes import is_int
 from ..layers.arguments import int_tuple, positive_int
 from .base import ArchSpec
 
@@ -59,5 +59,5 @@ class SwinV2Arch(SwinArch):
     def __post_init__(self) -> None:
         super().__post_init__()
         n = self.extra_norm_every_n_blocks
-        if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 0:
+        if not is_int(n) or n < 0:
             raise ValueError(f'extra_norm_every_n_blocks must be an int >= 0 (0: none), got {n!r}')
