@@ -9,8 +9,8 @@ from .attention import attend
 from .decomposed_rel_pos import (decomposed_rel_pos_bias, decomposed_rel_pos_channels,
                                  decomposed_rel_pos_embeddings, decomposed_rel_pos_terms,
                                  resize_rel_pos)
-from .rel_pos import (bias_table_size, interpolation_dtype, relative_position_index,
-                      resize_pos_grid)
+from .pos_grid import interpolation_dtype, resize_pos_grid
+from .rel_pos import bias_table_size, relative_position_index
 from .rope import (ROPE_FORMULATIONS, RopeSpec, apply_rope, check_rope_spec,
                    rope_axis_coords, rope_frequencies, rope_tables)
 from .size_cache import SizeCache, builds_cache
