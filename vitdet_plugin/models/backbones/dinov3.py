@@ -12,8 +12,7 @@ from .vit_archs import DINO_LAYER_SCALE, PlainViTArch
 EPS_DINOV3 = 1e-5
 #: DINOv3 S+ / H+ round their SwiGLU width up to a multiple of this.
 DINOV3_MLP_ALIGN = 8
-#: DINOv3 7B (``ffn_ratio=3, ffn_layer='swiglu64'``): SwiGLU width int(3 * 4096 * 2 / 3) = 8192
-#: = 2 x 4096, rounded up to a multiple of 64.
+#: DINOv3 7B (``ffn_ratio=3, ffn_layer='swiglu64'``): SwiGLU width 2 x 4096, a multiple of 64.
 DINOV3_7B_MLP_RATIO = 2.0
 DINOV3_7B_MLP_ALIGN = 64
 _DINOV3_SWIGLU = dict(mlp='swiglu', mlp_align=DINOV3_MLP_ALIGN)
@@ -39,8 +38,7 @@ class DINOv3Arch(PlainViTArch):
         'large': dict(embed_dims=1024, depth=24, num_heads=16, drop_path_rate=0.4),
         'huge_plus': dict(_DINOV3_SWIGLU, embed_dims=1280, depth=32, num_heads=20,
                           drop_path_rate=0.5),
-        # no qkv bias; its untied norm (local_cls_norm: cls / storage tokens of local crops) is
-        # pretraining-only; the patch tokens' final norm is `norm`, as in every preset
+        # its untied norm (local_cls_norm) is pretraining-only
         '7b': dict(mlp='swiglu', mlp_ratio=DINOV3_7B_MLP_RATIO, mlp_align=DINOV3_7B_MLP_ALIGN,
                    embed_dims=4096, depth=40, num_heads=32, drop_path_rate=0.5),
     }

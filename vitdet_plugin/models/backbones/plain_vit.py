@@ -18,7 +18,7 @@ from ...functional.pos_grid import resize_pos_grid
 from ...functional.rope import RopeSpec, check_rope_spec, rope_tables
 from ...functional.size_cache import SizeCache
 from ...functional.sizes import to_2tuple, window_pair
-from ...functional.window import window_partition
+from ...functional.window import padded_size, window_partition
 from ...functional.checkpoint_target import CheckpointTarget
 from ..layers.arguments import (check_flags, check_rates, positive_int, positive_number,
                                 refuse_removed)
@@ -31,9 +31,9 @@ from .base import (TRUNC_NORMAL_STD, BackboneContract, init_cfg_from_pretrained,
 from .vit_archs import PlainViTArch, check_frozen_blocks, check_out_indices
 from .vit_block import RopeTables, TokenLayout, ViTBlock
 
-#: Where window blocks take their rotary coordinates from (see the module docstring).
+#: Where window blocks take their rotary coordinates from.
 ROPE_COORDS = ('window', 'global')
-#: What happens to the cls / register tokens (see the module docstring).
+#: What happens to the cls / register tokens.
 PREFIX_TOKENS = ('keep', 'drop')
 #: ``rope=FAMILY_DEFAULT``: the family's rotary settings (:attr:`PlainViTBackbone.ROPE`).
 FAMILY_DEFAULT = 'family'
@@ -67,15 +67,13 @@ class PlainViTBackbone(BackboneContract, BaseModule):
             global attention, ``range(depth)``: all), ``drop_path_rate``, ``num_reg_tokens``,
             ``qkv_bias`` and ``mlp_ratio`` override it.
         in_channels: image channels.
-        patch_size: any patch size (a 14-patch checkpoint loads into 16 with its kernel
-            resampled); default the family's.
-        stem_channels: optional convolutional stem (:class:`~..layers.ConvStem`, norms
-            ``stem_norm_cfg``) before a ``patch_size / 2^k`` projection.
+        patch_size: any patch size (checkpoint kernels are resampled); default the family's.
+        stem_channels, stem_norm_cfg: optional :class:`~..layers.ConvStem` before the patch
+            projection.
         window_size: the window of the window blocks (int or ``(h, w)``).
-        pretrain_img_size, pretrain_patch_size: the stored position grid is their quotient
-            (default the family's, e.g. DINOv2 518 / 14 = 37, whatever ``patch_size`` is).
-        pretrain_use_cls_token: the stored position embedding has a leading cls slot.
-        use_abs_pos: absolute position embedding (default: the family's).
+        use_abs_pos, pretrain_img_size, pretrain_patch_size, pretrain_use_cls_token: absolute
+            position embedding, its stored grid (default the family's, e.g. DINOv2 518 / 14) and
+            cls slot.
         rope: ``dict(temperature=..., ref_grid=(h, w))`` (``ref_grid``: EVA-02's pretraining
             token grid), default the family's; None only for a family without rope.
         rope_coords: ``'window'`` or ``'global'`` rotary coordinates in window blocks.
@@ -83,9 +81,8 @@ class PlainViTBackbone(BackboneContract, BaseModule):
         out_indices: blocks whose patch tokens are returned (default: the last).
         final_norm: a final norm on every output (timm's ``forward_features``); default the
             family's (DINOv2 / DINOv3: yes; ViTDet, EVA-02: no).
-        frozen_stages: ``-1`` trains all; ``0`` freezes the embeddings and tokens; ``k``
-            also the first ``k`` blocks.
-        with_cp: activation checkpointing per block.
+        frozen_stages: ``-1`` trains all; ``k >= 0`` freezes the embeddings, tokens and first
+            ``k`` blocks. with_cp: activation checkpointing per block.
         norm_cfg, act_cfg: the blocks' norms (default LayerNorm, the arch's eps) and GELU
             MLP activation.
         drop_rate, attn_drop_rate: dropout after the projections / on the attention weights.
@@ -93,8 +90,7 @@ class PlainViTBackbone(BackboneContract, BaseModule):
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH[, prefix=...])`` loads a
             checkpoint of this family in any of its layouts (:mod:`vitdet_plugin.weights`).
         make_block: builds each block (:data:`BlockFactory`; ViTDet's adds its extras).
-        removed: options removed with the CPU kernels (``accel``, ``fused_attn``): an error
-            names what replaces them.
+        removed: removed options (``accel``, ``fused_attn``): an error names the fix.
     """
 
     ARCH: ClassVar[Type[PlainViTArch]] = PlainViTArch
@@ -153,8 +149,6 @@ class PlainViTBackbone(BackboneContract, BaseModule):
         if not self.FAMILY:
             raise TypeError('PlainViTBackbone is the shared base: build ViTBackbone, '
                             'DINOv2Backbone, DINOv3Backbone or EVA02Backbone')
-        if mlp_ratio is not None:
-            positive_number(mlp_ratio, 'mlp_ratio')
         spec: PlainViTArch = arch if isinstance(arch, self.ARCH) else self.ARCH.resolve(
             arch, embed_dims=embed_dims, depth=depth, num_heads=num_heads,
             global_attn_indexes=global_attn_indexes, drop_path_rate=drop_path_rate,
@@ -191,8 +185,7 @@ class PlainViTBackbone(BackboneContract, BaseModule):
         dims = self.embed_dims
         stem = ConvStem(in_channels, stem_channels, stem_norm_cfg) if len(stem_channels) else None
         self.patch_embed = PatchEmbed(self.patch_size, in_channels, dims, stem=stem)
-        # 'drop': no cls / register parameters (they would get no gradient: DDP waits for
-        # them); the loader reports the checkpoint's as dropped
+        # 'drop': no cls / register parameters (no gradient: DDP would wait for them)
         self.num_prefix = 1 + spec.num_reg_tokens if keep else 0
         self.cls_token: Optional[nn.Parameter] = (
             nn.Parameter(torch.zeros(1, 1, dims)) if keep else None)
@@ -203,8 +196,7 @@ class PlainViTBackbone(BackboneContract, BaseModule):
         self.pos_embed: Optional[nn.Parameter] = None
         self.pretrain_grid: Optional[Tuple[int, int]] = None
         if use_abs_pos:
-            # the checkpoint's grid, whatever patch this model runs with (a DINOv2 checkpoint
-            # at patch 16 keeps its 37 x 37 grid, resized to the input in the forward)
+            # the checkpoint's grid, whatever patch this model runs with
             stored_patch = positive_int(self.DEFAULT_PATCH if pretrain_patch_size is None
                                         else pretrain_patch_size, 'pretrain_patch_size')
             self.pretrain_grid = patch_grid(self.DEFAULT_PRETRAIN_IMG if pretrain_img_size is None
@@ -249,7 +241,6 @@ class PlainViTBackbone(BackboneContract, BaseModule):
                         None if ref is None else to_2tuple(ref, 'rope ref_grid'))
         return check_rope_spec(spec)
 
-    # ------------------------------------------------------------------ contract
     def layer_id(self, name: str) -> int:
         """Embeddings and tokens 0, block ``i`` ``i + 1``, the final norm and everything else
         ``num_layers + 1``."""
@@ -260,10 +251,8 @@ class PlainViTBackbone(BackboneContract, BaseModule):
             return int(m.group(1)) + 1
         return self.num_layers + 1
 
-    # ------------------------------------------------------------------ weights
     def checkpoint_target(self) -> CheckpointTarget:
-        """What the checkpoint loader (the layout table, :mod:`vitdet_plugin.weights.layouts`)
-        converts a checkpoint of this family for."""
+        """What the checkpoint loader converts a checkpoint of this family for."""
         spec = self.rope_spec
         return CheckpointTarget(
             self.FAMILY, type(self).__name__, state_shapes(self), pos_grid=self.pretrain_grid,
@@ -283,10 +272,8 @@ class PlainViTBackbone(BackboneContract, BaseModule):
                 trunc_normal_(p, std=TRUNC_NORMAL_STD)
         super().init_weights()
 
-    # ------------------------------------------------------------------ freezing
     def frozen_modules(self) -> List[nn.Module]:
-        """``frozen_stages >= 0``: the patch embedding, then the first ``frozen_stages``
-        blocks."""
+        """The patch embedding, then the first ``frozen_stages`` blocks."""
         patch: List[nn.Module] = [self.patch_embed] if self.frozen_stages >= 0 else []
         return patch + list(self.blocks[:max(self.frozen_stages, 0)])
 
@@ -296,7 +283,6 @@ class PlainViTBackbone(BackboneContract, BaseModule):
         params = (self.pos_embed, self.cls_token, self.reg_token)
         return [p for p in params if p is not None]
 
-    # ------------------------------------------------------------------ forward
     def abs_pos_embed(self, hw: Tuple[int, int]) -> Tensor:
         """The position embedding of an ``hw`` token grid, ``(1, h * w, C)``: the stored grid
         resized (bicubic; antialiased with :attr:`POS_ANTIALIAS`)."""
@@ -369,8 +355,7 @@ def _partitioned_tables(spec: RopeSpec, hw: Tuple[int, int], window: Tuple[int, 
                         device: torch.device, dtype: torch.dtype) -> RopeTables:
     """The full grid's rotary tables over the padded map, cut into windows like the tokens:
     ``(nW, wh * ww, d)`` each (``rope_coords='global'``)."""
-    padded = ((hw[0] + window[0] - 1) // window[0] * window[0],
-              (hw[1] + window[1] - 1) // window[1] * window[1])
+    padded = padded_size(hw, window)
     sin, cos = rope_tables(spec, hw, padded, device, dtype)          # (Hp * Wp, d)
     d = sin.shape[-1]
     return (window_partition(sin.reshape(1, *padded, d), window),

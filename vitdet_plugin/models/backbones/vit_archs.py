@@ -8,13 +8,10 @@ from typing import ClassVar, Optional, Sequence, Tuple
 from ..layers.arguments import check_rate, int_arg, int_tuple, positive_int, positive_number
 from .base import ArchSpec
 
-#: MLP kinds: GELU ``fc1/fc2``; SwiGLU with separate gate / value projections
-#: ``fc1_g/fc1_x`` (+ optional sub-LN ``norm``) and ``fc2``; packed SwiGLU ``fc1`` (gate rows
-#: first) and ``fc2``.
+#: MLP kinds: GELU ``Mlp``, ``SwiGLU``, ``SwiGLUPacked``.
 MLP_KINDS = ('gelu', 'swiglu', 'swiglu_packed')
-#: Bias of the q / k / v projections: one fused bias (ViTDet, DINOv2); q and v biases and no k
-#: bias (EVA-02, DINOv3 ``*_qkvb``: a k bias would only add a per-query constant to the
-#: logits); none (DINOv3).
+#: Bias of the q / k / v projections: fused (ViTDet, DINOv2), q and v only (EVA-02, DINOv3
+#: ``*_qkvb``), none (DINOv3).
 QKV_BIAS_MODES = ('qkv', 'qv', 'none')
 #: LayerScale init of DINOv2 / DINOv3.
 DINO_LAYER_SCALE = 1e-5
@@ -38,14 +35,10 @@ def index_list(name: str, values: Sequence[int], depth: int,
 
 @dataclasses.dataclass(frozen=True)
 class PlainViTArch(ArchSpec):
-    """Width, depth, heads and block options of a plain ViT.
-
-    ``mlp_ratio``: hidden width / embed dims of the MLP (of its gate for SwiGLU), rounded down
-    as timm does and up to a multiple of ``mlp_align`` (0: none). ``layer_scale``: LayerScale
-    init (None: no LayerScale). ``num_reg_tokens``: register tokens after the cls token.
-    ``global_attn_indexes``: default :data:`NUM_GLOBAL_BLOCKS` evenly spaced, ending at the
-    last block.
-    """
+    """Width, depth, heads and block options of a plain ViT. ``mlp_ratio``: MLP (SwiGLU gate)
+    width / embed dims, rounded down as timm, then up to a multiple of ``mlp_align`` (0: none);
+    ``layer_scale``: LayerScale init (None: none); ``global_attn_indexes``: default
+    :data:`NUM_GLOBAL_BLOCKS` evenly spaced, ending at the last block."""
 
     embed_dims: int
     depth: int

@@ -1,7 +1,4 @@
-"""The plain ViT's block: pre-norm attention (optional rotary embedding, q / v biases, sub-LN),
-LayerScale and a GELU or SwiGLU MLP; global attention over all tokens or window attention over
-the patch grid, the prefix tokens joining every window. ViTDet's extras are in ``vit.py``.
-"""
+"""The plain ViT's block and attention (ViTDet's extras are in ``vit.py``)."""
 from functools import partial
 from typing import Callable, NamedTuple, Optional, Tuple
 
@@ -33,15 +30,10 @@ class TokenLayout(NamedTuple):
 
 
 class ViTAttention(Attention):
-    """Multi-head attention over ``(B, P + N, C)``: the ``P`` prefix tokens, then the ``N``
-    patch tokens of a ``(gh, gw)`` grid, which alone are rotated by the rotary tables.
-
-    Args:
-        qkv_bias: ``'qkv'`` (one bias of the fused projection), ``'qv'`` (``q_bias`` and
-            ``v_bias``, no k bias) or ``'none'``.
-        sub_ln_eps: eps of the sub-LN ``norm`` before ``proj`` (EVA-02); None: none.
-        rotate_half: the rotary layout (DINOv3: halves; EVA-02: interleaved pairs).
-    """
+    """Multi-head attention over ``(B, P + N, C)``: ``P`` prefix tokens, then the ``N`` patch
+    tokens of a ``(gh, gw)`` grid, which alone are rotated by the rotary tables. ``qkv_bias``:
+    ``'qkv'``, ``'qv'`` (no k bias) or ``'none'``; ``sub_ln_eps``: EVA-02's norm before
+    ``proj``; ``rotate_half``: DINOv3's rotary layout (else EVA-02's pairs)."""
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: str = 'qkv', attn_drop: float = 0.0,
                  proj_drop: float = 0.0, sub_ln_eps: Optional[float] = None,
@@ -97,8 +89,7 @@ class ViTAttention(Attention):
 
 
 def build_mlp(spec: PlainViTArch, drop: float, act_cfg: Optional[dict] = None) -> nn.Module:
-    """The block MLP of ``spec``: ``Mlp`` (``act_cfg``, default GELU), ``SwiGLU`` (with
-    EVA-02's sub-LN if set) or ``SwiGLUPacked``."""
+    """The block MLP of ``spec``: ``Mlp`` (``act_cfg``, default GELU) or a SwiGLU."""
     dim, hidden = spec.embed_dims, spec.mlp_hidden
     if spec.mlp == 'swiglu':
         return SwiGLU(dim, hidden, spec.norm_eps if spec.mlp_sub_ln else None, drop)
@@ -109,18 +100,11 @@ def build_mlp(spec: PlainViTArch, drop: float, act_cfg: Optional[dict] = None) -
 
 
 class ViTBlock(nn.Module):
-    """Pre-norm block on the token sequence ``(B, P + h * w, C)``: ``x + ls1(attn(norm1(x)))``,
-    then ``x + ls2(mlp(norm2(x)))`` (LayerScale when the arch has it).
-
-    Window blocks (``window_size`` given) cut the patch grid into windows, zero-padded at the
-    bottom / right to whole windows (ViTDet); the ``P`` prefix tokens join every window as extra
-    keys and queries, and their outputs are averaged over the windows of their image.
-
-    Args:
-        attention: builds ``attn`` with :class:`ViTAttention`'s arguments.
-        norm_cfg: the block's norms (default LayerNorm with the arch's eps); act_cfg: the GELU
-            MLP's activation.
-    """
+    """Pre-norm block on ``(B, P + h * w, C)``: ``x + ls1(attn(norm1(x)))``, then
+    ``x + ls2(mlp(norm2(x)))``. Window blocks (``window_size`` given) cut the patch grid into
+    zero-padded windows (ViTDet); the ``P`` prefix tokens join every window and their outputs
+    are averaged over the windows. ``attention`` builds ``attn`` (:class:`ViTAttention`'s
+    arguments); ``norm_cfg`` default: LayerNorm with the arch's eps."""
 
     def __init__(self, spec: PlainViTArch, window_size: Optional[Tuple[int, int]],
                  rotate_half: bool = False, drop: float = 0.0, attn_drop: float = 0.0,
