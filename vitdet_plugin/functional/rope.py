@@ -48,8 +48,6 @@ def check_rope_spec(spec: RopeSpec) -> RopeSpec:
         raise ValueError(f'rotary embedding needs a head dim divisible by '
                          f'{CHANNELS_PER_FREQUENCY} (two axes of channel pairs), got '
                          f'{spec.head_dim}; choose embed_dims / num_heads accordingly')
-    if not spec.temperature > 0:
-        raise ValueError(f'rope temperature must be positive, got {spec.temperature!r}')
     return spec
 
 

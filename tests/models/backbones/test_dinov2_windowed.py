@@ -89,3 +89,17 @@ def test_window_size_is_refused_with_windows():
             'cover the whole map; remove window_size')
     with pytest.raises(ValueError, match=re.escape(want)):
         DINOv2Backbone(arch='small', num_windows=2, window_size=8)
+
+
+def test_fullgraph_compile_matches_eager():
+    """The tiles, the joined global blocks and the size check trace into one graph."""
+    model = randomize_(ours(16, 2)).train()
+    x = torch.randn(2, 3, 64, 96, requires_grad=True)
+    compiled = torch.compile(model, backend='aot_eager', fullgraph=True)
+    grads = []
+    for m in (model, compiled):
+        out = m(x)[-1]
+        grads.append(torch.autograd.grad(out.square().sum(), [x] + list(model.parameters())))
+        assert max_rel_err(out, model(x)[-1]) <= TOL
+    for got, want in zip(grads[1], grads[0]):
+        assert max_rel_err(got, want) <= TOL

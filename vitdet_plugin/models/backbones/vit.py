@@ -218,9 +218,9 @@ class ViTBackbone(PlainViTBackbone):
         (MSRA convs, zero last norm), as detectron2."""
         super().init_weights()
         if pretrained_init_cfg(self.init_cfg) is None:
-            for block in self.blocks:
-                if block.residual is not None:
-                    block.residual.reset_parameters()
+            for m in self.blocks.modules():
+                if isinstance(m, ResBottleneckBlock):
+                    m.reset_parameters()
 
 
 def _pyramid_moved_message(pyramid: Union[bool, dict], embed_dims: int, patch_size: int) -> str:
