@@ -13,7 +13,6 @@ from rfdetr.models.backbone.dinov2_with_windowed_attn import (
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.models.backbones import DINOv2Backbone
-from vitdet_plugin.models.backbones.base import load_pretrained
 
 TOL = 1e-5
 WIDTH, DEPTH, HEADS, REGS = 64, 4, 4, 4
@@ -33,11 +32,11 @@ def rfdetr_backbone(patch: int, windows: int) -> WindowedDinov2WithRegistersBack
     return randomize_(WindowedDinov2WithRegistersBackbone(config)).eval()
 
 
-def ours(patch: int, windows: int) -> DINOv2Backbone:
+def ours(patch: int, windows: int, **kwargs) -> DINOv2Backbone:
     return DINOv2Backbone(arch=dict(embed_dims=WIDTH, depth=DEPTH, num_heads=HEADS),
                           num_reg_tokens=REGS, patch_size=patch, pretrain_patch_size=patch,
                           pretrain_img_size=POS_GRID * patch, num_windows=windows,
-                          out_indices=TAPS).eval()
+                          out_indices=TAPS, **kwargs).eval()
 
 
 @pytest.mark.parametrize('patch,windows,sizes', [
@@ -45,11 +44,13 @@ def ours(patch: int, windows: int) -> DINOv2Backbone:
     (14, 2, ((84, 84), (56, 112))),
     (16, 1, ((80, 80), (48, 96))),
 ])
-def test_taps_equal_rfdetr(patch, windows, sizes):
+def test_taps_equal_rfdetr(patch, windows, sizes, tmp_path):
     ref = rfdetr_backbone(patch, windows)
-    model = ours(patch, windows)
-    report = load_pretrained(model, ref.state_dict())
-    assert report.layout.endswith('transformers Dinov2WithRegistersModel')
+    torch.save(ref.state_dict(), tmp_path / 'rfdetr_backbone.pth')
+    model = ours(patch, windows, init_cfg=dict(type='Pretrained',
+                                               checkpoint=str(tmp_path / 'rfdetr_backbone.pth')))
+    model.init_weights()
+    assert model.init_report.layout.endswith('transformers Dinov2WithRegistersModel')
     g = torch.Generator().manual_seed(1)
     for size in sizes:
         x = torch.randn(2, 3, *size, generator=g)

@@ -23,7 +23,7 @@ from ...functional.attention import attend
 from ...functional.decomposed_rel_pos import decomposed_rel_pos_bias, decomposed_rel_pos_channels
 from ..layers.arguments import check_flag, check_flags, positive_int, refuse_removed
 from ..layers.res_bottleneck import ResBottleneckBlock
-from .base import pretrained_init_cfg
+from .base import load_init_checkpoint
 from .plain_vit import BlockFactory, PlainViTBackbone, family_docs, patch_grid
 from .vit_archs import PlainViTArch, index_list
 from .vit_block import TokenLayout, ViTAttention, ViTBlock
@@ -216,11 +216,12 @@ class ViTBackbone(PlainViTBackbone):
     def init_weights(self) -> None:
         """The plain ViT's; a random init also makes each residual conv block the identity
         (MSRA convs, zero last norm), as detectron2."""
-        super().init_weights()
-        if pretrained_init_cfg(self.init_cfg) is None:
-            for m in self.blocks.modules():
-                if isinstance(m, ResBottleneckBlock):
-                    m.reset_parameters()
+        if load_init_checkpoint(self):
+            return
+        super().init_weights()  # the random init (no checkpoint to load)
+        for m in self.blocks.modules():
+            if isinstance(m, ResBottleneckBlock):
+                m.reset_parameters()
 
 
 def _pyramid_moved_message(pyramid: Union[bool, dict], embed_dims: int, patch_size: int) -> str:
