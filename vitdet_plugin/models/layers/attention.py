@@ -1,5 +1,5 @@
-"""Multi-head self-attention through ``F.scaled_dot_product_attention``: the one attention core
-of the backbones and the head (``fused``: SDPA, else the explicit formula, :mod:`.eager`).
+"""Multi-head self-attention through ``F.scaled_dot_product_attention`` (``fused``; else the
+explicit formula, :mod:`.eager`): the core the plain ViT's attention extends.
 """
 from typing import Optional, Tuple
 
