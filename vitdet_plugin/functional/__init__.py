@@ -9,7 +9,7 @@ from .attention import attend
 from .decomposed_rel_pos import (decomposed_rel_pos_bias, decomposed_rel_pos_channels,
                                  decomposed_rel_pos_embeddings, decomposed_rel_pos_terms,
                                  resize_rel_pos)
-from .rel_pos import interpolation_dtype, resize_pos_grid
+from .pos_grid import interpolation_dtype, resize_pos_grid
 from .rope import (ROPE_FORMULATIONS, RopeSpec, apply_rope, check_rope_spec,
                    rope_axis_coords, rope_frequencies, rope_tables)
 from .size_cache import SizeCache

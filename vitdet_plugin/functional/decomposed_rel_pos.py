@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .rel_pos import interpolation_dtype
+from .pos_grid import interpolation_dtype
 from .size_cache import SizeCache
 from .symbolic import known_equal
 

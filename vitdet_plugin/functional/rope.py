@@ -1,26 +1,10 @@
 """2-D rotary position embedding (RoPE) of the ViT families: EVA-02's and DINOv3's.
 
-Both rotate channel pairs of the queries and keys of the patch tokens by angles
-``coordinate * frequency``, a quarter of the head channels per axis (rows first, then columns),
-so a query-key logit depends on the tokens' relative position only. They differ in three ways:
-
-* frequencies: EVA-02 ``temperature ** (-i / (d / 4))`` for ``i < d / 4`` (temperature
-  10000); DINOv3 ``2 pi / temperature ** (2i / (d / 2))`` (its periods; temperature 100);
-* coordinates: EVA-02 the token index ``0..s-1`` rescaled onto the pretraining grid,
-  ``i / s * ref`` per axis; DINOv3 the token centres ``(i + 0.5) / s`` mapped to ``[-1, 1]``
-  per axis (any grid spans the same range);
-* rotation: EVA-02 interleaved pairs ``(x0, x1), (x2, x3), ...``; DINOv3 halves
-  ``(x_j, x_{j + d/2})``.
-
-References: EVA-02's ``VisionRotaryEmbeddingFast`` (baaivision/EVA, EVA-02/asuka and det) and
-timm's ``RotaryEmbeddingCat``; DINOv3's ``RopePositionEmbedding`` (facebookresearch/dinov3) and
-timm's ``RotaryEmbeddingDinoV3``.
-
-:func:`rope_tables` gives the ``(sin, cos)`` tables ``(N, d)`` of a grid (cached per grid,
-settings, device and dtype); :func:`apply_rope` rotates ``(..., N, d)`` tensors with them.
-``extent`` lets a table cover a padded grid: coordinates continue past the edge with the
-spacing of the real grid (the padding tokens' keys are zero in every family, so their angle
-never matters).
+Both rotate channel pairs of the patch tokens' queries and keys by ``coordinate * frequency``, a
+quarter of the head channels per axis, so a logit depends on relative position only; they differ
+in frequencies, coordinates and pairing (docs/backbones.md). :func:`rope_tables` gives the cached
+``(sin, cos)`` tables of a grid (``extent``: of a padded grid, the coordinates continuing past
+the edge); :func:`apply_rope` rotates with them.
 """
 import math
 from typing import NamedTuple, Optional, Tuple
@@ -41,15 +25,9 @@ _TABLES: SizeCache[Tuple[Tensor, Tensor]] = SizeCache()
 
 
 class RopeSpec(NamedTuple):
-    """The settings of a rotary embedding (hashable: part of the table cache key).
-
-    Args:
-        formulation: ``'eva02'`` or ``'dinov3'`` (see the module docstring).
-        head_dim: channels per head; a multiple of 4.
-        temperature: the frequency base.
-        ref_grid: EVA-02: the pretraining token grid the coordinates are rescaled onto (None:
-            plain token indices); ignored by DINOv3 (its coordinates are normalised).
-    """
+    """The settings of a rotary embedding (hashable: part of the table cache key): the
+    formulation, the head dim (a multiple of 4), the frequency base and EVA-02's pretraining
+    token grid the coordinates are rescaled onto (None: plain indices; DINOv3 ignores it)."""
     formulation: str
     head_dim: int
     temperature: float
@@ -70,8 +48,6 @@ def check_rope_spec(spec: RopeSpec) -> RopeSpec:
         raise ValueError(f'rotary embedding needs a head dim divisible by '
                          f'{CHANNELS_PER_FREQUENCY} (two axes of channel pairs), got '
                          f'{spec.head_dim}; choose embed_dims / num_heads accordingly')
-    if not spec.temperature > 0:
-        raise ValueError(f'rope temperature must be positive, got {spec.temperature!r}')
     return spec
 
 

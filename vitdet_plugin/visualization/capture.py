@@ -24,6 +24,7 @@ from . import VisualizeError
 from ..functional import decomposed_rel_pos_bias
 from ..models.backbones.swin_block import WindowAttention
 from ..models.backbones.swin_v2_block import LOGIT_SCALE_MAX, CosineWindowAttention
+from ..models.backbones.vit import RelPosAttention
 from ..models.backbones.vit_block import ViTAttention
 
 
@@ -211,7 +212,7 @@ def vit_attention_probs(attn: ViTAttention, call: Call) -> Tensor:
     if rope is not None:
         q, k = attn.rotate(q, 0, rope), attn.rotate(k, 0, rope)
     logits = (q * attn.scale) @ k.transpose(-2, -1)
-    if attn.rel_pos_h is not None and attn.rel_pos_w is not None:
+    if isinstance(attn, RelPosAttention):
         logits = logits + decomposed_rel_pos_bias(q, attn.rel_pos_h, attn.rel_pos_w, grid, grid)
     return logits.softmax(dim=-1)
 

@@ -1,48 +1,51 @@
-"""The plain ViT: ViTDet, DINOv2, DINOv3 and EVA-02 as one backbone, one block, one forward.
+"""The plain ViT shared by ViTDet, DINOv2, DINOv3 and EVA-02: one backbone, one block, one forward.
 
 ``x -> patch_embed -> [+ pos_embed] -> [cls, registers, patches] -> blocks -> [norm] -> maps``:
 the patch tokens of the ``out_indices`` blocks as ``(B, C, h, w)`` maps at stride
-``patch_size``, for the simple pyramid neck ``ViTSimpleFPN``. Each family is a registered preset
-(:mod:`.vit_archs`). Window attention runs in every block but ``global_attn_indexes``; the two
-choices that are ours, ``rope_coords`` and ``prefix_tokens``, are explained (and measured) in
-docs/backbones.md.
+``patch_size``, for the simple pyramid neck ``ViTSimpleFPN``. Each family is a subclass in its
+own module; ``rope_coords`` and ``prefix_tokens`` are explained in docs/backbones.md.
 """
 import dataclasses
 import re
-from typing import ClassVar, List, Mapping, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Callable, ClassVar, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
 import torch
-from mmdet.registry import MODELS
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor, nn
 
-from ...functional.rel_pos import resize_pos_grid
+from ...functional.pos_grid import resize_pos_grid
 from ...functional.rope import RopeSpec, check_rope_spec, rope_tables
 from ...functional.size_cache import SizeCache
 from ...functional.sizes import to_2tuple, window_pair
-from ...functional.window import window_partition
+from ...functional.window import padded_size, window_partition
 from ...functional.checkpoint_target import CheckpointTarget
 from ..layers.arguments import (check_flags, check_rates, positive_int, positive_number,
                                 refuse_removed)
 from ..layers.conv_stem import ConvStem
 from ..layers.mlp import linear_drop_path_rates
 from ..layers.patch_embed import PatchEmbed
-from ..layers.res_bottleneck import ResBottleneckBlock
 from .base import (TRUNC_NORMAL_STD, BackboneContract, init_cfg_from_pretrained,
                    init_transformer_weights_, load_init_checkpoint, run_blocks,
                    state_shapes)
-from .vit_archs import (DINOv2Arch, DINOv3Arch, EVA02Arch, PlainViTArch, check_frozen_blocks,
-                        check_out_indices)
+from .vit_archs import PlainViTArch, check_frozen_blocks, check_out_indices
 from .vit_block import RopeTables, TokenLayout, ViTBlock
 
-#: Where window blocks take their rotary coordinates from (see the module docstring).
+#: Where window blocks take their rotary coordinates from.
 ROPE_COORDS = ('window', 'global')
-#: What happens to the cls / register tokens (see the module docstring).
+#: What happens to the cls / register tokens.
 PREFIX_TOKENS = ('keep', 'drop')
 #: ``rope=FAMILY_DEFAULT``: the family's rotary settings (:attr:`PlainViTBackbone.ROPE`).
 FAMILY_DEFAULT = 'family'
 _WINDOW_TABLES: SizeCache[RopeTables] = SizeCache()
+#: Builds block ``index``: ``make_block(index, **block_args)``, ``block_args`` being
+#: :class:`ViTBlock`'s (``window_size`` None: a global block).
+BlockFactory = Callable[..., nn.Module]
+
+
+def plain_block(index: int, **block_args: Any) -> nn.Module:
+    """The same :class:`ViTBlock` at every index (DINOv2, DINOv3, EVA-02)."""
+    return ViTBlock(**block_args)
 
 
 def patch_grid(size: Union[int, Tuple[int, int]], name: str, patch: int) -> Tuple[int, int]:
@@ -59,49 +62,35 @@ class PlainViTBackbone(BackboneContract, BaseModule):
     """The plain ViT (see the module docstring); build a registered family.
 
     Args:
-        arch: a preset of the family (:attr:`ARCH`) or a dict of :class:`PlainViTArch`
-            fields; ``embed_dims``, ``depth``, ``num_heads``, ``global_attn_indexes``,
-            ``drop_path_rate``, ``num_reg_tokens``, ``qkv_bias``, ``mlp_ratio``,
-            ``use_rel_pos`` (the field ``rel_pos``) and ``residual_block_indexes`` override it.
-        global_attn_indexes: blocks with global attention (``range(depth)``: all).
-        use_rel_pos: decomposed relative positions (ViTDet); needs ``prefix_tokens='drop'``.
-        residual_block_indexes: blocks followed by a residual bottleneck conv block.
-        patch_size: any patch size (a 14-patch checkpoint loads into 16 with its kernel
-            resampled); default the family's.
-        stem_channels: optional convolutional stem (:class:`~..layers.ConvStem`, one ``3x3``
-            stride-2 conv per entry, norms ``stem_norm_cfg``) before a ``patch_size / 2^k``
-            projection; ``()``: the plain patch projection.
+        arch: a preset of the family (:attr:`ARCH`), a dict of its fields or a resolved spec;
+            ``embed_dims``, ``depth``, ``num_heads``, ``global_attn_indexes`` (blocks with
+            global attention, ``range(depth)``: all), ``drop_path_rate``, ``num_reg_tokens``,
+            ``qkv_bias`` and ``mlp_ratio`` override it.
+        in_channels: image channels.
+        patch_size: any patch size (checkpoint kernels are resampled); default the family's.
+        stem_channels, stem_norm_cfg: optional :class:`~..layers.ConvStem` before the patch
+            projection.
         window_size: the window of the window blocks (int or ``(h, w)``).
-        img_size: input size the global blocks' relative-position tables are sized for
-            (resized for other inputs); needed with ``use_rel_pos``.
-        pretrain_img_size, pretrain_patch_size: the stored position grid is
-            ``pretrain_img_size // pretrain_patch_size`` (the checkpoint's: default the
-            family's pretraining image and patch size, e.g. DINOv2 518 / 14 = 37, also when
-            the model runs at another ``patch_size``).
-        pretrain_use_cls_token: the stored position embedding has a leading cls slot.
-        use_abs_pos: absolute position embedding (default: the family's).
+        use_abs_pos, pretrain_img_size, pretrain_patch_size, pretrain_use_cls_token: absolute
+            position embedding, its stored grid (default the family's, e.g. DINOv2 518 / 14) and
+            cls slot.
         rope: ``dict(temperature=..., ref_grid=(h, w))`` (``ref_grid``: EVA-02's pretraining
             token grid), default the family's; None only for a family without rope.
         rope_coords: ``'window'`` or ``'global'`` rotary coordinates in window blocks.
         prefix_tokens: ``'keep'`` or ``'drop'`` the cls / register tokens.
         out_indices: blocks whose patch tokens are returned (default: the last).
-        final_norm: apply a final norm (timm's ``forward_features``) to every output; default
-            the family's (DINOv2 / DINOv3: yes; ViTDet, EVA-02: no, as EVA-02-det and timm's
-            ``forward_features``, whose EVA-02 norm comes after the pooling, ``fc_norm``).
-        frozen_stages: ``-1`` trains all; ``0`` freezes the embeddings and tokens; ``k``
-            also the first ``k`` blocks.
-        with_cp: activation checkpointing per block.
-        norm_cfg: the blocks' norms (default LayerNorm, the arch's eps); act_cfg: the GELU
-            MLP's activation.
-        in_channels: image channels.
+        final_norm: a final norm on every output (timm's ``forward_features``); default the
+            family's (DINOv2 / DINOv3: yes; ViTDet, EVA-02: no).
+        frozen_stages: ``-1`` trains all; ``k >= 0`` freezes the embeddings, tokens and first
+            ``k`` blocks. with_cp: activation checkpointing per block.
+        norm_cfg, act_cfg: the blocks' norms (default LayerNorm, the arch's eps) and GELU
+            MLP activation.
         drop_rate, attn_drop_rate: dropout after the projections / on the attention weights.
-        pretrained: deprecated mmdet spelling of ``init_cfg=dict(type='Pretrained',
-            checkpoint=...)``.
+        pretrained: deprecated spelling of ``init_cfg=dict(type='Pretrained', checkpoint=...)``.
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH[, prefix=...])`` loads a
-            checkpoint of this family in any of its layouts (official, timm, ours; see
-            :mod:`vitdet_plugin.weights.layouts`).
-        removed: options removed with the CPU kernels (``accel``, ``fused_attn``): an error
-            names what replaces them.
+            checkpoint of this family in any of its layouts (:mod:`vitdet_plugin.weights`).
+        make_block: builds each block (:data:`BlockFactory`; ViTDet's adds its extras).
+        removed: removed options (``accel``, ``fused_attn``): an error names the fix.
     """
 
     ARCH: ClassVar[Type[PlainViTArch]] = PlainViTArch
@@ -118,10 +107,10 @@ class PlainViTBackbone(BackboneContract, BaseModule):
     #: Rotary formulation (None: no rope) and its default settings.
     ROPE_FORMULATION: Optional[str] = None
     ROPE: ClassVar[Optional[Mapping]] = None
-    NO_DECAY_PARAMS = ('pos_embed', 'cls_token', 'reg_token', 'gamma', 'rel_pos_h', 'rel_pos_w')
+    NO_DECAY_PARAMS: ClassVar[Tuple[str, ...]] = ('pos_embed', 'cls_token', 'reg_token', 'gamma')
 
     def __init__(self,
-                 arch: Union[str, dict, None] = 'base',
+                 arch: Union[str, dict, PlainViTArch, None] = 'base',
                  embed_dims: Optional[int] = None,
                  depth: Optional[int] = None,
                  num_heads: Optional[int] = None,
@@ -130,14 +119,11 @@ class PlainViTBackbone(BackboneContract, BaseModule):
                  num_reg_tokens: Optional[int] = None,
                  qkv_bias: Optional[str] = None,
                  mlp_ratio: Optional[float] = None,
-                 use_rel_pos: Optional[bool] = None,
-                 residual_block_indexes: Optional[Sequence[int]] = None,
                  in_channels: int = 3,
                  patch_size: Optional[int] = None,
                  stem_channels: Sequence[int] = (),
                  stem_norm_cfg: Optional[dict] = None,
                  window_size: Union[int, Tuple[int, int], None] = None,
-                 img_size: Union[int, Tuple[int, int], None] = None,
                  pretrain_img_size: Union[int, Tuple[int, int], None] = None,
                  pretrain_patch_size: Optional[int] = None,
                  pretrain_use_cls_token: bool = True,
@@ -155,6 +141,7 @@ class PlainViTBackbone(BackboneContract, BaseModule):
                  act_cfg: Optional[dict] = None,
                  pretrained: Optional[str] = None,
                  init_cfg: Optional[dict] = None,
+                 make_block: BlockFactory = plain_block,
                  **removed: object) -> None:
         name = type(self).__name__
         refuse_removed(name, removed)
@@ -162,17 +149,13 @@ class PlainViTBackbone(BackboneContract, BaseModule):
         if not self.FAMILY:
             raise TypeError('PlainViTBackbone is the shared base: build ViTBackbone, '
                             'DINOv2Backbone, DINOv3Backbone or EVA02Backbone')
-        if mlp_ratio is not None:
-            positive_number(mlp_ratio, 'mlp_ratio')
-        spec: PlainViTArch = self.ARCH.resolve(
+        spec: PlainViTArch = arch if isinstance(arch, self.ARCH) else self.ARCH.resolve(
             arch, embed_dims=embed_dims, depth=depth, num_heads=num_heads,
             global_attn_indexes=global_attn_indexes, drop_path_rate=drop_path_rate,
-            num_reg_tokens=num_reg_tokens, qkv_bias=qkv_bias, mlp_ratio=mlp_ratio,
-            rel_pos=use_rel_pos, residual_block_indexes=residual_block_indexes)
+            num_reg_tokens=num_reg_tokens, qkv_bias=qkv_bias, mlp_ratio=mlp_ratio)
         self.arch = spec
         self.embed_dims, self.depth, self.num_heads = spec.embed_dims, spec.depth, spec.num_heads
         self.global_attn_indexes: Tuple[int, ...] = spec.global_attn_indexes or ()
-        self.residual_block_indexes = spec.residual_block_indexes
         self.patch_size = positive_int(self.DEFAULT_PATCH if patch_size is None else patch_size,
                                        'patch_size')
         self.in_channels = positive_int(in_channels, 'in_channels')
@@ -198,20 +181,11 @@ class PlainViTBackbone(BackboneContract, BaseModule):
                     pretrain_use_cls_token=pretrain_use_cls_token)
         self.frozen_stages, self.with_cp, self.final_norm = frozen_stages, with_cp, final_norm
         keep = prefix_tokens == 'keep'
-        if spec.rel_pos and keep:
-            raise ValueError(f'{name}(use_rel_pos=True): decomposed relative positions are '
-                             "defined on the patch grid only; give prefix_tokens='drop'")
-        full_grid = None if img_size is None else patch_grid(img_size, 'img_size',
-                                                             self.patch_size)
-        if spec.rel_pos and full_grid is None and self.global_attn_indexes:
-            raise ValueError(f'{name}(use_rel_pos=True) needs img_size, the input size the '
-                             "global blocks' relative-position tables are sized for")
 
         dims = self.embed_dims
         stem = ConvStem(in_channels, stem_channels, stem_norm_cfg) if len(stem_channels) else None
         self.patch_embed = PatchEmbed(self.patch_size, in_channels, dims, stem=stem)
-        # 'drop': no cls / register parameters (they would get no gradient: DDP waits for
-        # them); the loader reports the checkpoint's as dropped
+        # 'drop': no cls / register parameters (no gradient: DDP would wait for them)
         self.num_prefix = 1 + spec.num_reg_tokens if keep else 0
         self.cls_token: Optional[nn.Parameter] = (
             nn.Parameter(torch.zeros(1, 1, dims)) if keep else None)
@@ -222,8 +196,7 @@ class PlainViTBackbone(BackboneContract, BaseModule):
         self.pos_embed: Optional[nn.Parameter] = None
         self.pretrain_grid: Optional[Tuple[int, int]] = None
         if use_abs_pos:
-            # the checkpoint's grid, whatever patch this model runs with (a DINOv2 checkpoint
-            # at patch 16 keeps its 37 x 37 grid, resized to the input in the forward)
+            # the checkpoint's grid, whatever patch this model runs with
             stored_patch = positive_int(self.DEFAULT_PATCH if pretrain_patch_size is None
                                         else pretrain_patch_size, 'pretrain_patch_size')
             self.pretrain_grid = patch_grid(self.DEFAULT_PRETRAIN_IMG if pretrain_img_size is None
@@ -238,13 +211,12 @@ class PlainViTBackbone(BackboneContract, BaseModule):
 
         rates = linear_drop_path_rates(spec.drop_path_rate, self.depth)
         rotate_half = self.rope_spec is not None and self.rope_spec.rotate_half
-        self.blocks = nn.ModuleList()
-        for i in range(self.depth):
-            window = None if i in self.global_attn_indexes else self.window_size
-            rel_pos_size = (window or full_grid) if spec.rel_pos else None
-            self.blocks.append(ViTBlock(
-                spec, window, rel_pos_size, i in spec.residual_block_indexes, rotate_half,
-                drop_rate, attn_drop_rate, rates[i], norm_cfg, act_cfg))
+        self.blocks = nn.ModuleList(
+            make_block(i, spec=spec, rotate_half=rotate_half, drop=drop_rate,
+                       attn_drop=attn_drop_rate, drop_path=rates[i], norm_cfg=norm_cfg,
+                       act_cfg=act_cfg,
+                       window_size=None if i in self.global_attn_indexes else self.window_size)
+            for i in range(self.depth))
         self.norm = nn.LayerNorm(dims, eps=spec.norm_eps) if final_norm else None
         self.out_channels = (dims,) * len(self.out_indices)
         self.out_strides = (self.patch_size,) * len(self.out_indices)
@@ -269,21 +241,18 @@ class PlainViTBackbone(BackboneContract, BaseModule):
                         None if ref is None else to_2tuple(ref, 'rope ref_grid'))
         return check_rope_spec(spec)
 
-    # ------------------------------------------------------------------ contract
     def layer_id(self, name: str) -> int:
-        """Embeddings and tokens 0, block ``i`` ``i + 1``; residual conv blocks (detectron2's
-        rule), the final norm and everything else ``num_layers + 1``."""
+        """Embeddings and tokens 0, block ``i`` ``i + 1``, the final norm and everything else
+        ``num_layers + 1``."""
         if name.startswith(('patch_embed.', 'pos_embed', 'cls_token', 'reg_token')):
             return 0
         m = re.match(r'^blocks\.(\d+)\.', name)
-        if m and '.residual.' not in name:
+        if m:
             return int(m.group(1)) + 1
         return self.num_layers + 1
 
-    # ------------------------------------------------------------------ weights
     def checkpoint_target(self) -> CheckpointTarget:
-        """What the checkpoint loader (the layout table, :mod:`vitdet_plugin.weights.layouts`)
-        converts a checkpoint of this family for."""
+        """What the checkpoint loader converts a checkpoint of this family for."""
         spec = self.rope_spec
         return CheckpointTarget(
             self.FAMILY, type(self).__name__, state_shapes(self), pos_grid=self.pretrain_grid,
@@ -294,23 +263,17 @@ class PlainViTBackbone(BackboneContract, BaseModule):
 
     def init_weights(self) -> None:
         """Load the ``init_cfg`` checkpoint (any layout of this family in the layout table), or
-        initialise as timm / detectron2: trunc-normal(0.02) linears, position embedding and
-        tokens; residual conv blocks MSRA with a zero last norm (identity at init)."""
+        initialise as timm: trunc-normal(0.02) linears, position embedding and tokens."""
         if load_init_checkpoint(self):
             return
         init_transformer_weights_(self.blocks)
         for p in (self.pos_embed, self.cls_token, self.reg_token):
             if p is not None:
                 trunc_normal_(p, std=TRUNC_NORMAL_STD)
-        for m in self.blocks.modules():
-            if isinstance(m, ResBottleneckBlock):
-                m.reset_parameters()
         super().init_weights()
 
-    # ------------------------------------------------------------------ freezing
     def frozen_modules(self) -> List[nn.Module]:
-        """``frozen_stages >= 0``: the patch embedding, then the first ``frozen_stages``
-        blocks."""
+        """The patch embedding, then the first ``frozen_stages`` blocks."""
         patch: List[nn.Module] = [self.patch_embed] if self.frozen_stages >= 0 else []
         return patch + list(self.blocks[:max(self.frozen_stages, 0)])
 
@@ -320,7 +283,6 @@ class PlainViTBackbone(BackboneContract, BaseModule):
         params = (self.pos_embed, self.cls_token, self.reg_token)
         return [p for p in params if p is not None]
 
-    # ------------------------------------------------------------------ forward
     def abs_pos_embed(self, hw: Tuple[int, int]) -> Tensor:
         """The position embedding of an ``hw`` token grid, ``(1, h * w, C)``: the stored grid
         resized (bicubic; antialiased with :attr:`POS_ANTIALIAS`)."""
@@ -393,8 +355,7 @@ def _partitioned_tables(spec: RopeSpec, hw: Tuple[int, int], window: Tuple[int, 
                         device: torch.device, dtype: torch.dtype) -> RopeTables:
     """The full grid's rotary tables over the padded map, cut into windows like the tokens:
     ``(nW, wh * ww, d)`` each (``rope_coords='global'``)."""
-    padded = ((hw[0] + window[0] - 1) // window[0] * window[0],
-              (hw[1] + window[1] - 1) // window[1] * window[1])
+    padded = padded_size(hw, window)
     sin, cos = rope_tables(spec, hw, padded, device, dtype)          # (Hp * Wp, d)
     d = sin.shape[-1]
     return (window_partition(sin.reshape(1, *padded, d), window),
@@ -407,47 +368,3 @@ def family_docs(cls: Type[PlainViTBackbone]) -> Type[PlainViTBackbone]:
     base = PlainViTBackbone.__doc__ or ''
     cls.__doc__ = f"{cls.__doc__}\n\n{base[base.index('    Args:'):]}"
     return cls
-
-
-@MODELS.register_module()
-@family_docs
-class DINOv2Backbone(PlainViTBackbone):
-    """DINOv2 (with registers: ``num_reg_tokens=4``): patch 14, position grid 518 / 14 = 37,
-    LayerScale, fused qkv bias; no rotary embedding. Presets: small / base / large / giant."""
-
-    ARCH = DINOv2Arch
-    FAMILY = 'DINOv2'
-    DEFAULT_PATCH = 14
-    DEFAULT_PRETRAIN_IMG = 518
-    ROPE = None
-
-
-@MODELS.register_module()
-@family_docs
-class DINOv3Backbone(PlainViTBackbone):
-    """DINOv3: patch 16, 4 register tokens, DINOv3 rope (temperature 100, half rotation), no
-    absolute position embedding, LayerScale; ``qkv_bias='qv'`` for the ``*_qkvb`` checkpoints.
-    Presets: small / small_plus / base / large / huge_plus / 7b."""
-
-    ARCH = DINOv3Arch
-    FAMILY = 'DINOv3'
-    DEFAULT_PATCH = 16
-    USE_ABS_POS = False
-    ROPE_FORMULATION = 'dinov3'
-    ROPE: ClassVar[Optional[Mapping]] = {'temperature': 100.0}
-
-
-@MODELS.register_module()
-@family_docs
-class EVA02Backbone(PlainViTBackbone):
-    """EVA-02: patch 14, position grid 224 / 14 = 16, EVA-02 rope (temperature 1e4 on the 16 x
-    16 pretraining grid, interleaved pairs), q / v biases, SwiGLU (sub-LN for B / L); window 16
-    as EVA-02-det. Presets: tiny / small / base / large."""
-
-    ARCH = EVA02Arch
-    FAMILY = 'EVA-02'
-    DEFAULT_PATCH = 14
-    DEFAULT_WINDOW = 16
-    ROPE_FORMULATION = 'eva02'
-    FINAL_NORM = False  # EVA-02-det has none, timm's EVA-02 normalises after pooling only
-    ROPE: ClassVar[Optional[Mapping]] = {'temperature': 10000.0, 'ref_grid': (16, 16)}

@@ -1,10 +1,6 @@
-"""The plain ViT's block (ViTDet, DINOv2, DINOv3, EVA-02): pre-norm attention with optional
-rotary embedding, decomposed relative positions, q / v biases and sub-LN, LayerScale, a GELU or
-SwiGLU MLP and an optional residual conv block; global attention over all tokens or window
-attention over the patch grid (the prefix tokens joining every window).
-"""
+"""The plain ViT's block and attention (ViTDet's extras are in ``vit.py``)."""
 from functools import partial
-from typing import NamedTuple, Optional, Tuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -12,13 +8,11 @@ from mmcv.cnn import build_activation_layer, build_norm_layer
 from torch import Tensor, nn
 
 from ...functional.attention import attend
-from ...functional.decomposed_rel_pos import decomposed_rel_pos_bias, decomposed_rel_pos_channels
 from ...functional.rope import apply_rope
 from ...functional.window import from_windows, to_windows
 from ..layers.attention import Attention
 from ..layers.layer_scale import LayerScale
 from ..layers.mlp import DropPath, Mlp
-from ..layers.res_bottleneck import ResBottleneckBlock
 from ..layers.swiglu import SwiGLU, SwiGLUPacked
 from .vit_archs import PlainViTArch
 
@@ -36,28 +30,14 @@ class TokenLayout(NamedTuple):
 
 
 class ViTAttention(Attention):
-    """Multi-head attention over ``(B, P + N, C)``: the ``P`` prefix tokens, then the ``N``
-    patch tokens of a ``(gh, gw)`` grid, which alone are rotated by the rotary tables.
-
-    Decomposed relative positions ride along as extra query / key channels
-    (:func:`~vitdet_plugin.functional.decomposed_rel_pos_channels`), so the fused kernel runs
-    without an ``attn_mask`` and no ``(heads, N, N)`` bias is formed or kept; the eager path
-    (:func:`~..layers.attention.eager_attention`) adds the dense bias.
-
-    Args:
-        qkv_bias: ``'qkv'`` (one bias of the fused projection), ``'qv'`` (``q_bias`` and
-            ``v_bias``, no k bias) or ``'none'``.
-        sub_ln_eps: eps of the sub-LN ``norm`` on the attention output before ``proj``
-            (EVA-02's ``inner_attn_ln``); None: none.
-        rotate_half: the rotary layout (DINOv3: halves; EVA-02: interleaved pairs).
-        rel_pos_size: ``(gh, gw)`` grid the relative-position tables are sized for (linearly
-            resized for other grids); None: no relative positions. Needs ``P = 0``.
-    """
+    """Multi-head attention over ``(B, P + N, C)``: ``P`` prefix tokens, then the ``N`` patch
+    tokens of a ``(gh, gw)`` grid, which alone are rotated by the rotary tables. ``qkv_bias``:
+    ``'qkv'``, ``'qv'`` (no k bias) or ``'none'``; ``sub_ln_eps``: EVA-02's norm before
+    ``proj``; ``rotate_half``: DINOv3's rotary layout (else EVA-02's pairs)."""
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: str = 'qkv', attn_drop: float = 0.0,
                  proj_drop: float = 0.0, sub_ln_eps: Optional[float] = None,
-                 rotate_half: bool = False,
-                 rel_pos_size: Optional[Tuple[int, int]] = None) -> None:
+                 rotate_half: bool = False) -> None:
         super().__init__(dim, num_heads, qkv_bias == 'qkv', attn_drop, proj_drop)
         self.qkv_bias_mode = qkv_bias
         self.q_bias: Optional[nn.Parameter] = None
@@ -65,11 +45,6 @@ class ViTAttention(Attention):
         if qkv_bias == 'qv':
             self.q_bias = nn.Parameter(torch.zeros(dim))
             self.v_bias = nn.Parameter(torch.zeros(dim))
-        self.rel_pos_h: Optional[nn.Parameter] = None
-        self.rel_pos_w: Optional[nn.Parameter] = None
-        if rel_pos_size is not None:
-            self.rel_pos_h = nn.Parameter(torch.zeros(2 * rel_pos_size[0] - 1, self.head_dim))
-            self.rel_pos_w = nn.Parameter(torch.zeros(2 * rel_pos_size[1] - 1, self.head_dim))
         self.norm = nn.LayerNorm(dim, eps=sub_ln_eps) if sub_ln_eps is not None else nn.Identity()
         self.rotate_half = rotate_half
 
@@ -92,6 +67,10 @@ class ViTAttention(Attention):
             return patches
         return torch.cat([t[:, :, :num_prefix], patches], dim=2)    # (B * G, heads, P + N, d)
 
+    def attend_heads(self, q: Tensor, k: Tensor, v: Tensor, grid: Tuple[int, int]) -> Tensor:
+        """Attention of the heads ``(B', heads, P + N, d)`` -> the same."""
+        return attend(q, k, v, None, self.dropout_p, self.fused, self.scale)
+
     def forward(self, x: Tensor, grid: Tuple[int, int],  # type: ignore[override]
                 num_prefix: int = 0, rope: Optional[RopeTables] = None) -> Tensor:
         b, n, c = x.shape                                            # (B', P + N, C)
@@ -101,15 +80,7 @@ class ViTAttention(Attention):
             # q and k are new tensors now: a v of its own, so backward keeps (B', P + N, C)
             # instead of the whole (B', P + N, 3C) projection alive (docs/speed.md)
             v = v.contiguous()
-        if self.rel_pos_h is None or self.rel_pos_w is None:
-            out = attend(q, k, v, None, self.dropout_p, self.fused, self.scale)
-        elif self.fused:
-            q, k, v = decomposed_rel_pos_channels(q, k, v, self.rel_pos_h, self.rel_pos_w, grid,
-                                                  self.scale)        # (B', heads, N, d')
-            out = attend(q, k, v, None, self.dropout_p, scale=1.0)[..., :self.head_dim]
-        else:
-            bias = decomposed_rel_pos_bias(q, self.rel_pos_h, self.rel_pos_w, grid, grid)
-            out = attend(q, k, v, bias, self.dropout_p, False, self.scale)
+        out = self.attend_heads(q, k, v, grid)                       # (B', heads, P + N, d)
         out = out.transpose(1, 2).reshape(b, n, c)                   # (B', P + N, C)
         return self.project_out(self.norm(out))
 
@@ -118,8 +89,7 @@ class ViTAttention(Attention):
 
 
 def build_mlp(spec: PlainViTArch, drop: float, act_cfg: Optional[dict] = None) -> nn.Module:
-    """The block MLP of ``spec``: ``Mlp`` (``act_cfg``, default GELU), ``SwiGLU`` (with
-    EVA-02's sub-LN if set) or ``SwiGLUPacked``."""
+    """The block MLP of ``spec``: ``Mlp`` (``act_cfg``, default GELU) or a SwiGLU."""
     dim, hidden = spec.embed_dims, spec.mlp_hidden
     if spec.mlp == 'swiglu':
         return SwiGLU(dim, hidden, spec.norm_eps if spec.mlp_sub_ln else None, drop)
@@ -130,42 +100,29 @@ def build_mlp(spec: PlainViTArch, drop: float, act_cfg: Optional[dict] = None) -
 
 
 class ViTBlock(nn.Module):
-    """Pre-norm block on the token sequence ``(B, P + h * w, C)``.
-
-    ``x + ls1(attn(norm1(x)))``, then ``x + ls2(mlp(norm2(x)))`` (LayerScale ``ls1`` / ``ls2``
-    when the arch has it), then the residual conv block on the patch map if any. Window blocks
-    (``window_size`` given) cut the patch grid into windows, zero-padded at the bottom/right to
-    whole windows (ViTDet); the ``P`` prefix tokens join every window as extra keys and
-    queries, and their outputs are averaged over the windows of their image.
-
-    Args:
-        rel_pos_size: grid of the relative-position tables (the window, or the full grid the
-            global blocks are built for); None: none.
-        residual: append a residual bottleneck conv block (detectron2
-            ``residual_block_indexes``).
-        norm_cfg: the block's norms (default LayerNorm with the arch's eps); act_cfg: the GELU
-            MLP's activation.
-    """
+    """Pre-norm block on ``(B, P + h * w, C)``: ``x + ls1(attn(norm1(x)))``, then
+    ``x + ls2(mlp(norm2(x)))``. Window blocks (``window_size`` given) cut the patch grid into
+    zero-padded windows (ViTDet); the ``P`` prefix tokens join every window and their outputs
+    are averaged over the windows. ``attention`` builds ``attn`` (:class:`ViTAttention`'s
+    arguments); ``norm_cfg`` default: LayerNorm with the arch's eps."""
 
     def __init__(self, spec: PlainViTArch, window_size: Optional[Tuple[int, int]],
-                 rel_pos_size: Optional[Tuple[int, int]] = None, residual: bool = False,
                  rotate_half: bool = False, drop: float = 0.0, attn_drop: float = 0.0,
                  drop_path: float = 0.0, norm_cfg: Optional[dict] = None,
-                 act_cfg: Optional[dict] = None) -> None:
+                 act_cfg: Optional[dict] = None,
+                 attention: Callable[..., ViTAttention] = ViTAttention) -> None:
         super().__init__()
         dim, eps = spec.embed_dims, spec.norm_eps
         norm_cfg = norm_cfg or dict(type='LN', eps=eps)
         self.window_size = window_size
         self.norm1 = build_norm_layer(norm_cfg, dim)[1]
-        self.attn = ViTAttention(dim, spec.num_heads, spec.qkv_bias, attn_drop, drop,
-                                 eps if spec.attn_sub_ln else None, rotate_half, rel_pos_size)
+        self.attn = attention(dim, spec.num_heads, spec.qkv_bias, attn_drop, drop,
+                              eps if spec.attn_sub_ln else None, rotate_half)
         self.ls1 = LayerScale(dim, spec.layer_scale) if spec.layer_scale else nn.Identity()
         self.norm2 = build_norm_layer(norm_cfg, dim)[1]
         self.mlp = build_mlp(spec, drop, act_cfg)
         self.ls2 = LayerScale(dim, spec.layer_scale) if spec.layer_scale else nn.Identity()
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        act_layer = partial(build_activation_layer, act_cfg or dict(type='GELU'))
-        self.residual = ResBottleneckBlock(dim, dim // 2, act_layer) if residual else None
 
     def forward(self, x: Tensor, layout: TokenLayout) -> Tensor:
         """``(B, P + h * w, C)`` -> the same."""
@@ -188,12 +145,7 @@ class ViTBlock(nn.Module):
                 prefix = windows[:, :p].reshape(b, nw, p, c).mean(dim=1)  # (B, P, C)
                 x = torch.cat([prefix, x], dim=1)                    # (B, P + h * w, C)
         x = shortcut + self.drop_path(self.ls1(x))
-        x = x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
-        if self.residual is not None:  # ViTDet's residual conv block on the patch map
-            patches = x[:, p:].transpose(1, 2).reshape(b, c, h, w)    # (B, C, h, w)
-            patches = self.residual(patches).flatten(2).transpose(1, 2)  # (B, h * w, C)
-            x = torch.cat([x[:, :p], patches], dim=1) if p else patches
-        return x
+        return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
 
     def extra_repr(self) -> str:
         return f'window_size={self.window_size}'

@@ -1,8 +1,9 @@
 """Building blocks shared by the backbones and heads: one copy of each (pure functions are in
 :mod:`vitdet_plugin.functional`, argument checks in :mod:`.arguments`)."""
-from .attention import Attention, eager_attention
+from .attention import Attention
 from .conv_stem import ConvStem
 from .cross_attention import MultiheadCrossAttention
+from .eager import eager_attention
 from .layer_scale import LayerScale
 from .mlp import DropPath, Mlp, linear_drop_path_rates
 from .norm import LayerNorm2d, masked_group_norm

@@ -1,33 +1,20 @@
-"""Multi-head self-attention through ``F.scaled_dot_product_attention``.
-
-One attention core serves the backbones and the head: Swin's window attention adds its
-relative-position bias and shift mask, the ViT its decomposed relative positions. SDPA is what
-runs; :func:`eager_attention` switches every attention module to the explicit formula.
+"""Multi-head self-attention through ``F.scaled_dot_product_attention`` (``fused``; else the
+explicit formula, :mod:`.eager`): the core the plain ViT's attention extends.
 """
-from contextlib import contextmanager
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Optional, Tuple
 
 from torch import Tensor, nn
 
 from ...functional.attention import attend
 from .arguments import head_dim
 
-__all__ = ['Attention', 'eager_attention']
+__all__ = ['Attention']
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention over tokens ``(B, N, C)`` with an optional additive bias.
-
-    Parameter names (``qkv``, ``proj``) follow the official Swin / timm / SAM layouts.
-
-    Args:
-        dim: token channels ``C``.
-        num_heads: attention heads; ``dim`` must be divisible by it.
-        qkv_bias: bias on the fused ``qkv`` projection.
-        attn_drop: dropout on attention weights (training only).
-        proj_drop: dropout after the output projection.
-        scale: logit scale; ``head_dim ** -0.5`` when None.
-    """
+    """Multi-head self-attention over tokens ``(B, N, C)`` with an optional additive bias;
+    ``qkv`` / ``proj`` as timm / SAM name them. ``attn_drop``: dropout on the attention weights
+    (training only), ``proj_drop`` after ``proj``; ``scale``: default ``head_dim ** -0.5``."""
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True,
                  attn_drop: float = 0.0, proj_drop: float = 0.0,
@@ -47,16 +34,12 @@ class Attention(nn.Module):
         """``(..., C)`` tokens -> ``(..., 3C)``: queries, keys and values, concatenated."""
         return self.qkv(x)
 
-    def split_heads(self, qkv: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        """``(B, N, 3C)`` -> q, k, v, each ``(B, heads, N, head_dim)`` (views of one buffer)."""
-        b, n, _ = qkv.shape
-        qkv = qkv.view(b, n, 3, self.num_heads, self.head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-        return q, k, v
-
     def qkv_heads(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """``(B, N, C)`` -> q, k, v, each ``(B, heads, N, head_dim)`` (views of one buffer)."""
-        return self.split_heads(self.project_qkv(x))
+        b, n, _ = x.shape
+        qkv = self.project_qkv(x).view(b, n, 3, self.num_heads, self.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)               # (B, heads, N, d) each
+        return q, k, v
 
     def project_out(self, x: Tensor) -> Tensor:
         """``(..., C)`` attention output -> ``(..., C)``: ``proj``, then its dropout."""
@@ -76,19 +59,3 @@ class Attention(nn.Module):
 
     def extra_repr(self) -> str:
         return f'num_heads={self.num_heads}, fused={self.fused}'
-
-
-@contextmanager
-def eager_attention(model: nn.Module) -> Iterator[nn.Module]:
-    """Run ``model`` with the explicit attention formula instead of SDPA, then restore it: the
-    one kernel switch, for every attention module of ours (each calls :func:`attend` with its
-    ``fused`` flag). ONNX export and FLOP counting use it."""
-    modules: List[Any] = list(model.modules())
-    saved = [(m, m.fused) for m in modules if isinstance(getattr(m, 'fused', None), bool)]
-    for m, _ in saved:
-        m.fused = False
-    try:
-        yield model
-    finally:
-        for m, fused in saved:
-            m.fused = fused

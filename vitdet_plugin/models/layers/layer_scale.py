@@ -12,9 +12,6 @@ class LayerScale(nn.Module):
         self.init_value = float(init_value)
         self.gamma = nn.Parameter(torch.full((dim,), self.init_value))
 
-    def reset_parameters(self) -> None:
-        nn.init.constant_(self.gamma, self.init_value)
-
     def forward(self, x: Tensor) -> Tensor:
         return x * self.gamma
 

@@ -8,15 +8,7 @@ from torch import Tensor, nn
 
 class SwiGLU(nn.Module):
     """``fc2(norm(silu(fc1_g x) * fc1_x x))`` on ``(..., C)`` tokens: separate gate and value
-    projections (EVA-02 B/L with its sub-LN ``norm``; DINOv3 S+/H+ without it).
-
-    Args:
-        in_features: token channels ``C`` (also the output's).
-        hidden_features: width of the gate and value projections.
-        norm_eps: eps of the sub-LN on the hidden activations (EVA-02's ``ffn_ln``); None: no
-            norm.
-        drop: dropout after the gating and after ``fc2``.
-    """
+    projections; ``norm_eps``: EVA-02 B/L's sub-LN (``ffn_ln``), None (DINOv3 S+/H+): none."""
 
     def __init__(self, in_features: int, hidden_features: int, norm_eps: Optional[float] = None,
                  drop: float = 0.0) -> None:
@@ -34,9 +26,8 @@ class SwiGLU(nn.Module):
 
 
 class SwiGLUPacked(nn.Module):
-    """``fc2(silu(g) * v)`` with ``[g, v] = fc1 x``: gate and value in one projection of
-    ``2 * hidden`` rows, the gate first (timm's ``SwiGLUPacked`` / ``GluMlp(gate_last=False)``
-    layout; DINOv2-giant's ``w12`` / ``w3``, EVA-02 T/S)."""
+    """``fc2(silu(g) * v)`` with ``[g, v] = fc1 x``, the gate rows first (timm's
+    ``SwiGLUPacked``; DINOv2-giant's ``w12`` / ``w3``, EVA-02 T/S)."""
 
     def __init__(self, in_features: int, hidden_features: int, drop: float = 0.0) -> None:
         super().__init__()

@@ -1,8 +1,4 @@
-"""The resizing of position grids (absolute position embeddings, relative-position tables).
-
-Swin's bias-table index is in :mod:`.swin_bias`, ViTDet's decomposed per-axis tables in
-:mod:`.decomposed_rel_pos`.
-"""
+"""Resizing of stored position grids (absolute position embeddings, relative-position tables)."""
 from typing import Tuple
 
 import torch
@@ -20,13 +16,10 @@ def interpolation_dtype(t: Tensor) -> Tensor:
 
 def resize_pos_grid(pos: Tensor, size: Tuple[int, int], mode: str = 'bicubic',
                     antialias: bool = False) -> Tensor:
-    """Resize a ``(1, C, H, W)`` position grid to ``size`` (dtype preserved; fp16 / bf16 are
-    interpolated in fp32, fp32 / fp64 in their own precision).
+    """Resize a ``(1, C, H, W)`` position grid to ``size`` (dtype preserved).
 
-    ``antialias``: ``F.interpolate(antialias=True)``, as timm resizes the DINOv2 / EVA-02
-    position embeddings: low-passed when shrinking, and PyTorch's antialiased bicubic uses
-    another cubic kernel (a = -0.5) than plain bicubic (a = -0.75), so it differs when
-    enlarging too."""
+    ``antialias``: as timm resizes the DINOv2 / EVA-02 position embeddings (low-passed when
+    shrinking; another cubic kernel, a = -0.5, so it differs when enlarging too)."""
     if known_equal(pos.shape[-2], size[0]) and known_equal(pos.shape[-1], size[1]):
         return pos  # symbolic sizes resize (maybe to the same size, which is exact)
     out = F.interpolate(interpolation_dtype(pos), size=size, mode=mode, align_corners=False,
