@@ -3,7 +3,7 @@
 one table of layouts and the loader (:mod:`.layouts`, fed a
 :class:`~vitdet_plugin.functional.checkpoint_target.CheckpointTarget`)
 and the converters it pairs with detectors, pure ``state_dict -> state_dict`` functions
-(:mod:`.swin`, :mod:`.swin_v2`, :mod:`.vit`, :mod:`.vit_families`; the official DINOv2 /
+(:mod:`.swin`, :mod:`.swin_v2`, :mod:`.vit`, :mod:`.vit_families`, :mod:`.rfdetr`; the official DINOv2 /
 DINOv3 / EVA-02 layouts to timm's, :mod:`.official_vit`; the patch-kernel resample,
 :mod:`.patch_resample`).
 
@@ -17,7 +17,7 @@ from .checkpoint_io import CheckpointError
 from .common import (check_state_dict, checkpoint_state_dict, drop_keys, load_checkpoint_file,
                      load_state_dict_checked, read_as_saved, select_prefix, unwrap_state_dict)
 from .layouts import (FAMILY_BACKBONES, LAYOUTS, Layout, detect_layout, find_layout,
-                      load_checkpoint)
+                      load_checkpoint, read_part)
 from .official_vit import OFFICIAL_VIT_LAYOUTS, detect_official_vit_layout, official_to_timm
 from .patch_resample import resample_patch_kernel
 
@@ -30,4 +30,4 @@ __all__ = [
     'resample_patch_kernel', 'CheckpointTarget',
 ]
 
-plug_checkpoint_loader(CheckpointLoader(convert=load_checkpoint, read_as_saved=read_as_saved))
+plug_checkpoint_loader(CheckpointLoader(convert=load_checkpoint, read_as_saved=read_part))
