@@ -7,11 +7,13 @@ The files are the real format, written by rfdetr 1.11.2's own code from its
 ``{'model': ..., 'args': argparse.Namespace}``, and the payload of its Lightning callback
 (``BestModelCallback._build_checkpoint_payload``: ``args`` a dict, the model also as
 ``state_dict`` under ``model.``; written here with that method's keys, its module needs
-``pytorch_lightning``, rfdetr's training extra). The loaded tensors are compared with rfdetr's modules themselves.
+``pytorch_lightning``, rfdetr's training extra). The loaded tensors are compared with
+rfdetr's modules themselves.
 """
 import argparse
 import os
 import re
+import types
 from typing import Dict
 
 import pytest
@@ -238,9 +240,11 @@ def test_a_tampered_file_is_refused_naming_the_global(nano, tmp_path):
     state = net.state_dict()
     cases = {'tampered': ({'model': state, 'args': argparse.Namespace(evil=_Tampered())},
                           f'{os.getcwd.__module__}.getcwd'),
+             # RF-DETR's namespace is allowed as its args only
              'elsewhere': ({'model': state, 'args': {}, 'meta': [argparse.Namespace()]},
-                           "argparse.Namespace at ['meta'][0]: only the args of an RF-DETR "
-                           "checkpoint ({'model': ..., 'args': namespace}) may be one")}
+                           'argparse.Namespace'),
+             'no model': ({'state_dict': state, 'args': types.SimpleNamespace()},
+                          'types.SimpleNamespace')}
     for name, (ckpt, refused) in cases.items():
         path = str(tmp_path / f'{name}.pth')
         torch.save(ckpt, path)

@@ -3,9 +3,9 @@
 one table of layouts and the loader (:mod:`.layouts`, fed a
 :class:`~vitdet_plugin.functional.checkpoint_target.CheckpointTarget`)
 and the converters it pairs with detectors, pure ``state_dict -> state_dict`` functions
-(:mod:`.swin`, :mod:`.swin_v2`, :mod:`.vit`, :mod:`.vit_families`, :mod:`.rfdetr`; the official DINOv2 /
-DINOv3 / EVA-02 layouts to timm's, :mod:`.official_vit`; the patch-kernel resample,
-:mod:`.patch_resample`).
+(:mod:`.swin`, :mod:`.swin_v2`, :mod:`.vit`, :mod:`.vit_families`; RF-DETR's detectors,
+:mod:`.rfdetr`; the official DINOv2 / DINOv3 / EVA-02 layouts to timm's,
+:mod:`.official_vit`; the patch-kernel resample, :mod:`.patch_resample`).
 
 Importing this package plugs its loader into the models' checkpoint contract
 (:func:`~vitdet_plugin.functional.checkpoint_target.plug_checkpoint_loader`): the models ask the

@@ -206,10 +206,8 @@ def _load_rfdetr_args(source: Union[str, IO[bytes]], map_location: Any, path: st
     outside = [(where, ns) for where, ns in places if where != _ARGS_PLACE]
     if isinstance(ckpt, dict) and 'model' in ckpt and not outside:
         return ckpt
-    where, ns = (outside or places)[0]
-    raise _refusal(path, given, f'{type(ns).__module__}.{type(ns).__qualname__}',
-                   f" at {where or 'the top level'}: only the args of an RF-DETR checkpoint "
-                   "({'model': ..., 'args': namespace}) may be one")
+    ns = (outside or places)[0][1]  # a namespace elsewhere: refused as any other global
+    raise _refusal(path, given, f'{type(ns).__module__}.{type(ns).__qualname__}')
 
 
 #: Where RF-DETR keeps its namespace (``checkpoint['args']``), as :func:`_namespaces` names it.
@@ -226,10 +224,10 @@ def _namespaces(obj: Any, where: str = '') -> List[Tuple[str, Any]]:
     return [found for key, value in items for found in _namespaces(value, f'{where}[{key!r}]')]
 
 
-def _refusal(path: str, given: Optional[str], refused: str, where: str = '') -> CheckpointError:
+def _refusal(path: str, given: Optional[str], refused: str) -> CheckpointError:
     return CheckpointError(
         f'refused to load checkpoint {path!r}: it contains Python objects that are not on '
-        f'the weights_only allow-list (refused: {refused}{where}); unpickling it could run '
+        f'the weights_only allow-list (refused: {refused}); unpickling it could run '
         f'arbitrary code, so nothing was loaded or executed. If you trust this file, '
         f'list it in the environment variable {TRUST_ENV} (e.g. '
         f'{TRUST_ENV}={given or path}; several files separated by {os.pathsep!r}) and '
