@@ -32,7 +32,8 @@ from vitdet_plugin.models.backbones.base import state_shapes
 from vitdet_plugin.weights import CheckpointError, CheckpointTarget, detect_layout, load_checkpoint
 from vitdet_plugin.weights.checkpoint_io import TRUST_ENV
 from vitdet_plugin.weights.common import checkpoint_state_dict
-from vitdet_plugin.weights.rfdetr import COCO_CATEGORY_IDS, RFDETR
+from vitdet_plugin.weights.rfdetr import (COCO_CATEGORY_IDS, RFDETR, RFDETR_CONFIGS, config_fix,
+                                          matching_configs)
 
 register_all_modules()
 #: RF-DETR N: ViT-S taps of 384 channels, patch 16 at 384 px (grid 24), 2 decoder layers.
@@ -262,3 +263,30 @@ def test_the_layout_is_detected_in_every_format(files):
     for path in files.values():
         layout = detect_layout(checkpoint_state_dict(path))
         assert (layout.family, layout.name) == (RFDETR, 'rfdetr')
+
+
+#: rfdetr's config class of each of our configs (its sizes are the reference).
+RFDETR_CONFIG_CLASSES = {'rfdetr_nano.py': 'RFDETRNanoConfig', 'rfdetr_small.py':
+                         'RFDETRSmallConfig', 'rfdetr_medium.py': 'RFDETRMediumConfig',
+                         'rfdetr_large.py': 'RFDETRLargeConfig',
+                         'rfdetr_seg_nano.py': 'RFDETRSegNanoConfig',
+                         'rfdetr_seg_small.py': 'RFDETRSegSmallConfig'}
+
+
+def test_the_configs_are_told_apart_by_rfdetrs_own_sizes():
+    from rfdetr import config as sizes
+    for c in RFDETR_CONFIGS:
+        fields = getattr(sizes, RFDETR_CONFIG_CLASSES[c.config]).model_fields
+        want = {k: fields[k].default for k in ('patch_size', 'positional_encoding_size',
+                                                'dec_layers', 'segmentation_head')}
+        assert want == dict(patch_size=c.patch, positional_encoding_size=c.grid,
+                            dec_layers=c.layers, segmentation_head=c.seg), c.config
+        size = dict(patch=c.patch, grid=c.grid, layers=c.layers)
+        assert matching_configs(size, c.seg)[0] == [c]
+    # a medium / large fine-tuned at 640 px: both named, with the grid to set
+    assert config_fix(dict(patch=16, grid=40, layers=4)) == (
+        'build it from configs/rfdetr/rfdetr_medium.py or configs/rfdetr/rfdetr_large.py with '
+        'model.backbone.pretrain_img_size=640')
+    assert config_fix(dict(patch=14, grid=37, layers=3)) == (
+        'build it with model.backbone.patch_size=14, model.backbone.pretrain_img_size=518, '
+        'model.bbox_head.num_decoder_layers=3')

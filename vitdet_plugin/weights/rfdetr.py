@@ -240,7 +240,8 @@ def rfdetr_to_detector(sd: Mapping[str, Tensor],
             ": its mask head does not load yet; load its backbone alone (the backbone's "
             "init_cfg type='Pretrained') or a detection checkpoint")
     expected = expected or {}
-    inner = {k[len(BACKBONE):]: tuple(s) for k, s in expected.items() if k.startswith(BACKBONE)}
+    inner = {k[len(BACKBONE):]: torch.Size(s) for k, s in expected.items()
+             if k.startswith(BACKBONE)}
     backbone, dropped = rfdetr_backbone(
         sd, CheckpointTarget(BACKBONE_FAMILY, owner, inner or None), resampled)
     dropped = [k for k in dropped if k.startswith(RFDETR_BACKBONE_PREFIX)]
