@@ -7,13 +7,13 @@ import vitdet_plugin  # noqa: F401
 from vitdet_plugin.functional import checkpoint_target
 from vitdet_plugin.models.backbones import ViTBackbone
 from vitdet_plugin.models.backbones.base import load_pretrained
-from vitdet_plugin.weights import load_checkpoint, read_as_saved
+from vitdet_plugin.weights import load_checkpoint, read_part
 
 
 def test_importing_the_package_plugs_the_layout_table_in():
     loader = checkpoint_target.checkpoint_loader()
     assert loader.convert is load_checkpoint
-    assert loader.read_as_saved is read_as_saved
+    assert loader.read_as_saved is read_part  # read_as_saved, RF-DETR files converted first
 
 
 def test_without_a_plugged_loader_a_model_load_names_the_fix(monkeypatch):
