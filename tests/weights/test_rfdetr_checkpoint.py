@@ -286,7 +286,7 @@ def test_the_configs_are_told_apart_by_rfdetrs_own_sizes():
     # a medium / large fine-tuned at 640 px: both named, with the grid to set
     assert config_fix(dict(patch=16, grid=40, layers=4)) == (
         'build it from configs/rfdetr/rfdetr_medium.py or configs/rfdetr/rfdetr_large.py with '
-        'model.backbone.pretrain_img_size=640')
+        'model.backbone.pretrain_img_size=640, pretrain_patch_size=16')
     assert config_fix(dict(patch=14, grid=37, layers=3)) == (
         'build it with model.backbone.patch_size=14, model.backbone.pretrain_img_size=518, '
-        'model.bbox_head.num_decoder_layers=3')
+        'pretrain_patch_size=14, model.bbox_head.num_decoder_layers=3')

@@ -92,9 +92,12 @@ RFDETR_CONFIGS: Tuple[RFDETRConfig, ...] = (
     RFDETRConfig('rfdetr_seg_nano.py', 12, 26, 4, True),
     RFDETRConfig('rfdetr_seg_small.py', 12, 32, 4, True),
 )
+#: The patch of RF-DETR's detection sizes (a grid's image size when the patch is not known).
+PATCH_OF_RFDETR = 16
 #: How each size field reads in messages, and the config argument that sets it.
 _FIELDS = {'patch': ('patch {}', 'model.backbone.patch_size={}'),
-           'grid': ('position grid {0}x{0}', 'model.backbone.pretrain_img_size={}'),
+           'grid': ('position grid {0}x{0}',
+                    'model.backbone.pretrain_img_size={}, pretrain_patch_size={}'),
            'width': ('ViT width {}', "model.backbone.arch='small' (embed_dims={})"),
            'taps': ('{} projector input channels', 'model.neck.in_channels (total {})'),
            'layers': ('{} decoder layers', 'model.bbox_head.num_decoder_layers={}'),
@@ -163,8 +166,11 @@ def config_fix(size: Mapping[str, int], seg: bool = False) -> str:
 
 
 def _argument(field: str, size: Mapping[str, int]) -> str:
-    value = size[field] * size.get('patch', 1) if field == 'grid' else size[field]
-    return _FIELDS[field][1].format(value)
+    """The config argument that sets ``field`` of ``size`` (the grid: as image / patch)."""
+    if field == 'grid':
+        patch = size.get('patch', PATCH_OF_RFDETR)
+        return _FIELDS[field][1].format(size[field] * patch, patch)
+    return _FIELDS[field][1].format(size[field])
 
 
 def _describe(size: Mapping[str, int]) -> str:
