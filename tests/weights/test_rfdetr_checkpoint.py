@@ -22,6 +22,7 @@ from helpers import randomize_, run_tool
 from mmdet.datasets import CocoDataset
 from mmdet.registry import MODELS
 from mmdet.utils import register_all_modules
+from mmengine.runner.checkpoint import load_checkpoint as mmengine_load_checkpoint
 
 import rfdetr
 from rfdetr.assets.coco_classes import COCO_CLASSES
@@ -182,6 +183,18 @@ def test_tools_convert_weights_writes_the_detector(nano, files, tmp_path):
     model = detector(num_classes=80)
     model.load_state_dict(torch.load(out, weights_only=True)['state_dict'], strict=True)
     assert torch.equal(model.bbox_head.cls_branch.bias[0], net.class_embed.bias[1])
+
+
+def test_load_from_of_an_unconverted_file_is_refused_naming_the_conversion(files):
+    """mmengine's load_checkpoint (load_from, tools/test.py) would load nothing from it."""
+    for path in (files['Namespace'], files['dict']):
+        want = (f"{path!r} is an RF-DETR checkpoint (the rfdetr package's names): load_from and "
+                "mmengine's load_checkpoint read our detector's names and would load nothing "
+                f'from it. Convert it first: python tools/convert_weights.py {path} OUT.pth '
+                "--num-classes 80 (80: mmdet's COCO classes; or the head's num_classes), then "
+                'load_from=OUT.pth')
+        with pytest.raises(CheckpointError, match='^' + re.escape(want) + '$'):
+            mmengine_load_checkpoint(torch.nn.Linear(1, 1), path)
 
 
 def _refusal(model: torch.nn.Module, path: str, message: str) -> None:

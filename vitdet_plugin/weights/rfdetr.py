@@ -23,7 +23,7 @@ the same.
 """
 import math
 import re
-from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -291,6 +291,25 @@ def convert_rfdetr_layout(sd: StateDict, layout: Layout, target: CheckpointTarge
     if target.family == BACKBONE_FAMILY:
         return rfdetr_backbone(sd, target, resampled)
     return rfdetr_to_detector(sd, target.expected, target.owner, resampled=resampled)
+
+
+#: Where an RF-DETR file keeps its model: ``model`` (every file), ``state_dict`` (a Lightning copy).
+_FILE_PARTS = ('model', 'state_dict')
+
+
+def refuse_unconverted(ckpt: Any, name: str) -> None:
+    """mmengine's ``load_from`` / ``load_checkpoint`` read a file's ``state_dict`` in our
+    names, non-strictly: an RF-DETR file would load nothing (a warning only). Refuse it
+    (:class:`CheckpointError`) naming the conversion that makes it loadable."""
+    if not isinstance(ckpt, Mapping) or not any(
+            isinstance(ckpt.get(part), Mapping) and rfdetr_layout(ckpt[part])
+            for part in _FILE_PARTS):
+        return
+    raise CheckpointError(
+        f'{name!r} is an RF-DETR checkpoint (the rfdetr package\'s names): load_from and '
+        "mmengine's load_checkpoint read our detector's names and would load nothing from it. "
+        f'Convert it first: python tools/convert_weights.py {name} OUT.pth --num-classes 80 '
+        "(80: mmdet's COCO classes; or the head's num_classes), then load_from=OUT.pth")
 
 
 #: RF-DETR's layout: a detector checkpoint whose backbone part DINOv2Backbone loads.
