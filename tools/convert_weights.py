@@ -8,6 +8,7 @@
     python tools/convert_weights.py dinov2_vitb14_reg4_pretrain.pth dinov2_b_ours.pth
     python tools/convert_weights.py eva02_B_pt_in21k_p14.pt eva02_b16_ours.pth --patch-size 16
     python tools/convert_weights.py path/to/dinov2-base dinov2_b_ours.pth   # transformers folder
+    python tools/convert_weights.py rf-detr-nano.pth rfdetr_n_coco80.pth --num-classes 80
 
 The source layout is detected by the one table of ``vitdet_plugin.weights.layouts`` (official
 Microsoft Swin, Swin detection repo, timm, mmdet / mmpretrain for Swin; official, timm,
@@ -15,16 +16,18 @@ mmpretrain for Swin V2; timm / DeiT / MAE, SAM, detectron2 ViTDet, mmpretrain fo
 official facebookresearch / baaivision files and timm's for DINOv2, DINOv3, EVA-02 and
 EVA-02/det's detectors, ``--model vit_family``; Hugging Face transformers ``Dinov2Model``,
 ``Dinov2WithRegistersModel``, ``DINOv3ViTModel``, ``SwinModel``, ``Swinv2Model``, ``ViTModel``,
-``ViTMAEModel`` and their task wrappers; a bare simple-FPN neck). A transformers model folder
+``ViTMAEModel`` and their task wrappers; a bare simple-FPN neck; the ``rfdetr`` package's
+``.pth`` files, whole detectors: ``--model rfdetr``). A transformers model folder
 (``config.json`` + ``model.safetensors``, or its shards and index, or ``pytorch_model.bin``) is
 read like a file. Files are read with ``torch.load(weights_only=True)``; the output is
 ``{'state_dict': sd, 'meta': {...}}``, loadable with ``init_cfg=dict(type='Pretrained',
-checkpoint=OUT)``.
+checkpoint=OUT)``; an RF-DETR detector's with ``load_from=OUT`` in its ``configs/rfdetr/``
+config (``--num-classes 80``: RF-DETR's 91 COCO logits as mmdet's 80 COCO classes).
 """
 import argparse
 import os
 import sys
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import torch
 
@@ -32,10 +35,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from vitdet_plugin.weights import (FAMILY_BACKBONES, CheckpointError, CheckpointTarget,
                                    checkpoint_state_dict, detect_layout, load_checkpoint_file)
+from vitdet_plugin.weights.layout import Layout
+from vitdet_plugin.weights.rfdetr import RFDETR, matching_configs, read_size, rfdetr_to_detector
 
 #: ``--model``: the checkpoint families each choice converts (``auto``: every family).
 MODEL_FAMILIES = {'swin': ('Swin',), 'swinv2': ('Swin V2',), 'vit': ('ViT',),
-                  'vit_family': ('DINOv2', 'DINOv3', 'EVA-02'), 'simple_fpn': ('simple FPN',)}
+                  'vit_family': ('DINOv2', 'DINOv3', 'EVA-02'), 'simple_fpn': ('simple FPN',),
+                  'rfdetr': (RFDETR,)}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -57,6 +63,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument('--patch-size', type=int, default=None, metavar='P',
                    help='DINOv2 / DINOv3 / EVA-02: resample the patch kernel to P x P '
                         '(FlexiViT; e.g. 14 -> 16 for a stride-16 pyramid)')
+    p.add_argument('--num-classes', type=int, default=None, metavar='K',
+                   help="RF-DETR: the head's classes (80: the 91 COCO logits as mmdet's 80 COCO "
+                        "classes); default the checkpoint's")
     args = p.parse_args(argv)
     window = None
     if args.window_size:
@@ -82,6 +91,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             p.error('--window-size / --src-window-size apply to Swin V1 checkpoints only')
         if pos_grid and family in ('Swin V2', 'simple FPN'):
             p.error(f'--pos-grid does not apply to {family} checkpoints')
+        if family == RFDETR:
+            if window or args.src_window_size or pos_grid or args.patch_size:
+                p.error('an RF-DETR checkpoint converts as saved: its config builds its sizes')
+            converted, dropped = rfdetr_to_detector(sd, None, 'tools/convert_weights.py',
+                                                    args.num_classes)
+            return _save(args.src, args.dst, converted, dropped, layout, family, model)
+        if args.num_classes is not None:
+            p.error('--num-classes applies to RF-DETR checkpoints only')
         target = CheckpointTarget(
             family, 'tools/convert_weights.py', window_size=window, pos_grid=pos_grid,
             src_window_size=tuple(args.src_window_size) if args.src_window_size else None,
@@ -90,14 +107,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (CheckpointError, FileNotFoundError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 1
-    os.makedirs(os.path.dirname(os.path.abspath(args.dst)), exist_ok=True)
-    tmp = args.dst + '.tmp'
+    return _save(args.src, args.dst, converted, dropped, layout, family, model)
+
+
+def _save(src: str, dst: str, converted: Dict[str, torch.Tensor], dropped: List[str],
+          layout: Layout, family: str, model: Optional[str]) -> int:
+    """Write ``{'state_dict': converted, 'meta': ...}`` to ``dst`` (atomically) and say how to
+    load it."""
+    os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
+    tmp = dst + '.tmp'
     torch.save({'state_dict': converted,
                 'meta': {'converted_from': layout.name, 'family': family, 'model': model,
-                         'backbone': FAMILY_BACKBONES[family], 'source': args.src}}, tmp)
-    os.replace(tmp, args.dst)
-    print(f'{args.src}: {layout.describe()} -> {args.dst} ({len(converted)} tensors, '
-          f"{len(dropped)} keys dropped); load it with type='{FAMILY_BACKBONES[family]}'")
+                         'backbone': FAMILY_BACKBONES[family], 'source': src}}, tmp)
+    os.replace(tmp, dst)
+    how = f"type='{FAMILY_BACKBONES[family]}'"
+    if family == RFDETR:
+        exact, near = matching_configs(read_size({k: v.shape for k, v in converted.items()}),
+                                       seg=False)
+        configs = ' or '.join(f'configs/rfdetr/{c.config}' for c in exact or near)
+        how = f"load_from='{dst}' in {configs or 'an RF-DETR detector config'}"
+    print(f'{src}: {layout.describe()} -> {dst} ({len(converted)} tensors, '
+          f'{len(dropped)} keys dropped); load it with {how}')
     return 0
 
 

@@ -46,6 +46,7 @@ import torch
 
 from .ops import startup as ops_startup
 from .weights.checkpoint_io import load_trusted_or_weights_only, resolve_checkpoint_path
+from .weights.rfdetr import refuse_unconverted
 
 MMCV_RANGE = ('2.0.0rc4', '2.2.0')
 MMENGINE_RANGE = ('0.10.0', '0.11.0')
@@ -241,7 +242,9 @@ def register_safe_globals() -> Tuple[str, ...]:
 def safe_load_from_local(filename: str, map_location: Any = None) -> Any:
     """mmengine's local-file checkpoint loader, through :func:`load_trusted_or_weights_only`."""
     path = resolve_checkpoint_path(filename, source='--resume / load_from / the checkpoint path')
-    return load_trusted_or_weights_only(path, map_location, filename)
+    ckpt = load_trusted_or_weights_only(path, map_location, filename)
+    refuse_unconverted(ckpt, filename)  # an RF-DETR file would load nothing: convert it first
+    return ckpt
 
 
 def safe_load_from_http(filename: str, map_location: Any = None,
@@ -260,7 +263,9 @@ def safe_load_from_http(filename: str, map_location: Any = None,
         if rank > 0:
             path = resolve_checkpoint_path(filename, model_dir)
     assert path is not None  # every rank resolved it
-    return load_trusted_or_weights_only(path, map_location, filename)
+    ckpt = load_trusted_or_weights_only(path, map_location, filename)
+    refuse_unconverted(ckpt, filename)
+    return ckpt
 
 
 def install_safe_checkpoint_loader() -> None:

@@ -6,13 +6,13 @@ import torch
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.functional import checkpoint_target
 from vitdet_plugin.models.backbones import ViTBackbone
-from vitdet_plugin.weights import load_checkpoint, load_init_checkpoint, read_as_saved
+from vitdet_plugin.weights import load_checkpoint, load_init_checkpoint, read_part
 
 
 def test_importing_the_package_plugs_the_layout_table_in():
     loader = checkpoint_target.checkpoint_loader()
     assert loader.convert is load_checkpoint
-    assert loader.read_as_saved is read_as_saved
+    assert loader.read_as_saved is read_part  # read_as_saved, RF-DETR files converted first
     assert loader.load_init is load_init_checkpoint
 
 

@@ -68,6 +68,17 @@ BACKBONES: Dict[str, Tuple[str, Callable[[], torch.nn.Module]]] = {
 }
 #: The neck's family (its checkpoints, given to a backbone, name it too).
 NECK = ('simple FPN', 'ViTSimpleFPN')
+#: RF-DETR's detectors: their backbone part loads into DINOv2Backbone (the message names it).
+RFDETR = ('RF-DETR', 'DINOv2')
+
+
+def _rfdetr() -> dict:
+    """An RF-DETR file's layout (tests/weights/test_rfdetr_checkpoint.py loads the real one):
+    transformers' DINOv2 under backbone.0.encoder.encoder., a projector and a decoder key."""
+    vit = {'backbone.0.encoder.encoder.' + k: v
+           for k, v in saved_state_dict('Dinov2Model').items()}
+    return {'model': {**vit, 'backbone.0.projector.stages.0.1.weight': torch.zeros(8),
+                      'transformer.decoder.norm.weight': torch.zeros(8)}, 'args': {}}
 
 
 def _eva02_det() -> dict:
@@ -138,15 +149,17 @@ CHECKPOINTS: Dict[Tuple[str, str], Callable[[], dict]] = {
     # transformers' save_pretrained files (tests/weights/test_checkpoint_transformers.py)
     **{(family, f'transformers {name}'): partial(saved_state_dict, name)
        for name, family in TRANSFORMERS_MODELS.items()},
+    (RFDETR[0], 'rfdetr'): _rfdetr,
 }
 CASES = [(family, layout, receiver) for family, layout in CHECKPOINTS
-         for receiver in BACKBONES if receiver != family]
+         for receiver in BACKBONES if receiver != family
+         and (family, receiver) != RFDETR]  # its backbone part loads there
 
 
 def test_the_cross_product_covers_every_layout_of_the_table():
     assert set(CHECKPOINTS) == {(layout.family, layout.name) for layout in LAYOUTS}
-    assert {layout.family for layout in LAYOUTS} == set(BACKBONES) | {NECK[0]}
-    assert len(CASES) == 142 + 5 * len(HF_MODELS)
+    assert {layout.family for layout in LAYOUTS} == set(BACKBONES) | {NECK[0], RFDETR[0]}
+    assert len(CASES) == 142 + 5 * len(HF_MODELS) + 5
 
 
 @pytest.fixture(scope='module')
@@ -164,7 +177,7 @@ def receivers() -> Dict[str, torch.nn.Module]:
 
 
 def _article(family: str) -> str:
-    return 'an' if family == 'EVA-02' else 'a'
+    return 'an' if family in ('EVA-02', RFDETR[0]) else 'a'
 
 
 @pytest.mark.parametrize('family,layout,receiver', CASES,
@@ -174,7 +187,8 @@ def test_a_checkpoint_of_another_family_is_refused_naming_the_backbone(
     model = receivers[receiver]
     before = {k: v.clone() for k, v in model.state_dict().items()}
     owner = BACKBONES[receiver][0]
-    loads = BACKBONES[family][0] if family in BACKBONES else NECK[1]
+    loads = (BACKBONES[family][0] if family in BACKBONES
+             else BACKBONES[RFDETR[1]][0] if family == RFDETR[0] else NECK[1])
     want = (f'the checkpoint is {_article(family)} {family} checkpoint ({layout} layout); '
             f"{owner} loads {receiver} checkpoints: build type='{loads}'")
     with pytest.raises(CheckpointError, match='^' + re.escape(want) + '$'):

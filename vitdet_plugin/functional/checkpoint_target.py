@@ -24,8 +24,8 @@ class CheckpointTarget:
 
     Attributes:
         family: the checkpoint family it loads (``'Swin'``, ``'Swin V2'``, ``'ViT'``,
-            ``'DINOv2'``, ``'DINOv3'``, ``'EVA-02'``, ``'simple FPN'``; the keys of
-            :data:`vitdet_plugin.weights.FAMILY_BACKBONES`).
+            ``'DINOv2'``, ``'DINOv3'``, ``'EVA-02'``, ``'simple FPN'``, ``'RF-DETR'``: a
+            whole RF-DETR detector; the keys of :data:`vitdet_plugin.weights.FAMILY_BACKBONES`).
         owner: its type name, for messages (``'SwinBackbone'``).
         expected: ``{name: shape}`` of its state dict; None converts without a module (names
             only, ``tools/convert_weights.py``).

@@ -11,16 +11,24 @@
   ``argparse.Namespace``) is read with full unpickling only when its path or URL is listed in
   the environment variable ``VITDET_TRUSTED_CHECKPOINTS`` (:data:`TRUST_ENV`, ``os.pathsep``
   separated); there is no switch that turns safe loading off for all files.
+* **RF-DETR's training arguments.** The ``rfdetr`` package's ``.pth`` files keep their
+  ``args`` as an ``argparse.Namespace`` / ``types.SimpleNamespace`` (plain attributes): a file
+  ``weights_only`` refuses for exactly those is read again with them allowed for that one read
+  (``torch.serialization.safe_globals``, :data:`RFDETR_ARGS_TYPES`), and kept only when they
+  sit where RF-DETR writes them (``{'model': ..., 'args': namespace}``); any other global is
+  refused as before.
 
 A transformers model folder is read by :mod:`.transformers_folder` (through these readers);
 mmengine's loaders are routed through them by :mod:`vitdet_plugin.compat`.
 """
+import argparse
 import logging
 import os
 import pickle
 import re
+import types
 import urllib.parse
-from typing import IO, Any, List, Optional, Union
+from typing import IO, Any, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -111,6 +119,12 @@ _GLOBAL_RE = re.compile(r'GLOBAL ([\w.]+)')
 _UNPICKLER_MARK = 'WeightsUnpickler error:'
 
 
+#: The argument objects of RF-DETR's checkpoints (``checkpoint['args']`` of older files; newer
+#: ones keep a dict), allowed only for the read that needs them.
+RFDETR_ARGS_TYPES = (argparse.Namespace, types.SimpleNamespace)
+_RFDETR_ARGS_GLOBALS = frozenset(f'{t.__module__}.{t.__qualname__}' for t in RFDETR_ARGS_TYPES)
+
+
 def trusted_checkpoints() -> List[str]:
     """The entries of :data:`TRUST_ENV` (``~`` expanded, local paths made absolute)."""
     entries = [e.strip() for e in os.environ.get(TRUST_ENV, '').split(os.pathsep)]
@@ -162,20 +176,63 @@ def load_trusted_or_weights_only(source: Union[str, IO[bytes]], map_location: An
         refused = _refused_global(e)
         if refused is None:
             raise _not_a_checkpoint(path, e, _unpickler_detail(e)) from e
-        raise CheckpointError(
-            f'refused to load checkpoint {path!r}: it contains Python objects that are not on '
-            f'the weights_only allow-list (refused: {refused}); unpickling it could run '
-            f'arbitrary code, so nothing was loaded or executed. If you trust this file, '
-            f'list it in the environment variable {TRUST_ENV} (e.g. '
-            f'{TRUST_ENV}={given or path}; several files separated by {os.pathsep!r}) and '
-            f'it is read with full unpickling; or re-save it as tensors and plain '
-            f'containers.') from e
+        if refused not in _RFDETR_ARGS_GLOBALS:
+            raise _refusal(path, given, refused) from e
     except _FORMAT_ERRORS as e:
         raise _not_a_checkpoint(path, e) from e
     except RuntimeError as e:
         if not any(marker in str(e) for marker in _FORMAT_RUNTIME_ERRORS):
             raise
         raise _not_a_checkpoint(path, e) from e
+    return _load_rfdetr_args(source, map_location, path, given)
+
+
+def _load_rfdetr_args(source: Union[str, IO[bytes]], map_location: Any, path: str,
+                      given: Optional[str]) -> Any:
+    """``source`` read again with ``weights_only=True`` and :data:`RFDETR_ARGS_TYPES` allowed
+    for this read only; kept when it is an RF-DETR checkpoint (the namespace is its ``args``),
+    else refused naming the namespace type as any other refused global."""
+    if not isinstance(source, str):
+        source.seek(0)
+    try:
+        with torch.serialization.safe_globals(list(RFDETR_ARGS_TYPES)):
+            ckpt = torch.load(source, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        refused = _refused_global(e)
+        if refused is None:
+            raise _not_a_checkpoint(path, e, _unpickler_detail(e)) from e
+        raise _refusal(path, given, refused) from e
+    places = _namespaces(ckpt)
+    outside = [(where, ns) for where, ns in places if where != _ARGS_PLACE]
+    if isinstance(ckpt, dict) and 'model' in ckpt and not outside:
+        return ckpt
+    ns = (outside or places)[0][1]  # a namespace elsewhere: refused as any other global
+    raise _refusal(path, given, f'{type(ns).__module__}.{type(ns).__qualname__}')
+
+
+#: Where RF-DETR keeps its namespace (``checkpoint['args']``), as :func:`_namespaces` names it.
+_ARGS_PLACE = "['args']"
+
+
+def _namespaces(obj: Any, where: str = '') -> List[Tuple[str, Any]]:
+    """The namespaces inside ``obj`` (through dicts, lists and tuples) and where each sits
+    (``"['args']"``)."""
+    if isinstance(obj, RFDETR_ARGS_TYPES):
+        return [(where, obj)]
+    items = (obj.items() if isinstance(obj, dict)
+             else enumerate(obj) if isinstance(obj, (list, tuple)) else ())
+    return [found for key, value in items for found in _namespaces(value, f'{where}[{key!r}]')]
+
+
+def _refusal(path: str, given: Optional[str], refused: str) -> CheckpointError:
+    return CheckpointError(
+        f'refused to load checkpoint {path!r}: it contains Python objects that are not on '
+        f'the weights_only allow-list (refused: {refused}); unpickling it could run '
+        f'arbitrary code, so nothing was loaded or executed. If you trust this file, '
+        f'list it in the environment variable {TRUST_ENV} (e.g. '
+        f'{TRUST_ENV}={given or path}; several files separated by {os.pathsep!r}) and '
+        f'it is read with full unpickling; or re-save it as tensors and plain '
+        f'containers.')
 
 
 def load_numpy_pickle(path: Union[str, os.PathLike]) -> dict:

@@ -29,14 +29,26 @@ Convert = Callable[[StateDict, 'Layout', CheckpointTarget, Optional[List[str]]],
                    Tuple[StateDict, List[str]]]
 
 
+#: Family names read with "an" (a vowel sound: "an EVA-02", "an RF-DETR").
+_AN = ('A', 'E', 'I', 'O', 'U', 'RF-')
+
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """One checkpoint layout: its family, its name, its module's classifier and converter."""
+    """One checkpoint layout: its family, its name, its module's classifier and converter;
+    ``backbone_family``: a detector layout's backbone family, whose backbone loads the
+    checkpoint's backbone part (an RF-DETR checkpoint's DINOv2)."""
     family: str
     name: str
     classify: Callable[[Mapping[str, Tensor]], Optional[str]]
     converter: Convert
     priority: int = SPECIFIC
+    backbone_family: Optional[str] = None
+
+    def loads_into(self, family: str) -> bool:
+        """Whether a module loading ``family`` checkpoints loads this layout (or its
+        backbone part)."""
+        return family in (self.family, self.backbone_family)
 
     def detects(self, sd: Mapping[str, Tensor]) -> bool:
         """Whether ``sd`` (an unwrapped state dict) is in this layout."""
@@ -49,12 +61,14 @@ class Layout:
 
     def describe(self) -> str:
         """``'a Swin checkpoint (mmdet layout)'``."""
-        article = 'an' if self.family[0] in 'AEIOU' else 'a'
+        article = 'an' if self.family.startswith(_AN) else 'a'
         return f'{article} {self.family} checkpoint ({self.name} layout)'
 
 
 def layouts_of(family: str, names: Tuple[str, ...],
                classify: Callable[[Mapping[str, Tensor]], Optional[str]], converter: Convert,
-               priority: int = SPECIFIC) -> Tuple[Layout, ...]:
+               priority: int = SPECIFIC, backbone_family: Optional[str] = None
+               ) -> Tuple[Layout, ...]:
     """One :class:`Layout` per name of ``family`` (a module's ``LAYOUTS``)."""
-    return tuple(Layout(family, name, classify, converter, priority) for name in names)
+    return tuple(Layout(family, name, classify, converter, priority, backbone_family)
+                 for name in names)

@@ -21,13 +21,13 @@ import logging
 import os
 from typing import List, Mapping, Optional, Tuple, Union
 
-from torch import Tensor
+from torch import Size, Tensor
 
 from ..functional.checkpoint_target import CheckpointTarget, LoadReport
-from . import swin, swin_v2, transformers_layouts, vit, vit_families
+from . import rfdetr, swin, swin_v2, transformers_layouts, vit, vit_families
 from .arch_read import arch_mismatch, read_arch
 from .checkpoint_io import CheckpointError
-from .common import StateDict, check_state_dict, checkpoint_state_dict
+from .common import StateDict, check_state_dict, checkpoint_state_dict, read_as_saved
 from .layout import Layout
 from .swin import SWIN_UNRECOGNISED
 from .swin_v2 import SWIN_V2_UNRECOGNISED
@@ -41,7 +41,8 @@ logger = logging.getLogger('vitdet_plugin')
 #: Every checkpoint family and the module type that loads it.
 FAMILY_BACKBONES = {'Swin': 'SwinBackbone', 'Swin V2': 'SwinV2Backbone', 'ViT': 'ViTBackbone',
                     'DINOv2': 'DINOv2Backbone', 'DINOv3': 'DINOv3Backbone',
-                    'EVA-02': 'EVA02Backbone', NECK: 'ViTSimpleFPN'}
+                    'EVA-02': 'EVA02Backbone', NECK: 'ViTSimpleFPN',
+                    rfdetr.RFDETR: 'DINOv2Backbone'}  # RF-DETR: its backbone part
 #: What each family's loader says when no layout fits.
 _UNRECOGNISED = {'Swin': SWIN_UNRECOGNISED, 'Swin V2': SWIN_V2_UNRECOGNISED,
                  'ViT': VIT_UNRECOGNISED, **dict.fromkeys(VIT_FAMILIES, VIT_FAMILY_UNRECOGNISED)}
@@ -50,7 +51,7 @@ _OUTPUT_NORMS = (r'^norm\d+\.',)
 
 #: Every layout we load: each converter module declares its own (``LAYOUTS``).
 LAYOUTS: Tuple[Layout, ...] = (transformers_layouts.LAYOUTS + vit_families.LAYOUTS
-                               + swin_v2.LAYOUTS + swin.LAYOUTS + vit.LAYOUTS)
+                               + swin_v2.LAYOUTS + swin.LAYOUTS + vit.LAYOUTS + rfdetr.LAYOUTS)
 
 
 def matching_layouts(sd: Mapping[str, Tensor]) -> List[Layout]:
@@ -89,7 +90,7 @@ def detect_layout(sd: Mapping[str, Tensor], family: Optional[str] = None,
             f"unrecognised checkpoint format: {'; '.join(wanted)}; first keys: {list(sd)[:5]}. "
             'If the weights sit under a prefix (e.g. encoder.), give it (init_cfg prefix=..., '
             'tools/convert_weights.py --prefix)')
-    if family is not None and layout.family != family:
+    if family is not None and not layout.loads_into(family):
         raise CheckpointError(refusal(layout, owner or FAMILY_BACKBONES[family], family))
     return layout
 
@@ -136,6 +137,20 @@ def load_checkpoint(checkpoint: Union[str, os.PathLike, Mapping],
                               owner=target.owner, dropped=dropped)
     return converted, report._replace(layout=f'{layout.family} {layout.name}',
                                       resampled=tuple(resampled))
+
+
+def read_part(checkpoint: Union[str, os.PathLike, Mapping], prefix: Optional[str],
+              expected: Mapping[str, Size], owner: str,
+              source: str = 'checkpoint') -> Tuple[StateDict, LoadReport]:
+    """:func:`~.common.read_as_saved` (a detector's part under ``prefix`` in our names, strict)
+    that also reads an RF-DETR checkpoint: converted to our detector's layout first (its size
+    and classes checked against the part, :func:`~.rfdetr.rfdetr_to_detector`)."""
+    sd = checkpoint_state_dict(checkpoint)
+    if prefix and rfdetr.rfdetr_layout(sd) is not None:
+        part = prefix if prefix.endswith('.') else prefix + '.'
+        sd, _ = rfdetr.rfdetr_to_detector(sd, {part + k: s for k, s in expected.items()},
+                                          owner)
+    return read_as_saved(sd, prefix, expected, owner, source)
 
 
 def _convert(layout: Layout, sd: StateDict, target: CheckpointTarget,

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.models.heads.lwdetr_head import LWDETRHead
-from vitdet_plugin.models.heads.lwdetr_keys import rfdetr_head_state_dict
+from vitdet_plugin.weights.lwdetr_keys import rfdetr_head_state_dict
 
 #: Shrunk sizes (RF-DETR: 256 wide, 300 queries, 13 groups, 8 / 16 heads, 2 points, FFN 2048).
 WIDTH, CLASSES, QUERIES, GROUPS = 32, 5, 12, 3

@@ -14,7 +14,7 @@ from rfdetr.models.postprocess import PostProcess
 from lwdetr_reference import (CLASSES, GROUPS, QUERIES, WIDTH, abs_err, build_pair, inputs,
                               run_reference)
 from vitdet_plugin.models.heads.lwdetr_head import LWDETRHead
-from vitdet_plugin.models.heads.lwdetr_keys import rfdetr_head_key, rfdetr_head_state_dict
+from vitdet_plugin.weights.lwdetr_keys import rfdetr_head_key, rfdetr_head_state_dict
 from vitdet_plugin.models.heads.lwdetr_transformer import flatten_memory
 
 #: Issue 50's tolerance of ``pred_logits`` / ``pred_boxes`` (absolute).

@@ -13,7 +13,7 @@ from rfdetr.models.matcher import HungarianMatcher
 from torch import Tensor
 
 from lwdetr_reference import CLASSES, GROUPS, build_pair, inputs, rel_err, run_reference
-from vitdet_plugin.models.heads.lwdetr_keys import rfdetr_head_state_dict
+from vitdet_plugin.weights.lwdetr_keys import rfdetr_head_state_dict
 
 #: RF-DETR's loss weights and matching costs (its ``ModelDefaults`` / ``TrainConfig``).
 WEIGHTS = {'loss_ce': 1.0, 'loss_bbox': 5.0, 'loss_giou': 2.0}

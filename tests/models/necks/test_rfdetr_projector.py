@@ -7,7 +7,7 @@ from rfdetr.models.backbone.projector import MultiScaleProjector
 from torch import nn
 
 import vitdet_plugin  # noqa: F401
-from vitdet_plugin.models.necks.rfdetr_keys import (RFDETR_PROJECTOR_PREFIX,
+from vitdet_plugin.weights.rfdetr_keys import (RFDETR_PROJECTOR_PREFIX,
                                                     rfdetr_projector_key,
                                                     rfdetr_projector_state_dict)
 from vitdet_plugin.models.necks.rfdetr_projector import RFDETRProjector

@@ -10,7 +10,7 @@ level. The deconvolution is :class:`ViTSimpleFPN`'s (shared); the norm is :func:
 is BatchNorm).
 
 Checkpoint keys of RF-DETR (``backbone.0.projector.*``) map onto this module through
-:func:`~vitdet_plugin.models.necks.rfdetr_keys.rfdetr_projector_key`.
+:func:`~vitdet_plugin.weights.rfdetr_keys.rfdetr_projector_key`.
 """
 from types import MappingProxyType
 from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union, cast

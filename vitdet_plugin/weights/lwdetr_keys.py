@@ -3,16 +3,15 @@
 Pure functions over an RF-DETR ``model`` state dict (``LWDETR``'s keys): :data:`HEAD_RULES`
 rename the head's keys; the decoder's packed self-attention projection
 (``nn.MultiheadAttention.in_proj_*``, ``(3C, ...)``) is split into our ``q_proj`` / ``k_proj``
-/ ``v_proj``. The projector's keys are :mod:`..necks.rfdetr_keys`'s. The checkpoint layout table
-(``vitdet_plugin.weights``) plugs :func:`rfdetr_head_state_dict` in as the head's converter,
-:func:`rfdetr_projector_state_dict` as the neck's.
+/ ``v_proj``. The projector's keys are :mod:`.rfdetr_keys`'s. RF-DETR's layout of the table
+(:mod:`.rfdetr`) converts the head with :func:`rfdetr_head_state_dict`.
 """
 import re
 from typing import Dict, Mapping, Tuple
 
 from torch import Tensor
 
-from ..necks.rfdetr_keys import Replacement, rename
+from .rfdetr_keys import Replacement, rename
 
 #: ``(RF-DETR pattern, our replacement)``, tried in order (:func:`rename`);
 #: ``self_attn.in_proj_*`` is split separately (:func:`rfdetr_head_state_dict`).

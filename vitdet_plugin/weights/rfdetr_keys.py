@@ -3,8 +3,8 @@
 RF-DETR stores the projector under ``backbone.0.projector.`` as ``stages_sampling.<level>.<tap>``
 (the resampling), ``stages.<level>.0`` (C2f: ``cv1``, ``m.<n>.cv1`` / ``cv2``, ``cv2``; each a
 ``conv`` + ``bn`` pair, ``bn`` being its channel LayerNorm) and ``stages.<level>.1`` (the final
-norm). One rule table, read by :func:`rfdetr_projector_key`; the checkpoint layout table
-(``vitdet_plugin.weights``) plugs it in as the projector's key map.
+norm). One rule table, read by :func:`rfdetr_projector_key`; RF-DETR's layout of the table
+(:mod:`.rfdetr`) converts the projector with it.
 """
 import re
 from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple, Union

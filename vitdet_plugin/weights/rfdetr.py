@@ -1,0 +1,317 @@
+"""RF-DETR checkpoints (the ``rfdetr`` package's ``.pth``: ``{'model': state_dict, 'args':
+...}``) -> our detector (``backbone.`` :class:`DINOv2Backbone`, ``neck.`` RFDETRProjector,
+``bbox_head.`` LWDETRHead), or its backbone part alone -> ``DINOv2Backbone``.
+
+Pure ``state_dict -> state_dict`` functions, one layout of the table (:data:`LAYOUTS`),
+detected by RF-DETR's projector (``backbone.0.projector.``) and decoder
+(``transformer.decoder.``) keys:
+
+* the backbone (``backbone.0.encoder.encoder.*``, transformers' DINOv2 names) through the
+  transformers DINOv2 layout (:mod:`.transformers_layouts`); the projector through
+  :func:`~.rfdetr_keys.rfdetr_projector_state_dict`; the head through
+  :func:`~.lwdetr_keys.rfdetr_head_state_dict`;
+* the 91-logit COCO classifier (indexed by COCO category id) becomes mmdet's 80 COCO classes
+  (:data:`COCO_CATEGORY_IDS`) when the head has 80; a head of the checkpoint's own logits
+  keeps them; any other count is refused naming ``num_classes``;
+* a checkpoint of another size than the model (patch, position grid, decoder layers, widths,
+  queries) is refused naming the config of ``configs/rfdetr/`` that builds it
+  (:data:`RFDETR_CONFIGS`); RF-DETR-Seg's mask head does not load yet (refused, naming it).
+
+The files are read by :mod:`.checkpoint_io` (``weights_only``, RF-DETR's ``args`` namespace
+allowed for that read only); a Lightning copy (``state_dict`` keys under ``model.``) reads
+the same.
+"""
+import math
+import re
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from ..functional.checkpoint_target import CheckpointTarget
+from .checkpoint_io import CheckpointError
+from .common import StateDict, select_prefix
+from .layout import CLASS_NAMED, Layout, layouts_of
+from .lwdetr_keys import rfdetr_head_state_dict
+from .rfdetr_keys import RFDETR_PROJECTOR_PREFIX, rfdetr_projector_state_dict
+from .transformers_layouts import LAYOUTS as TRANSFORMERS_LAYOUTS
+from .transformers_layouts import transformers_layout
+
+#: The family of RF-DETR's checkpoints, its layout and the family of its backbone part.
+RFDETR = 'RF-DETR'
+RFDETR_LAYOUT = 'rfdetr'
+BACKBONE_FAMILY = 'DINOv2'
+#: Where RF-DETR keeps its ViT (transformers ``Dinov2Model`` / ``Dinov2WithRegistersModel``).
+RFDETR_BACKBONE_PREFIX = 'backbone.0.encoder.encoder.'
+RFDETR_DECODER_PREFIX = 'transformer.decoder.'
+#: RF-DETR-Seg's mask head.
+RFDETR_SEG_PREFIX = 'segmentation_head.'
+#: A Lightning checkpoint's copy of the model (its ``state_dict``).
+LIGHTNING_PREFIX = 'model.'
+#: Our detector's parts (mmdet's ``SingleStageDetector``).
+BACKBONE, NECK, HEAD = 'backbone.', 'neck.', 'bbox_head.'
+
+#: mmdet's 80 COCO classes (``CocoDataset.METAINFO['classes']``, in this order) as the COCO
+#: category ids (1..90 with gaps) that index RF-DETR's 91 COCO logits.
+COCO_CATEGORY_IDS: Tuple[int, ...] = (
+    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 27,
+    28, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 46, 47, 48, 49, 50, 51, 52, 53,
+    54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 67, 70, 72, 73, 74, 75, 76, 77, 78, 79, 80,
+    81, 82, 84, 85, 86, 87, 88, 89, 90)
+#: RF-DETR's COCO classifier: ``num_classes=90`` plus one logit, indexed by category id.
+COCO_LOGITS = 91
+#: The classifier rows of our head (every layer's shared branch, each group's proposals').
+CLASS_ROWS = re.compile(r'^(cls_branch|enc_cls_branches\.\d+)\.(weight|bias)$')
+
+_DECODER_LAYER = re.compile(r'^bbox_head\.decoder\.layers\.(\d+)\.')
+#: Shapes the size of an RF-DETR is read from, in our detector's names.
+_PATCH = BACKBONE + 'patch_embed.proj.weight'
+_POS = BACKBONE + 'pos_embed'
+_TAPS = NECK + 'fusions.0.conv_in.conv.weight'
+_HIDDEN = HEAD + 'decoder.norm.weight'
+_QUERIES = HEAD + 'query_feat.weight'
+_CLASSES = HEAD + 'cls_branch.bias'
+
+
+class RFDETRConfig(NamedTuple):
+    """A config of ``configs/rfdetr/`` and the size it builds."""
+    config: str
+    patch: int
+    grid: int
+    layers: int
+    seg: bool
+
+
+#: The configs of ``configs/rfdetr/`` (rfdetr's ``config.py`` sizes: patch, position grid =
+#: resolution / patch, decoder layers).
+RFDETR_CONFIGS: Tuple[RFDETRConfig, ...] = (
+    RFDETRConfig('rfdetr_nano.py', 16, 24, 2, False),
+    RFDETRConfig('rfdetr_small.py', 16, 32, 3, False),
+    RFDETRConfig('rfdetr_medium.py', 16, 36, 4, False),
+    RFDETRConfig('rfdetr_large.py', 16, 44, 4, False),
+    RFDETRConfig('rfdetr_seg_nano.py', 12, 26, 4, True),
+    RFDETRConfig('rfdetr_seg_small.py', 12, 32, 4, True),
+)
+#: The patch of RF-DETR's detection sizes (a grid's image size when the patch is not known).
+PATCH_OF_RFDETR = 16
+#: How each size field reads in messages, and the config argument that sets it.
+_FIELDS = {'patch': ('patch {}', 'model.backbone.patch_size={}'),
+           'grid': ('position grid {0}x{0}',
+                    'model.backbone.pretrain_img_size={}, pretrain_patch_size={}'),
+           'width': ('ViT width {}', "model.backbone.arch='small' (embed_dims={})"),
+           'taps': ('{} projector input channels', 'model.neck.in_channels (total {})'),
+           'layers': ('{} decoder layers', 'model.bbox_head.num_decoder_layers={}'),
+           'hidden': ('decoder width {}', 'model.bbox_head.embed_dims={}'),
+           'queries': ('{} query rows (queries x groups)',
+                       'model.bbox_head.num_queries x num_groups={}')}
+
+
+def model_state(sd: Mapping[str, Tensor]) -> Mapping[str, Tensor]:
+    """RF-DETR's ``model`` state dict: ``sd`` itself, or a Lightning copy un-prefixed."""
+    if sd and all(k.startswith(LIGHTNING_PREFIX) for k in sd):
+        return select_prefix(sd, LIGHTNING_PREFIX)
+    return sd
+
+
+def rfdetr_layout(sd: Mapping[str, Tensor]) -> Optional[str]:
+    """:data:`RFDETR_LAYOUT` when ``sd`` is an RF-DETR model's state dict, else None."""
+    keys = list(model_state(sd))
+    found = (any(k.startswith(RFDETR_PROJECTOR_PREFIX) for k in keys)
+             and any(k.startswith(RFDETR_DECODER_PREFIX) for k in keys))
+    return RFDETR_LAYOUT if found else None
+
+
+def read_size(shapes: Mapping[str, Sequence[int]]) -> Dict[str, int]:
+    """The size fields (:data:`_FIELDS`) of our detector's ``{name: shape}`` (a converted
+    checkpoint or a model's), those it has the keys of."""
+    size: Dict[str, int] = {}
+    if _PATCH in shapes:
+        size['patch'] = int(shapes[_PATCH][-1])
+        size['width'] = int(shapes[_PATCH][0])
+    if _POS in shapes:
+        size['grid'] = math.isqrt(int(shapes[_POS][1]) - 1)
+    if _TAPS in shapes:
+        size['taps'] = int(shapes[_TAPS][1])
+    layers = {int(m[1]) for m in map(_DECODER_LAYER.match, shapes) if m}
+    if layers:
+        size['layers'] = max(layers) + 1
+    if _HIDDEN in shapes:
+        size['hidden'] = int(shapes[_HIDDEN][0])
+    if _QUERIES in shapes:
+        size['queries'] = int(shapes[_QUERIES][0])
+    return size
+
+
+def matching_configs(size: Mapping[str, int], seg: bool
+                     ) -> Tuple[List[RFDETRConfig], List[RFDETRConfig]]:
+    """The configs of :data:`RFDETR_CONFIGS` that build an RF-DETR of ``size``: those that
+    match every field, and those of the same patch, decoder layers and head (any grid)."""
+    near = [c for c in RFDETR_CONFIGS
+            if c.seg == seg and c.patch == size.get('patch', c.patch)
+            and c.layers == size.get('layers', c.layers)]
+    return [c for c in near if c.grid == size.get('grid', c.grid)], near
+
+
+def config_fix(size: Mapping[str, int], seg: bool = False) -> str:
+    """What builds an RF-DETR of ``size``: its config, or the nearest with the position grid
+    set, or (no config near) the arguments."""
+    exact, near = matching_configs(size, seg)
+    names = ' or '.join(f'configs/rfdetr/{c.config}' for c in exact or near)
+    if exact:
+        return f'build it from {names}'
+    if near:
+        grid = f" with {_argument('grid', size)}" if 'grid' in size else ''
+        return f'build it from {names}{grid}'
+    return f"build it with {', '.join(_argument(k, size) for k in size)}"
+
+
+def _argument(field: str, size: Mapping[str, int]) -> str:
+    """The config argument that sets ``field`` of ``size`` (the grid: as image / patch)."""
+    if field == 'grid':
+        patch = size.get('patch', PATCH_OF_RFDETR)
+        return _FIELDS[field][1].format(size[field] * patch, patch)
+    return _FIELDS[field][1].format(size[field])
+
+
+def _describe(size: Mapping[str, int]) -> str:
+    return ', '.join(_FIELDS[k][0].format(v) for k, v in size.items())
+
+
+def check_size(converted: Mapping[str, Tensor], expected: Mapping[str, Sequence[int]],
+               owner: str, seg: bool = False) -> None:
+    """Refuse (naming the config that builds the checkpoint) a converted RF-DETR checkpoint
+    whose size differs from the model's on any field both have."""
+    have = read_size({k: v.shape for k, v in converted.items()})
+    want = read_size(expected)
+    diff = [k for k in have if k in want and have[k] != want[k]]
+    if diff:
+        raise CheckpointError(
+            f'the checkpoint is an RF-DETR of {_describe(have)}; {owner} was built with '
+            f'{_describe({k: want[k] for k in diff})}: {config_fix(have, seg)}')
+
+
+def map_classes(head: StateDict, num_classes: Optional[int], owner: str) -> StateDict:
+    """``head`` (our LWDETRHead keys) for a head of ``num_classes`` (None: as saved): the
+    checkpoint's own logits kept, 91 COCO logits taken to mmdet's 80 COCO classes
+    (:data:`COCO_CATEGORY_IDS`), any other count refused naming ``num_classes``."""
+    logits = int(head['cls_branch.bias'].shape[0])
+    if num_classes is None or num_classes == logits:
+        return head
+    coco = len(COCO_CATEGORY_IDS)
+    if logits == COCO_LOGITS and num_classes == coco:
+        rows = torch.tensor(COCO_CATEGORY_IDS)
+        return {k: v.index_select(0, rows) if CLASS_ROWS.match(k) else v
+                for k, v in head.items()}
+    also = (f" (or num_classes={coco}: the {COCO_LOGITS} COCO logits map to mmdet's {coco} "
+            'COCO classes)' if logits == COCO_LOGITS else '')
+    raise CheckpointError(
+        f"the checkpoint's classifier has {logits} logits (rfdetr's args.num_classes="
+        f'{logits - 1} plus one); the head of {owner} was built with num_classes={num_classes}:'
+        f' build it with num_classes={logits}{also}, or load the checkpoint\'s backbone alone '
+        "(the backbone's init_cfg) to train a head of other classes")
+
+
+def rfdetr_backbone(sd: Mapping[str, Tensor], target: CheckpointTarget,
+                    resampled: Optional[List[str]] = None) -> Tuple[StateDict, List[str]]:
+    """The ViT of an RF-DETR state dict converted for a DINOv2 ``target`` (through the
+    transformers DINOv2 layout), and the keys dropped (RF-DETR's projector and head too)."""
+    sd = model_state(sd)
+    vit = select_prefix({k: v for k, v in sd.items() if k.startswith(RFDETR_BACKBONE_PREFIX)},
+                        RFDETR_BACKBONE_PREFIX)
+    name = transformers_layout(vit)
+    layout = next((lay for lay in TRANSFORMERS_LAYOUTS if lay.name == name), None)
+    if layout is None:
+        raise CheckpointError(f'the RF-DETR checkpoint has no DINOv2 under '
+                              f'{RFDETR_BACKBONE_PREFIX!r}; first keys: {list(sd)[:5]}')
+    converted, dropped = layout.convert(vit, target, resampled)
+    others = [k for k in sd if not k.startswith(RFDETR_BACKBONE_PREFIX)]
+    return converted, [RFDETR_BACKBONE_PREFIX + k for k in dropped] + others
+
+
+def rfdetr_to_detector(sd: Mapping[str, Tensor],
+                       expected: Optional[Mapping[str, Sequence[int]]] = None,
+                       owner: str = 'the detector', num_classes: Optional[int] = None,
+                       resampled: Optional[List[str]] = None) -> Tuple[StateDict, List[str]]:
+    """An RF-DETR state dict -> our detector's (``backbone.`` / ``neck.`` / ``bbox_head.``)
+    and the dropped keys. ``expected``: the detector's ``{name: shape}`` (or a part of it):
+    its size is checked (:func:`check_size`) and its head's classes chosen
+    (:func:`map_classes`; ``num_classes`` when it has no head)."""
+    sd = model_state(sd)
+    seg = any(k.startswith(RFDETR_SEG_PREFIX) for k in sd)
+    if seg:
+        exact, near = matching_configs(_checkpoint_size(sd), seg)
+        raise CheckpointError(
+            f'the checkpoint is an RF-DETR-Seg ({RFDETR_SEG_PREFIX}* keys; '
+            f"{' or '.join(c.config for c in exact or near) or 'no config of configs/rfdetr/'})"
+            ": its mask head does not load yet; load its backbone alone (the backbone's "
+            "init_cfg type='Pretrained') or a detection checkpoint")
+    expected = expected or {}
+    inner = {k[len(BACKBONE):]: torch.Size(s) for k, s in expected.items()
+             if k.startswith(BACKBONE)}
+    backbone, dropped = rfdetr_backbone(
+        sd, CheckpointTarget(BACKBONE_FAMILY, owner, inner or None), resampled)
+    dropped = [k for k in dropped if k.startswith(RFDETR_BACKBONE_PREFIX)]
+    neck = rfdetr_projector_state_dict(sd)
+    rest = {k: v for k, v in sd.items() if not k.startswith('backbone.')}
+    try:
+        head = rfdetr_head_state_dict(rest)
+    except (KeyError, ValueError) as e:
+        raise CheckpointError(f'{e.args[0]}') from e
+    converted = {**{BACKBONE + k: v for k, v in backbone.items()},
+                 **{NECK + k: v for k, v in neck.items()}}
+    check_size({**converted, **{HEAD + k: v for k, v in head.items()}}, expected, owner)
+    classes = int(expected[_CLASSES][0]) if _CLASSES in expected else num_classes
+    head = map_classes(head, classes, owner)
+    converted.update({HEAD + k: v for k, v in head.items()})
+    return converted, dropped
+
+
+def _checkpoint_size(sd: Mapping[str, Tensor]) -> Dict[str, int]:
+    """The patch, grid and decoder layers of an RF-DETR state dict, read as converted."""
+    vit = select_prefix({k: v for k, v in sd.items() if k.startswith(RFDETR_BACKBONE_PREFIX)},
+                        RFDETR_BACKBONE_PREFIX)
+    shapes: Dict[str, Sequence[int]] = {}
+    kernel = vit.get('embeddings.patch_embeddings.projection.weight')
+    pos = vit.get('embeddings.position_embeddings')
+    if kernel is not None:
+        shapes[_PATCH] = kernel.shape
+    if pos is not None:
+        shapes[_POS] = pos.shape
+    for k in sd:
+        if k.startswith(RFDETR_DECODER_PREFIX + 'layers.'):
+            shapes[HEAD + 'decoder.' + k[len(RFDETR_DECODER_PREFIX):]] = ()
+    return read_size(shapes)
+
+
+def convert_rfdetr_layout(sd: StateDict, layout: Layout, target: CheckpointTarget,
+                          resampled: Optional[List[str]] = None) -> Tuple[StateDict, List[str]]:
+    """The table's RF-DETR converter: the whole detector for an :data:`RFDETR` target, the
+    backbone part alone for a DINOv2 one (the rest dropped, reported)."""
+    del layout  # one layout
+    if target.family == BACKBONE_FAMILY:
+        return rfdetr_backbone(sd, target, resampled)
+    return rfdetr_to_detector(sd, target.expected, target.owner, resampled=resampled)
+
+
+#: Where an RF-DETR file keeps its model: ``model`` (every file), ``state_dict`` (a Lightning copy).
+_FILE_PARTS = ('model', 'state_dict')
+
+
+def refuse_unconverted(ckpt: Any, name: str) -> None:
+    """mmengine's ``load_from`` / ``load_checkpoint`` read a file's ``state_dict`` in our
+    names, non-strictly: an RF-DETR file would load nothing (a warning only). Refuse it
+    (:class:`CheckpointError`) naming the conversion that makes it loadable."""
+    if not isinstance(ckpt, Mapping) or not any(
+            isinstance(ckpt.get(part), Mapping) and rfdetr_layout(ckpt[part])
+            for part in _FILE_PARTS):
+        return
+    raise CheckpointError(
+        f'{name!r} is an RF-DETR checkpoint (the rfdetr package\'s names): load_from and '
+        "mmengine's load_checkpoint read our detector's names and would load nothing from it. "
+        f'Convert it first: python tools/convert_weights.py {name} OUT.pth --num-classes 80 '
+        "(80: mmdet's COCO classes; or the head's num_classes), then load_from=OUT.pth")
+
+
+#: RF-DETR's layout: a detector checkpoint whose backbone part DINOv2Backbone loads.
+LAYOUTS = layouts_of(RFDETR, (RFDETR_LAYOUT,), rfdetr_layout, convert_rfdetr_layout,
+                     CLASS_NAMED, backbone_family=BACKBONE_FAMILY)
