@@ -8,12 +8,15 @@ at a time): the training test records rfdetr's draws and hands ours the same one
 """
 from typing import Dict, List, Tuple
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from mmdet.registry import MODELS
+from mmdet.structures import DetDataSample
 from mmdet.structures.bbox import bbox_cxcywh_to_xyxy
 from mmdet.structures.mask import BitmapMasks
+from mmengine.registry import init_default_scope
 from mmengine.structures import InstanceData
 from rfdetr.models.criterion import SetCriterion as RefCriterion
 from rfdetr.models.heads.segmentation import SegmentationHead
@@ -28,6 +31,7 @@ from lwdetr_reference import (CLASSES, CROSS_HEADS, FFN, GROUPS, POINTS, QUERIES
 from vitdet_plugin.models.heads.lwdetr_keys import rfdetr_head_state_dict
 from vitdet_plugin.models.heads.lwdetr_seg_head import LWDETRSegHead, masks_to_image
 from vitdet_plugin.models.heads.lwdetr_seg_keys import split_mask_branch
+from vitdet_plugin.models.heads.lwdetr_seg_loss import gt_mask_tensor
 
 #: RF-DETR-Seg N's and S's decoder depth.
 LAYERS = 4
@@ -103,7 +107,8 @@ def test_mask_logits_and_predictions_match_rfdetr():
         got = ours.predict_by_feat(outs, metas, rescale=True)
         post = PostProcess(num_select=QUERIES)(expected, torch.tensor(ORI))
     # rfdetr's chosen queries and their masks' resized logits, to see where masks may differ
-    order = expected['pred_logits'].sigmoid().flatten(1).argsort(dim=1, descending=True, stable=True)
+    probs = expected['pred_logits'].sigmoid().flatten(1)
+    order = probs.argsort(dim=1, descending=True, stable=True)
     chosen = order[:, :QUERIES] // CLASSES
     for i, (res, exp, ori) in enumerate(zip(got, post, ORI)):
         assert torch.equal(res.labels, exp['labels'])
@@ -233,3 +238,63 @@ def test_losses_and_gradients_match_rfdetr(counts, monkeypatch):
             grad_errors[key] = rel_err(params[key].grad, grad)
     assert max(grad_errors.values()) <= REL_TOL, sorted(grad_errors.items(),
                                                         key=lambda kv: -kv[1])[:5]
+
+
+def test_mmdet_single_stage_detector_trains_and_predicts_masks():
+    """mmdet's ``SingleStageDetector`` (tiny ViT, ``RFDETRProjector``, ``LWDETRSegHead``) on a
+    padded batch with ``BitmapMasks`` in the image frame: a loss step (every term finite, the
+    mask terms reach the backbone) and ``predict`` (bool masks in the original image)."""
+    init_default_scope('mmdet')
+    detector = MODELS.build(dict(
+        type='SingleStageDetector',
+        data_preprocessor=dict(type='DetDataPreprocessor', pad_size_divisor=16),
+        backbone=dict(type='ViTBackbone', arch=dict(embed_dims=32, depth=2, num_heads=2),
+                      global_attn_indexes=(1,), window_size=4, img_size=96,
+                      out_indices=(0, 1)),
+        neck=dict(type='RFDETRProjector', in_channels=[32, 32], out_channels=WIDTH,
+                  num_blocks=1),
+        bbox_head=dict(type='LWDETRSegHead', num_classes=CLASSES, embed_dims=WIDTH,
+                       num_queries=QUERIES, num_groups=GROUPS, num_decoder_layers=2,
+                       self_heads=2, cross_heads=4, ffn_dims=64),
+        test_cfg=dict(max_per_img=7)))
+    samples = []
+    for i, (h, w) in enumerate([(96, 80), (64, 96)]):
+        ds = DetDataSample(metainfo=dict(img_shape=(h, w), ori_shape=(2 * h, 2 * w),
+                                         scale_factor=(0.5, 0.5)))
+        mask = np.zeros((1, h, w), dtype=np.uint8)
+        mask[0, 6:30 + i, 4:40] = 1
+        ds.gt_instances = InstanceData(bboxes=torch.tensor([[4.0, 6.0, 40.0, 30.0 + i]]),
+                                       labels=torch.tensor([i]), masks=BitmapMasks(mask, h, w))
+        samples.append(ds)
+    images = [torch.rand(3, *s.img_shape) * 255 for s in samples]
+    data = detector.data_preprocessor(dict(inputs=images, data_samples=samples), True)
+    detector.train()
+    losses = detector.loss(data['inputs'], data['data_samples'])
+    assert len(losses) == 5 * 3 and all(torch.isfinite(v) for v in losses.values())
+    (losses['loss_mask'] + losses['loss_dice']).backward()
+    assert detector.backbone.patch_embed.proj.weight.grad.abs().sum() > 0
+    detector.eval()
+    with torch.no_grad():
+        results = detector.predict(data['inputs'], data['data_samples'])
+    for result in results:
+        pred = result.pred_instances
+        assert pred.masks.dtype == torch.bool and pred.masks.shape == (7, *result.ori_shape)
+        assert 'query_inds' not in pred
+
+
+def test_bad_inputs():
+    _, _, ours = build_seg_pair(seed=5)
+    feats, metas, _ = inputs([MAP], [IMG], seed=6)
+    with pytest.raises(ValueError, match=r'LWDETRSegHead needs the image metas '
+                                         r'\(batch_input_shape sets the mask resolution\)'):
+        ours(feats)
+    with pytest.raises(ValueError, match=r'MaskGroupSetCriterion needs the mask embeddings'):
+        ours.criterion(torch.zeros(1, QUERIES, CLASSES), torch.rand(1, QUERIES, 4), [], metas)
+    big = InstanceData(bboxes=torch.zeros(1, 4), labels=torch.zeros(1, dtype=torch.long),
+                       masks=torch.zeros(1, IMG[0] + 1, IMG[1], dtype=torch.bool))
+    with pytest.raises(ValueError, match=r'ground-truth masks of 97x112 exceed the batch input '
+                                         r'96x112'):
+        gt_mask_tensor(big, metas[0], torch.zeros(1))
+    with pytest.raises(KeyError, match=r"'segmentation_head.blocks.0.gamma' is not a key of "
+                                       r"RF-DETR-Seg's segmentation head"):
+        split_mask_branch({'segmentation_head.blocks.0.gamma': torch.zeros(1)})
