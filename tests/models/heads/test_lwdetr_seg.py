@@ -8,15 +8,10 @@ at a time): the training test records rfdetr's draws and hands ours the same one
 """
 from typing import Dict, List, Tuple
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from mmdet.registry import MODELS
-from mmdet.structures import DetDataSample
-from mmdet.structures.bbox import bbox_cxcywh_to_xyxy
-from mmdet.structures.mask import BitmapMasks
-from mmengine.registry import init_default_scope
 from mmengine.structures import InstanceData
 from rfdetr.models.criterion import SetCriterion as RefCriterion
 from rfdetr.models.heads.segmentation import SegmentationHead
@@ -27,7 +22,9 @@ from rfdetr.models.transformer import Transformer
 from torch import Tensor
 
 from lwdetr_reference import (CLASSES, CROSS_HEADS, FFN, GROUPS, POINTS, QUERIES, SELF_HEADS,
-                              STRIDE, WIDTH, StubBackbone, _randomize, abs_err, inputs, rel_err)
+                              STRIDE, WIDTH, StubBackbone, _randomize, abs_err, inputs,
+                              loss_and_predict, our_loss_names, random_targets, rel_err,
+                              tiny_batch, tiny_detector)
 from vitdet_plugin.models.heads.lwdetr_keys import rfdetr_head_state_dict
 from vitdet_plugin.models.heads.lwdetr_seg_head import LWDETRSegHead, masks_to_image
 from vitdet_plugin.models.heads.lwdetr_seg_keys import split_mask_branch
@@ -136,27 +133,6 @@ def test_masks_to_image_crops_the_padding_and_rescales():
     assert small.shape == (2, 24, 28) and bool(small[0].all()) and not bool(small[1].any())
 
 
-def _targets(seed: int, counts: List[int]):
-    """Random boxes, labels and masks (the box's ellipse): rfdetr's targets and ours."""
-    gen = torch.Generator().manual_seed(seed)
-    ys = torch.arange(IMG[0])[:, None] + 0.5
-    xs = torch.arange(IMG[1])[None] + 0.5
-    ref, ours = [], []
-    for n in counts:
-        centres = 0.2 + 0.6 * torch.rand(n, 2, generator=gen)
-        sides = 0.2 + 0.3 * torch.rand(n, 2, generator=gen)
-        boxes = torch.cat((centres, sides), -1)
-        labels = torch.randint(0, CLASSES, (n,), generator=gen)
-        cx, cy = boxes[:, 0, None, None] * IMG[1], boxes[:, 1, None, None] * IMG[0]
-        rx, ry = boxes[:, 2, None, None] * IMG[1] / 2, boxes[:, 3, None, None] * IMG[0] / 2
-        masks = ((xs - cx) / rx) ** 2 + ((ys - cy) / ry) ** 2 <= 1                # (n, H, W)
-        ref.append(dict(labels=labels, boxes=boxes, masks=masks))
-        scale = torch.tensor([IMG[1], IMG[0], IMG[1], IMG[0]], dtype=torch.float32)
-        ours.append(InstanceData(bboxes=bbox_cxcywh_to_xyxy(boxes) * scale, labels=labels,
-                                 masks=BitmapMasks(masks.numpy(), *IMG)))
-    return ref, ours
-
-
 class RandReplay:
     """``torch.rand`` recording rfdetr's draws, then serving them to ours in our order."""
 
@@ -185,16 +161,7 @@ class RandReplay:
 
 
 def _reference_losses(criterion: RefCriterion, ref_out: Dict, targets) -> Dict[str, Tensor]:
-    named = {}
-    for key, value in criterion(ref_out, targets).items():
-        for term, ours in OUR_TERM.items():
-            if key == term:
-                named[ours] = value * WEIGHTS[term]
-            elif key == term + '_enc':
-                named['enc_' + ours] = value * WEIGHTS[term]
-            elif key.startswith(term + '_') and key[len(term) + 1:].isdigit():
-                named[f'd{key[len(term) + 1:]}.' + ours] = value * WEIGHTS[term]
-    return named
+    return our_loss_names(criterion(ref_out, targets), WEIGHTS, OUR_TERM)
 
 
 @pytest.mark.parametrize('counts', [[3, 1], [2, 0]])
@@ -203,7 +170,7 @@ def test_losses_and_gradients_match_rfdetr(counts, monkeypatch):
     ref.train()
     ours.train()
     feats, metas, pad_masks = inputs([MAP], [IMG, IMG], seed=12)
-    ref_targets, gts = _targets(13, counts)
+    ref_targets, gts = random_targets(13, counts, IMG, with_masks=True)
     matcher = HungarianMatcher(cost_class=2.0, cost_bbox=5.0, cost_giou=2.0, focal_alpha=0.25,
                                mask_point_sample_ratio=16, cost_mask_ce=5.0, cost_mask_dice=5.0)
     criterion = RefCriterion(CLASSES, matcher, WEIGHTS, focal_alpha=0.25,
@@ -242,40 +209,13 @@ def test_losses_and_gradients_match_rfdetr(counts, monkeypatch):
 
 def test_mmdet_single_stage_detector_trains_and_predicts_masks():
     """mmdet's ``SingleStageDetector`` (tiny ViT, ``RFDETRProjector``, ``LWDETRSegHead``) on a
-    padded batch with ``BitmapMasks`` in the image frame: a loss step (every term finite, the
-    mask terms reach the backbone) and ``predict`` (bool masks in the original image)."""
-    init_default_scope('mmdet')
-    detector = MODELS.build(dict(
-        type='SingleStageDetector',
-        data_preprocessor=dict(type='DetDataPreprocessor', pad_size_divisor=16),
-        backbone=dict(type='ViTBackbone', arch=dict(embed_dims=32, depth=2, num_heads=2),
-                      global_attn_indexes=(1,), window_size=4, img_size=96,
-                      out_indices=(0, 1)),
-        neck=dict(type='RFDETRProjector', in_channels=[32, 32], out_channels=WIDTH,
-                  num_blocks=1),
-        bbox_head=dict(type='LWDETRSegHead', num_classes=CLASSES, embed_dims=WIDTH,
-                       num_queries=QUERIES, num_groups=GROUPS, num_decoder_layers=2,
-                       self_heads=2, cross_heads=4, ffn_dims=64),
-        test_cfg=dict(max_per_img=7)))
-    samples = []
-    for i, (h, w) in enumerate([(96, 80), (64, 96)]):
-        ds = DetDataSample(metainfo=dict(img_shape=(h, w), ori_shape=(2 * h, 2 * w),
-                                         scale_factor=(0.5, 0.5)))
-        mask = np.zeros((1, h, w), dtype=np.uint8)
-        mask[0, 6:30 + i, 4:40] = 1
-        ds.gt_instances = InstanceData(bboxes=torch.tensor([[4.0, 6.0, 40.0, 30.0 + i]]),
-                                       labels=torch.tensor([i]), masks=BitmapMasks(mask, h, w))
-        samples.append(ds)
-    images = [torch.rand(3, *s.img_shape) * 255 for s in samples]
-    data = detector.data_preprocessor(dict(inputs=images, data_samples=samples), True)
-    detector.train()
-    losses = detector.loss(data['inputs'], data['data_samples'])
-    assert len(losses) == 5 * 3 and all(torch.isfinite(v) for v in losses.values())
-    (losses['loss_mask'] + losses['loss_dice']).backward()
-    assert detector.backbone.patch_embed.proj.weight.grad.abs().sum() > 0
-    detector.eval()
-    with torch.no_grad():
-        results = detector.predict(data['inputs'], data['data_samples'])
+    padded batch with ``BitmapMasks`` in the image frame: a loss step with the mask terms of
+    every layer and ``predict`` (bool masks in the original image)."""
+    detector = tiny_detector(dict(
+        type='LWDETRSegHead', num_classes=CLASSES, embed_dims=WIDTH, num_queries=QUERIES,
+        num_groups=GROUPS, num_decoder_layers=2, self_heads=2, cross_heads=4, ffn_dims=64))
+    losses, results = loss_and_predict(detector, tiny_batch(detector, with_masks=True))
+    assert len(losses) == 5 * 3 and {'loss_mask', 'enc_loss_dice', 'd0.loss_mask'} <= set(losses)
     for result in results:
         pred = result.pred_instances
         assert pred.masks.dtype == torch.bool and pred.masks.shape == (7, *result.ori_shape)
