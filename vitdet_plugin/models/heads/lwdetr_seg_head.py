@@ -75,6 +75,7 @@ class MaskEmbeddings(NamedTuple):
     bias: Tensor
 
     def layer(self, i: int) -> LayerMasks:
+        """Layer ``i``'s embeddings, as the criterion takes them."""
         return LayerMasks(self.pixels[i], self.queries[i], self.bias)
 
     def logits(self, i: int) -> Tensor:

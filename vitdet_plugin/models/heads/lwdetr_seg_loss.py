@@ -124,6 +124,7 @@ class MaskGroupSetCriterion(GroupSetCriterion):
         ``matches``), plus ``loss_mask`` and ``loss_dice``."""
         if masks is None:
             raise ValueError(f'{type(self).__name__} needs the mask embeddings (masks=...)')
+        masks = LayerMasks(*(t.float() for t in masks))  # losses in fp32 under autocast
         gt_masks = [gt_mask_tensor(gt, meta, masks.pixels)
                     for gt, meta in zip(batch_gt_instances, batch_img_metas)]
         if matches is None:
