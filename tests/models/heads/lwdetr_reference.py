@@ -5,10 +5,16 @@ rfdetr's ``LWDETR`` is built with its own ``Transformer`` and a stand-in backbon
 given projector maps (with their padding masks), so both sides start from the same memory;
 every rfdetr parameter is random (seeded) and loaded into ours through our key map.
 """
-from typing import Dict, List, NamedTuple, Sequence, Tuple
+from typing import Dict, List, Mapping, NamedTuple, Sequence, Tuple
 
+import numpy as np
 import torch
 from mmdet.registry import MODELS
+from mmdet.structures import DetDataSample
+from mmdet.structures.bbox import bbox_cxcywh_to_xyxy
+from mmdet.structures.mask import BitmapMasks
+from mmengine.registry import init_default_scope
+from mmengine.structures import InstanceData
 from rfdetr.models.lwdetr import LWDETR
 from rfdetr.models.transformer import Transformer
 from rfdetr.utilities.tensors import NestedTensor
@@ -121,3 +127,93 @@ def rel_err(a: Tensor, b: Tensor) -> float:
 
 def abs_err(a: Tensor, b: Tensor) -> float:
     return float((a - b).abs().max())
+
+
+def our_loss_names(losses: Mapping[str, Tensor], weights: Mapping[str, float],
+                   our_terms: Mapping[str, str]) -> Dict[str, Tensor]:
+    """rfdetr's criterion output weighted (``weights``) under our names: ``our_terms`` maps
+    its terms, its ``_<i>`` (earlier layers) and ``_enc`` suffixes become ``d{i}.`` and
+    ``enc_`` prefixes."""
+    named = {}
+    for key, value in losses.items():
+        for term, ours in our_terms.items():
+            if key == term:
+                named[ours] = value * weights[term]
+            elif key == term + '_enc':
+                named['enc_' + ours] = value * weights[term]
+            elif key.startswith(term + '_') and key[len(term) + 1:].isdigit():
+                named[f'd{key[len(term) + 1:]}.' + ours] = value * weights[term]
+    return named
+
+
+def tiny_detector(bbox_head: dict) -> nn.Module:
+    """mmdet's ``SingleStageDetector``: a tiny ViT's two taps, ``RFDETRProjector`` (P4 at
+    :data:`WIDTH`) and ``bbox_head``; ``max_per_img=7``."""
+    init_default_scope('mmdet')
+    return MODELS.build(dict(
+        type='SingleStageDetector',
+        data_preprocessor=dict(type='DetDataPreprocessor', pad_size_divisor=16),
+        backbone=dict(type='ViTBackbone', arch=dict(embed_dims=32, depth=2, num_heads=2),
+                      global_attn_indexes=(1,), window_size=4, img_size=96,
+                      out_indices=(0, 1)),
+        neck=dict(type='RFDETRProjector', in_channels=[32, 32], out_channels=WIDTH,
+                  num_blocks=1),
+        bbox_head=bbox_head,
+        test_cfg=dict(max_per_img=7)))
+
+
+def tiny_batch(detector: nn.Module, with_masks: bool = False) -> dict:
+    """Two images (96x80 and 64x96, so padded to one batch; originals twice as large) with one
+    box each (and its mask, ``BitmapMasks`` in the image frame), through the detector's data
+    preprocessor (training mode)."""
+    samples = []
+    for i, (h, w) in enumerate([(96, 80), (64, 96)]):
+        ds = DetDataSample(metainfo=dict(img_shape=(h, w), ori_shape=(2 * h, 2 * w),
+                                         scale_factor=(0.5, 0.5)))
+        ds.gt_instances = InstanceData(bboxes=torch.tensor([[4.0, 6.0, 40.0, 30.0 + i]]),
+                                       labels=torch.tensor([i]))
+        if with_masks:
+            mask = np.zeros((1, h, w), dtype=np.uint8)
+            mask[0, 6:30 + i, 4:40] = 1
+            ds.gt_instances.masks = BitmapMasks(mask, h, w)
+        samples.append(ds)
+    images = [torch.rand(3, *s.img_shape) * 255 for s in samples]
+    return detector.data_preprocessor(dict(inputs=images, data_samples=samples), True)
+
+
+def random_targets(seed: int, counts: Sequence[int], img: Tuple[int, int],
+                   with_masks: bool = False) -> Tuple[List[dict], List[InstanceData]]:
+    """Random normalised cxcywh boxes and labels (and masks: each box's ellipse) of images
+    ``img``: rfdetr's targets and our ``InstanceData`` (xyxy pixels, ``BitmapMasks``)."""
+    gen = torch.Generator().manual_seed(seed)
+    ys = torch.arange(img[0])[:, None] + 0.5
+    xs = torch.arange(img[1])[None] + 0.5
+    scale = torch.tensor([img[1], img[0], img[1], img[0]], dtype=torch.float32)
+    ref, ours = [], []
+    for n in counts:
+        centres = 0.2 + 0.6 * torch.rand(n, 2, generator=gen)
+        sides = 0.1 + 0.3 * torch.rand(n, 2, generator=gen)
+        boxes = torch.cat((centres, sides), -1)
+        labels = torch.randint(0, CLASSES, (n,), generator=gen)
+        ref.append(dict(labels=labels, boxes=boxes))
+        ours.append(InstanceData(bboxes=bbox_cxcywh_to_xyxy(boxes) * scale, labels=labels))
+        if with_masks:
+            cx, cy = boxes[:, 0, None, None] * img[1], boxes[:, 1, None, None] * img[0]
+            rx, ry = boxes[:, 2, None, None] * img[1] / 2, boxes[:, 3, None, None] * img[0] / 2
+            masks = ((xs - cx) / rx) ** 2 + ((ys - cy) / ry) ** 2 <= 1          # (n, H, W)
+            ref[-1]['masks'] = masks
+            ours[-1].masks = BitmapMasks(masks.numpy(), *img)
+    return ref, ours
+
+
+def loss_and_predict(detector: nn.Module, data: dict) -> Tuple[Dict[str, Tensor], list]:
+    """One loss step of ``detector`` on ``data`` (every term finite; their sum backpropagated,
+    reaching the backbone's patch embedding), then ``predict`` in eval mode."""
+    detector.train()
+    losses = detector.loss(data['inputs'], data['data_samples'])
+    assert all(torch.isfinite(v) for v in losses.values())
+    sum(losses.values()).backward()
+    assert detector.backbone.patch_embed.proj.weight.grad.abs().sum() > 0
+    detector.eval()
+    with torch.no_grad():
+        return losses, detector.predict(data['inputs'], data['data_samples'])

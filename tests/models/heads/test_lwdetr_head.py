@@ -5,14 +5,11 @@ post-processed detections, for RF-DETR N's and S's decoder depths (shrunk widths
 sizes, padded batches, several levels, test (1 group) and training (Group DETR) modes."""
 import pytest
 import torch
-from mmdet.registry import MODELS
-from mmdet.structures import DetDataSample
-from mmengine.registry import init_default_scope
-from mmengine.structures import InstanceData
 from rfdetr.models.postprocess import PostProcess
 
 from lwdetr_reference import (CLASSES, GROUPS, QUERIES, WIDTH, abs_err, build_pair, inputs,
-                              run_reference)
+                              loss_and_predict, run_reference, tiny_batch,
+                              tiny_detector)
 from vitdet_plugin.models.heads.lwdetr_head import LWDETRHead
 from vitdet_plugin.weights.lwdetr_keys import rfdetr_head_key, rfdetr_head_state_dict
 from vitdet_plugin.models.heads.lwdetr_transformer import flatten_memory
@@ -128,36 +125,11 @@ def test_mmdet_single_stage_detector_trains_and_predicts():
     """mmdet's ``SingleStageDetector`` with a tiny ViT's taps, ``RFDETRProjector`` and
     ``LWDETRHead``: a loss step (every term finite, gradients reach the backbone) and
     ``predict`` (``max_per_img`` detections in the original image frame)."""
-    init_default_scope('mmdet')
-    detector = MODELS.build(dict(
-        type='SingleStageDetector',
-        data_preprocessor=dict(type='DetDataPreprocessor', pad_size_divisor=16),
-        backbone=dict(type='ViTBackbone', arch=dict(embed_dims=32, depth=2, num_heads=2),
-                      global_attn_indexes=(1,), window_size=4, img_size=96,
-                      out_indices=(0, 1)),
-        neck=dict(type='RFDETRProjector', in_channels=[32, 32], out_channels=WIDTH,
-                  num_blocks=1),
-        bbox_head=dict(type='LWDETRHead', num_classes=CLASSES, embed_dims=WIDTH,
-                       num_queries=QUERIES, num_groups=GROUPS, num_decoder_layers=2,
-                       self_heads=2, cross_heads=4, ffn_dims=64),
-        test_cfg=dict(max_per_img=7)))
-    samples = []
-    for i, (h, w) in enumerate([(96, 80), (64, 96)]):
-        ds = DetDataSample(metainfo=dict(img_shape=(h, w), ori_shape=(2 * h, 2 * w),
-                                         scale_factor=(0.5, 0.5)))
-        ds.gt_instances = InstanceData(bboxes=torch.tensor([[4.0, 6.0, 40.0, 30.0 + i]]),
-                                       labels=torch.tensor([i]))
-        samples.append(ds)
-    images = [torch.rand(3, *s.img_shape) * 255 for s in samples]
-    data = detector.data_preprocessor(dict(inputs=images, data_samples=samples), True)
-    detector.train()
-    losses = detector.loss(data['inputs'], data['data_samples'])
-    assert len(losses) == 9 and all(torch.isfinite(v) for v in losses.values())
-    sum(losses.values()).backward()
-    assert detector.backbone.patch_embed.proj.weight.grad.abs().sum() > 0
-    detector.eval()
-    with torch.no_grad():
-        results = detector.predict(data['inputs'], data['data_samples'])
+    detector = tiny_detector(dict(
+        type='LWDETRHead', num_classes=CLASSES, embed_dims=WIDTH, num_queries=QUERIES,
+        num_groups=GROUPS, num_decoder_layers=2, self_heads=2, cross_heads=4, ffn_dims=64))
+    losses, results = loss_and_predict(detector, tiny_batch(detector))
+    assert len(losses) == 9
     for result in results:
         pred = result.pred_instances
         assert pred.bboxes.shape == (7, 4) and pred.labels.max() < CLASSES

@@ -2,17 +2,17 @@
 Group DETR, its ``HungarianMatcher``) on one training step: the same matches per group, every
 term of every decoder layer and of the proposals, and the gradients of every head parameter
 (rfdetr's weights through our key map; the same projector maps and targets)."""
-from typing import Dict, List
+from typing import Dict
 
 import pytest
 import torch
-from mmdet.structures.bbox import bbox_cxcywh_to_xyxy
 from mmengine.structures import InstanceData
 from rfdetr.models.criterion import SetCriterion as RefCriterion
 from rfdetr.models.matcher import HungarianMatcher
 from torch import Tensor
 
-from lwdetr_reference import CLASSES, GROUPS, build_pair, inputs, rel_err, run_reference
+from lwdetr_reference import (CLASSES, GROUPS, build_pair, inputs, our_loss_names, random_targets,
+                              rel_err, run_reference)
 from vitdet_plugin.weights.lwdetr_keys import rfdetr_head_state_dict
 
 #: RF-DETR's loss weights and matching costs (its ``ModelDefaults`` / ``TrainConfig``).
@@ -27,37 +27,9 @@ IMG = (96, 112)
 ZERO_GRAD = 'self_attn.k_proj.bias'
 
 
-def _targets(seed: int, counts: List[int]):
-    """Random normalised cxcywh boxes and labels: rfdetr's targets and our ``InstanceData``
-    (xyxy pixels of each image)."""
-    gen = torch.Generator().manual_seed(seed)
-    ref, ours = [], []
-    for n in counts:
-        centres = 0.2 + 0.6 * torch.rand(n, 2, generator=gen)
-        sides = 0.1 + 0.3 * torch.rand(n, 2, generator=gen)
-        boxes = torch.cat((centres, sides), -1)
-        labels = torch.randint(0, CLASSES, (n,), generator=gen)
-        ref.append(dict(labels=labels, boxes=boxes))
-        scale = torch.tensor([IMG[1], IMG[0], IMG[1], IMG[0]], dtype=torch.float32)
-        ours.append(InstanceData(bboxes=bbox_cxcywh_to_xyxy(boxes) * scale, labels=labels))
-    return ref, ours
-
-
 def _reference_losses(criterion: RefCriterion, ref_out: Dict, targets) -> Dict[str, Tensor]:
     """rfdetr's weighted losses under our names (``d{i}.`` earlier layers, ``enc_``)."""
-    layers = len(ref_out['aux_outputs']) + 1
-    named = {}
-    for key, value in criterion(ref_out, targets).items():
-        for term, ours in OUR_TERM.items():
-            if key == term:
-                named[ours] = value * WEIGHTS[term]
-            elif key == term + '_enc':
-                named['enc_' + ours] = value * WEIGHTS[term]
-            elif key.startswith(term + '_') and key[len(term) + 1:].isdigit():
-                layer = int(key[len(term) + 1:])
-                assert layer < layers - 1
-                named[f'd{layer}.' + ours] = value * WEIGHTS[term]
-    return named
+    return our_loss_names(criterion(ref_out, targets), WEIGHTS, OUR_TERM)
 
 
 @pytest.mark.parametrize('size,counts', [('N', [3, 1]), ('S', [2, 4])])
@@ -66,7 +38,7 @@ def test_losses_and_gradients_match_rfdetr(size, counts):
     pair.ref.train()
     pair.ours.train()
     feats, metas, masks = inputs([(6, 7)], [IMG, IMG], seed=12)
-    ref_targets, gts = _targets(13, counts)
+    ref_targets, gts = random_targets(13, counts, IMG)
     criterion = RefCriterion(CLASSES, HungarianMatcher(**COSTS), WEIGHTS, focal_alpha=0.25,
                              losses=['labels', 'boxes'], group_detr=GROUPS, ia_bce_loss=True)
     criterion.train()

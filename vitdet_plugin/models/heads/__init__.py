@@ -1,6 +1,7 @@
 """Detection heads (registered in mmdet's ``MODELS``)."""
 from .denoising import DenoisingBatch, DenoisingQueries
 from .lwdetr_head import LWDETRHead
+from .lwdetr_seg_head import LWDETRSegHead
 from .maskformer_semantic import SemanticMaskFormerFusionHead, semantic_inference
 from .multiscale_memory import FlatMemory, MultiScaleMemory
 from .sdpa_detr_head import HeadOutputs, SdpaDETRHead
@@ -10,5 +11,6 @@ from .transformer import BoxAttentionPrior, MemoryEncoder, RefineDecoder, Transf
 __all__ = [
     'DenoisingBatch', 'DenoisingQueries', 'FlatMemory', 'MultiScaleMemory', 'HeadOutputs',
     'SdpaDETRHead', 'SetCriterion', 'BoxAttentionPrior', 'MemoryEncoder', 'RefineDecoder',
-    'TransformerLayer', 'SemanticMaskFormerFusionHead', 'semantic_inference', 'LWDETRHead'
+    'TransformerLayer', 'SemanticMaskFormerFusionHead', 'semantic_inference', 'LWDETRHead',
+    'LWDETRSegHead'
 ]

@@ -16,7 +16,7 @@ Pipeline (RF-DETR's ``two_stage``, ``bbox_reparam``, ``lite_refpoint_refine``):
 5. :class:`GroupSetCriterion` on every layer and on the proposals; prediction = top-k over
    queries x classes, no NMS (:class:`SetPredictionHead`'s, as :class:`SdpaDETRHead`).
 """
-from typing import ClassVar, Dict, NamedTuple, Optional, Sequence, cast
+from typing import Any, ClassVar, Dict, NamedTuple, Optional, Sequence, cast
 
 import torch
 from mmdet.registry import MODELS
@@ -31,12 +31,21 @@ from .sdpa_detr_head import HeadOutputs, SetPredictionHead, reg_mlp
 
 class Proposals(NamedTuple):
     """Two-stage proposals of every group, groups concatenated on queries: reference boxes
-    ``(B, G*Q, 4)`` (detached), class logits ``(B, G*Q, K)``, boxes ``(B, G*Q, 4)`` and the
-    chosen memory tokens ``(B, G*Q)``."""
+    ``(B, G*Q, 4)`` (detached), class logits ``(B, G*Q, K)``, boxes ``(B, G*Q, 4)``, the
+    chosen memory tokens ``(B, G*Q)`` and their projected features ``(B, G*Q, C)``."""
     ref: Tensor
     cls: Tensor
     boxes: Tensor
     token_inds: Tensor
+    hidden: Tensor
+
+
+class Decoded(NamedTuple):
+    """Every decoder layer's normed queries ``(L, B, G*Q, C)``, their reference boxes
+    ``(B, G*Q, 4)`` and the proposals."""
+    hidden: Tensor
+    ref: Tensor
+    proposals: Proposals
 
 
 @MODELS.register_module()
@@ -128,7 +137,7 @@ class LWDETRHead(SetPredictionHead):
                              f'{self.num_queries}; use a larger input or fewer queries')
         anchors, usable = token_proposals(memory, self.anchor_size)            # (B, N, 4), (B, N)
         tokens = memory.tokens * usable[..., None].to(memory.tokens.dtype)
-        refs, logits, boxes, inds = [], [], [], []
+        refs, logits, boxes, inds, feats = [], [], [], [], []
         for g in range(num_groups):
             hidden = self.enc_output_norm[g](self.enc_output[g](tokens))         # (B, N, C)
             cls = self.enc_cls_branches[g](hidden)                               # (B, N, K)
@@ -140,8 +149,9 @@ class LWDETRHead(SetPredictionHead):
             logits.append(cls.gather(1, top[..., None].expand(-1, -1, self.num_classes)))
             boxes.append(box)
             inds.append(top)
+            feats.append(selected)
         return Proposals(torch.cat(refs, 1), torch.cat(logits, 1), torch.cat(boxes, 1),
-                         torch.cat(inds, 1))
+                         torch.cat(inds, 1), torch.cat(feats, 1))
 
     def forward(self, feats: Sequence[Tensor], batch_img_metas: Optional[Sequence[dict]] = None,
                 batch_gt_instances: Optional[Sequence[InstanceData]] = None) -> HeadOutputs:
@@ -149,6 +159,11 @@ class LWDETRHead(SetPredictionHead):
         ``batch_img_metas``): every layer's ``(L, B, G*Q, K)`` logits and ``(L, B, G*Q, 4)``
         cxcywh boxes, and the proposals' (``G`` groups in training, one at test). The ground
         truth (:class:`SetPredictionHead`'s interface) is not used: no denoising queries."""
+        return self.detections(self.decode(feats, batch_img_metas))
+
+    def decode(self, feats: Sequence[Tensor],
+               batch_img_metas: Optional[Sequence[dict]] = None) -> Decoded:
+        """Proposals and the decoder on the projector's maps (see :meth:`forward`)."""
         if len(feats) != self.num_levels or any(x.shape[1] != self.embed_dims for x in feats):
             raise ValueError(f'{type(self).__name__} expects {self.num_levels} maps of '
                              f'{self.embed_dims} channels (num_levels, embed_dims), got '
@@ -160,20 +175,34 @@ class LWDETRHead(SetPredictionHead):
         ref = reparam_boxes(self.refpoint_embed.weight[:total], props.ref)     # (B, G*Q, 4)
         query = self.query_feat.weight[:total].expand(ref.shape[0], -1, -1)     # (B, G*Q, C)
         hidden = self.decoder(query.to(memory.tokens.dtype), ref, memory, groups)
-        boxes = reparam_boxes(self.reg_branch(hidden), ref)                     # (L, B, G*Q, 4)
-        return HeadOutputs(self.cls_branch(hidden), boxes, props.cls, props.boxes)
+        return Decoded(hidden, ref, props)
+
+    def detections(self, decoded: Decoded) -> HeadOutputs:
+        """Every layer's class logits and boxes, and the proposals' (see :meth:`forward`)."""
+        boxes = reparam_boxes(self.reg_branch(decoded.hidden), decoded.ref)     # (L, B, G*Q, 4)
+        return HeadOutputs(self.cls_branch(decoded.hidden), boxes, decoded.proposals.cls,
+                           decoded.proposals.boxes)
 
     # ------------------------------------------------------------------ training
     def loss_by_feat(self, outs: HeadOutputs, batch_gt_instances: Sequence[InstanceData],
                      batch_img_metas: Sequence[dict]) -> Dict[str, Tensor]:
         """Group losses of every decoder layer (``d{i}.`` prefixes for the earlier layers)
         and of the proposals (``enc_`` prefix)."""
+        return self.group_losses(outs, batch_gt_instances, batch_img_metas)
+
+    def group_losses(self, outs: HeadOutputs, batch_gt_instances: Sequence[InstanceData],
+                     batch_img_metas: Sequence[dict],
+                     layer_kwargs: Optional[Sequence[Dict[str, Any]]] = None,
+                     enc_kwargs: Optional[Dict[str, Any]] = None) -> Dict[str, Tensor]:
+        """:meth:`loss_by_feat` with more criterion arguments per decoder layer
+        (``layer_kwargs[i]``) and for the proposals (``enc_kwargs``)."""
         if outs.enc_cls_scores is None or outs.enc_bbox_preds is None:
             raise ValueError('LWDETRHead outputs carry the two-stage proposals; got none')
         groups = outs.all_cls_scores.shape[2] // self.num_queries
         losses = self.layer_losses(outs.all_cls_scores, outs.all_bbox_preds,
-                                   batch_gt_instances, batch_img_metas, num_groups=groups)
+                                   batch_gt_instances, batch_img_metas,
+                                   layer_kwargs=layer_kwargs, num_groups=groups)
         enc = self.criterion(outs.enc_cls_scores, outs.enc_bbox_preds, batch_gt_instances,
-                             batch_img_metas, num_groups=groups)
+                             batch_img_metas, num_groups=groups, **(enc_kwargs or {}))
         losses.update({'enc_' + k: v for k, v in enc.items()})
         return losses

@@ -54,17 +54,27 @@ class GroupSetCriterion(SetCriterion):
 
     @torch.no_grad()
     def match_groups(self, cls_score: Tensor, boxes: Tensor, gt_instances: InstanceData,
-                     img_meta: dict, num_groups: int) -> Tuple[Tensor, Tensor]:
+                     img_meta: dict, num_groups: int,
+                     masks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         """Hungarian matching of each of ``num_groups`` consecutive query groups of one image
-        (``cls_score (G*Q, K)``, ``boxes (G*Q, 4)``) -> ``(query_inds, gt_inds)``."""
+        (``cls_score (G*Q, K)``, ``boxes (G*Q, 4)``, optional mask logits at points
+        ``(G*Q, P)``, see :meth:`match`) -> ``(query_inds, gt_inds)``."""
         per_group = cls_score.shape[0] // num_groups
         query_inds, gt_inds = [], []
         for g in range(num_groups):
             part = slice(g * per_group, (g + 1) * per_group)
-            q, gt = self.match(cls_score[part], boxes[part], gt_instances, img_meta)
+            q, gt = self.match(cls_score[part], boxes[part], gt_instances, img_meta,
+                               None if masks is None else masks[part])
             query_inds.append(q + g * per_group)
             gt_inds.append(gt)
         return torch.cat(query_inds), torch.cat(gt_inds)
+
+    @staticmethod
+    def avg_factor(batch_gt_instances: Sequence[InstanceData], num_groups: int,
+                   like: Tensor) -> Tensor:
+        """The losses' normaliser: ground-truth boxes times groups, averaged over ranks, >= 1."""
+        num_gts = sum(len(gt) for gt in batch_gt_instances) * num_groups
+        return reduce_mean(like.new_tensor(float(num_gts))).clamp(min=1)
 
     def forward(self, cls_scores: Tensor, boxes: Tensor,
                 batch_gt_instances: Sequence[InstanceData], batch_img_metas: Sequence[dict],
@@ -81,8 +91,7 @@ class GroupSetCriterion(SetCriterion):
         if matches is None:
             matches = [self.match_groups(cls_scores[i], boxes[i], batch_gt_instances[i],
                                          batch_img_metas[i], num_groups) for i in range(b)]
-        num_gts = sum(len(gt) for gt in batch_gt_instances) * num_groups
-        avg = reduce_mean(cls_scores.new_tensor(float(num_gts))).clamp(min=1)
+        avg = self.avg_factor(batch_gt_instances, num_groups, cls_scores)
         images, queries, labels, targets, factors = [], [], [], [], []
         for i, (q_inds, g_inds) in enumerate(matches):
             gt = batch_gt_instances[i]

@@ -122,15 +122,18 @@ class SetPredictionHead(BaseModule):
     def layer_losses(self, all_cls_scores: Tensor, all_bbox_preds: Tensor,
                      batch_gt_instances: Sequence[InstanceData],
                      batch_img_metas: Sequence[dict], prefix: str = '',
+                     layer_kwargs: Optional[Sequence[Dict[str, Any]]] = None,
                      **criterion_kwargs: Any) -> Dict[str, Tensor]:
-        """``criterion`` on every layer of ``(L, B, Q, ...)`` predictions: the last layer's
-        terms named ``prefix + term``, the others ``d{i}.`` + that."""
+        """``criterion`` on every layer of ``(L, B, Q, ...)`` predictions (``layer_kwargs[i]``:
+        more arguments for layer ``i`` alone): the last layer's terms named ``prefix + term``,
+        the others ``d{i}.`` + that."""
         losses: Dict[str, Tensor] = {}
         num_layers = all_cls_scores.shape[0]
         for i in range(num_layers):
             name = prefix if i == num_layers - 1 else f'd{i}.{prefix}'
             layer = self.criterion(all_cls_scores[i], all_bbox_preds[i], batch_gt_instances,
-                                   batch_img_metas, **criterion_kwargs)
+                                   batch_img_metas, **criterion_kwargs,
+                                   **(layer_kwargs[i] if layer_kwargs else {}))
             losses.update({name + k: v for k, v in layer.items()})
         return losses
 
@@ -391,10 +394,12 @@ class SdpaDETRHead(SetPredictionHead):
 
 
 def topk_detections(cls_score: Tensor, bbox_pred: Tensor, img_meta: dict, rescale: bool,
-                    max_per_img: int, score_thr: float = 0.0) -> InstanceData:
+                    max_per_img: int, score_thr: float = 0.0,
+                    with_query_inds: bool = False) -> InstanceData:
     """One image's ``(Q, K)`` logits and ``(Q, 4)`` normalised cxcywh boxes -> the
     ``max_per_img`` top (query, class) pairs by sigmoid score (no NMS) as ``InstanceData``:
-    xyxy boxes clipped to ``img_shape``, in the original image when ``rescale``."""
+    xyxy boxes clipped to ``img_shape``, in the original image when ``rescale``; with
+    ``with_query_inds`` also each detection's query (``query_inds``, e.g. to pick its mask)."""
     num_classes = cls_score.shape[-1]
     max_per_img = min(max_per_img, cls_score.numel())
     scores, idx = cls_score.sigmoid().flatten().topk(max_per_img)
@@ -413,4 +418,6 @@ def topk_detections(cls_score: Tensor, bbox_pred: Tensor, img_meta: dict, rescal
     results.bboxes = bboxes[keep]
     results.scores = scores[keep]
     results.labels = labels[keep]
+    if with_query_inds:
+        results.query_inds = (idx // num_classes)[keep]
     return results

@@ -58,13 +58,15 @@ class SetCriterion(nn.Module):
 
     @torch.no_grad()
     def match(self, cls_score: Tensor, boxes: Tensor, gt_instances: InstanceData,
-              img_meta: dict) -> Tuple[Tensor, Tensor]:
+              img_meta: dict, masks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         """Hungarian matching for one image.
 
         Args:
             cls_score: logits ``(Q, num_classes)``.
             boxes: normalised cxcywh ``(Q, 4)``.
-            gt_instances: ``bboxes`` (xyxy, pixels of the ``img_shape`` frame) and ``labels``.
+            gt_instances: ``bboxes`` (xyxy, pixels of the ``img_shape`` frame) and ``labels``;
+                with ``masks``, also ``masks`` (the ground truth at the same points).
+            masks: mask logits ``(Q, P)`` at sampled points, for the assigner's mask costs.
 
         Returns:
             ``(query_inds, gt_inds)`` of the matched pairs.
@@ -72,6 +74,8 @@ class SetCriterion(nn.Module):
         pred = InstanceData(scores=cls_score.float(),
                             bboxes=bbox_cxcywh_to_xyxy(boxes.float()) * _factor(img_meta, boxes))
         gt = InstanceData(bboxes=gt_instances.bboxes.float(), labels=gt_instances.labels)
+        if masks is not None:
+            pred.masks, gt.masks = masks.float(), gt_instances.masks
         result = self.assigner.assign(pred_instances=pred, gt_instances=gt, img_meta=img_meta)
         query_inds = torch.nonzero(result.gt_inds > 0, as_tuple=False).squeeze(-1)
         return query_inds, result.gt_inds[query_inds] - 1
