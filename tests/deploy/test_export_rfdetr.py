@@ -17,13 +17,13 @@ import vitdet_plugin  # noqa: F401
 from vitdet_plugin.deploy.end_to_end import OUTPUT_NAMES, PAD_LABEL, EndToEndDetector
 from vitdet_plugin.deploy.end_to_end_check import (BOX_TOLERANCE, SCORE_TOLERANCE, compare,
                                                    mmdet_predict, untied)
-from vitdet_plugin.deploy.lwdetr import check_lwdetr
+from vitdet_plugin.deploy.lwdetr import check_lwdetr, token_meta
 from vitdet_plugin.deploy.onnx_export import build_model
 from vitdet_plugin.deploy.ort_check import ort_session
-from vitdet_plugin.deploy.runner import OnnxDetector
+from vitdet_plugin.deploy.runner import OnnxDetector, check_tokens
 
 #: The shapes demo's data and pipelines (5 classes, test Resize to 192 keeping the ratio) with a
-#: tiny RF-DETR: a 2-block DINOv2 (patch 16, 4 registers, a 4 x 4 position table resized to
+#: tiny RF-DETR: a 2-block DINOv2 (patch 16, 4 registers, a 7 x 7 position table resized to
 #: every input) tapped after both blocks, the projector's P4 and P5 (two levels: deformable
 #: attention and proposals over both), 12 queries, 3 groups in training, 2 decoder layers.
 CONFIG = f"""
@@ -33,8 +33,9 @@ model = dict(
     type='SingleStageDetector',
     data_preprocessor=dict(type='DetDataPreprocessor', mean=[123.675, 116.28, 103.53],
                            std=[58.395, 57.12, 57.375], bgr_to_rgb=True, pad_size_divisor=32),
-    backbone=dict(type='DINOv2Backbone', arch=dict(embed_dims=32, depth=2, num_heads=2),
-                  patch_size=16, out_indices=(0, 1), pretrain_img_size=64,
+    backbone=dict(type='DINOv2Backbone',
+                  arch=dict(embed_dims=32, depth=2, num_heads=2, num_reg_tokens=4),
+                  patch_size=16, out_indices=(0, 1), pretrain_img_size=112,
                   pretrain_patch_size=16),
     neck=dict(type='RFDETRProjector', in_channels=[32, 32], out_channels=32,
               levels=('P4', 'P5'), num_blocks=1),
@@ -99,6 +100,20 @@ def test_what_the_graph_does_not_repeat_is_refused(model):
         check_lwdetr(TwoStage())
 
 
+def test_runner_refuses_an_image_too_small_for_the_queries(model):
+    """The graph cannot refuse an input whose maps hold fewer tokens than the head's queries
+    (the head does in PyTorch): the runner does, from the metadata the export stores."""
+    meta = token_meta(model, 32, 3)
+    assert meta == dict(num_queries=12, pad_size_divisor=32, strides=[16.0, 32.0])
+    check_tokens(meta, (33, 40), (66, 80))   # padded 64 x 64: 16 + 4 tokens
+    with pytest.raises(ValueError, match=r'^image of 40x80 \(the graph\'s input 20x40\) gives '
+                                         r'the head 10 tokens, fewer than its num_queries=12: '
+                                         r'give a larger image'):
+        check_tokens(meta, (20, 40), (40, 80))   # padded 32 x 64: 8 + 2 tokens
+    with torch.no_grad(), pytest.raises(ValueError, match='fewer than num_queries=12'):
+        mmdet_predict(model, _images(0, [(20, 40)])[0])
+
+
 @pytest.fixture(scope='module')
 def exported(config, model, tmp_path_factory):
     """The random weights saved as a checkpoint and exported through the tool, which checks
@@ -152,6 +167,11 @@ def test_runner_and_infer_equal_mmdet(config, model, exported, tmp_path):
     np.testing.assert_allclose(got.boxes[ranks], ref_boxes[ranks], atol=BOX_TOLERANCE * 192,
                                rtol=0)
     assert np.array_equal(got.labels[ranks], ref_labels[ranks])
+    runner = OnnxDetector(path)
+    runner.meta['resize'] = None   # (the test pipeline would resize it up to 96 x 192)
+    with pytest.raises(ValueError, match=r'^image of 20x40 \(the graph\'s input 20x40\) gives '
+                                         r'the head 10 tokens, fewer than its num_queries=12'):
+        runner(np.zeros((20, 40, 3), np.uint8))
 
     folder = tmp_path / 'images'
     folder.mkdir()

@@ -18,11 +18,11 @@
   (:mod:`.panoptic`).
 
 Exported: :class:`~vitdet_plugin.models.detectors.SdpaDETR` (top-k over queries x classes, no
-NMS), RF-DETR / LW-DETR (:mod:`.lwdetr`; top-k, no NMS), single-stage anchor heads decoded per level (RetinaNet: sigmoid scores, ``nms_pre``
-per level, class-aware NMS), Faster / Mask R-CNN (RPN + ``StandardRoIHead``,
-:mod:`.two_stage`), Panoptic FPN (Mask R-CNN + ``PanopticFPNHead``; the heuristic
-fusion runs in the runner) and mmdet's DINO (:mod:`.deformable_detr`). Anything else
-is refused with the reason (:func:`check_exportable`).
+NMS), RF-DETR / LW-DETR (:mod:`.lwdetr`; top-k, no NMS), single-stage anchor heads decoded
+per level (RetinaNet: sigmoid scores, ``nms_pre`` per level, class-aware NMS), Faster / Mask
+R-CNN (RPN + ``StandardRoIHead``, :mod:`.two_stage`), Panoptic FPN (Mask R-CNN +
+``PanopticFPNHead``; the heuristic fusion runs in the runner) and mmdet's DINO
+(:mod:`.deformable_detr`). Anything else is refused with the reason (:func:`check_exportable`).
 """
 import json
 from typing import Any, Dict, List, Optional, Tuple
@@ -37,7 +37,7 @@ from .deformable_detr import Dino, check_dino, is_deformable_detr
 from .graph_ops import (DROPPED_SCORE, NmsConfig, anchor_candidates, large_enough,
                         nms_survivors, query_class_top_k, top_k_padded, translation_table)
 from .graph_ops import PAD_LABEL  # noqa: F401  (the I/O contract's padding label, re-exported)
-from .lwdetr import LWDetr, check_lwdetr, is_lwdetr
+from .lwdetr import LWDetr, check_lwdetr, is_lwdetr, token_meta
 from .onnx_export import EXPORT_SAMPLE_SIZE, OPSET, dynamic_shapes
 from .panoptic import SEMANTIC_OUTPUT
 from .runner import INPUT_NAME, MASK_OUTPUTS, META_KEY, META_VERSION, OUTPUT_NAMES
@@ -104,8 +104,8 @@ def check_exportable(model: Any) -> str:
             and getattr(head, 'use_sigmoid_cls', False) and type(head).__name__ in DENSE_HEADS:
         return 'dense'
     raise ValueError(f'{name} with {type(head).__name__}: no end-to-end export (supported: '
-                     f'SdpaDETR with SdpaDETRHead, LWDETRHead (RF-DETR), mmdet\'s DINO and the sigmoid anchor heads '
-                     f'{DENSE_HEADS}); export --part neck')
+                     'SdpaDETR with SdpaDETRHead, LWDETRHead (RF-DETR), mmdet\'s DINO and the '
+                     f'sigmoid anchor heads {DENSE_HEADS}); export --part neck')
 
 
 #: IoU threshold of an anchor head's NMS when its ``test_cfg`` gives none.
@@ -294,7 +294,9 @@ def pipeline_meta(cfg: Any, module: EndToEndDetector) -> Dict[str, Any]:
                 score_thr=module.score_thr, iou_threshold=module.nms.iou_threshold,
                 outputs=module.output_names,
                 mask_thr_binary=module.two_stage.mask_thr if module.two_stage else None,
-                panoptic=fusion_meta(module) if module.panoptic else None)
+                panoptic=fusion_meta(module) if module.panoptic else None,
+                tokens=token_meta(module.model, module.pad_divisor, module.in_channels)
+                if module.lwdetr else None)
 
 
 def fusion_meta(module: EndToEndDetector) -> Dict[str, Any]:

@@ -23,10 +23,11 @@ a batch of images that all have the input's size ``h x w``, padded to ``pad_size
   top-k over queries x classes, boxes in input pixels, clipped; no NMS.
 
 Sizes: any, as the model (DINOv2's position table is resized to the token grid in the graph,
-antialiased bicubic, ONNX ``Resize``). At least ``num_queries`` tokens must reach the head:
-smaller inputs fail in onnxruntime (``TopK``), as the head refuses them in PyTorch.
+antialiased bicubic, ONNX ``Resize``). At least ``num_queries`` tokens must reach the head, as
+the head refuses fewer in PyTorch; the graph cannot say so (onnxruntime fails in ``TopK``), so
+:func:`token_meta` stores what the runner needs to refuse such an image first.
 """
-from typing import Any, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 from mmdet.models.layers.transformer.utils import coordinate_to_encoding
@@ -38,6 +39,8 @@ from .deformable_detr import Shapes, deformable_attention
 
 #: What the export repeats (type names).
 HEADS = ('LWDETRHead',)
+#: The stride probe image is this many ``pad_size_divisor`` on a side.
+PROBE_MULTIPLE = 4
 
 
 def is_lwdetr(model: Any) -> bool:
@@ -129,3 +132,15 @@ class LWDetr:
                                                      memory.padding_mask))
             query = layer.norm3(query + layer.ffn(query))
         return decoder.norm(query)
+
+
+def token_meta(model: Any, pad_divisor: int, channels: int) -> Dict[str, Any]:
+    """The graph metadata the runner checks an input against (:func:`head_tokens`): the head's
+    ``num_queries``, the input's ``pad_size_divisor`` and the strides of the head's maps in
+    input pixels (probed in PyTorch: padded side / map side)."""
+    size = PROBE_MULTIPLE * pad_divisor
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        maps = model.extract_feat(torch.zeros(1, channels, size, size, device=device))
+    return dict(num_queries=int(model.bbox_head.num_queries), pad_size_divisor=pad_divisor,
+                strides=[size / m.shape[-1] for m in maps])
