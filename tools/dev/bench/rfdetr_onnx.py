@@ -34,6 +34,8 @@ SIZE = 384
 MEAN = (123.675, 116.28, 103.53)
 STD = (58.395, 57.12, 57.375)
 PIXEL_MAX = 255.0
+#: ViT-S blocks (all with global attention: the preset's default windows are ViTDet's).
+DEPTH = 12
 #: Prefix of rfdetr's DINOv2 (transformers names) inside its state dict.
 BACKBONE_PREFIX = 'backbone.0.encoder.encoder.'
 MIB = 2**20
@@ -53,7 +55,7 @@ def our_detector() -> Any:
                                bgr_to_rgb=True, pad_size_divisor=32),
         backbone=dict(type='DINOv2Backbone', arch='small', num_reg_tokens=0, patch_size=16,
                       pretrain_img_size=SIZE, pretrain_patch_size=16, out_indices=(2, 5, 8, 11),
-                      drop_path_rate=0.0),
+                      global_attn_indexes=tuple(range(DEPTH)), drop_path_rate=0.0),
         neck=dict(type='RFDETRProjector', in_channels=(384,) * 4, out_channels=256,
                   levels=('P4',), num_blocks=3),
         bbox_head=dict(type='LWDETRHead', num_classes=91, num_queries=300, num_groups=13,
