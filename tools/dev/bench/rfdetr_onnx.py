@@ -74,7 +74,7 @@ def build_models() -> Tuple[Any, Any, Any]:
     from vitdet_plugin.weights.layouts import load_checkpoint
 
     torch.manual_seed(SEED)
-    theirs = RFDETRNano(pretrain_weights=None)
+    theirs: Any = RFDETRNano(pretrain_weights=None)
     state = theirs.model.model.state_dict()
     ours = our_detector()
     backbone = {k[len(BACKBONE_PREFIX):]: v for k, v in state.items()
@@ -83,7 +83,7 @@ def build_models() -> Tuple[Any, Any, Any]:
     ours.backbone.load_state_dict(converted)
     ours.neck.load_state_dict(rfdetr_projector_state_dict(state))
     ours.bbox_head.load_state_dict(rfdetr_head_state_dict(state))
-    unwindowed = RFDETRNano(pretrain_weights=None, num_windows=1)
+    unwindowed: Any = RFDETRNano(pretrain_weights=None, num_windows=1)
     unwindowed.model.model.load_state_dict(state)
     return theirs, unwindowed, ours
 
