@@ -18,6 +18,7 @@ docs/deploy.md), timed against PyTorch by ``--end-to-end`` below.
     python tools/benchmark.py --model ops           # compile-free mmcv ops vs compiled mmcv
     python tools/benchmark.py --fsdp-memory         # DDP vs FSDP2 per-rank memory, 2 CPU ranks
     python tools/benchmark.py --end-to-end CONFIG CKPT det.onnx   # onnxruntime vs PyTorch eval
+    python tools/benchmark.py --rfdetr-onnx         # RF-DETR N 384 px: ours vs rfdetr's ONNX
 
 Swin: ours vs mmdet's ``SwinTransformer`` and timm's swin. ViT: ours vs timm's samvit (its
 features before the neck). DINOv2 / DINOv3 / EVA-02 (``--model dinov2|dinov3|eva02``): ours
@@ -48,6 +49,10 @@ seconds; ``mem MB`` as above. Before timing, ours is checked against mmdet (Swin
 1, CPU, at ``--sizes`` (default 192x192 and 800x1216), ``--repeats`` interleaved runs after an
 untimed parity call and ``--warmup`` more: seconds, ratio, file size
 (``tools/dev/bench/end_to_end_latency.py``).
+
+``--rfdetr-onnx``: RF-DETR N at 384 px, CPU, batch 1: our end-to-end graph in onnxruntime,
+our model in PyTorch eager, rfdetr's own ONNX export of the same weights in onnxruntime and
+rfdetr's PyTorch eager, interleaved (``tools/dev/bench/rfdetr_onnx.py``).
 
 This file is the command line; the measuring code is the developer package ``dev.bench``
 (``tools/dev/bench/``: plan, models, rows, compiled, ops, fsdp_memory, end_to_end_latency; no
@@ -128,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help='end-to-end detector latency: the graph of tools/export_onnx.py --part '
                         'detector in onnxruntime vs the checkpoint in PyTorch eval, batch 1, '
                         'CPU (tools/dev/bench/end_to_end_latency.py)')
+    p.add_argument('--rfdetr-onnx', action='store_true',
+                   help='RF-DETR N 384 px, CPU: our graph and model vs rfdetr\'s own ONNX export '
+                        'of the same weights (tools/dev/bench/rfdetr_onnx.py)')
     p.add_argument('--row', default=None, help=argparse.SUPPRESS)  # internal: one child row
     return p
 
@@ -221,6 +229,16 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> List[Row]:
     return rows
 
 
+def run_rfdetr(args: argparse.Namespace) -> List[Row]:
+    """``--rfdetr-onnx`` (tools/dev/bench/rfdetr_onnx.py: its own table, in this process)."""
+    from dev.bench.rfdetr_onnx import run_rfdetr_onnx
+    result = run_rfdetr_onnx(repeats=args.repeats, warmup=args.warmup)
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(dict(rfdetr_onnx=result), f, indent=1)
+    return []
+
+
 def main(argv: Optional[Sequence[str]] = None) -> List[Row]:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = resolve(build_parser(), argv)
@@ -237,6 +255,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Row]:
             with open(args.json, 'w') as f:
                 json.dump(report, f, indent=1)
         return []
+    if args.rfdetr_onnx:
+        return run_rfdetr(args)
     if args.end_to_end:  # tools/dev/bench/end_to_end_latency.py: its own rows, in this process
         print(f'load average {os.getloadavg()[0]:.1f} (1 min)', flush=True)
         config, checkpoint, graph = args.end_to_end

@@ -34,7 +34,7 @@ selection and decoder differ), heads other than ``DINOHead`` with sigmoid scores
 ``pad_size_divisor`` other than 1 (mmdet would then mask the padding of images whose size is not
 a multiple, which this graph does not repeat).
 """
-from typing import Any, List, NoReturn, Sequence, Tuple
+from typing import Any, List, NoReturn, Optional, Sequence, Tuple
 
 import torch
 from mmcv.ops.multi_scale_deform_attn import multi_scale_deformable_attn_pytorch
@@ -94,15 +94,20 @@ def check_dino(model: Any) -> None:
 
 
 def deformable_attention(attn: Any, query: Tensor, query_pos: Tensor, value: Tensor,
-                         reference: Tensor, shapes: Shapes) -> Tensor:
-    """``MultiScaleDeformableAttention.forward`` (batch first, no padding mask) of ``attn``:
-    ``query`` ``(B, Q, C)`` attends to ``value`` ``(B, N, C)``, the levels' maps of ``shapes``
-    flattened; ``reference`` ``(B, Q, L, 2)`` points or ``(B, Q, L, 4)`` boxes, normalised."""
+                         reference: Tensor, shapes: Shapes,
+                         padding_mask: Optional[Tensor] = None) -> Tensor:
+    """``MultiScaleDeformableAttention.forward`` (batch first) of ``attn``: ``query``
+    ``(B, Q, C)`` attends to ``value`` ``(B, N, C)``, the levels' maps of ``shapes`` flattened
+    (zeroed where the ``(B, N)`` bool ``padding_mask`` is True); ``reference`` ``(B, Q, L, 2)``
+    points or ``(B, Q, L, 4)`` boxes, normalised."""
     b, q, _ = query.shape
     heads, levels, points = attn.num_heads, attn.num_levels, attn.num_points
     identity = query
     query = query + query_pos
-    value = attn.value_proj(value).view(b, value.shape[1], heads, -1)   # (B, N, heads, d)
+    value = attn.value_proj(value)                                      # (B, N, C)
+    if padding_mask is not None:
+        value = value.masked_fill(padding_mask[..., None], 0.0)
+    value = value.view(b, value.shape[1], heads, -1)                    # (B, N, heads, d)
     offsets = attn.sampling_offsets(query).view(b, q, heads, levels, points, 2)
     weights = attn.attention_weights(query).view(b, q, heads, levels * points).softmax(-1)
     weights = weights.view(b, q, heads, levels, points)

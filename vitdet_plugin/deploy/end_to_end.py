@@ -18,11 +18,11 @@
   (:mod:`.panoptic`).
 
 Exported: :class:`~vitdet_plugin.models.detectors.SdpaDETR` (top-k over queries x classes, no
-NMS), single-stage anchor heads decoded per level (RetinaNet: sigmoid scores, ``nms_pre``
-per level, class-aware NMS), Faster / Mask R-CNN (RPN + ``StandardRoIHead``,
-:mod:`.two_stage`), Panoptic FPN (Mask R-CNN + ``PanopticFPNHead``; the heuristic
-fusion runs in the runner) and mmdet's DINO (:mod:`.deformable_detr`). Anything else
-is refused with the reason (:func:`check_exportable`).
+NMS), RF-DETR / LW-DETR (:mod:`.lwdetr`; top-k, no NMS), single-stage anchor heads decoded
+per level (RetinaNet: sigmoid scores, ``nms_pre`` per level, class-aware NMS), Faster / Mask
+R-CNN (RPN + ``StandardRoIHead``, :mod:`.two_stage`), Panoptic FPN (Mask R-CNN +
+``PanopticFPNHead``; the heuristic fusion runs in the runner) and mmdet's DINO
+(:mod:`.deformable_detr`). Anything else is refused with the reason (:func:`check_exportable`).
 """
 import json
 from typing import Any, Dict, List, Optional, Tuple
@@ -37,6 +37,7 @@ from .deformable_detr import Dino, check_dino, is_deformable_detr
 from .graph_ops import (DROPPED_SCORE, NmsConfig, anchor_candidates, large_enough,
                         nms_survivors, query_class_top_k, top_k_padded, translation_table)
 from .graph_ops import PAD_LABEL  # noqa: F401  (the I/O contract's padding label, re-exported)
+from .lwdetr import LWDetr, check_lwdetr, is_lwdetr, token_meta
 from .onnx_export import EXPORT_SAMPLE_SIZE, OPSET, dynamic_shapes
 from .panoptic import SEMANTIC_OUTPUT
 from .runner import INPUT_NAME, MASK_OUTPUTS, META_KEY, META_VERSION, OUTPUT_NAMES
@@ -80,8 +81,8 @@ def is_panoptic_fpn(model: Any) -> bool:
 
 def check_exportable(model: Any) -> str:
     """The kind of end-to-end graph ``model`` exports to (``'detr'``, ``'dense'``,
-    ``'two_stage'``, which includes Panoptic FPN, or ``'dino'``), or a ``ValueError``
-    saying why it cannot."""
+    ``'two_stage'``, which includes Panoptic FPN, ``'dino'`` or ``'lwdetr'``), or a
+    ``ValueError`` saying why it cannot."""
     name = type(model).__name__
     is_panoptic_fpn(model)  # refuses the segmentation heads it does not repeat
     if hasattr(model, 'roi_head') or hasattr(model, 'rpn_head'):
@@ -96,12 +97,15 @@ def check_exportable(model: Any) -> str:
                          'neck or --part backbone')
     if type(head).__name__ == 'SdpaDETRHead':
         return 'detr'
+    if is_lwdetr(model):
+        check_lwdetr(model)
+        return 'lwdetr'
     if all(hasattr(head, a) for a in ('prior_generator', 'bbox_coder', 'cls_out_channels')) \
             and getattr(head, 'use_sigmoid_cls', False) and type(head).__name__ in DENSE_HEADS:
         return 'dense'
     raise ValueError(f'{name} with {type(head).__name__}: no end-to-end export (supported: '
-                     f'SdpaDETR with SdpaDETRHead, mmdet\'s DINO and the sigmoid anchor heads '
-                     f'{DENSE_HEADS}); export --part neck')
+                     'SdpaDETR with SdpaDETRHead, LWDETRHead (RF-DETR), mmdet\'s DINO and the '
+                     f'sigmoid anchor heads {DENSE_HEADS}); export --part neck')
 
 
 #: IoU threshold of an anchor head's NMS when its ``test_cfg`` gives none.
@@ -128,6 +132,7 @@ class EndToEndDetector(nn.Module):
         self.two_stage = TwoStage(model) if self.kind == 'two_stage' else None
         self.panoptic = is_panoptic_fpn(model)
         self.dino = Dino(model) if self.kind == 'dino' else None
+        self.lwdetr = LWDetr(model) if self.kind == 'lwdetr' else None
         test_cfg = model.roi_head.test_cfg if self.two_stage else model.bbox_head.test_cfg
         self.max_per_img = int(test_cfg.get('max_per_img', 100))
         self.score_thr = float(test_cfg.get('score_thr', 0.0))
@@ -195,6 +200,9 @@ class EndToEndDetector(nn.Module):
                                                               thr)
         elif self.kind == 'detr':
             boxes, scores, labels = self._detr(feats, x, h, w, thr)
+        elif self.lwdetr is not None:  # LWDETRHead.predict_by_feat: SetPredictionHead's
+            boxes, scores, labels = self._set_top_k(
+                *self.lwdetr.head_outputs(feats, (x.shape[-2], x.shape[-1]), (h, w)), h, w, thr)
         elif self.dino is not None:  # DeformableDETRHead.predict_by_feat: no score_thr
             boxes, scores, labels = query_class_top_k(*self.dino.head_outputs(feats),
                                                       self.max_per_img, h, w)
@@ -219,9 +227,14 @@ class EndToEndDetector(nn.Module):
                              1)                                          # (B, 2)
         fm = head.memory.flatten(head.memory.select(feats), tuple(x.shape[-2:]), img_hw)
         outs = head.forward_memory(fm)
-        boxes, scores, labels = query_class_top_k(outs.all_cls_scores[-1].float(),
-                                                  outs.all_bbox_preds[-1].float(),
-                                                  self.max_per_img, h, w)
+        return self._set_top_k(outs.all_cls_scores[-1], outs.all_bbox_preds[-1], h, w, thr)
+
+    def _set_top_k(self, cls: Tensor, box: Tensor, h, w, thr: Tensor
+                   ) -> Tuple[Tensor, Tensor, Tensor]:
+        """SetPredictionHead.predict_by_feat on the last layer's ``(B, Q, K)`` logits and
+        ``(B, Q, 4)`` normalised cxcywh boxes: the top-k, then ``score_thr``."""
+        boxes, scores, labels = query_class_top_k(cls.float(), box.float(), self.max_per_img,
+                                                  h, w)
         # (at score_thr 0 the head keeps every score; a sigmoid is 0 only below logit -100)
         scores = torch.where(scores > thr, scores, DROPPED_SCORE)
         return boxes, scores, labels
@@ -281,7 +294,9 @@ def pipeline_meta(cfg: Any, module: EndToEndDetector) -> Dict[str, Any]:
                 score_thr=module.score_thr, iou_threshold=module.nms.iou_threshold,
                 outputs=module.output_names,
                 mask_thr_binary=module.two_stage.mask_thr if module.two_stage else None,
-                panoptic=fusion_meta(module) if module.panoptic else None)
+                panoptic=fusion_meta(module) if module.panoptic else None,
+                tokens=token_meta(module.model, module.pad_divisor, module.in_channels)
+                if module.lwdetr else None)
 
 
 def fusion_meta(module: EndToEndDetector) -> Dict[str, Any]:

@@ -1,0 +1,199 @@
+"""End-to-end ONNX export of RF-DETR (``deploy/lwdetr.py``): a tiny mmdet ``SingleStageDetector``
+(DINOv2 taps -> ``RFDETRProjector`` -> ``LWDETRHead``, seeded random weights) as a uint8 image ->
+detections graph: the graph's module in PyTorch vs mmdet's ``predict`` on a padded batch (default
+suite); exported through ``tools/export_onnx.py --part detector`` (slow: the export alone takes
+about 30 s of CPU): onnxruntime vs mmdet's ``predict`` at three sizes, a batch equal to its
+single images, the runner and ``tools/infer.py`` vs the PyTorch backend; the refusals."""
+import json
+import os.path as osp
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from helpers import REPO_ROOT, load_tool, randomize_
+
+import vitdet_plugin  # noqa: F401
+from vitdet_plugin.deploy.end_to_end import OUTPUT_NAMES, PAD_LABEL, EndToEndDetector
+from vitdet_plugin.deploy.end_to_end_check import (BOX_TOLERANCE, SCORE_TOLERANCE, compare,
+                                                   mmdet_predict, untied)
+from vitdet_plugin.deploy.lwdetr import check_lwdetr, token_meta
+from vitdet_plugin.deploy.onnx_export import build_model
+from vitdet_plugin.deploy.ort_check import ort_session
+from vitdet_plugin.deploy.runner import OnnxDetector, check_tokens
+
+#: The shapes demo's data and pipelines (5 classes, test Resize to 192 keeping the ratio) with a
+#: tiny RF-DETR: a 2-block DINOv2 (patch 16, 4 registers, a 7 x 7 position table resized to
+#: every input) tapped after both blocks, the projector's P4 and P5 (two levels: deformable
+#: attention and proposals over both), 12 queries, 3 groups in training, 2 decoder layers.
+CONFIG = f"""
+_base_ = '{osp.join(REPO_ROOT, 'configs', 'demo', 'swin_detr_shapes.py')}'
+model = dict(
+    _delete_=True,
+    type='SingleStageDetector',
+    data_preprocessor=dict(type='DetDataPreprocessor', mean=[123.675, 116.28, 103.53],
+                           std=[58.395, 57.12, 57.375], bgr_to_rgb=True, pad_size_divisor=32),
+    backbone=dict(type='DINOv2Backbone',
+                  arch=dict(embed_dims=32, depth=2, num_heads=2, num_reg_tokens=4),
+                  patch_size=16, out_indices=(0, 1), pretrain_img_size=112,
+                  pretrain_patch_size=16),
+    neck=dict(type='RFDETRProjector', in_channels=[32, 32], out_channels=32,
+              levels=('P4', 'P5'), num_blocks=1),
+    bbox_head=dict(type='LWDETRHead', num_classes=5, embed_dims=32, num_levels=2,
+                   num_queries=12, num_groups=3, num_decoder_layers=2, self_heads=2,
+                   cross_heads=4, ffn_dims=64),
+    test_cfg=dict(max_per_img=10))
+"""
+#: Check images: one a multiple of the pad divisor (32), two not (padded tokens masked).
+SIZES = ((96, 128), (75, 117), (130, 99))
+#: randomize_'s seed (spread-out scores and boxes; several labels among the detections).
+WEIGHT_SEED = 3
+MAX_PER_IMG = 10
+
+
+@pytest.fixture(scope='module')
+def config(tmp_path_factory):
+    path = tmp_path_factory.mktemp('rfdetr_cfg') / 'tiny_rfdetr.py'
+    path.write_text(CONFIG)
+    return str(path)
+
+
+@pytest.fixture(scope='module')
+def model(config):
+    return randomize_(build_model(config)[1], seed=WEIGHT_SEED).eval()
+
+
+def _images(seed: int = 0, sizes=SIZES):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g) for h, w in sizes]
+
+
+def test_module_matches_mmdet_predict_in_pytorch(model):
+    """The graph's module before export on a padded batch of two (70 x 90 -> 96 x 96) vs
+    mmdet's predict per image."""
+    module = EndToEndDetector(model).eval()
+    assert module.kind == 'lwdetr'
+    images = _images(2, [(70, 90), (70, 90)])
+    with torch.no_grad():
+        boxes, scores, labels, num = module(torch.stack(images))
+    for b, image in enumerate(images):
+        ref_boxes, ref_scores, ref_labels = mmdet_predict(model, image)
+        assert int(num[b]) == len(ref_scores) == MAX_PER_IMG
+        np.testing.assert_allclose(scores[b].numpy(), ref_scores, atol=1e-6, rtol=0)
+        ranks = untied(ref_scores)
+        np.testing.assert_allclose(boxes[b].numpy()[ranks], ref_boxes[ranks], atol=1e-4, rtol=0)
+        assert np.array_equal(labels[b].numpy()[ranks], ref_labels[ranks])
+        assert len(set(ref_labels.tolist())) > 1
+
+
+def test_what_the_graph_does_not_repeat_is_refused(model):
+    class TwoStage:
+        bbox_head = model.bbox_head
+        roi_head = object()
+
+        def extract_feat(self):
+            pass
+
+    with pytest.raises(ValueError, match=r'^TwoStage with LWDETRHead: no LW-DETR end-to-end '
+                                         r'export \(supported: a single-stage detector, '
+                                         r'extract_feat -> bbox_head LWDETRHead\)$'):
+        check_lwdetr(TwoStage())
+
+
+def test_runner_refuses_an_image_too_small_for_the_queries(model):
+    """The graph cannot refuse an input whose maps hold fewer tokens than the head's queries
+    (the head does in PyTorch): the runner does, from the metadata the export stores."""
+    meta = token_meta(model, 32, 3)
+    assert meta == dict(num_queries=12, pad_size_divisor=32, strides=[16.0, 32.0])
+    check_tokens(meta, (33, 40), (66, 80))   # padded 64 x 64: 16 + 4 tokens
+    with pytest.raises(ValueError, match=r'^image of 40x80 \(the graph\'s input 20x40\) gives '
+                                         r'the head 10 tokens, fewer than its num_queries=12: '
+                                         r'give a larger image'):
+        check_tokens(meta, (20, 40), (40, 80))   # padded 32 x 64: 8 + 2 tokens
+    with torch.no_grad(), pytest.raises(ValueError, match='fewer than num_queries=12'):
+        mmdet_predict(model, _images(0, [(20, 40)])[0])
+
+
+@pytest.fixture(scope='module')
+def exported(config, model, tmp_path_factory):
+    """The random weights saved as a checkpoint and exported through the tool, which checks
+    onnxruntime against mmdet's predict at one size (the tests below check three more)."""
+    folder = tmp_path_factory.mktemp('rfdetr')
+    ckpt, path = str(folder / 'rfdetr.pth'), str(folder / 'rfdetr.onnx')
+    torch.save({'state_dict': model.state_dict(),
+                'meta': {'dataset_meta': {'classes': ['a', 'b', 'c', 'd', 'e']}}}, ckpt)
+    assert load_tool('export_onnx.py').main([config, ckpt, '--out', path, '--part', 'detector',
+                                             '--check-sizes', '57x91']) == 0
+    return ckpt, path
+
+
+@pytest.mark.slow
+def test_graph_matches_mmdet_predict(model, exported):
+    session = ort_session(exported[1])
+    assert [o.name for o in session.get_outputs()] == list(OUTPUT_NAMES)
+    assert [isinstance(d, str) for d in session.get_inputs()[0].shape] == [True, False, True,
+                                                                         True]
+    for p in compare(session, model, _images()):
+        assert p.num_onnx == p.num_torch == MAX_PER_IMG, p
+        assert p.box_error <= BOX_TOLERANCE and p.score_error <= SCORE_TOLERANCE, p
+        assert p.labels_equal, p
+
+
+@pytest.mark.slow
+def test_batch_rows_are_the_single_images(exported):
+    session = ort_session(exported[1])
+    images = torch.stack(_images(1, [(83, 101)] * 3)).numpy()   # a batch of 3 (exported at 2)
+    boxes, scores, labels, num = session.run(None, {'image': images})
+    assert boxes.shape == (3, MAX_PER_IMG, 4) and labels.dtype == num.dtype == np.int64
+    for b in range(3):
+        one = session.run(None, {'image': images[b:b + 1]})
+        np.testing.assert_allclose(boxes[b], one[0][0], atol=BOX_TOLERANCE * 101, rtol=0)
+        np.testing.assert_allclose(scores[b], one[1][0], atol=SCORE_TOLERANCE, rtol=0)
+        assert np.array_equal(labels[b], one[2][0]) and int(num[b]) == MAX_PER_IMG
+        assert np.all(np.diff(scores[b]) <= 0) and np.all(labels[b] != PAD_LABEL)
+
+
+@pytest.mark.slow
+def test_runner_and_infer_equal_mmdet(config, model, exported, tmp_path):
+    """The runner on an image the test pipeline keeps (192 x 150) vs mmdet's predict; then
+    tools/infer.py, onnxruntime backend vs PyTorch backend (mmdet's DetInferencer), on files
+    the pipeline resizes (300 x 384 -> 150 x 192) and keeps."""
+    ckpt, path = exported
+    image = _images(4, [(150, 192)])[0]
+    got = OnnxDetector(path)(np.ascontiguousarray(image.permute(1, 2, 0).numpy()))
+    ref_boxes, ref_scores, ref_labels = mmdet_predict(model, image)
+    np.testing.assert_allclose(got.scores, ref_scores, atol=SCORE_TOLERANCE, rtol=0)
+    ranks = untied(ref_scores)
+    np.testing.assert_allclose(got.boxes[ranks], ref_boxes[ranks], atol=BOX_TOLERANCE * 192,
+                               rtol=0)
+    assert np.array_equal(got.labels[ranks], ref_labels[ranks])
+    runner = OnnxDetector(path)
+    runner.meta['resize'] = None   # (the test pipeline would resize it up to 96 x 192)
+    with pytest.raises(ValueError, match=r'^image of 20x40 \(the graph\'s input 20x40\) gives '
+                                         r'the head 10 tokens, fewer than its num_queries=12'):
+        runner(np.zeros((20, 40, 3), np.uint8))
+
+    folder = tmp_path / 'images'
+    folder.mkdir()
+    g = np.random.default_rng(0)
+    for i, (h, w) in enumerate([(300, 384), (150, 192)]):
+        cv2.imwrite(str(folder / f'{i}.png'), g.integers(0, 256, (h, w, 3), dtype=np.uint8))
+    tool = load_tool('infer.py')
+    assert tool.main([str(folder), '--out-dir', str(tmp_path / 'ort'), '--backend',
+                      'onnxruntime', '--onnx', path, '--no-draw']) == 0
+    assert tool.main([str(folder), '--out-dir', str(tmp_path / 'pt'), '--backend', 'pytorch',
+                      '--config', config, '--checkpoint', ckpt, '--no-draw']) == 0
+    ort, pt = (json.loads((tmp_path / d / 'predictions.json').read_text()) for d in ('ort', 'pt'))
+    assert ort['images'] == pt['images']
+    for image_info in ort['images']:
+        a, b = ([d for d in x['annotations'] if d['image_id'] == image_info['id']]
+                for x in (ort, pt))
+        assert len(a) == len(b) == MAX_PER_IMG
+        scores_b = np.array([d['score'] for d in b])
+        np.testing.assert_allclose([d['score'] for d in a], scores_b, atol=SCORE_TOLERANCE,
+                                   rtol=0)
+        ranks = untied(scores_b)
+        side = max(image_info['width'], image_info['height'])
+        np.testing.assert_allclose(np.array([d['bbox'] for d in a])[ranks],
+                                   np.array([d['bbox'] for d in b])[ranks],
+                                   atol=BOX_TOLERANCE * side, rtol=0)
