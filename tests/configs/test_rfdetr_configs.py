@@ -80,6 +80,11 @@ def test_recipe_is_rfdetrs():
     assert optim.paramwise_cfg.layer_decay_rate == train['lr_vit_layer_decay']
     # rfdetr's get_named_param_lr_pairs: num_layers = out_feature_indexes[-1] + 1
     assert optim.paramwise_cfg.num_layers == cfg.model.backbone.out_indices[-1] + 2
+    # rfdetr's ViT lr: lr_encoder x lr_component_decay^2; its decoder's: lr x lr_component_decay
+    mults = optim.paramwise_cfg.lr_mults
+    assert mults['backbone'] * train['lr'] == pytest.approx(
+        train['lr_encoder'] * train['lr_component_decay'] ** 2)
+    assert mults['bbox_head.decoder'] == train['lr_component_decay']
     assert optim.clip_grad.max_norm == train['clip_max_norm']
     assert cfg.train_dataloader.batch_size == train['batch_size']
     assert cfg.train_cfg.max_epochs == train['epochs']

@@ -9,9 +9,9 @@
 # * data: RF-DETR's square multi-scale training resize (one of `scales`, or a 400-600 px resize,
 #   a 384-600 px crop and one of `scales`), horizontal flip; square `resolution` at test; batch
 #   padded to a multiple of patch x windows (RF-DETR's collate block size);
-# * optimiser: AdamW lr 1e-4, weight decay 1e-4, layer-wise lr decay 0.8 over the ViT (RF-DETR's
-#   exponent: 13 layers, the taps' last index + 1), gradient clipping 0.1; batch 4 per GPU x 4
-#   accumulated steps (16 per optimizer step on one GPU);
+# * optimiser: AdamW lr 1e-4 (the decoder 0.7 of it), weight decay 1e-4, the ViT at 1.5e-4 x 0.7^2
+#   with layer-wise lr decay 0.8 (RF-DETR's exponent: 13 layers, the taps' last index + 1),
+#   gradient clipping 0.1; batch 4 per GPU x 4 accumulated steps (16 per optimizer step);
 # * EMA of the weights (decay 0.993, warm-up tau 100 optimizer steps) used for validation and
 #   saved with the checkpoint; 100 epochs, lr x 0.1 after `lr_drop` epochs (RF-DETR's default
 #   100: no drop within the 100 epochs).
@@ -33,6 +33,11 @@ batch_size = 4
 grad_accum_steps = 4
 #: RF-DETR's lr, weight_decay, lr_vit_layer_decay, clip_max_norm, ema_tau
 base_lr = 1e-4
+#: RF-DETR's ViT lr relative to `base_lr`: lr_encoder 1.5e-4 x lr_component_decay 0.7 squared
+#: (training/param_groups.py, backbone.py get_named_param_lr_pairs) / lr 1e-4
+backbone_lr_mult = 0.735
+#: its decoder's: lr_component_decay
+decoder_lr_mult = 0.7
 weight_decay = 1e-4
 layer_decay_rate = 0.8
 #: the layer-decay exponent's depth: RF-DETR's num_layers = out_feature_indexes[-1] + 1
@@ -107,7 +112,9 @@ optim_wrapper = dict(
     type='OptimWrapper',
     optimizer=dict(type='AdamW', lr=base_lr, weight_decay=weight_decay),
     constructor='LayerDecayOptimWrapperConstructor',
-    paramwise_cfg=dict(layer_decay_rate=layer_decay_rate, num_layers=decay_layers),
+    paramwise_cfg=dict(layer_decay_rate=layer_decay_rate, num_layers=decay_layers,
+                       lr_mults={'backbone': backbone_lr_mult,
+                                 'bbox_head.decoder': decoder_lr_mult}),
     accumulative_counts=grad_accum_steps,
     clip_grad=dict(max_norm=clip_max_norm, norm_type=2))
 
