@@ -66,6 +66,14 @@ TINY_BACKBONE = {
 
 
 TINY_QUERIES = 30
+#: RF-DETR's windowed DINOv2 (``num_windows``): its own tiling instead of ``window_size``, two
+#: taps (the block after the first is global by RF-DETR's rule).
+TINY_RFDETR_BACKBONE = dict(embed_dims=64, depth=2, num_heads=2, out_indices=(0, 1),
+                            init_cfg=None)
+#: LW-DETR heads: queries per group (each group takes that many top tokens: the runner test's
+#: smallest shrunk RF-DETR input, 224 / 4 px padded to 64, has 4 x 4) and Group DETR groups.
+TINY_GROUP_QUERIES = 10
+TINY_GROUPS = 2
 #: Transformer encoder / decoder depth of the shrunk DETR-style models: two layers keep what
 #: depth adds (a layer refining the previous one's boxes, auxiliary losses per layer).
 TINY_LAYERS = 2
@@ -85,7 +93,10 @@ def _shrink(model_cfg):
         full = MODELS.build(dict(copy.deepcopy(bb), init_cfg=None))
     old = getattr(full, 'out_channels', None)
     tiny = TINY_BACKBONE.get(bb.type)
-    bb.update(tiny(full) if tiny else dict(init_cfg=None))
+    if bb.get('num_windows'):
+        bb.update(TINY_RFDETR_BACKBONE)
+    else:
+        bb.update(tiny(full) if tiny else dict(init_cfg=None))
     neck = model_cfg.get('neck')
     if isinstance(neck, dict) and (neck.get('init_cfg') or {}).get('type') == 'Pretrained':
         # a neck from another detector's checkpoint (make demo-detr's): loading it is
@@ -102,6 +113,10 @@ def _shrink(model_cfg):
     # query-based detectors pick top-k encoder tokens: a tiny input has fewer than 900
     if 'num_queries' in model_cfg:
         model_cfg.num_queries = min(model_cfg.num_queries, TINY_QUERIES)
+    head = model_cfg.get('bbox_head')
+    if isinstance(head, dict) and 'num_groups' in head:  # LW-DETR: top-k tokens per group
+        head.update(num_queries=min(head.num_queries, TINY_GROUP_QUERIES),
+                    num_groups=min(head.num_groups, TINY_GROUPS))
     for part, key in (('encoder', 'num_layers'), ('decoder', 'num_layers'),
                       ('bbox_head', 'num_encoder_layers'), ('bbox_head', 'num_decoder_layers')):
         node = model_cfg.get(part)
@@ -204,6 +219,8 @@ def _train_and_predict(model_cfg, optim_cfg):
     panoptic = 'semantic_head' in model_cfg
     data = _batch(model, with_mask, _num_classes(model_cfg), with_semantic=panoptic)
     optim_cfg = copy.deepcopy(optim_cfg)
+    # the one iteration is an optimizer step (RF-DETR's configs accumulate 4 iterations)
+    optim_cfg.pop('accumulative_counts', None)
     amp_on_cpu = optim_cfg.get('type') == 'AmpOptimWrapper' and not torch.cuda.is_available()
     if amp_on_cpu:
         # mmengine's AmpOptimWrapper refuses to be built without an accelerator, but its

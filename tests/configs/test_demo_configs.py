@@ -21,6 +21,9 @@ DEMOS = ['vit_retinanet_shapes.py', 'swin_panoptic_fpn_shapes.py', 'swin_mask_rc
          'swin_detr_shapes.py']
 # swin_detr_pretrained_shapes.py (make demo-detr) needs a checkpoint: its loss-falls test is in
 # tests/models/detectors/test_detr_pretrained_parts.py
+# rfdetr_shapes.py (make demo-rfdetr): its IA-BCE classification loss rises while the boxes
+# improve (the soft targets grow with the IoU), so its total does not fall by a quarter in 15
+# steps; tests/configs/test_configs.py trains a step of it
 #: Images in the fixed batch, optimiser steps on it, and the loss drop the steps must reach.
 BATCH = 4
 STEPS = 15

@@ -173,3 +173,20 @@ def test_extra_no_decay_names_match_any_name_component():
     with pytest.raises(ValueError, match=r"extra_no_decay_names='query_embed' must be a list of "
                                          r"names, e.g. \['query_embed'\]"):
         build(model, extra_no_decay_names='query_embed')
+
+
+def test_lr_mults_scale_whole_modules_on_top_of_the_decay():
+    """RF-DETR's recipe: the ViT at 0.735 of its layer-decayed lr, the decoder at 0.7; the
+    longest module name wins, parameters outside every listed module keep 1."""
+    model = QueryDetector(vit_detector().backbone, ViTSimpleFPN(in_channels=32, out_channels=8))
+    _, plain = build(model)
+    _, t = build(model, lr_mults={'backbone': 0.5, 'head': 0.7, 'head.1': 0.2})
+    assert t['backbone.blocks.3.attn.qkv.weight'][0] == pytest.approx(
+        0.5 * plain['backbone.blocks.3.attn.qkv.weight'][0])
+    assert t['backbone.pos_embed'][0] == pytest.approx(0.5 * RATE ** 7)
+    assert t['head.0.weight'][0] == pytest.approx(0.7)
+    assert t['head.1.weight'][0] == pytest.approx(0.2)  # head.1 is longer than head
+    assert t['neck.scales.0.1.weight'][0] == t['query_embed.weight'][0] == 1.0
+    with pytest.raises(ValueError, match=r"^lr_mults=\{'head': 0.0\} must be positive "
+                                         r'multipliers$'):
+        build(model, lr_mults={'head': 0})

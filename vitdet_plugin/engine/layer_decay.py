@@ -18,7 +18,8 @@ The constructor reads the backbone's declared contract
 Weight decay is 0 for the backbone's ``no_weight_decay()`` parameters (its norms, biases,
 position embeddings and relative-position tables); outside the backbone, for norm layers and
 biases (``norm_decay_mult`` / ``bias_decay_mult``) and the :data:`DEFAULT_NO_DECAY_NAMES`;
-``base_wd`` elsewhere. Parameters are grouped by (layer, decay) and each group carries
+``base_wd`` elsewhere. ``lr_mults`` scales the lr of whole modules on top (RF-DETR's lower
+ViT and decoder rates). Parameters are grouped by (layer, decay, multiplier) and each group carries
 ``lr_scale``, ``layer_id`` and ``param_names`` for inspection.
 
 Config::
@@ -45,7 +46,7 @@ DEFAULT_NO_DECAY_NAMES = ('pos_embed', 'absolute_pos_embed', 'relative_position_
                           'rel_pos_h', 'rel_pos_w', 'cls_token', 'dist_token', 'mask_token')
 _NORM_TYPES = (_BatchNorm, _InstanceNorm, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
 _OPTIONS = ('layer_decay_rate', 'num_layers', 'no_decay_names', 'extra_no_decay_names',
-            'norm_decay_mult', 'bias_decay_mult')
+            'norm_decay_mult', 'bias_decay_mult', 'lr_mults')
 
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()
@@ -64,6 +65,9 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
             DETR / Mask2Former head's ``('query_embed', 'query_feat', 'level_embed')``).
         norm_decay_mult, bias_decay_mult (float): weight-decay multipliers of norm layers and
             biases (default 0).
+        lr_mults (dict, optional): module name -> lr multiplier for the parameters below it
+            (the longest name wins), on top of the layer decay; RF-DETR's recipe:
+            ``{'backbone': 0.735, 'bbox_head.decoder': 0.7}``.
     """
 
     def __init__(self, optim_wrapper_cfg: dict, paramwise_cfg: Optional[dict] = None) -> None:
@@ -91,6 +95,9 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
             frozenset(cfg.get('extra_no_decay_names', ()))
         self.norm_decay_mult = float(cfg.get('norm_decay_mult', 0.0))
         self.bias_decay_mult = float(cfg.get('bias_decay_mult', 0.0))
+        self.lr_mults = {str(k): float(v) for k, v in dict(cfg.get('lr_mults') or {}).items()}
+        if any(v <= 0 for v in self.lr_mults.values()):
+            raise ValueError(f'lr_mults={self.lr_mults} must be positive multipliers')
         cfg.setdefault('layer_decay_rate', rate)  # non-empty: always go through add_params
         self.paramwise_cfg = cfg
 
@@ -103,6 +110,11 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
         if short == 'bias':
             return self.bias_decay_mult
         return 1.0
+
+    def _lr_mult(self, name: str) -> float:
+        """The ``lr_mults`` entry of the longest module name that contains parameter ``name``."""
+        owners = [k for k in self.lr_mults if name.startswith(k + '.')]
+        return self.lr_mults[max(owners, key=len)] if owners else 1.0
 
     def add_params(self, params: List[dict], module: nn.Module, **kwargs) -> None:
         """Append one group per (layer, weight decay) to ``params``."""
@@ -117,7 +129,7 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
         owner = {f'{mod_name}.{p_name}' if mod_name else p_name: mod
                  for mod_name, mod in module.named_modules()
                  for p_name, _ in mod.named_parameters(recurse=False)}
-        groups: Dict[Tuple[int, float], dict] = {}
+        groups: Dict[Tuple[int, float, float], dict] = {}
         for name, param in module.named_parameters():
             if not param.requires_grad:
                 print_log(f'{name} is frozen (requires_grad=False) and not optimized',
@@ -130,15 +142,16 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
                 if layer == backbone_layers + 1:
                     layer = num_layers + 1
             wd = base_wd * (0.0 if name in no_decay else self._decay_mult(name, owner[name]))
-            group = groups.get((layer, wd))
+            mult = self._lr_mult(name)
+            group = groups.get((layer, wd, mult))
             if group is None:
-                scale = self.layer_decay_rate ** (num_layers + 1 - layer)
-                group = groups[(layer, wd)] = dict(
+                scale = self.layer_decay_rate ** (num_layers + 1 - layer) * mult
+                group = groups[(layer, wd, mult)] = dict(
                     params=[], param_names=[], lr=self.base_lr * scale, weight_decay=wd,
                     lr_scale=scale, layer_id=layer)
             group['params'].append(param)
             group['param_names'].append(name)
-        for (layer, wd), group in sorted(groups.items()):
+        for (layer, wd, _), group in sorted(groups.items()):
             print_log(f'layer decay: layer {layer} lr_scale={group["lr_scale"]:.4g} '
                       f'weight_decay={wd:g}: {len(group["params"])} params',
                       logger='current', level=logging.DEBUG)

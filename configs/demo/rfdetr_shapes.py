@@ -1,0 +1,84 @@
+# CPU demo: RF-DETR (windowed DINOv2 -> RFDETRProjector -> LWDETRHead in mmdet's
+# SingleStageDetector, configs/rfdetr/) shrunk for the shapes set and trained from random init
+# for the demos' 9.5-minute budget (TimeBudgetHook), evaluated with COCO bbox mAP. Run:
+#   make demo-rfdetr
+# (= DEMO_CONFIG=configs/demo/rfdetr_shapes.py DEMO_WORK_DIR=work_dirs/demo_rfdetr make demo)
+#
+# What is RF-DETR's and what is shrunk (the shapes images hold 1-5 objects of 15-75 px at 192 px):
+# * backbone: DINOv2 blocks with RF-DETR's 2 x 2 window tiling (cls token carried by every
+#   window, the block after each tap global), 3 taps; 96 wide, 6 deep, 3 heads, no registers,
+#   no LayerScale (nothing pretrained to protect), patch 8 after the two-conv stem of the ViT
+#   RetinaNet demo (vit_retinanet_shapes.py: the token grid matters more than the width): a
+#   24 x 24 token grid, windows of 12 x 12;
+# * projector: one level (P4 = the patch-stride map, as RF-DETR's detection sizes), one C2f block;
+# * head: LW-DETR as RF-DETR (two-stage proposals per group, IA-BCE, L1 5 + GIoU 2, boxes
+#   relative to the initial reference), 128 wide, 2 decoder layers (N's), 100 queries, 4 Group
+#   DETR groups (13 in RF-DETR: each group costs a decoder pass on CPU);
+# * recipe: AdamW 1e-3 (RF-DETR's 1e-4 fine-tunes a pretrained ViT; from scratch the demos train
+#   at 1e-3, swin_detr_shapes.py), weight decay 1e-4, gradient clipping 1.0, batch 4, the
+#   demos' EMA, warm-up and cosine (cpu_time_budget_ema.py), fixed 192 px.
+# Measured: docs/rfdetr.md ("Configs and training").
+_base_ = [
+    '../_base_/datasets/shapes_detection.py',
+    '../_base_/schedules/cpu_time_budget_ema.py',
+]
+num_classes = 5
+image_size = 192
+embed_dims = 96
+width = 128
+patch_size = 8
+num_windows = 2
+#: taps after blocks 2, 4, 6 (1-based); blocks 3 and 5 are global (RF-DETR's rule)
+out_indices = (1, 3, 5)
+
+model = dict(
+    type='SingleStageDetector',
+    data_preprocessor=dict(
+        type='DetDataPreprocessor',
+        mean=[123.675, 116.28, 103.53],
+        std=[58.395, 57.12, 57.375],
+        bgr_to_rgb=True,
+        pad_size_divisor=patch_size * num_windows),  # whole windows of whole patches
+    backbone=dict(
+        type='DINOv2Backbone',
+        arch=dict(embed_dims=embed_dims, depth=6, num_heads=3, num_reg_tokens=0,
+                  layer_scale=None, drop_path_rate=0.0),
+        patch_size=patch_size,
+        stem_channels=(16, 32),  # 3x3 stride-2 convs; the projection covers the last 2 x 2
+        num_windows=num_windows,
+        pretrain_img_size=image_size,  # the position table at the 24 x 24 grid
+        pretrain_patch_size=patch_size,
+        out_indices=out_indices),
+    neck=dict(
+        type='RFDETRProjector',
+        in_channels=(embed_dims,) * len(out_indices),
+        out_channels=width,
+        levels=('P4',),
+        in_stride=patch_size,
+        num_blocks=1),
+    bbox_head=dict(
+        type='LWDETRHead',
+        num_classes=num_classes,
+        embed_dims=width,
+        num_queries=100,
+        num_groups=4,
+        num_decoder_layers=2,
+        self_heads=4,
+        cross_heads=8,
+        num_points=2,
+        ffn_dims=512),
+    test_cfg=dict(max_per_img=100))
+
+# the dataset base's pipelines, resized to the demo's image size
+train_pipeline = [dict(t, scale=(image_size, image_size)) if t['type'] == 'Resize' else t
+                  for t in _base_.train_pipeline]
+test_pipeline = [dict(t, scale=(image_size, image_size)) if t['type'] == 'Resize' else t
+                 for t in _base_.test_pipeline]
+train_dataloader = dict(batch_size=4, dataset=dict(pipeline=train_pipeline))
+val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
+test_dataloader = val_dataloader
+
+base_lr = 1e-3
+optim_wrapper = dict(
+    optimizer=dict(lr=base_lr, weight_decay=1e-4),
+    clip_grad=dict(max_norm=1.0, norm_type=2))

@@ -1,0 +1,125 @@
+"""configs/rfdetr/ hold RF-DETR's published sizes and recipe, read from the `rfdetr` package
+(1.11.2): every size against its ``RFDETR{Nano,Small,Medium,Large}Config``, the training scales
+against its ``compute_multi_scale_scales``, the optimiser / schedule against ``TrainConfig``'s
+defaults, and the EMA hook's averaged weights against its ``ModelEma`` over accumulated steps.
+Config files are only read here (tests/configs/test_configs.py builds and trains them)."""
+import importlib.util
+import os.path as osp
+
+import pytest
+import torch
+
+import vitdet_plugin  # noqa: F401
+from vitdet_plugin.config import load_config
+from helpers import REPO_ROOT
+
+SIZES = {'nano': 'RFDETRNanoConfig', 'small': 'RFDETRSmallConfig',
+         'medium': 'RFDETRMediumConfig', 'large': 'RFDETRLargeConfig'}
+#: optimizer steps of the EMA comparison (the warm-up, tau = 100 steps, and beyond)
+EMA_STEPS = 150
+#: mmdet's ExpMomentumEMA warms up with exp(-(1 + n) / gamma) on iterations n = 4 t, RF-DETR's
+#: with exp(-t / tau) on optimizer steps t: exp(-1 / 400) apart on the warm-up term (measured
+#: 2026-12-02: 1.3e-4 relative on the averaged weight)
+EMA_TOL = 1e-3
+
+
+def _cfg(name: str):
+    return load_config(osp.join(str(REPO_ROOT), 'configs', 'rfdetr', f'rfdetr_{name}.py'))
+
+
+def _model_ema_class():
+    """rfdetr's ``ModelEma`` (training/model_ema.py: torch only) without ``rfdetr.training``'s
+    package import, which needs PyTorch Lightning."""
+    spec = importlib.util.find_spec('rfdetr')
+    path = osp.join(spec.submodule_search_locations[0], 'training', 'model_ema.py')
+    module_spec = importlib.util.spec_from_file_location('rfdetr_model_ema', path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.ModelEma
+
+
+@pytest.mark.parametrize('name', SIZES)
+def test_sizes_are_rfdetrs(name):
+    import rfdetr.config
+    from rfdetr.datasets.coco import compute_multi_scale_scales
+
+    theirs = getattr(rfdetr.config, SIZES[name])(pretrain_weights=None)
+    train = rfdetr.config.TrainConfig.model_fields
+    cfg = _cfg(name)
+    bb, neck, head = cfg.model.backbone, cfg.model.neck, cfg.model.bbox_head
+    assert (bb.patch_size, bb.num_windows) == (theirs.patch_size, theirs.num_windows)
+    assert [i + 1 for i in bb.out_indices] == theirs.out_feature_indexes
+    assert bb.pretrain_img_size // bb.pretrain_patch_size == theirs.positional_encoding_size
+    assert cfg.model.data_preprocessor.pad_size_divisor == theirs.patch_size * theirs.num_windows
+    assert list(neck.levels) == theirs.projector_scale
+    assert neck.out_channels == head.embed_dims == theirs.hidden_dim
+    assert (head.num_decoder_layers, head.self_heads, head.cross_heads, head.num_points) == (
+        theirs.dec_layers, theirs.sa_nheads, theirs.ca_nheads, theirs.dec_n_points)
+    assert (head.num_queries, head.num_groups) == (theirs.num_queries, theirs.group_detr)
+    assert cfg.model.test_cfg.max_per_img == theirs.num_select
+    resize = cfg.test_dataloader.dataset.pipeline[1]
+    assert (resize.type, resize.scale, resize.keep_ratio) == (
+        'Resize', (theirs.resolution,) * 2, False)
+    scales = compute_multi_scale_scales(theirs.resolution, train['expanded_scales'].default,
+                                        theirs.patch_size, theirs.num_windows)
+    choice = cfg.train_dataloader.dataset.pipeline[3]
+    assert choice.type == 'RandomChoice'
+    for branch in choice.transforms:  # a square resize, or RF-DETR's crop then that resize
+        assert branch[-1].scales == [(s, s) for s in scales] and not branch[-1].keep_ratio
+
+
+def test_recipe_is_rfdetrs():
+    from rfdetr.config import _MANAGED_SCHEDULER_DEFAULTS, TrainConfig
+
+    train = {k: v.default for k, v in TrainConfig.model_fields.items()}
+    cfg = _cfg('nano')
+    optim = cfg.optim_wrapper
+    assert (optim.optimizer.type, optim.optimizer.lr, optim.optimizer.weight_decay) == (
+        'AdamW', train['lr'], train['weight_decay'])
+    assert optim.constructor == 'LayerDecayOptimWrapperConstructor'
+    assert optim.paramwise_cfg.layer_decay_rate == train['lr_vit_layer_decay']
+    # rfdetr's get_named_param_lr_pairs: num_layers = out_feature_indexes[-1] + 1
+    assert optim.paramwise_cfg.num_layers == cfg.model.backbone.out_indices[-1] + 2
+    # rfdetr's ViT lr: lr_encoder x lr_component_decay^2; its decoder's: lr x lr_component_decay
+    mults = optim.paramwise_cfg.lr_mults
+    assert mults['backbone'] * train['lr'] == pytest.approx(
+        train['lr_encoder'] * train['lr_component_decay'] ** 2)
+    assert mults['bbox_head.decoder'] == train['lr_component_decay']
+    assert optim.clip_grad.max_norm == train['clip_max_norm']
+    assert cfg.train_dataloader.batch_size == train['batch_size']
+    assert cfg.train_cfg.max_epochs == train['epochs']
+    (step,) = cfg.param_scheduler
+    assert (step.type, step.milestones, step.gamma) == (
+        'MultiStepLR', [_MANAGED_SCHEDULER_DEFAULTS['lr_drop']], 0.1)
+    ema = cfg.custom_hooks[-1]
+    assert (ema.type, ema.ema_type, ema.update_buffers) == ('EMAHook', 'ExpMomentumEMA', True)
+    assert ema.momentum == pytest.approx(1 - train['ema_decay'])
+
+
+def test_ema_hook_averages_as_rfdetrs_model_ema():
+    """The config's EMA (mmdet's ExpMomentumEMA as mmengine's EMAHook calls it: after every
+    iteration, an optimizer step every ``accumulative_counts``) against rfdetr's ModelEma
+    updated after every optimizer step, on the same sequence of weights (a random walk)."""
+    from mmdet.models.layers import ExpMomentumEMA
+    cfg = _cfg('nano')
+    hook = cfg.custom_hooks[-1]
+    accumulate = cfg.optim_wrapper.accumulative_counts
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    ours = ExpMomentumEMA(model, momentum=hook.momentum, gamma=hook.gamma,
+                          interval=hook.interval, update_buffers=hook.update_buffers)
+    theirs = _model_ema_class()(model, decay=1 - hook.momentum, tau=cfg.ema_tau)
+    for iteration in range(EMA_STEPS * accumulate):
+        if (iteration + 1) % accumulate == 0:  # mmengine's optimizer step of this iteration
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(torch.randn_like(p))
+            theirs.update(model)
+        ours.update_parameters(model)
+    # mmengine averages on iterations 0, 4, 8, ...: the weights of the step taken in iteration
+    # 4 t - 1 enter the average in the hook of iteration 4 t (one iteration later)
+    ours.update_parameters(model)
+    for (name, mine), ref in zip(ours.module.state_dict().items(),
+                                 theirs.module.state_dict().values()):
+        err = ((mine - ref).norm() / ref.norm()).item()
+        assert err < EMA_TOL, (name, err)
