@@ -157,3 +157,22 @@ def test_checkpoint_format_rule_and_refusal():
                        r"'dcp', 'file'\]; set 'auto' \(DCP directories above 1 GiB of model \+ "
                        r"AdamW state\), 'dcp' or 'file'$"):
         check_fsdp_config(dict(runner_type='FSDP2Runner', checkpoint_format='sharded'))
+
+
+def test_train_resume_accepts_a_dcp_directory(tmp_path):
+    from helpers import load_tool
+    from vitdet_plugin.engine.dcp import save_dcp
+    tool = load_tool('train.py')
+    ckpt = str(tmp_path / 'iter_4')
+    save_dcp(dict(meta=dict(iter=4), state_dict={'w': torch.ones(2)}), ckpt)
+    fsdp = osp.join(ROOT, 'configs', 'dinov3_l_cascade_mask_rcnn_fsdp.py')
+    cfg = tool.build_cfg(tool.parse_args([fsdp, '--resume', ckpt]))
+    assert (cfg.resume, cfg.load_from, cfg.checkpoint_format) == (True, ckpt, 'auto')
+    ddp = osp.join(ROOT, 'configs', 'vit_mask_rcnn.py')
+    with pytest.raises(SystemExit, match=r"^error: --resume .*iter_4: a DCP checkpoint directory "
+                       r"is read by runner_type='FSDP2Runner'; convert it for this config with "
+                       r'python tools/dcp_convert.py .*iter_4 FILE\.pth$'):
+        tool.build_cfg(tool.parse_args([ddp, '--resume', ckpt]))
+    with pytest.raises(SystemExit, match=r'^error: --resume .*missing: no such checkpoint file '
+                       r'or DCP checkpoint directory \(a directory holding \.metadata\)$'):
+        tool.build_cfg(tool.parse_args([fsdp, '--resume', str(tmp_path / 'missing')]))
