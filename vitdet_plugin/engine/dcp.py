@@ -13,6 +13,8 @@ runs read (full tensors, one process); :func:`file_to_dcp` turns a single file i
 directory (one shard file). Both write next to the target and rename when complete, so an
 interrupted conversion leaves no half-written checkpoint under the target's name.
 Command: ``python tools/dcp_convert.py SRC DST`` (the direction from SRC).
+``FSDP2Runner`` writes and reads such directories with every rank at once (:func:`save_dcp`:
+each rank its ``DTensor`` shards; :func:`load_dcp`: each rank its shards at any world size).
 """
 import io
 import os
@@ -25,6 +27,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.tensor import DTensor
 
 from ..weights.checkpoint_io import load_trusted_or_weights_only
 
@@ -124,10 +127,11 @@ def save_dcp(checkpoint: Dict[str, Any], dst_dir: str) -> None:
     """Write ``checkpoint`` (an mmengine checkpoint dict) as the DCP directory ``dst_dir``.
 
     Every rank of the job calls it with its own dict: the same tensor paths, ``DTensor`` s
-    holding this rank's shards (each rank writes its own file, nothing is gathered); the
-    non-tensor rest is rank 0's. Written as ``dst_dir.partial`` and renamed by rank 0 once
-    DCP's metadata (written last, after every rank's data) is there: ``dst_dir`` is complete
-    or absent, never half-written; an existing ``dst_dir`` is replaced.
+    holding this rank's shards (each rank writes its own file, nothing is gathered); plain
+    tensors and the non-tensor rest are rank 0's (as in the single file). Written as
+    ``dst_dir.partial`` and renamed by rank 0 once DCP's metadata (written last, after every
+    rank's data) is there: ``dst_dir`` is complete or absent, never half-written; an existing
+    ``dst_dir`` is replaced.
     """
     distributed = dist.is_available() and dist.is_initialized()
     rank0 = not distributed or dist.get_rank() == 0
@@ -138,7 +142,9 @@ def save_dcp(checkpoint: Dict[str, Any], dst_dir: str) -> None:
         dist.barrier()
     tensors: Dict[str, torch.Tensor] = {}
     skeleton = split_tensors(checkpoint, tensors)
-    state: Dict[str, Any] = dict(tensors)
+    # DTensors: every rank its shards; plain tensors (buffers, AdamW steps, RNG states): rank 0's
+    state: Dict[str, Any] = {k: v for k, v in tensors.items()
+                             if rank0 or isinstance(v, DTensor)}
     if rank0:  # one entry, rank 0's (DCP would flatten a dict; the ranks' loss logs differ)
         pickled = io.BytesIO()
         torch.save(skeleton, pickled)

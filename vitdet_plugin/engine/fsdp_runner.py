@@ -8,16 +8,20 @@ stock runner, all through torch's distributed-checkpoint API
 * **weights init**: right after the model is built, before it is sharded (on every rank the
   same seed gives the same weights); the stock runner's later ``init_weights`` + broadcast of
   every state-dict entry (which has no meaning for DTensor shards) is skipped.
-* **saving** (every rank enters :meth:`save_checkpoint`, not only rank 0): the full model and
-  optimizer state dicts are gathered to rank 0's CPU (``StateDictOptions(full_state_dict=True,
-  cpu_offload=True)``), which writes the usual mmengine file: ``state_dict`` is exactly what a
-  DDP run writes (``tools/test.py`` and ``load_from`` read it on one process); ``optimizer``
-  is torch's full optimizer state dict keyed by parameter names (``get_optimizer_state_dict``),
-  not by position. One file per checkpoint: the choice for models up to a few billion
-  parameters (docs/large_models.md); rank 0 needs host memory for the whole state once.
-* **loading** (``load_from``, ``--resume``): only rank 0 reads the file's tensors; they reach
-  the other ranks shard by shard (``broadcast_from_rank0=True``): no rank materialises a
-  second full copy of the model.
+* **saving** (every rank enters :meth:`save_checkpoint`, not only rank 0), in the form of
+  the config's ``checkpoint_format`` (:data:`CHECKPOINT_FORMATS`; ``'auto'``: DCP above
+  :data:`DCP_MIN_STATE_BYTES`). DCP: every rank writes its shards of the model, optimizer and
+  EMA state into a directory ``iter_N`` (:func:`~.dcp.save_dcp`; nothing gathered), rank 0
+  the rest of the checkpoint. File: the full model and optimizer state dicts are gathered to
+  rank 0's CPU (``StateDictOptions(full_state_dict=True, cpu_offload=True)``), which writes
+  the usual mmengine file: ``state_dict`` is exactly what a DDP run writes (``tools/test.py``
+  and ``load_from`` read it on one process); ``optimizer`` is torch's full optimizer state
+  dict keyed by parameter names (``get_optimizer_state_dict``), not by position. Both hold
+  the same entries (``tools/dcp_convert.py`` turns one into the other).
+* **loading** (``load_from``, ``--resume``): a DCP directory: every rank reads its own shards,
+  resharded from any world size; a file: only rank 0 reads the tensors, they reach the other
+  ranks shard by shard (``broadcast_from_rank0=True``): no rank materialises a second full
+  copy of the model.
 * **resume**: model, optimizer (``set_optimizer_state_dict``), schedulers, message hub and
   iteration: continuing gives bit-identically the weights of an uninterrupted run.
 
@@ -71,7 +75,7 @@ RESUME_ENTRIES = ('optimizer', 'ema_state_dict')
 #: ``'file'`` rank 0 gathers and writes one file; ``'auto'`` DCP above :data:`DCP_MIN_STATE_BYTES`
 CHECKPOINT_FORMATS = ('auto', 'dcp', 'file')
 #: the model + optimizer state from which ``'auto'`` writes DCP directories: 1 GiB (ViT-L with
-#: AdamW is ~3.6 GiB: a full copy on rank 0 would cost that much host memory at every save)
+#: AdamW is ~3.6 GB: a full copy on rank 0 would cost that much host memory at every save)
 DCP_MIN_STATE_BYTES = 1 << 30
 #: AdamW's state per trainable parameter (``exp_avg``, ``exp_avg_sq``), in parameter copies
 ADAMW_STATE_COPIES = 2
