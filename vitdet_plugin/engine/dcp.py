@@ -92,9 +92,10 @@ def load_dcp(src_dir: str, templates: Dict[str, torch.Tensor], skip: Tuple[str, 
     """The checkpoint of the DCP directory ``src_dir`` and the paths it left out.
 
     Every rank of the job calls it (a collective when a process group exists). A tensor whose
-    path is in ``templates`` is read into a new tensor like its template (a ``DTensor``
-    template: this rank's shard only, DCP reshards from whatever world size wrote it); one of
-    another shape is left out (its path returned); every other tensor is read whole. The
+    path is in ``templates`` is read into the template itself, in place (no second copy; a
+    ``DTensor`` template: this rank's shard only, DCP reshards from whatever world size wrote
+    it; a template of another dtype: into a new tensor like it); one of another shape is left
+    out (its path returned); every other tensor is read whole. The
     top-level entries named in ``skip`` are not read at all.
     """
     metadata = FileSystemReader(src_dir).read_metadata().state_dict_metadata
@@ -109,10 +110,12 @@ def load_dcp(src_dir: str, templates: Dict[str, torch.Tensor], skip: Tuple[str, 
         template = templates.get(key)
         if template is None:
             state[key] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
-        elif tuple(template.shape) == tuple(meta.size):
-            state[key] = torch.empty_like(template, dtype=meta.properties.dtype)
-        else:
+        elif tuple(template.shape) != tuple(meta.size):
             mismatched.append(key)
+        elif template.dtype == meta.properties.dtype:
+            state[key] = template
+        else:
+            state[key] = torch.empty_like(template, dtype=meta.properties.dtype)
     state[SKELETON_KEY] = io.BytesIO()
     dcp.load(state, checkpoint_id=src_dir)
     pickled = state.pop(SKELETON_KEY)  # DCP wrote the entry's bytes into it

@@ -309,14 +309,25 @@ class FSDP2Runner(Runner):
         return checkpoint
 
     def _read_dcp_shards(self, path: str) -> Dict[str, Any]:
-        """Every rank: the DCP checkpoint ``path`` with this rank's shards of the model (and,
-        resuming, of the optimizer and EMA state) as ``DTensor`` s like the live ones (any
-        world size wrote it); ``load_from`` leaves optimizer and EMA state unread."""
+        """Every rank: the DCP checkpoint ``path``, this rank's shards of the model (and,
+        resuming, of the optimizer and EMA state) read in place into the live ``DTensor`` s
+        (any world size wrote it; no second copy of the shards); ``load_from`` leaves
+        optimizer and EMA state unread."""
         templates: Dict[str, Any] = {}
-        split_tensors(get_model_state_dict(self.sharded), templates, 'state_dict')
+        model_state = get_model_state_dict(self.sharded)
+        split_tensors(model_state, templates, 'state_dict')
         if self._resume:
             for hook in self._ema_hooks():
-                split_tensors(hook.ema_model.state_dict(), templates, 'ema_state_dict')
+                # EMAHook's swap: the file's state_dict holds the averaged weights, its
+                # ema_state_dict the trained ones; its after_load_checkpoint swaps them back
+                ema_state = hook.ema_model.state_dict()
+                for key, value in ema_state.items():
+                    trained = key.removeprefix('module.')
+                    if key != trained and trained in model_state:
+                        templates[f'ema_state_dict.{key}'] = model_state[trained]
+                        templates[f'state_dict.{trained}'] = value
+                    else:
+                        templates[f'ema_state_dict.{key}'] = value
             if isinstance(self.optim_wrapper, OptimWrapper):
                 split_tensors(get_optimizer_state_dict(self.sharded, self.optim_wrapper.optimizer),
                               templates, 'optimizer')
