@@ -14,7 +14,8 @@ Checkpoints: every rank gathers the full averaged tensors (``DTensor.full_tensor
 ``FSDP2Runner`` saves; rank 0 writes ``ema_state_dict`` exactly as ``EMAHook`` writes it in a
 DDP run (``steps`` and ``module.<name>``, the EMA weights swapped into ``state_dict``). Resume:
 rank 0 reads it, the shards reach every rank with ``set_model_state_dict(...,
-broadcast_from_rank0=True)``.
+broadcast_from_rank0=True)``. A DCP checkpoint (``checkpoint_format``) holds every rank's
+averaged shards as they are, read back in place on resume.
 """
 import itertools
 from typing import Any, Dict, Optional

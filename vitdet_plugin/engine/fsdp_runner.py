@@ -27,7 +27,8 @@ stock runner, all through torch's distributed-checkpoint API
 
 EMA: every ``EMAHook`` of ``custom_hooks`` is built as :class:`~.fsdp_ema.FSDP2EMAHook`
 (same arguments; averaged weights sharded like the parameters, ``ema_state_dict`` gathered on
-rank 0 in the DDP form); other ``*EMAHook`` types are refused.
+rank 0 in the DDP form, or its shards in a DCP checkpoint); other ``*EMAHook`` types are
+refused.
 """
 import copy
 import os.path as osp
