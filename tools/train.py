@@ -27,6 +27,7 @@ import vitdet_plugin  # noqa: F401  (registers our modules, torch/mmengine resum
 from vitdet_plugin.checks import (ConfigCheckError, DataCheckError, drop_preflight_hook,
                                   exit_on_report, preflight)
 from vitdet_plugin.config import DatasetNotFoundError, load_config
+from vitdet_plugin.engine.dcp import is_dcp_checkpoint
 from vitdet_plugin.engine.dist import prepare_cpu_distributed
 from vitdet_plugin.engine.dist_faults import DistributedFaultError, train_with_fault_report
 from vitdet_plugin.engine.fsdp_runner import check_fsdp_config
@@ -42,8 +43,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--auto-scale-lr', action='store_true',
                         help='scale the lr by total batch size / auto_scale_lr.base_batch_size')
     parser.add_argument('--resume', nargs='?', type=str, const='auto',
-                        help='resume from this checkpoint, or (no value) from the latest '
-                        'checkpoint in the work dir')
+                        help='resume from this checkpoint (a file, or a DCP directory of a '
+                        'sharded run), or (no value) from the latest checkpoint in the work dir')
     parser.add_argument('--seed', type=int, default=None,
                         help='random seed of the run (python, numpy, torch, data-loader '
                         'workers); on CPU it also turns on deterministic algorithms, so the same '
@@ -101,8 +102,14 @@ def build_cfg(args: argparse.Namespace):
         cfg.resume = True
         cfg.load_from = None
     elif args.resume is not None:
-        if not osp.isfile(args.resume):
-            raise SystemExit(f'error: --resume {args.resume}: no such checkpoint file')
+        if is_dcp_checkpoint(args.resume):
+            if cfg.get('runner_type') != 'FSDP2Runner':
+                raise SystemExit(f'error: --resume {args.resume}: a DCP checkpoint directory is '
+                                 "read by runner_type='FSDP2Runner'; convert it for this config "
+                                 f'with python tools/dcp_convert.py {args.resume} FILE.pth')
+        elif not osp.isfile(args.resume):
+            raise SystemExit(f'error: --resume {args.resume}: no such checkpoint file or DCP '
+                             'checkpoint directory (a directory holding .metadata)')
         cfg.resume = True
         cfg.load_from = args.resume
     return cfg

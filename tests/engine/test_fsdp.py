@@ -44,14 +44,14 @@ BF16_TOL = 2 ** -6
 SHARE_SLACK = 0.02
 
 
-def torchrun(mode: str, data: str, work: str, *extra: str,
-             timeout: float = JOB_TIMEOUT_S) -> subprocess.CompletedProcess:
+def torchrun(mode: str, data: str, work: str, *extra: str, timeout: float = JOB_TIMEOUT_S,
+             worker: str = WORKER, nproc: int = WORLD_SIZE) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS='1', MKL_NUM_THREADS='1',
                PYTHONPATH=os.pathsep.join([ROOT, osp.join(ROOT, 'tests'),
                                            os.environ.get('PYTHONPATH', '')]))
-    cmd = [sys.executable, '-m', 'torch.distributed.run', f'--nproc_per_node={WORLD_SIZE}',
+    cmd = [sys.executable, '-m', 'torch.distributed.run', f'--nproc_per_node={nproc}',
            '--nnodes=1', '--master_addr=127.0.0.1', f'--master_port={_free_port()}',
-           WORKER, mode, data, work, *extra]
+           worker, mode, data, work, *extra]
     return subprocess.run(cmd, env=env, cwd=work, capture_output=True, text=True,
                           timeout=timeout)
 

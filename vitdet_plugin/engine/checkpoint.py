@@ -10,6 +10,7 @@ while saving (pre-emption, OOM killer, full disk) can leave a truncated newest f
 ``<file>`` (:func:`os.replace` is atomic on POSIX and Windows), then updates ``last_checkpoint``
 the same way, and only then removes checkpoints beyond ``max_keep_ckpts``. At every instant the
 previous checkpoint and the ``last_checkpoint`` pointing at it stay complete and loadable.
+A DCP checkpoint (``FSDP2Runner``) is a directory: it is renamed and removed the same way.
 Remote backends (``backend_args`` / ``out_dir`` URIs) fall back to the stock behaviour.
 
 Reading checkpoints (safe loading, the trust list, mmengine's loaders) is
@@ -17,6 +18,7 @@ Reading checkpoints (safe loading, the trust list, mmengine's loaders) is
 """
 import os
 import os.path as osp
+import shutil
 from collections import deque
 from typing import Deque, Optional
 
@@ -61,8 +63,14 @@ def _fsync_dir(path: str) -> None:
 
 
 def atomic_replace(tmp_path: str, path: str) -> None:
-    """Sync ``tmp_path`` to disk and rename it over ``path`` in one atomic step."""
-    _fsync_file(tmp_path)
+    """Sync ``tmp_path`` to disk and rename it over ``path`` in one atomic step. A directory
+    (a DCP checkpoint, its files synced by DCP) replaces an older one of the same name, which
+    is removed first."""
+    if osp.isdir(tmp_path):
+        if osp.isdir(path):
+            shutil.rmtree(path)
+    else:
+        _fsync_file(tmp_path)
     os.replace(tmp_path, path)
     _fsync_dir(osp.dirname(osp.abspath(path)))
 
@@ -76,6 +84,10 @@ def atomic_write_text(path: str, text: str) -> None:
 
 
 def remove_if_exists(path: str) -> None:
+    """Remove the file, or the directory (a DCP checkpoint), ``path`` if it exists."""
+    if osp.isdir(path):
+        shutil.rmtree(path)
+        return
     try:
         os.remove(path)
     except FileNotFoundError:
@@ -155,6 +167,4 @@ class AtomicCheckpointHook(CheckpointHook):
         atomic_replace(tmp_path, final_path)
         atomic_write_text(osp.join(runner.work_dir, LAST_CHECKPOINT_FILE), final_path)
         if stale is not None and stale != step:
-            old = osp.join(self.out_dir, self.filename_tmpl.format(stale))
-            if osp.isfile(old):
-                os.remove(old)
+            remove_if_exists(osp.join(self.out_dir, self.filename_tmpl.format(stale)))

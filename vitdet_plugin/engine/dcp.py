@@ -13,17 +13,21 @@ runs read (full tensors, one process); :func:`file_to_dcp` turns a single file i
 directory (one shard file). Both write next to the target and rename when complete, so an
 interrupted conversion leaves no half-written checkpoint under the target's name.
 Command: ``python tools/dcp_convert.py SRC DST`` (the direction from SRC).
+``FSDP2Runner`` writes and reads such directories with every rank at once (:func:`save_dcp`:
+each rank its ``DTensor`` shards; :func:`load_dcp`: each rank its shards at any world size).
 """
 import io
 import os
 import os.path as osp
 import shutil
-from typing import Any, Dict
+from typing import Any, Dict, List, Tuple
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.tensor import DTensor
 
 from ..weights.checkpoint_io import load_trusted_or_weights_only
 
@@ -57,33 +61,104 @@ def split_tensors(node: Any, tensors: Dict[str, torch.Tensor], path: str = '') -
 
 
 def join_tensors(node: Any, tensors: Dict[str, torch.Tensor]) -> Any:
-    """The inverse of :func:`split_tensors`."""
-    if type(node) is tuple and len(node) == 2 and node[0] == TENSOR_TAG:
+    """The inverse of :func:`split_tensors`; a dict entry whose tensor is not in ``tensors``
+    (not loaded: :func:`load_dcp`'s shape mismatches) is left out."""
+    if _is_placeholder(node):
         return tensors[node[1]]
     if isinstance(node, dict):
         out = node.copy()
         for key, value in node.items():
-            out[key] = join_tensors(value, tensors)
+            if _is_placeholder(value) and value[1] not in tensors:
+                del out[key]
+            else:
+                out[key] = join_tensors(value, tensors)
         return out
     if type(node) in (list, tuple):
         return type(node)(join_tensors(v, tensors) for v in node)
     return node
 
 
+def _is_placeholder(node: Any) -> bool:
+    return type(node) is tuple and len(node) == 2 and node[0] == TENSOR_TAG
+
+
 def read_dcp(src_dir: str) -> Dict[str, Any]:
     """The whole checkpoint of the DCP directory ``src_dir`` in this process (full tensors)."""
+    return load_dcp(src_dir, {})[0]
+
+
+def load_dcp(src_dir: str, templates: Dict[str, torch.Tensor], skip: Tuple[str, ...] = ()
+             ) -> Tuple[Dict[str, Any], List[str]]:
+    """The checkpoint of the DCP directory ``src_dir`` and the paths it left out.
+
+    Every rank of the job calls it (a collective when a process group exists). A tensor whose
+    path is in ``templates`` is read into the template itself, in place (no second copy; a
+    ``DTensor`` template: this rank's shard only, DCP reshards from whatever world size wrote
+    it; a template of another dtype: into a new tensor like it); one of another shape is left
+    out (its path returned); every other tensor is read whole. The
+    top-level entries named in ``skip`` are not read at all.
+    """
     metadata = FileSystemReader(src_dir).read_metadata().state_dict_metadata
     if SKELETON_KEY not in metadata:
         raise ValueError(f'{src_dir} is a DCP checkpoint without the {SKELETON_KEY!r} entry of '
                          'an mmengine checkpoint; it was not written by vitdet_plugin')
-    state: Dict[str, Any] = {
-        key: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
-        for key, meta in metadata.items() if isinstance(meta, TensorStorageMetadata)}
+    state: Dict[str, Any] = {}
+    mismatched: List[str] = []
+    for key, meta in metadata.items():
+        if not isinstance(meta, TensorStorageMetadata) or key.split('.', 1)[0] in skip:
+            continue
+        template = templates.get(key)
+        if template is None:
+            state[key] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+        elif tuple(template.shape) != tuple(meta.size):
+            mismatched.append(key)
+        elif template.dtype == meta.properties.dtype:
+            state[key] = template
+        else:
+            state[key] = torch.empty_like(template, dtype=meta.properties.dtype)
     state[SKELETON_KEY] = io.BytesIO()
     dcp.load(state, checkpoint_id=src_dir)
     pickled = state.pop(SKELETON_KEY)  # DCP wrote the entry's bytes into it
     pickled.seek(0)  # weights_only, as every checkpoint read (the trust list names src_dir)
-    return join_tensors(load_trusted_or_weights_only(pickled, given=src_dir), state)
+    checkpoint = join_tensors(load_trusted_or_weights_only(pickled, given=src_dir), state)
+    for key in skip:
+        checkpoint.pop(key, None)
+    return checkpoint, mismatched
+
+
+def save_dcp(checkpoint: Dict[str, Any], dst_dir: str) -> None:
+    """Write ``checkpoint`` (an mmengine checkpoint dict) as the DCP directory ``dst_dir``.
+
+    Every rank of the job calls it with its own dict: the same tensor paths, ``DTensor`` s
+    holding this rank's shards (each rank writes its own file, nothing is gathered); plain
+    tensors and the non-tensor rest are rank 0's (as in the single file). Written as
+    ``dst_dir.partial`` and renamed by rank 0 once DCP's metadata (written last, after every
+    rank's data) is there: ``dst_dir`` is complete or absent, never half-written; an existing
+    ``dst_dir`` is replaced.
+    """
+    distributed = dist.is_available() and dist.is_initialized()
+    rank0 = not distributed or dist.get_rank() == 0
+    partial = dst_dir + PARTIAL_SUFFIX
+    if rank0:
+        shutil.rmtree(partial, ignore_errors=True)  # left by an interrupted save
+    if distributed:
+        dist.barrier()
+    tensors: Dict[str, torch.Tensor] = {}
+    skeleton = split_tensors(checkpoint, tensors)
+    # DTensors: every rank its shards; plain tensors (buffers, AdamW steps, RNG states): rank 0's
+    state: Dict[str, Any] = {k: v for k, v in tensors.items()
+                             if rank0 or isinstance(v, DTensor)}
+    if rank0:  # one entry, rank 0's (DCP would flatten a dict; the ranks' loss logs differ)
+        pickled = io.BytesIO()
+        torch.save(skeleton, pickled)
+        state[SKELETON_KEY] = pickled
+    dcp.save(state, checkpoint_id=partial)  # returns on every rank after the metadata
+    if rank0:
+        if osp.isdir(dst_dir):
+            shutil.rmtree(dst_dir)
+        os.rename(partial, dst_dir)
+    if distributed:
+        dist.barrier()  # no rank goes on (loads, removes) before the rename
 
 
 def is_dcp_checkpoint(path: str) -> bool:
@@ -114,14 +189,7 @@ def file_to_dcp(src_file: str, dst_dir: str) -> None:
         raise ValueError(f'{src_file} is not a checkpoint file; give a .pth file '
                          '(a DCP directory converts the other way)')
     _check_target(dst_dir)
-    partial = dst_dir + PARTIAL_SUFFIX
-    shutil.rmtree(partial, ignore_errors=True)  # left by an interrupted conversion
-    tensors: Dict[str, torch.Tensor] = {}
-    skeleton = split_tensors(load_trusted_or_weights_only(src_file, 'cpu'), tensors)
-    pickled = io.BytesIO()  # one entry: DCP would flatten a dict
-    torch.save(skeleton, pickled)
-    dcp.save({**tensors, SKELETON_KEY: pickled}, checkpoint_id=partial)
-    os.rename(partial, dst_dir)
+    save_dcp(load_trusted_or_weights_only(src_file, 'cpu'), dst_dir)
 
 
 def convert(src: str, dst: str) -> str:

@@ -14,7 +14,8 @@ Checkpoints: every rank gathers the full averaged tensors (``DTensor.full_tensor
 ``FSDP2Runner`` saves; rank 0 writes ``ema_state_dict`` exactly as ``EMAHook`` writes it in a
 DDP run (``steps`` and ``module.<name>``, the EMA weights swapped into ``state_dict``). Resume:
 rank 0 reads it, the shards reach every rank with ``set_model_state_dict(...,
-broadcast_from_rank0=True)``.
+broadcast_from_rank0=True)``. A DCP checkpoint (``checkpoint_format``) holds every rank's
+averaged shards as they are, read back in place on resume.
 """
 import itertools
 from typing import Any, Dict, Optional
@@ -88,9 +89,13 @@ class FSDP2EMAHook(EMAHook):
                     module.reshard()
         super()._swap_ema_parameters()
 
-    def gather(self) -> None:
+    def gather(self, sharded: bool = False) -> None:
         """Every rank (``FSDP2Runner.save_checkpoint``): the full ``ema_state_dict``, kept on
-        rank 0 for :meth:`before_save_checkpoint`."""
+        rank 0 for :meth:`before_save_checkpoint`; ``sharded`` (a DCP checkpoint): every
+        rank keeps its own shards."""
+        if sharded:
+            self._full = dict(self.ema_model.state_dict())
+            return
         full = {}
         for name, value in self.ema_model.state_dict().items():
             tensor = value.full_tensor() if isinstance(value, DTensor) else value
@@ -114,6 +119,13 @@ class FSDP2EMAHook(EMAHook):
         ``EMAHook`` does here."""
         if not self.sharded:
             return super().after_load_checkpoint(runner, checkpoint)
+        ema_state = checkpoint.get('ema_state_dict') or {}
+        if any(isinstance(v, DTensor) for v in ema_state.values()):  # every rank: its shards
+            if runner._resume:  # (a DCP checkpoint; load_from does not read the entry)
+                self._swap_ema_state_dict(checkpoint)
+                set_model_state_dict(self.ema_model, checkpoint.pop('ema_state_dict'),
+                                     options=StateDictOptions(strict=self.strict_load))
+            return
         has_ema = [is_main_process() and 'ema_state_dict' in checkpoint]
         broadcast_object_list(has_ema, src=0)
         if not (has_ema[0] and runner._resume):
