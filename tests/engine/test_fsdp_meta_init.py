@@ -1,0 +1,99 @@
+"""``FSDP2Wrapper(init_device='meta')`` on 2 gloo ranks (one torchrun job,
+tests/meta_init_worker.py): every rank builds the pretrained backbone on the meta device,
+allocates only its shards and copies them out of the memory-mapped checkpoint, through the
+layout table (a timm ViT, ``timm_vit`` layout: keys renamed, the position grid resampled).
+
+The gathered weights equal those of the existing path (the whole model initialised on every
+rank, then sharded) bit for bit, for a ``.safetensors`` and a ``.pth`` file; the randomly
+initialised rest is the same for both files (the same seed) and has mmdet's RetinaHead init;
+each rank holds half of the bytes; the model trains.
+"""
+import json
+import math
+import os
+import os.path as osp
+import subprocess
+import sys
+
+import torch
+from mmengine.model import bias_init_with_prob
+from safetensors.torch import save_file
+from timm.models.vision_transformer import VisionTransformer
+
+from dist_worker import make_data
+from fsdp_worker import EMBED_DIMS
+from helpers import REPO_ROOT, randomize_
+from test_distributed import _free_port
+
+ROOT = str(REPO_ROOT)
+WORKER = osp.join(ROOT, 'tests', 'meta_init_worker.py')
+WORLD_SIZE = 2
+JOB_TIMEOUT_S = 300
+#: the prior probability of mmdet's RetinaHead classification bias init
+RETINA_PRIOR = 0.01
+#: a rank's share of the bytes: 1/2, give or take the rows of odd first dims
+SHARE_SLACK = 0.02
+FORMATS = ('safetensors', 'pth')
+
+
+def _timm_vit_checkpoints(root: str) -> dict:
+    """A tiny timm ViT (the worker's backbone size, random norms too) as each format."""
+    vit = randomize_(VisionTransformer(img_size=64, patch_size=16, embed_dim=EMBED_DIMS,
+                                       depth=2, num_heads=2, num_classes=0))
+    sd = {k: v.contiguous() for k, v in vit.state_dict().items()}
+    paths = {fmt: osp.join(root, f'timm_vit.{fmt}') for fmt in FORMATS}
+    save_file(sd, paths['safetensors'])
+    torch.save(sd, paths['pth'])
+    return dict(paths=paths, state=sd)
+
+
+def test_meta_init_loads_the_shards_of_the_existing_path(tmp_path):
+    data = make_data(str(tmp_path / 'data'))
+    work = str(tmp_path / 'work')
+    os.makedirs(work)
+    ckpt = _timm_vit_checkpoints(str(tmp_path))
+    env = dict(os.environ, OMP_NUM_THREADS='1', MKL_NUM_THREADS='1',
+               PYTHONPATH=os.pathsep.join([ROOT, osp.join(ROOT, 'tests'),
+                                           os.environ.get('PYTHONPATH', '')]))
+    cmd = [sys.executable, '-m', 'torch.distributed.run', f'--nproc_per_node={WORLD_SIZE}',
+           '--nnodes=1', '--master_addr=127.0.0.1', f'--master_port={_free_port()}',
+           WORKER, data, work, *[ckpt['paths'][fmt] for fmt in FORMATS]]
+    job = subprocess.run(cmd, env=env, cwd=work, capture_output=True, text=True,
+                         timeout=JOB_TIMEOUT_S)
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-6000:]
+
+    rest = {}
+    for fmt in FORMATS:
+        whole = torch.load(osp.join(work, f'{fmt}_whole.pt'), weights_only=True)
+        meta = torch.load(osp.join(work, f'{fmt}_meta.pt'), weights_only=True)
+        assert whole.keys() == meta.keys()
+        backbone = [k for k in whole if k.startswith('backbone.')]
+        assert len(backbone) == 27, backbone
+        for name in backbone:  # the checkpoint's weights, bit for bit
+            assert type(meta[name]) is torch.Tensor, name
+            assert torch.equal(meta[name], whole[name]), (fmt, name)
+        # the converter's renames, independent of both paths
+        for ours, theirs in (('blocks.1.attn.qkv.weight', 'blocks.1.attn.qkv.weight'),
+                             ('blocks.0.mlp.fc2.bias', 'blocks.0.mlp.fc2.bias'),
+                             ('patch_embed.proj.weight', 'patch_embed.proj.weight')):
+            assert torch.equal(meta['backbone.' + ours], ckpt['state'][theirs]), ours
+        rest[fmt] = {k: v for k, v in meta.items() if not k.startswith('backbone.')}
+        for rank in range(WORLD_SIZE):
+            res = json.load(open(osp.join(work, f'{fmt}_meta.rank{rank}.json')))
+            assert res['built_on_meta'] and len(res['report']) == len(backbone)
+            share = res['bytes']['local_params'] / res['bytes']['total_params']
+            assert abs(share - 0.5) <= SHARE_SLACK, res['bytes']
+        assert not json.load(open(osp.join(work, f'{fmt}_whole.rank1.json')))['built_on_meta']
+
+    # the rest: initialised on every rank alike, from the seed, by the modules' own init
+    first, second = (rest[fmt] for fmt in FORMATS)
+    assert first.keys() == second.keys() and len(first) > 0
+    for name, w in first.items():
+        assert torch.equal(w, second[name]), name
+        assert torch.isfinite(w).all(), name
+    cls_bias = first['bbox_head.retina_cls.bias']
+    assert torch.equal(cls_bias, torch.full_like(cls_bias, bias_init_with_prob(RETINA_PRIOR)))
+
+    losses = [json.load(open(osp.join(work, f'{FORMATS[0]}_meta.rank{r}.json')))['losses']
+              for r in range(WORLD_SIZE)]
+    assert all(len(rank_losses) == 1 and math.isfinite(rank_losses[0]) for rank_losses in losses)
