@@ -15,6 +15,7 @@ import os.path as osp
 import subprocess
 import sys
 
+import pytest
 import torch
 from mmengine.model import bias_init_with_prob
 from safetensors.torch import save_file
@@ -97,3 +98,60 @@ def test_meta_init_loads_the_shards_of_the_existing_path(tmp_path):
     losses = [json.load(open(osp.join(work, f'{FORMATS[0]}_meta.rank{r}.json')))['losses']
               for r in range(WORLD_SIZE)]
     assert all(len(rank_losses) == 1 and math.isfinite(rank_losses[0]) for rank_losses in losses)
+
+
+def _rss_file() -> int:
+    """Bytes of file-backed pages this process has resident (Linux)."""
+    with open('/proc/self/status') as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith('RssFile'))
+
+
+#: the tensor of the lazy-reading test: 32 MB, far above the resident-set noise
+BIG = (8, 1024, 1024)
+
+
+def test_read_lazily_maps_both_formats_releases_pages_refuses_unsafe(tmp_path):
+    import argparse
+
+    from vitdet_plugin.weights import CheckpointError
+    from vitdet_plugin.weights.lazy import read_lazily
+    sd = {'big': torch.randn(BIG), 'small': torch.arange(6.0)}
+    save_file(sd, str(tmp_path / 'w.safetensors'))
+    torch.save(sd, str(tmp_path / 'w.pth'))
+    size = sd['big'].nbytes
+    for name in ('w.safetensors', 'w.pth'):
+        lazy = read_lazily(str(tmp_path / name))
+        assert lazy.mapped, name
+        before = _rss_file()
+        for key, ref in sd.items():  # reading the values touches the file's pages
+            assert torch.equal(lazy.tensors[key], ref), (name, key)
+        assert _rss_file() - before >= size // 2, name
+        lazy.release(lazy.tensors['big'])
+        assert _rss_file() - before < size // 2, name
+        assert torch.equal(lazy.tensors['big'], sd['big'])  # read again from the file
+        lazy.release(torch.ones(4))  # no view of the file: left alone
+
+    torch.save(dict(sd, args=argparse.Namespace(lr=1)), str(tmp_path / 'unsafe.pth'))
+    with pytest.raises(CheckpointError, match=r"^refused to load checkpoint '.*unsafe\.pth': "
+                       r'it contains Python objects that are not on the weights_only '
+                       r'allow-list \(refused: argparse\.Namespace\)'):
+        read_lazily(str(tmp_path / 'unsafe.pth'))
+
+
+def test_meta_init_refusals_name_the_fix():
+    from vitdet_plugin.engine.meta_init import check_init_device, reset_uncovered
+    with pytest.raises(ValueError, match=r"^FSDP2Wrapper\(init_device='cuda'\): give 'meta' "):
+        check_init_device('cuda', False)
+    with pytest.raises(ValueError, match=r"^FSDP2Wrapper: init_device='meta' and "
+                       r'init_on_rank0=True exclude each other'):
+        check_init_device('meta', True)
+    with torch.device('meta'):
+        model = torch.nn.Sequential(torch.nn.LayerNorm(4), torch.nn.Module())
+    model[1].rel_pos = torch.nn.Parameter(torch.zeros(3, device='meta'))
+    reset_uncovered(model, ['0.weight', '0.bias'])  # a norm: its constructor's values
+    assert torch.equal(model[0].weight, torch.ones(4))
+    assert torch.equal(model[0].bias, torch.zeros(4))
+    with pytest.raises(ValueError, match=r"^FSDP2Wrapper\(init_device='meta'\): 1\.rel_pos is not "
+                       r'in the checkpoint of its part and Module cannot be reset on its own '
+                       r'\(reset_parameters\); use init_on_rank0=True for this model$'):
+        reset_uncovered(model, ['1.rel_pos'])
