@@ -47,7 +47,8 @@ untimed parity call and ``--warmup`` more: seconds, ratio, file size
 
 This file is the command line; the measuring code is the developer package ``dev.bench``
 (``tools/dev/bench/``: plan, models, rows, compiled, ops, fsdp_memory, init_memory,
-end_to_end_latency; no entry point of its own), imported with ``tools/`` on the path, which running this script gives.
+end_to_end_latency; no entry point of its own), imported with ``tools/`` on the path, which
+running this script gives.
 """
 import argparse
 import json
