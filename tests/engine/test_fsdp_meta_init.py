@@ -155,3 +155,37 @@ def test_meta_init_refusals_name_the_fix():
                        r'in the checkpoint of its part and Module cannot be reset on its own '
                        r'\(reset_parameters\); use init_on_rank0=True for this model$'):
         reset_uncovered(model, ['1.rel_pos'])
+
+
+def test_7b_official_layout_stand_in_loads_through_the_meta_path(tmp_path):
+    """The DINOv3 7B preset's official layout (the small-width stand-in of
+    tests/models/backbones/test_dinov3_7b.py) through the meta path on one process (no
+    sharding): built on the meta device, materialised from the memory-mapped file, equal to
+    ``init_weights`` of the model built whole."""
+    from mmdet.registry import MODELS
+    from test_dinov3_7b import IMG, NAME
+    from test_official_vit_layouts import TINY, dinov3_official, randn, tiny
+
+    from vitdet_plugin.engine.meta_init import MetaInit, build_with_meta_parts
+    official = {k: v for k, v in dinov3_official(tiny(NAME, IMG).state_dict()).items()
+                if '.attn.qkv.bias' not in k}
+    dim = TINY['embed_dim']
+    official.update({'local_cls_norm.weight': randn(dim, seed=7),
+                     'local_cls_norm.bias': randn(dim, seed=8)})
+    path = str(tmp_path / 'dinov3_7b.pth')
+    torch.save({'model': official}, path)
+    cfg = dict(type='DINOv3Backbone', arch='7b', embed_dims=dim, depth=TINY['depth'],
+               num_heads=TINY['num_heads'], global_attn_indexes=(0, 1),
+               init_cfg=dict(type='Pretrained', checkpoint=path))
+    model = build_with_meta_parts(MODELS.build, cfg)
+    assert all(t.is_meta for t in model.state_dict().values())
+    MetaInit(model).materialise(model, torch.device('cpu'))
+    whole = MODELS.build(cfg)
+    whole.init_weights()
+    assert model.init_report == whole.init_report
+    assert sorted(model.init_report.dropped) == ['local_cls_norm.bias', 'local_cls_norm.weight',
+                                                 'mask_token', 'rope_embed.periods']
+    expected = whole.state_dict()
+    assert model.state_dict().keys() == expected.keys()
+    for name, w in model.state_dict().items():
+        assert torch.equal(w, expected[name]), name

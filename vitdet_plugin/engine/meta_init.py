@@ -89,6 +89,8 @@ def build_with_meta_parts(build: Callable[[Any], nn.Module], cfg: Any) -> nn.Mod
     meta parts held out of it (they are loaded after sharding, :class:`MetaInit`)."""
     model = build(meta_parts_cfg(cfg))
     parts = meta_parts(model)
+    if any(name == '' for name, _ in parts):  # the model is the pretrained part
+        return model
     stubs = []
     for name, part in parts:
         parent, _, attr = name.rpartition('.')
@@ -138,6 +140,10 @@ def reset_uncovered(model: nn.Module, names: List[str]) -> None:
         module.reset_parameters()
 
 
+def _join(prefix: str, key: str) -> str:
+    return f'{prefix}.{key}' if prefix else key
+
+
 def named_state(model: nn.Module) -> Dict[str, Tensor]:
     """Every parameter and buffer of ``model`` (persistent or not) by its dotted name."""
     return {**dict(model.named_parameters()), **dict(model.named_buffers())}
@@ -161,7 +167,7 @@ class MetaInit:
 
     def __init__(self, model: nn.Module) -> None:
         self.parts = [self._read(name, part) for name, part in meta_parts(model)]
-        covered = {f'{p.name}.{k}' for p in self.parts for k in p.converted}
+        covered = {_join(p.name, k) for p in self.parts for k in p.converted}
         reset_uncovered(model, [n for n, t in named_state(model).items()
                                 if t.is_meta and n not in covered])
         #: the initialised rest (full tensors, the same on every rank)
@@ -190,7 +196,7 @@ class MetaInit:
         for part in self.parts:
             for key in list(part.converted):
                 tensor = part.converted.pop(key)
-                copy_full_(state[f'{part.name}.{key}'], tensor)
+                copy_full_(state[_join(part.name, key)], tensor)
                 part.checkpoint.release(tensor)
             setattr(part.module, INIT_REPORT_ATTR, part.report)
             setattr(part.module, '_is_init', True)  # noqa: B010  (mmengine's init flag)

@@ -27,8 +27,8 @@ from typing import Any, Dict, List
 RUNS = (('whole, .pth', 'whole', 'pth'), ('init_on_rank0, .pth', 'init_on_rank0', 'pth'),
         ('meta, .safetensors', 'meta', 'safetensors'), ('meta, .pth', 'meta', 'pth'))
 WORLD = 2
-#: timm's DINOv2-L with registers: the layout of the hub's files (converted by the table)
-TIMM_MODEL = 'vit_large_patch14_reg4_dinov2'
+#: timm's DINOv2-L: the layout of the hub's files (converted by the table)
+TIMM_MODEL = 'vit_large_patch14_dinov2'
 IMAGE = 224
 #: bytes per parameter of a full copy of the model + AdamW state: fp32 weights 4 + exp_avg 4
 #: + exp_avg_sq 4
