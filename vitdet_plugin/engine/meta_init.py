@@ -63,7 +63,7 @@ def meta_parts_cfg(cfg: Any) -> Any:
     if isinstance(cfg, Mapping):
         if 'type' in cfg and _loads_own_pretrained(cfg):
             return dict(type=META_BUILDER, module=copy.deepcopy(dict(cfg)))
-        return type(cfg)({k: meta_parts_cfg(v) for k, v in cfg.items()})
+        return {k: meta_parts_cfg(v) for k, v in cfg.items()}
     if isinstance(cfg, (list, tuple)):
         return type(cfg)(meta_parts_cfg(v) for v in cfg)
     return cfg
@@ -74,12 +74,13 @@ def meta_parts(model: nn.Module) -> List[Tuple[str, nn.Module]]:
     Pretrained checkpoint (outermost only)."""
     found: List[Tuple[str, nn.Module]] = []
     for name, m in model.named_modules():
-        if any(name.startswith(f'{p}.') for p, _ in found):
+        if any(p == '' or name.startswith(f'{p}.') for p, _ in found):
             continue
-        if (getattr(m, LOADS_PRETRAINED_ATTR, False) and isinstance(m, HasCheckpointTarget)
-                and any(t.is_meta for t in m.parameters())
+        on_meta = any(t.is_meta for t in m.parameters())
+        if (on_meta and getattr(m, LOADS_PRETRAINED_ATTR, False)
+                and isinstance(m, HasCheckpointTarget)
                 and pretrained_init_cfg(getattr(m, 'init_cfg', None)) is not None):
-            found.append((name, m))
+            found.append((name, model.get_submodule(name)))
     return found
 
 
@@ -97,9 +98,10 @@ def build_with_meta_parts(build: Callable[[Any], nn.Module], cfg: Any) -> nn.Mod
         holder = model.get_submodule(parent)
         stubs.append((holder, attr, part))
         setattr(holder, attr, nn.Module())  # no parameters, no init_weights
+    init_weights = getattr(model, 'init_weights', None)
     try:
-        if hasattr(model, 'init_weights'):
-            model.init_weights()
+        if callable(init_weights):
+            init_weights()
     finally:
         for holder, attr, part in stubs:
             setattr(holder, attr, part)
@@ -131,13 +133,14 @@ def reset_uncovered(model: nn.Module, names: List[str]) -> None:
         module = model.get_submodule(owner)
         own = [n for n, _ in [*module.named_parameters(recurse=False),
                               *module.named_buffers(recurse=False)]]
-        if not hasattr(module, 'reset_parameters') or sorted(own) != sorted(attrs):
+        reset = getattr(module, 'reset_parameters', None)
+        if not callable(reset) or sorted(own) != sorted(attrs):
             raise ValueError(
                 f"FSDP2Wrapper(init_device='meta'): {owner}.{attrs[0]} is not in the "
                 f'checkpoint of its part and {type(module).__name__} cannot be reset on its '
                 'own (reset_parameters); use init_on_rank0=True for this model')
         module.to_empty(device='cpu', recurse=False)
-        module.reset_parameters()
+        reset()
 
 
 def _join(prefix: str, key: str) -> str:
