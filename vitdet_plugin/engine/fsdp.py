@@ -17,7 +17,9 @@ The optimizer is built by the Runner after wrapping, over the sharded parameters
 decay / no-decay constructors see the same names, AdamW keeps its state per local shard,
 ``clip_grad`` (``torch.nn.utils.clip_grad_norm_``) reduces the norm over the DTensor shards.
 The module must hold its initial weights when it is wrapped (``FSDP2Runner`` initialises
-them right after building the model).
+them right after building the model), or, with ``init_device='meta'``, hold its pretrained
+parts on the meta device: each rank then copies its shards out of the memory-mapped checkpoint
+(:mod:`.meta_init`).
 
 Checkpoints, resume and loading a full checkpoint into a sharded model:
 :mod:`.fsdp_runner` (``FSDP2Runner``). Which option when, memory per GPU and the
