@@ -189,3 +189,28 @@ def test_7b_official_layout_stand_in_loads_through_the_meta_path(tmp_path):
     assert model.state_dict().keys() == expected.keys()
     for name, w in model.state_dict().items():
         assert torch.equal(w, expected[name]), name
+
+
+def test_swin_checkpoint_without_output_norms_resets_them_on_the_meta_path(tmp_path):
+    """A Swin checkpoint without the detection output norms (a classification one): on the
+    meta path those LayerNorms get their constructor's values (``reset_parameters``), as the
+    model built whole keeps them; everything else equals ``init_weights``."""
+    from mmdet.registry import MODELS
+
+    from vitdet_plugin.engine.meta_init import MetaInit, build_with_meta_parts
+    arch = dict(type='SwinBackbone', arch=dict(embed_dims=16, depths=(1, 1), num_heads=(1, 1)),
+                out_indices=(0, 1))
+    source = randomize_(MODELS.build(arch))
+    sd = {k: v for k, v in source.state_dict().items() if not k.startswith('norm')}
+    path = str(tmp_path / 'swin.safetensors')
+    save_file(sd, path)
+    cfg = dict(arch, init_cfg=dict(type='Pretrained', checkpoint=path))
+    model = build_with_meta_parts(MODELS.build, cfg)
+    MetaInit(model).materialise(model, torch.device('cpu'))
+    whole = MODELS.build(cfg)
+    whole.init_weights()
+    norms = sorted(model.init_report.missing_allowed)
+    assert norms == sorted(whole.init_report.missing_allowed) and norms, norms
+    expected = whole.state_dict()
+    for name, w in model.state_dict().items():
+        assert torch.equal(w, expected[name]), name
