@@ -17,6 +17,7 @@ docs/deploy.md), timed against PyTorch by ``--end-to-end`` below.
     python tools/benchmark.py --model vit --device cuda --json vit.json
     python tools/benchmark.py --model ops           # compile-free mmcv ops vs compiled mmcv
     python tools/benchmark.py --fsdp-memory         # DDP vs FSDP2 per-rank memory, 2 CPU ranks
+    python tools/benchmark.py --init-memory         # per-rank host memory of pretrained init
     python tools/benchmark.py --end-to-end CONFIG CKPT det.onnx   # onnxruntime vs PyTorch eval
     python tools/benchmark.py --rfdetr-onnx         # RF-DETR N 384 px: ours vs rfdetr's ONNX
 
@@ -55,8 +56,9 @@ our model in PyTorch eager, rfdetr's own ONNX export of the same weights in onnx
 rfdetr's PyTorch eager, interleaved (``tools/dev/bench/rfdetr_onnx.py``).
 
 This file is the command line; the measuring code is the developer package ``dev.bench``
-(``tools/dev/bench/``: plan, models, rows, compiled, ops, fsdp_memory, end_to_end_latency; no
-entry point of its own), imported with ``tools/`` on the path, which running this script gives.
+(``tools/dev/bench/``: plan, models, rows, compiled, ops, fsdp_memory, init_memory,
+end_to_end_latency; no entry point of its own), imported with ``tools/`` on the path, which
+running this script gives.
 """
 import argparse
 import json
@@ -70,6 +72,7 @@ import torch
 from dev.bench.end_to_end_latency import DEFAULT_SIZES as END_TO_END_SIZES
 from dev.bench.end_to_end_latency import check_files, run_end_to_end
 from dev.bench.fsdp_memory import run_fsdp_memory
+from dev.bench.init_memory import run_init_memory
 from dev.bench.compiled import (compile_row_specs, format_compiled_row,
                                 measure_compiled_row, resolve_compile)
 from dev.bench.ops import run_ops
@@ -129,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help='per-rank bytes and peak RSS of a ViT-L detector step on 2 CPU ranks, '
                    'DDP vs FSDP2 vs FSDP2 + checkpointing, and the computed 8-GPU table '
                    '(tools/dev/bench/fsdp_memory.py)')
+    p.add_argument('--init-memory', action='store_true',
+                   help='peak RSS per rank of a DINOv2-L detector initialised from a '
+                   "pretrained checkpoint on 2 CPU ranks: whole model vs init_on_rank0 vs "
+                   "init_device='meta', and the computed 7B table "
+                   '(tools/dev/bench/init_memory.py)')
     p.add_argument('--end-to-end', nargs=3, default=None, metavar=('CONFIG', 'CKPT', 'ONNX'),
                    help='end-to-end detector latency: the graph of tools/export_onnx.py --part '
                         'detector in onnxruntime vs the checkpoint in PyTorch eval, batch 1, '
@@ -249,6 +257,13 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Row]:
     torch.manual_seed(0)
     if args.model == 'ops':  # tools/dev/bench/ops.py: its own rows, in this process
         return run_ops(args)
+    if args.init_memory:  # tools/dev/bench/init_memory.py: 2-rank jobs of its own
+        print(f'load average {os.getloadavg()[0]:.1f} (1 min)', flush=True)
+        report = run_init_memory()
+        if args.json:
+            with open(args.json, 'w') as f:
+                json.dump(report, f, indent=1)
+        return []
     if args.fsdp_memory:  # tools/dev/bench/fsdp_memory.py: 2-rank jobs of its own
         report = run_fsdp_memory()
         if args.json:

@@ -17,7 +17,9 @@ The optimizer is built by the Runner after wrapping, over the sharded parameters
 decay / no-decay constructors see the same names, AdamW keeps its state per local shard,
 ``clip_grad`` (``torch.nn.utils.clip_grad_norm_``) reduces the norm over the DTensor shards.
 The module must hold its initial weights when it is wrapped (``FSDP2Runner`` initialises
-them right after building the model).
+them right after building the model), or, with ``init_device='meta'``, hold its pretrained
+parts on the meta device: each rank then copies its shards out of the memory-mapped checkpoint
+(:mod:`.meta_init`).
 
 Checkpoints, resume and loading a full checkpoint into a sharded model:
 :mod:`.fsdp_runner` (``FSDP2Runner``). Which option when, memory per GPU and the
@@ -35,6 +37,8 @@ from torch.distributed.fsdp import (CPUOffloadPolicy, MixedPrecisionPolicy, Offl
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.tensor import Shard
 from torch.nn.modules.batchnorm import _NormBase
+
+from .meta_init import MetaInit, check_init_device
 
 #: Modules sharded one by one (class names): the plain ViT's block and the Swin blocks. Every
 #: parameter outside them (patch embedding, neck, heads) is sharded once with the whole model.
@@ -180,6 +184,10 @@ class FSDP2Wrapper(nn.Module):
             shards only and receive them from rank 0 (``set_model_state_dict(...,
             broadcast_from_rank0=True)``), buffers by broadcast: one full copy of the model in
             the job instead of one per rank (a 7B model: 27 GB of fp32 host memory).
+        init_device: ``'meta'``: no full copy anywhere: every rank builds the pretrained parts
+            on the meta device (``FSDP2Runner``), allocates its shards only and copies them out
+            of the memory-mapped checkpoint (:mod:`.meta_init`); None: the model arrives
+            initialised (or, with ``init_on_rank0``, from rank 0).
     """
 
     module: Any  # the detector: mmdet's BaseDetector API (data_preprocessor, parse_losses, ...)
@@ -190,8 +198,10 @@ class FSDP2Wrapper(nn.Module):
                  activation_checkpointing: bool = False,
                  cpu_offload: bool = False,
                  reshard_after_forward: bool = True,
-                 init_on_rank0: bool = False) -> None:
+                 init_on_rank0: bool = False,
+                 init_device: Optional[str] = None) -> None:
         super().__init__()
+        check_init_device(init_device, init_on_rank0)
         if not torch.distributed.is_initialized():
             raise RuntimeError("FSDP2Wrapper needs an initialised process group: start the job "
                                'with tools/dist_train.sh CONFIG N (or torchrun ... tools/train.py '
@@ -202,11 +212,13 @@ class FSDP2Wrapper(nn.Module):
                              'cpu_offload=False')
         #: the module arrived on the meta device (``init_on_rank0``, ranks other than 0)
         self.built_on_meta = any(p.is_meta for p in module.parameters())
-        if self.built_on_meta and not init_on_rank0:
+        if self.built_on_meta and not (init_on_rank0 or init_device == 'meta'):
             raise ValueError('FSDP2Wrapper got a model on the meta device; pass '
-                             'init_on_rank0=True (rank 0 then sends the weights)')
+                             "init_on_rank0=True (rank 0 then sends the weights) or "
+                             "init_device='meta' (its pretrained parts are loaded into the shards)")
         full: Dict[str, Any] = (module.state_dict() if init_on_rank0 and not self.built_on_meta
                                 else {})
+        meta_init = MetaInit(module) if init_device == 'meta' else None
         if activation_checkpointing:
             enable_activation_checkpointing(module)
         mp_policy = mixed_precision_policy(mixed_precision)
@@ -220,6 +232,8 @@ class FSDP2Wrapper(nn.Module):
             fully_shard(unit, mp_policy=mp_policy, **shard_kwargs)
         if init_on_rank0:
             broadcast_weights_from_rank0(module, full, self.built_on_meta)
+        if meta_init is not None:
+            meta_init.materialise(module, current_device())
         self.module = module
 
     def train_step(self, data: Union[dict, tuple, list],

@@ -54,6 +54,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from .dcp import is_dcp_checkpoint, load_dcp, read_dcp, save_dcp, split_tensors
 from .fsdp import FSDP2Wrapper
 from .fsdp_ema import FSDP2EMAHook
+from .meta_init import build_with_meta_parts
 
 RUNNER_TYPE = 'FSDP2Runner'
 WRAPPER_TYPE = 'FSDP2Wrapper'
@@ -148,6 +149,8 @@ class FSDP2Runner(Runner):
         whole model, before it is sharded; the same on one process, so a single-process run
         of the same seed starts from the same weights."""
         wrapper_cfg = self.cfg.get('model_wrapper_cfg') or {}
+        if self.distributed and wrapper_cfg.get('init_device') == 'meta':  # pretrained on meta
+            return build_with_meta_parts(super().build_model, model)
         if self.distributed and wrapper_cfg.get('init_on_rank0') and get_rank() != 0:
             with torch.device('meta'):  # shards only, sent by rank 0 (FSDP2Wrapper)
                 return super().build_model(model)
