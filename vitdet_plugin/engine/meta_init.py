@@ -3,7 +3,7 @@ rank ever holds the full weights of its pretrained parts.
 
 1. **Build** (:func:`build_with_meta_parts`, called by ``FSDP2Runner.build_model`` on every
    rank): every part that loads its own Pretrained ``init_cfg`` through the layout table (our
-   backbones and necks, :data:`~vitdet_plugin.models.backbones.base.LOADS_PRETRAINED_ATTR`)
+   backbones and necks, :data:`~vitdet_plugin.models.detectors.pretrained_parts.LOADS_PRETRAINED_ATTR`)
    is built on the meta device (no memory); the rest of the detector (neck, head: small) is
    built and initialised as usual (its ``init_weights``, with the meta parts held out). The
    same seed gives the same rest on every rank; it differs in value from a model built whole
@@ -29,10 +29,11 @@ from mmdet.registry import MODELS
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from ..functional.checkpoint_target import CheckpointTarget, LoadReport, checkpoint_loader
-from ..models.backbones.base import (INIT_REPORT_ATTR, LOADS_PRETRAINED_ATTR,
-                                     HasCheckpointTarget, pretrained_init_cfg)
+from ..functional.checkpoint_target import (CheckpointTarget, LoadReport, checkpoint_loader,
+                                            pretrained_init_cfg)
+from ..models.detectors.pretrained_parts import LOADS_PRETRAINED_ATTR
 from ..weights.lazy import LazyCheckpoint, read_lazily
+from ..weights.pretrained import INIT_REPORT_ATTR
 
 logger = logging.getLogger('vitdet_plugin')
 
@@ -78,7 +79,7 @@ def meta_parts(model: nn.Module) -> List[Tuple[str, nn.Module]]:
             continue
         on_meta = any(t.is_meta for t in m.parameters())
         if (on_meta and getattr(m, LOADS_PRETRAINED_ATTR, False)
-                and isinstance(m, HasCheckpointTarget)
+                and callable(getattr(m, 'checkpoint_target', None))
                 and pretrained_init_cfg(getattr(m, 'init_cfg', None)) is not None):
             found.append((name, model.get_submodule(name)))
     return found
@@ -180,10 +181,11 @@ class MetaInit:
     @staticmethod
     def _read(name: str, part: nn.Module) -> _Part:
         cfg = pretrained_init_cfg(getattr(part, 'init_cfg', None))
-        assert cfg is not None and isinstance(part, HasCheckpointTarget)
+        describe = getattr(part, 'checkpoint_target', None)
+        assert cfg is not None and callable(describe)
         options = {k: v for k, v in cfg.items()
                    if k not in _CFG_KEYS and k in _TARGET_FIELDS and v is not None}
-        target = dataclasses.replace(part.checkpoint_target(), **options)
+        target = dataclasses.replace(describe(), **options)
         checkpoint = read_lazily(cfg['checkpoint'])
         converted, report = checkpoint_loader().convert(checkpoint.tensors, target,
                                                         cfg.get('prefix'))
