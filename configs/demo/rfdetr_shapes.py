@@ -81,4 +81,5 @@ test_dataloader = val_dataloader
 base_lr = 1e-3
 optim_wrapper = dict(
     optimizer=dict(lr=base_lr, weight_decay=1e-4),
+    constructor='NoDecayOptimWrapperConstructor',  # no decay on the ViT's tokens, norms, biases
     clip_grad=dict(max_norm=1.0, norm_type=2))

@@ -2,7 +2,8 @@
 # 2.3 ms on a T4 with TensorRT fp16). 384 px, patch 16, 2 x 2 windows, 2 decoder layers; the
 # recipe is _base_/rfdetr_coco.py's (RF-DETR's, docs/rfdetr.md "Configs and training").
 # Train:   tools/train.py configs/rfdetr/rfdetr_nano.py --cfg-options data_root=/path/to/coco/
-# From RF-DETR's weights: add load_from=/path/to/rf-detr-nano.pth to the options.
+# From RF-DETR's weights: tools/convert_weights.py rf-detr-nano.pth rfdetr_nano.pth --model rfdetr
+#   --num-classes 80, then add load_from=rfdetr_nano.pth to the options (docs/rfdetr.md).
 _base_ = ['./_base_/rfdetr_coco.py']
 resolution = 384
 num_decoder_layers = 2

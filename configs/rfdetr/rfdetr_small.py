@@ -2,7 +2,8 @@
 # 3.5 ms on a T4 with TensorRT fp16). 512 px, patch 16, 2 x 2 windows, 3 decoder layers; the
 # recipe is _base_/rfdetr_coco.py's (RF-DETR's, docs/rfdetr.md "Configs and training").
 # Train:   tools/train.py configs/rfdetr/rfdetr_small.py --cfg-options data_root=/path/to/coco/
-# From RF-DETR's weights: add load_from=/path/to/rf-detr-small.pth to the options.
+# From RF-DETR's weights: tools/convert_weights.py rf-detr-small.pth rfdetr_small.pth --model rfdetr
+#   --num-classes 80, then add load_from=rfdetr_small.pth to the options (docs/rfdetr.md).
 _base_ = ['./_base_/rfdetr_coco.py']
 resolution = 512
 num_decoder_layers = 3

@@ -48,6 +48,8 @@ def test_sizes_are_rfdetrs(name):
     cfg = _cfg(name)
     bb, neck, head = cfg.model.backbone, cfg.model.neck, cfg.model.bbox_head
     assert (bb.patch_size, bb.num_windows) == (theirs.patch_size, theirs.num_windows)
+    # rfdetr's Backbone: registers only for an encoder named '..._registers_...'
+    assert bb.num_reg_tokens == (4 if 'registers' in theirs.encoder.split('_') else 0)
     assert [i + 1 for i in bb.out_indices] == theirs.out_feature_indexes
     assert bb.pretrain_img_size // bb.pretrain_patch_size == theirs.positional_encoding_size
     assert cfg.model.data_preprocessor.pad_size_divisor == theirs.patch_size * theirs.num_windows

@@ -40,7 +40,8 @@ from torch.nn.modules.batchnorm import _NormBase
 
 from .meta_init import MetaInit, check_init_device
 
-#: Modules sharded one by one (class names): the plain ViT's block and the Swin blocks. Every
+#: Modules sharded one by one (class names, subclasses included): the plain ViT's block (and
+#: ViTDet's, derived from it) and the Swin blocks. Every
 #: parameter outside them (patch embedding, neck, heads) is sharded once with the whole model.
 DEFAULT_BLOCK_TYPES = ('ViTBlock', 'SwinBlock', 'SwinV2Block')
 #: dtype names accepted by ``mixed_precision``
@@ -122,8 +123,10 @@ def predictions_to_fp32(outputs: Any) -> Any:
 
 
 def shard_blocks(module: nn.Module, block_types: Sequence[str]) -> List[nn.Module]:
-    """The modules of ``module`` whose class name is in ``block_types``, in order."""
-    blocks = [m for m in module.modules() if type(m).__name__ in block_types]
+    """The modules of ``module`` whose class, or a class it derives from, is named in
+    ``block_types``, in order (``ViTDetBlock``, a ``ViTBlock``, is sharded as one)."""
+    blocks = [m for m in module.modules()
+              if any(cls.__name__ in block_types for cls in type(m).__mro__)]
     if not blocks:
         found = sorted({type(m).__name__ for m in module.modules()})
         raise ValueError(f'FSDP2Wrapper: no module of the model is one of block_types='

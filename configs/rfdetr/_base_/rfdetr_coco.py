@@ -2,7 +2,7 @@
 # ModelConfig / TrainConfig, training/param_groups.py, datasets/coco.py; docs/rfdetr.md maps
 # every option to the key below). The sizes (configs/rfdetr/rfdetr_{nano,small,medium,large}.py)
 # set `resolution`, `scales` and the decoder depth; everything else is shared:
-# * model: mmdet's SingleStageDetector: DINOv2-with-registers ViT-S/16 with RF-DETR's 2 x 2 window
+# * model: mmdet's SingleStageDetector: DINOv2 ViT-S/16 (no registers) with RF-DETR's 2 x 2 window
 #   tiling (taps after blocks 3, 6, 9, 12, the block after each tap global) -> RFDETRProjector
 #   (P4 only, C2f with channel LayerNorm) -> LWDETRHead (256 wide, 300 queries, 13 Group DETR
 #   groups in training, 8 self- / 16 cross-attention heads, 2 points, FFN 2048, IA-BCE);
@@ -15,8 +15,9 @@
 # * EMA of the weights (decay 0.993, warm-up tau 100 optimizer steps) used for validation and
 #   saved with the checkpoint; 100 epochs, lr x 0.1 after `lr_drop` epochs (RF-DETR's default
 #   100: no drop within the 100 epochs).
-# Weights: --cfg-options load_from=rf-detr-nano.pth (RF-DETR's own .pth files load through
-# vitdet_plugin.weights, its 91 COCO logits mapped to mmdet's 80 classes; docs/rfdetr.md).
+# Weights: RF-DETR's own .pth files convert with tools/convert_weights.py --model rfdetr
+# (its 91 COCO logits mapped to mmdet's 80 classes), then --cfg-options load_from=THAT_FILE;
+# given unconverted to load_from they are refused naming that command (docs/rfdetr.md).
 _base_ = ['../../_base_/datasets/coco_detection.py', '../../_base_/default_runtime.py']
 
 num_classes = 80
@@ -58,7 +59,7 @@ model = dict(
     backbone=dict(
         type='DINOv2Backbone',
         arch='small',             # 384 wide, 12 blocks, 6 heads, LayerScale
-        num_reg_tokens=4,         # DINOv2 with registers
+        num_reg_tokens=0,         # RF-DETR's encoder 'dinov2_windowed_small': no registers
         drop_path_rate=0.0,       # RF-DETR's drop_path
         patch_size=patch_size,
         num_windows=num_windows,
