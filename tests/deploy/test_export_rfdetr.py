@@ -24,8 +24,9 @@ from vitdet_plugin.deploy.runner import OnnxDetector, check_tokens
 
 #: The shapes demo's data and pipelines (5 classes, test Resize to 192 keeping the ratio) with a
 #: tiny RF-DETR: a 2-block DINOv2 (patch 16, 4 registers, a 7 x 7 position table resized to
-#: every input) tapped after both blocks, the projector's P4 and P5 (two levels: deformable
-#: attention and proposals over both), 12 queries, 3 groups in training, 2 decoder layers.
+#: every input, RF-DETR's 2 x 2 windows: block 0 within its tile, block 1 global) tapped after
+#: both, the projector's P4 and P5 (two levels: deformable attention and proposals over both),
+#: 12 queries, 3 groups in training, 2 decoder layers.
 CONFIG = f"""
 _base_ = '{osp.join(REPO_ROOT, 'configs', 'demo', 'swin_detr_shapes.py')}'
 model = dict(
@@ -36,7 +37,7 @@ model = dict(
     backbone=dict(type='DINOv2Backbone',
                   arch=dict(embed_dims=32, depth=2, num_heads=2, num_reg_tokens=4),
                   patch_size=16, out_indices=(0, 1), pretrain_img_size=112,
-                  pretrain_patch_size=16),
+                  pretrain_patch_size=16, num_windows=2),
     neck=dict(type='RFDETRProjector', in_channels=[32, 32], out_channels=32,
               levels=('P4', 'P5'), num_blocks=1),
     bbox_head=dict(type='LWDETRHead', num_classes=5, embed_dims=32, num_levels=2,
