@@ -12,6 +12,7 @@ import torch
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.config import DatasetNotFoundError, check_data, data_root_paths, load_config
+from vitdet_plugin.models.heads.lwdetr_seg_head import LWDETRSegHead
 from helpers import REPO_ROOT
 
 ROOT = str(REPO_ROOT)
@@ -215,7 +216,9 @@ def _train_and_predict(model_cfg, optim_cfg):
     torch.manual_seed(0)
     model = _build(model_cfg)
     model.init_weights()
-    with_mask = 'mask_head' in model_cfg.get('roi_head', {})
+    # instance masks: a Mask R-CNN's mask head, or a DETR head that predicts masks (RF-DETR-Seg)
+    with_mask = ('mask_head' in model_cfg.get('roi_head', {})
+                 or isinstance(getattr(model, 'bbox_head', None), LWDETRSegHead))
     panoptic = 'semantic_head' in model_cfg
     data = _batch(model, with_mask, _num_classes(model_cfg), with_semantic=panoptic)
     optim_cfg = copy.deepcopy(optim_cfg)

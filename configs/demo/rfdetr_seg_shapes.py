@@ -1,0 +1,24 @@
+# CPU demo: RF-DETR-Seg (rfdetr_shapes.py's detector with LWDETRSegHead: RF-DETR's mask branch
+# on the projector's P4 and every decoder layer's queries) trained from random init on the
+# shapes set for the demos' 9.5-minute budget, evaluated with COCO bbox and segm mAP. Run:
+#   make demo-rfdetr-seg
+# (= DEMO_CONFIG=configs/demo/rfdetr_seg_shapes.py DEMO_WORK_DIR=work_dirs/demo_rfdetr_seg
+#  make demo)
+# Everything but the head and the masks is rfdetr_shapes.py's (its header says why each value);
+# the mask branch keeps RF-DETR's defaults (masks at 1/4 of the padded batch, losses at
+# PointRend's uncertain points, docs/rfdetr.md "Instance segmentation").
+# Measured: docs/rfdetr.md ("Configs and training").
+_base_ = ['./rfdetr_shapes.py']
+
+model = dict(bbox_head=dict(type='LWDETRSegHead'))
+
+# rfdetr_shapes.py's pipelines with the instance masks loaded
+train_pipeline = [dict(t, with_mask=True) if t['type'] == 'LoadAnnotations' else t
+                  for t in _base_.train_pipeline]
+test_pipeline = [dict(t, with_mask=True) if t['type'] == 'LoadAnnotations' else t
+                 for t in _base_.test_pipeline]
+train_dataloader = dict(dataset=dict(pipeline=train_pipeline))
+val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
+test_dataloader = val_dataloader
+val_evaluator = dict(metric=['bbox', 'segm'])
+test_evaluator = val_evaluator
