@@ -36,7 +36,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from vitdet_plugin.weights import (FAMILY_BACKBONES, CheckpointError, CheckpointTarget,
                                    checkpoint_state_dict, detect_layout, load_checkpoint_file)
 from vitdet_plugin.weights.layout import Layout
-from vitdet_plugin.weights.rfdetr import RFDETR, matching_configs, read_size, rfdetr_to_detector
+from vitdet_plugin.weights.rfdetr import (RFDETR, has_mask_branch, matching_configs, read_size,
+                                          rfdetr_to_detector)
 
 #: ``--model``: the checkpoint families each choice converts (``auto``: every family).
 MODEL_FAMILIES = {'swin': ('Swin',), 'swinv2': ('Swin V2',), 'vit': ('ViT',),
@@ -123,7 +124,7 @@ def _save(src: str, dst: str, converted: Dict[str, torch.Tensor], dropped: List[
     how = f"type='{FAMILY_BACKBONES[family]}'"
     if family == RFDETR:
         exact, near = matching_configs(read_size({k: v.shape for k, v in converted.items()}),
-                                       seg=False)
+                                       seg=has_mask_branch(converted))
         configs = ' or '.join(f'configs/rfdetr/{c.config}' for c in exact or near)
         how = f"load_from='{dst}' in {configs or 'an RF-DETR detector config'}"
     print(f'{src}: {layout.describe()} -> {dst} ({len(converted)} tensors, '

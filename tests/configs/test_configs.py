@@ -215,7 +215,9 @@ def _train_and_predict(model_cfg, optim_cfg):
     torch.manual_seed(0)
     model = _build(model_cfg)
     model.init_weights()
-    with_mask = 'mask_head' in model_cfg.get('roi_head', {})
+    # Mask R-CNN's mask head; RF-DETR-Seg's LWDETRSegHead (masks from its bbox_head)
+    with_mask = ('mask_head' in model_cfg.get('roi_head', {})
+                 or model_cfg.get('bbox_head', {}).get('type') == 'LWDETRSegHead')
     panoptic = 'semantic_head' in model_cfg
     data = _batch(model, with_mask, _num_classes(model_cfg), with_semantic=panoptic)
     optim_cfg = copy.deepcopy(optim_cfg)
