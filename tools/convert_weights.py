@@ -17,7 +17,8 @@ official facebookresearch / baaivision files and timm's for DINOv2, DINOv3, EVA-
 EVA-02/det's detectors, ``--model vit_family``; Hugging Face transformers ``Dinov2Model``,
 ``Dinov2WithRegistersModel``, ``DINOv3ViTModel``, ``SwinModel``, ``Swinv2Model``, ``ViTModel``,
 ``ViTMAEModel`` and their task wrappers; a bare simple-FPN neck; the ``rfdetr`` package's
-``.pth`` files, whole detectors: ``--model rfdetr``). A transformers model folder
+``.pth`` files, whole detectors, RF-DETR-Seg with its mask head: ``--model rfdetr``). A
+transformers model folder
 (``config.json`` + ``model.safetensors``, or its shards and index, or ``pytorch_model.bin``) is
 read like a file. Files are read with ``torch.load(weights_only=True)``; the output is
 ``{'state_dict': sd, 'meta': {...}}``, loadable with ``init_cfg=dict(type='Pretrained',
