@@ -18,12 +18,12 @@ EVA-02/det's detectors, ``--model vit_family``; Hugging Face transformers ``Dino
 ``Dinov2WithRegistersModel``, ``DINOv3ViTModel``, ``SwinModel``, ``Swinv2Model``, ``ViTModel``,
 ``ViTMAEModel`` and their task wrappers; a bare simple-FPN neck; the ``rfdetr`` package's
 ``.pth`` files, whole detectors, RF-DETR-Seg with its mask head: ``--model rfdetr``). A
-transformers model folder
-(``config.json`` + ``model.safetensors``, or its shards and index, or ``pytorch_model.bin``) is
-read like a file. Files are read with ``torch.load(weights_only=True)``; the output is
-``{'state_dict': sd, 'meta': {...}}``, loadable with ``init_cfg=dict(type='Pretrained',
-checkpoint=OUT)``; an RF-DETR detector's with ``load_from=OUT`` in its ``configs/rfdetr/``
-config (``--num-classes 80``: RF-DETR's 91 COCO logits as mmdet's 80 COCO classes).
+transformers model folder (``config.json`` + ``model.safetensors``, or its shards and index,
+or ``pytorch_model.bin``) is read like a file. Files are read with
+``torch.load(weights_only=True)``; the output is ``{'state_dict': sd, 'meta': {...}}``,
+loadable with ``init_cfg=dict(type='Pretrained', checkpoint=OUT)``; an RF-DETR detector's with
+``load_from=OUT`` in its ``configs/rfdetr/`` config (``--num-classes 80``: RF-DETR's 91 COCO
+logits as mmdet's 80 COCO classes).
 """
 import argparse
 import os
