@@ -17,12 +17,13 @@ official facebookresearch / baaivision files and timm's for DINOv2, DINOv3, EVA-
 EVA-02/det's detectors, ``--model vit_family``; Hugging Face transformers ``Dinov2Model``,
 ``Dinov2WithRegistersModel``, ``DINOv3ViTModel``, ``SwinModel``, ``Swinv2Model``, ``ViTModel``,
 ``ViTMAEModel`` and their task wrappers; a bare simple-FPN neck; the ``rfdetr`` package's
-``.pth`` files, whole detectors: ``--model rfdetr``). A transformers model folder
-(``config.json`` + ``model.safetensors``, or its shards and index, or ``pytorch_model.bin``) is
-read like a file. Files are read with ``torch.load(weights_only=True)``; the output is
-``{'state_dict': sd, 'meta': {...}}``, loadable with ``init_cfg=dict(type='Pretrained',
-checkpoint=OUT)``; an RF-DETR detector's with ``load_from=OUT`` in its ``configs/rfdetr/``
-config (``--num-classes 80``: RF-DETR's 91 COCO logits as mmdet's 80 COCO classes).
+``.pth`` files, whole detectors, RF-DETR-Seg with its mask head: ``--model rfdetr``). A
+transformers model folder (``config.json`` + ``model.safetensors``, or its shards and index,
+or ``pytorch_model.bin``) is read like a file. Files are read with
+``torch.load(weights_only=True)``; the output is ``{'state_dict': sd, 'meta': {...}}``,
+loadable with ``init_cfg=dict(type='Pretrained', checkpoint=OUT)``; an RF-DETR detector's with
+``load_from=OUT`` in its ``configs/rfdetr/`` config (``--num-classes 80``: RF-DETR's 91 COCO
+logits as mmdet's 80 COCO classes).
 """
 import argparse
 import os
@@ -36,7 +37,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from vitdet_plugin.weights import (FAMILY_BACKBONES, CheckpointError, CheckpointTarget,
                                    checkpoint_state_dict, detect_layout, load_checkpoint_file)
 from vitdet_plugin.weights.layout import Layout
-from vitdet_plugin.weights.rfdetr import RFDETR, matching_configs, read_size, rfdetr_to_detector
+from vitdet_plugin.weights.rfdetr import (RFDETR, has_mask_branch, matching_configs, read_size,
+                                          rfdetr_to_detector)
 
 #: ``--model``: the checkpoint families each choice converts (``auto``: every family).
 MODEL_FAMILIES = {'swin': ('Swin',), 'swinv2': ('Swin V2',), 'vit': ('ViT',),
@@ -123,7 +125,7 @@ def _save(src: str, dst: str, converted: Dict[str, torch.Tensor], dropped: List[
     how = f"type='{FAMILY_BACKBONES[family]}'"
     if family == RFDETR:
         exact, near = matching_configs(read_size({k: v.shape for k, v in converted.items()}),
-                                       seg=False)
+                                       seg=has_mask_branch(converted))
         configs = ' or '.join(f'configs/rfdetr/{c.config}' for c in exact or near)
         how = f"load_from='{dst}' in {configs or 'an RF-DETR detector config'}"
     print(f'{src}: {layout.describe()} -> {dst} ({len(converted)} tensors, '

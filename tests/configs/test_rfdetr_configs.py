@@ -1,5 +1,6 @@
 """configs/rfdetr/ hold RF-DETR's published sizes and recipe, read from the `rfdetr` package
-(1.11.2): every size against its ``RFDETR{Nano,Small,Medium,Large}Config``, the training scales
+(1.11.2): every size against its ``RFDETR{Nano,Small,Medium,Large}Config`` (the seg sizes
+against ``RFDETRSeg{Nano,Small}Config`` and ``SegmentationTrainConfig``), the training scales
 against its ``compute_multi_scale_scales``, the optimiser / schedule against ``TrainConfig``'s
 defaults, and the EMA hook's averaged weights against its ``ModelEma`` over accumulated steps.
 Config files are only read here (tests/configs/test_configs.py builds and trains them)."""
@@ -11,10 +12,12 @@ import torch
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.config import load_config
+from vitdet_plugin.models.heads.lwdetr_loss import IA_BCE_LOSS
 from helpers import REPO_ROOT
 
 SIZES = {'nano': 'RFDETRNanoConfig', 'small': 'RFDETRSmallConfig',
-         'medium': 'RFDETRMediumConfig', 'large': 'RFDETRLargeConfig'}
+         'medium': 'RFDETRMediumConfig', 'large': 'RFDETRLargeConfig',
+         'seg_nano': 'RFDETRSegNanoConfig', 'seg_small': 'RFDETRSegSmallConfig'}
 #: optimizer steps of the EMA comparison (the warm-up, tau = 100 steps, and beyond)
 EMA_STEPS = 150
 #: mmdet's ExpMomentumEMA warms up with exp(-(1 + n) / gamma) on iterations n = 4 t, RF-DETR's
@@ -68,6 +71,29 @@ def test_sizes_are_rfdetrs(name):
     assert choice.type == 'RandomChoice'
     for branch in choice.transforms:  # a square resize, or RF-DETR's crop then that resize
         assert branch[-1].scales == [(s, s) for s in scales] and not branch[-1].keep_ratio
+    assert (head.type == 'LWDETRSegHead') == theirs.segmentation_head
+
+
+@pytest.mark.parametrize('name', [n for n in SIZES if n.startswith('seg_')])
+def test_seg_sizes_are_rfdetrs(name):
+    """The mask options (ModelConfig), the mask loss weights and point sampling
+    (SegmentationTrainConfig), masks loaded and scored."""
+    import rfdetr.config
+
+    theirs = getattr(rfdetr.config, SIZES[name])(pretrain_weights=None)
+    train = {k: v.default for k, v in rfdetr.config.SegmentationTrainConfig.model_fields.items()}
+    cfg = _cfg(name)
+    head = cfg.model.bbox_head
+    assert head.mask_downsample_ratio == theirs.mask_downsample_ratio
+    assert head.mask_point_sample_ratio == train['mask_point_sample_ratio']
+    assert (head.loss_mask.loss_weight, head.loss_dice.loss_weight) == (
+        train['mask_ce_loss_coef'], train['mask_dice_loss_coef'])
+    # the class weight is the head's default IA-BCE's
+    assert 'loss_cls' not in head and IA_BCE_LOSS['loss_weight'] == train['cls_loss_coef']
+    for pipeline in (cfg.train_dataloader.dataset.pipeline, cfg.test_dataloader.dataset.pipeline):
+        (load,) = [t for t in pipeline if t.type == 'LoadAnnotations']
+        assert load.with_bbox and load.with_mask
+    assert cfg.val_evaluator.metric == cfg.test_evaluator.metric == ['bbox', 'segm']
 
 
 def test_recipe_is_rfdetrs():

@@ -226,9 +226,10 @@ def test_a_head_of_other_classes_is_refused_naming_num_classes(files):
              'train a head of other classes')
 
 
-def test_a_seg_checkpoint_is_refused_naming_its_config(tmp_path):
+def test_a_seg_checkpoint_is_refused_for_a_detection_head_naming_its_config(tmp_path):
     """RF-DETR-Seg N's sizes (patch 12, grid 26, 4 decoder layers) and a mask head (the keys
-    that tell them; the other tensors play no part in the refusal)."""
+    that tell them; the other tensors play no part in the refusal). Seg files that load:
+    tests/weights/test_rfdetr_seg_checkpoint.py."""
     vit = 'backbone.0.encoder.encoder.embeddings.'
     state = {vit + 'patch_embeddings.projection.weight': torch.zeros(384, 3, 12, 12),
              vit + 'position_embeddings': torch.zeros(1, 1 + 26 * 26, 384),
@@ -238,9 +239,9 @@ def test_a_seg_checkpoint_is_refused_naming_its_config(tmp_path):
              'segmentation_head.blocks.0.weight': torch.zeros(2)}
     torch.save({'model': state, 'args': {}}, tmp_path / 'seg.pth')
     _refusal(detector(), str(tmp_path / 'seg.pth'),
-             'the checkpoint is an RF-DETR-Seg (segmentation_head.* keys; rfdetr_seg_nano.py): '
-             "its mask head does not load yet; load its backbone alone (the backbone's init_cfg "
-             "type='Pretrained') or a detection checkpoint")
+             f'the checkpoint is an RF-DETR-Seg (segmentation_head.* keys); the head of {OWNER} '
+             'has no mask branch (LWDETRHead): build it from configs/rfdetr/rfdetr_seg_nano.py, '
+             "or load the checkpoint's backbone alone (the backbone's init_cfg type='Pretrained')")
 
 
 class _Tampered:

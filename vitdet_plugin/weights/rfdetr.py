@@ -1,6 +1,7 @@
 """RF-DETR checkpoints (the ``rfdetr`` package's ``.pth``: ``{'model': state_dict, 'args':
 ...}``) -> our detector (``backbone.`` :class:`DINOv2Backbone`, ``neck.`` RFDETRProjector,
-``bbox_head.`` LWDETRHead), or its backbone part alone -> ``DINOv2Backbone``.
+``bbox_head.`` LWDETRHead; RF-DETR-Seg's: LWDETRSegHead), or its backbone part alone ->
+``DINOv2Backbone``.
 
 Pure ``state_dict -> state_dict`` functions, one layout of the table (:data:`LAYOUTS`),
 detected by RF-DETR's projector (``backbone.0.projector.``) and decoder
@@ -9,13 +10,15 @@ detected by RF-DETR's projector (``backbone.0.projector.``) and decoder
 * the backbone (``backbone.0.encoder.encoder.*``, transformers' DINOv2 names) through the
   transformers DINOv2 layout (:mod:`.transformers_layouts`); the projector through
   :func:`~.rfdetr_keys.rfdetr_projector_state_dict`; the head through
-  :func:`~.lwdetr_keys.rfdetr_head_state_dict`;
+  :func:`~.lwdetr_keys.rfdetr_head_state_dict`; RF-DETR-Seg's mask head through
+  :func:`~.lwdetr_seg_keys.split_mask_branch`;
 * the 91-logit COCO classifier (indexed by COCO category id) becomes mmdet's 80 COCO classes
   (:data:`COCO_CATEGORY_IDS`) when the head has 80; a head of the checkpoint's own logits
   keeps them; any other count is refused naming ``num_classes``;
 * a checkpoint of another size than the model (patch, position grid, decoder layers, widths,
   queries) is refused naming the config of ``configs/rfdetr/`` that builds it
-  (:data:`RFDETR_CONFIGS`); RF-DETR-Seg's mask head does not load yet (refused, naming it).
+  (:data:`RFDETR_CONFIGS`); so is a seg checkpoint for a head without a mask branch, or a
+  detection checkpoint for one with it.
 
 The files are read by :mod:`.checkpoint_io` (``weights_only``, RF-DETR's ``args`` namespace
 allowed for that read only); a Lightning copy (``state_dict`` keys under ``model.``) reads
@@ -23,7 +26,7 @@ the same.
 """
 import math
 import re
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -33,6 +36,9 @@ from .checkpoint_io import CheckpointError
 from .common import StateDict, select_prefix
 from .layout import CLASS_NAMED, Layout, layouts_of
 from .lwdetr_keys import rfdetr_head_state_dict
+from .lwdetr_seg_keys import OUR_PREFIX as MASK_BRANCH_PREFIX
+from .lwdetr_seg_keys import SEG_PREFIX as RFDETR_SEG_PREFIX
+from .lwdetr_seg_keys import split_mask_branch
 from .rfdetr_keys import RFDETR_PROJECTOR_PREFIX, rfdetr_projector_state_dict
 from .transformers_layouts import LAYOUTS as TRANSFORMERS_LAYOUTS
 from .transformers_layouts import transformers_layout
@@ -44,12 +50,12 @@ BACKBONE_FAMILY = 'DINOv2'
 #: Where RF-DETR keeps its ViT (transformers ``Dinov2Model`` / ``Dinov2WithRegistersModel``).
 RFDETR_BACKBONE_PREFIX = 'backbone.0.encoder.encoder.'
 RFDETR_DECODER_PREFIX = 'transformer.decoder.'
-#: RF-DETR-Seg's mask head.
-RFDETR_SEG_PREFIX = 'segmentation_head.'
 #: A Lightning checkpoint's copy of the model (its ``state_dict``).
 LIGHTNING_PREFIX = 'model.'
 #: Our detector's parts (mmdet's ``SingleStageDetector``).
 BACKBONE, NECK, HEAD = 'backbone.', 'neck.', 'bbox_head.'
+#: LWDETRSegHead's mask branch, in our detector's names.
+MASK_BRANCH = HEAD + MASK_BRANCH_PREFIX
 
 #: mmdet's 80 COCO classes (``CocoDataset.METAINFO['classes']``, in this order) as the COCO
 #: category ids (1..90 with gaps) that index RF-DETR's 91 COCO logits.
@@ -177,6 +183,31 @@ def _describe(size: Mapping[str, int]) -> str:
     return ', '.join(_FIELDS[k][0].format(v) for k, v in size.items())
 
 
+def has_mask_branch(names: Iterable[str]) -> bool:
+    """Whether our detector's ``names`` (a converted checkpoint's or a model's) hold
+    LWDETRSegHead's mask branch."""
+    return any(k.startswith(MASK_BRANCH) for k in names)
+
+
+def check_task(sd: Mapping[str, Tensor], seg: bool, expected: Mapping[str, Sequence[int]],
+               owner: str) -> None:
+    """Refuse an RF-DETR-Seg checkpoint (``seg``) for a head without a mask branch, or a
+    detection checkpoint for one with it (a model without head keys takes either), naming
+    the config that builds the checkpoint."""
+    if not any(k.startswith(HEAD) for k in expected) or has_mask_branch(expected) == seg:
+        return
+    fix = config_fix(_checkpoint_size(sd), seg)
+    if seg:
+        raise CheckpointError(
+            f'the checkpoint is an RF-DETR-Seg ({RFDETR_SEG_PREFIX}* keys); the head of {owner} '
+            f"has no mask branch (LWDETRHead): {fix}, or load the checkpoint's backbone alone "
+            "(the backbone's init_cfg type='Pretrained')")
+    raise CheckpointError(
+        f'the checkpoint is an RF-DETR detector (no {RFDETR_SEG_PREFIX}* keys); the head of '
+        f"{owner} has a mask branch (LWDETRSegHead): {fix}, or load the checkpoint's backbone "
+        "alone (the backbone's init_cfg type='Pretrained')")
+
+
 def check_size(converted: Mapping[str, Tensor], expected: Mapping[str, Sequence[int]],
                owner: str, seg: bool = False) -> None:
     """Refuse (naming the config that builds the checkpoint) a converted RF-DETR checkpoint
@@ -234,18 +265,12 @@ def rfdetr_to_detector(sd: Mapping[str, Tensor],
                        resampled: Optional[List[str]] = None) -> Tuple[StateDict, List[str]]:
     """An RF-DETR state dict -> our detector's (``backbone.`` / ``neck.`` / ``bbox_head.``)
     and the dropped keys. ``expected``: the detector's ``{name: shape}`` (or a part of it):
-    its size is checked (:func:`check_size`) and its head's classes chosen
-    (:func:`map_classes`; ``num_classes`` when it has no head)."""
+    its task (:func:`check_task`) and size (:func:`check_size`) are checked and its head's
+    classes chosen (:func:`map_classes`; ``num_classes`` when it has no head)."""
     sd = model_state(sd)
     seg = any(k.startswith(RFDETR_SEG_PREFIX) for k in sd)
-    if seg:
-        exact, near = matching_configs(_checkpoint_size(sd), seg)
-        raise CheckpointError(
-            f'the checkpoint is an RF-DETR-Seg ({RFDETR_SEG_PREFIX}* keys; '
-            f"{' or '.join(c.config for c in exact or near) or 'no config of configs/rfdetr/'})"
-            ": its mask head does not load yet; load its backbone alone (the backbone's "
-            "init_cfg type='Pretrained') or a detection checkpoint")
     expected = expected or {}
+    check_task(sd, seg, expected, owner)
     inner = {k[len(BACKBONE):]: torch.Size(s) for k, s in expected.items()
              if k.startswith(BACKBONE)}
     backbone, dropped = rfdetr_backbone(
@@ -254,14 +279,15 @@ def rfdetr_to_detector(sd: Mapping[str, Tensor],
     neck = rfdetr_projector_state_dict(sd)
     rest = {k: v for k, v in sd.items() if not k.startswith('backbone.')}
     try:
+        rest, mask_branch = split_mask_branch(rest)
         head = rfdetr_head_state_dict(rest)
     except (KeyError, ValueError) as e:
         raise CheckpointError(f'{e.args[0]}') from e
     converted = {**{BACKBONE + k: v for k, v in backbone.items()},
                  **{NECK + k: v for k, v in neck.items()}}
-    check_size({**converted, **{HEAD + k: v for k, v in head.items()}}, expected, owner)
+    check_size({**converted, **{HEAD + k: v for k, v in head.items()}}, expected, owner, seg)
     classes = int(expected[_CLASSES][0]) if _CLASSES in expected else num_classes
-    head = map_classes(head, classes, owner)
+    head = {**map_classes(head, classes, owner), **mask_branch}
     converted.update({HEAD + k: v for k, v in head.items()})
     return converted, dropped
 

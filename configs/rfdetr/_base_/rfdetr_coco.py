@@ -1,7 +1,8 @@
 # RF-DETR on COCO with RF-DETR's published recipe (the `rfdetr` package 1.11.2: config.py
 # ModelConfig / TrainConfig, training/param_groups.py, datasets/coco.py; docs/rfdetr.md maps
-# every option to the key below). The sizes (configs/rfdetr/rfdetr_{nano,small,medium,large}.py)
-# set `resolution`, `scales` and the decoder depth; everything else is shared:
+# every option to the key below; RF-DETR-Seg: _base_/rfdetr_seg_coco.py on top). The sizes
+# (configs/rfdetr/rfdetr_{nano,small,medium,large}.py) set `resolution`, `scales` and the
+# decoder depth; everything else is shared:
 # * model: mmdet's SingleStageDetector: DINOv2 ViT-S/16 (no registers) with RF-DETR's 2 x 2 window
 #   tiling (taps after blocks 3, 6, 9, 12, the block after each tap global) -> RFDETRProjector
 #   (P4 only, C2f with channel LayerNorm) -> LWDETRHead (256 wide, 300 queries, 13 Group DETR

@@ -27,7 +27,7 @@ from lwdetr_reference import (CLASSES, CROSS_HEADS, FFN, GROUPS, POINTS, QUERIES
                               tiny_batch, tiny_detector)
 from vitdet_plugin.weights.lwdetr_keys import rfdetr_head_state_dict
 from vitdet_plugin.models.heads.lwdetr_seg_head import LWDETRSegHead, masks_to_image
-from vitdet_plugin.models.heads.lwdetr_seg_keys import split_mask_branch
+from vitdet_plugin.weights.lwdetr_seg_keys import split_mask_branch
 from vitdet_plugin.models.heads.lwdetr_seg_loss import gt_mask_tensor
 
 #: RF-DETR-Seg N's and S's decoder depth.

@@ -1,14 +1,16 @@
 """RF-DETR-Seg checkpoint -> :class:`LWDETRSegHead`'s mask branch (``mask_branch.*``).
 
-Pure functions over an RF-DETR ``model`` state dict (``re`` and ``torch`` only, so the
-checkpoint layout table in ``vitdet_plugin.weights`` can take them as they are): RF-DETR's
-``segmentation_head.*`` keys -> ours. A seg checkpoint's head is the detection head's keys
-(``rfdetr_head_state_dict``) plus these: :func:`split_mask_branch` separates the two.
+Pure functions over an RF-DETR ``model`` state dict: RF-DETR's ``segmentation_head.*`` keys
+-> ours (one rule table, read with :func:`~.rfdetr_keys.rename`). A seg checkpoint's head is
+the detection head's keys (:func:`~.lwdetr_keys.rfdetr_head_state_dict`) plus these:
+:func:`split_mask_branch` separates the two; RF-DETR's layout of the table (:mod:`.rfdetr`)
+converts a seg checkpoint with both.
 """
-import re
 from typing import Dict, Mapping, Tuple
 
 from torch import Tensor
+
+from .rfdetr_keys import rename
 
 #: RF-DETR's prefix of the mask branch.
 SEG_PREFIX = 'segmentation_head.'
@@ -30,11 +32,9 @@ OUR_PREFIX = 'mask_branch.'
 def rfdetr_mask_branch_key(key: str) -> str:
     """Our key of an RF-DETR ``segmentation_head.*`` key; ``KeyError`` for one no rule
     knows (e.g. the layer-scale ``gamma`` RF-DETR-Seg never enables)."""
-    if key.startswith(SEG_PREFIX):
-        rest = key[len(SEG_PREFIX):]
-        for pattern, replacement in MASK_BRANCH_RULES:
-            if re.match(pattern, rest):
-                return OUR_PREFIX + re.sub(pattern, replacement, rest)
+    new = rename(key[len(SEG_PREFIX):], MASK_BRANCH_RULES) if key.startswith(SEG_PREFIX) else None
+    if new is not None:
+        return OUR_PREFIX + new
     raise KeyError(f'{key!r} is not a key of RF-DETR-Seg\'s segmentation head '
                    f'({SEG_PREFIX}*); is this an RF-DETR-Seg checkpoint of this version?')
 
