@@ -85,6 +85,24 @@ def test_head_matches_rfdetr_on_two_levels():
     _compare(ours, ref, 3)
 
 
+@pytest.mark.parametrize('training', [False, True])
+def test_fewer_tokens_than_queries_follow_rfdetr(training):
+    """A 3 x 3 map (9 tokens) for 12 queries (RF-DETR N at its 224 / 256 px training scales):
+    every token a proposal, the remaining queries on their learned reference boxes, as
+    rfdetr's ``Transformer``; in training with Group DETR too."""
+    pair = build_pair('N', seed=11)
+    pair.ref.train(training)
+    pair.ours.train(training)
+    feats, metas, masks = inputs([(3, 3)], [(48, 48), (40, 48)], seed=12)
+    with torch.no_grad():
+        ref = run_reference(pair, feats, masks)
+        ours = pair.ours(feats, metas)
+    groups = GROUPS if training else 1
+    assert ours.all_cls_scores.shape == (2, 2, groups * QUERIES, CLASSES)
+    assert ours.enc_cls_scores.shape == (2, groups * 9, CLASSES)
+    _compare(ours, ref, 2)
+
+
 def test_predict_matches_rfdetr_postprocess():
     """Top-k over queries x classes, no NMS: rfdetr's ``PostProcess`` on its outputs gives our
     ``predict_by_feat`` (boxes in the image frame, clipped)."""
@@ -111,8 +129,6 @@ def test_head_bad_inputs():
                       num_groups=1, num_decoder_layers=1, cross_heads=4, self_heads=2,
                       ffn_dims=32)
     head.eval()
-    with pytest.raises(ValueError, match=r'the maps give 9 tokens, fewer than num_queries=12'):
-        head([torch.zeros(1, WIDTH, 3, 3)])
     with pytest.raises(ValueError, match=r'expects 1 maps of 32 channels'):
         head([torch.zeros(1, WIDTH + 1, 4, 4)])
     with pytest.raises(KeyError, match=r"'transformer.encoder.x' is not a key of an RF-DETR"):

@@ -5,12 +5,14 @@ Pipeline (RF-DETR's ``two_stage``, ``bbox_reparam``, ``lite_refpoint_refine``):
 1. :func:`flatten_memory`: the projector's NCHW maps -> tokens, padding mask, valid ratios (no
    encoder: the ViT and the projector are the encoder).
 2. Two-stage proposals, per query group: the memory (zeroed where unusable) -> Linear +
-   LayerNorm -> class and box branches; the top ``num_queries`` tokens by their best class
-   logit give proposals, boxes reparameterised on each token's anchor (cell centre, side
-   ``anchor_size * 2**level``).
+   LayerNorm -> class and box branches; the top ``P = min(num_queries, tokens)`` tokens by
+   their best class logit give proposals, boxes reparameterised on each token's anchor (cell
+   centre, side ``anchor_size * 2**level``).
 3. Queries: learned content + learned box deltas reparameterised on the (detached) proposals.
    Group DETR: ``num_groups`` query sets (their own proposals and embeddings) in training, the
-   first one at test.
+   first one at test. With fewer tokens than queries (RF-DETR N's smallest training scales),
+   the ``G*P`` proposals take the first queries and the rest keep their learned reference
+   boxes as they are: RF-DETR's rule (its ``Transformer.forward``).
 4. :class:`LWDETRDecoder`; every layer's boxes are predicted relative to the initial reference
    boxes by one shared class / box branch.
 5. :class:`GroupSetCriterion` on every layer and on the proposals; prediction = top-k over
@@ -30,9 +32,10 @@ from .sdpa_detr_head import HeadOutputs, SetPredictionHead, reg_mlp
 
 
 class Proposals(NamedTuple):
-    """Two-stage proposals of every group, groups concatenated on queries: reference boxes
-    ``(B, G*Q, 4)`` (detached), class logits ``(B, G*Q, K)``, boxes ``(B, G*Q, 4)``, the
-    chosen memory tokens ``(B, G*Q)`` and their projected features ``(B, G*Q, C)``."""
+    """Two-stage proposals of every group, groups concatenated on queries (``P`` per group:
+    ``num_queries``, or every token when there are fewer): reference boxes ``(B, G*P, 4)``
+    (detached), class logits ``(B, G*P, K)``, boxes ``(B, G*P, 4)``, the chosen memory tokens
+    ``(B, G*P)`` and their projected features ``(B, G*P, C)``."""
     ref: Tensor
     cls: Tensor
     boxes: Tensor
@@ -132,17 +135,15 @@ class LWDETRHead(SetPredictionHead):
     def proposals(self, memory: Memory, num_groups: int) -> Proposals:
         """Two-stage proposals of the first ``num_groups`` groups (see :class:`Proposals`)."""
         b, n, c = memory.tokens.shape
-        if n < self.num_queries:
-            raise ValueError(f'the maps give {n} tokens, fewer than num_queries='
-                             f'{self.num_queries}; use a larger input or fewer queries')
+        num_proposals = min(self.num_queries, n)
         anchors, usable = token_proposals(memory, self.anchor_size)            # (B, N, 4), (B, N)
         tokens = memory.tokens * usable[..., None].to(memory.tokens.dtype)
         refs, logits, boxes, inds, feats = [], [], [], [], []
         for g in range(num_groups):
             hidden = self.enc_output_norm[g](self.enc_output[g](tokens))         # (B, N, C)
             cls = self.enc_cls_branches[g](hidden)                               # (B, N, K)
-            top = cls.detach().max(-1).values.topk(self.num_queries, dim=1).indices  # (B, Q)
-            selected = hidden.gather(1, top[..., None].expand(-1, -1, c))        # (B, Q, C)
+            top = cls.detach().max(-1).values.topk(num_proposals, dim=1).indices  # (B, P)
+            selected = hidden.gather(1, top[..., None].expand(-1, -1, c))        # (B, P, C)
             box = reparam_boxes(self.enc_reg_branches[g](selected),
                                 anchors.gather(1, top[..., None].expand(-1, -1, 4)))
             refs.append(box.detach())
@@ -172,7 +173,11 @@ class LWDETRHead(SetPredictionHead):
         groups = self.num_groups if self.training else 1
         props = self.proposals(memory, groups)
         total = groups * self.num_queries
-        ref = reparam_boxes(self.refpoint_embed.weight[:total], props.ref)     # (B, G*Q, 4)
+        proposed = props.ref.shape[1]                                           # G*P
+        ref = reparam_boxes(self.refpoint_embed.weight[:proposed], props.ref)  # (B, G*P, 4)
+        if proposed < total:  # fewer tokens than queries: the rest as learned (RF-DETR's rule)
+            rest = self.refpoint_embed.weight[proposed:total]                   # (G*Q - G*P, 4)
+            ref = torch.cat((ref, rest.expand(ref.shape[0], -1, -1)), 1)        # (B, G*Q, 4)
         query = self.query_feat.weight[:total].expand(ref.shape[0], -1, -1)     # (B, G*Q, C)
         hidden = self.decoder(query.to(memory.tokens.dtype), ref, memory, groups)
         return Decoded(hidden, ref, props)
