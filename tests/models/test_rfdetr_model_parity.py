@@ -11,7 +11,10 @@ through its own normalisation (``RFDETR.means`` / ``stds`` on [0, 1] RGB, as its
 the backbone taps and the projector output (<= 1e-5 relative), the top-k proposal tokens
 (equal), every layer's ``pred_logits`` / ``pred_boxes`` and the proposals' (<= 1e-4 abs), and
 mmdet's ``predict`` against rfdetr's ``PostProcess`` in the original images (labels equal,
-scores <= 1e-4, boxes <= 1e-3 of the side). rfdetr's model runs at any height and width
+scores <= 1e-4, boxes <= 1e-3 of the side). Ties (:data:`TIE_TOL`): proposal tokens must be
+rfdetr's, in its order but where their ranking logits tie, and our query slots take rfdetr's
+order of those (each slot has its own learned query, so the decoder is compared slot by slot);
+a detection may sit at another rank than rfdetr's only among tied scores. rfdetr's model runs at any height and width
 divisible by patch x windows (32), squares or not; our head needs at least ``num_queries``
 (300) tokens, so the smallest sizes here give 18 x 18 / 16 x 20 patches. RF-DETR's real sizes
 are ``slow`` (``make test-all``); docs/rfdetr.md "Whole-model parity" has the measured errors.
@@ -29,6 +32,7 @@ from torchvision.transforms.functional import normalize
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.config import load_config
+from vitdet_plugin.models.heads.lwdetr_head import Proposals
 from vitdet_plugin.models.backbones.base import state_shapes
 from vitdet_plugin.weights import CheckpointTarget, load_checkpoint
 from vitdet_plugin.weights.rfdetr import RFDETR
@@ -36,7 +40,9 @@ from vitdet_plugin.weights.rfdetr import RFDETR
 #: Issue 50's tolerances: taps and projector (relative), logits and boxes (absolute),
 #: post-processed scores (absolute) and boxes (a fraction of the image side).
 FEATURE_TOL, HEAD_TOL, SCORE_TOL, BOX_SIDE_TOL = 1e-5, 1e-4, 1e-4, 1e-3
-#: Detection scores closer than this are a tie: their ranks may differ from rfdetr's.
+#: Scores closer than this tie (proposal ranking logits, detection probabilities): random
+#: weights crowd the best class logits of 300-1400 tokens into ~0.1 (and 300 x 91 detection
+#: scores likewise), so equal floats happen and their order is rounding's.
 TIE_TOL = 1e-5
 #: rfdetr's class and our config of each size.
 SIZES = {'N': ('RFDETRNano', 'configs/rfdetr/rfdetr_nano.py'),
@@ -133,7 +139,7 @@ def test_the_whole_model_matches_rfdetr(built, size, shape, monkeypatch):
     x = normalize(rgb, theirs.means, theirs.stds)          # rfdetr's predict's normalisation
     assert (data['inputs'] - x).abs().max() <= 1e-5
     ref_taps, ref_proj, ref_enc_cls = [], [], []
-    taps, proj, head_out, proposals = [], [], [], []
+    taps, proj, head_out, proposals = [], [], [], []  # proposals: tie-reordered count
     hooks = [_record(net.backbone[0].encoder, ref_taps),
              _record(net.backbone[0].projector, ref_proj),
              _record(net.transformer.enc_out_class_embed[0], ref_enc_cls),
@@ -142,11 +148,22 @@ def test_the_whole_model_matches_rfdetr(built, size, shape, monkeypatch):
     head = ours.bbox_head
     propose = head.proposals
 
-    def recorded_proposals(*args):
-        proposals.append(propose(*args))
-        return proposals[-1]
+    def proposals_in_rfdetrs_tie_order(memory, groups):
+        """Our proposals, tokens that tie with rfdetr's (:data:`TIE_TOL`) in its order."""
+        props = propose(memory, groups)
+        ranking = ref_enc_cls[0].max(-1).values                              # (B, N)
+        # rfdetr's proposals: the top num_queries tokens by the best class logit of group 0
+        want = ranking.topk(head.num_queries, dim=1).indices                 # (B, Q)
+        same = props.token_inds[:, None, :] == want[:, :, None]              # (B, Q, Q)
+        assert bool(same.any(-1).all()), 'our proposal tokens are not rfdetr\'s'
+        assert float((ranking.gather(1, props.token_inds) - ranking.gather(1, want)).abs().max()
+                     ) <= TIE_TOL, 'proposal tokens in another order than rfdetr\'s, not ties'
+        order = same.to(torch.int64).argmax(-1)                              # (B, Q)
+        proposals.append(int((order != torch.arange(head.num_queries)).sum()))
+        return Proposals._make(f.gather(1, order.view(*order.shape, *[1] * (f.dim() - 2))
+                                        .expand(*order.shape, *f.shape[2:])) for f in props)
 
-    monkeypatch.setattr(head, 'proposals', recorded_proposals)
+    monkeypatch.setattr(head, 'proposals', proposals_in_rfdetrs_tie_order)
     with torch.no_grad():
         ref = net(x)
         expected = theirs.model.postprocess(ref, torch.tensor(ORIGINALS))
@@ -158,12 +175,7 @@ def test_the_whole_model_matches_rfdetr(built, size, shape, monkeypatch):
     assert len(taps[0]) == len(ref_taps[0]) == 4 and len(proj[0]) == len(ref_proj[0]) == 1
     errors['taps (rel)'] = max(max_rel_err(o, r) for o, r in zip(taps[0], ref_taps[0]))
     errors['projector (rel)'] = max_rel_err(proj[0][0], ref_proj[0][0])
-    # rfdetr's proposals: the top num_queries tokens by the best class logit of group 0
-    ranking = ref_enc_cls[0].max(-1).values                                  # (B, N)
-    expected_top = ranking.topk(head.num_queries, dim=1).indices
-    assert torch.equal(proposals[0].token_inds, expected_top), (
-        'proposal tokens differ; the scores of the swapped ones: '
-        f'{ranking.gather(1, proposals[0].token_inds)[proposals[0].token_inds != expected_top]}')
+    errors['proposals in a tie order'] = proposals[0]
     outs = head_out[0]
     want_cls = [a['pred_logits'] for a in ref['aux_outputs']] + [ref['pred_logits']]
     want_box = [a['pred_boxes'] for a in ref['aux_outputs']] + [ref['pred_boxes']]
@@ -186,5 +198,6 @@ def test_the_whole_model_matches_rfdetr(built, size, shape, monkeypatch):
     limits = {'taps (rel)': FEATURE_TOL, 'projector (rel)': FEATURE_TOL,
               'pred_logits': HEAD_TOL, 'pred_boxes': HEAD_TOL, 'proposal logits': HEAD_TOL,
               'proposal boxes': HEAD_TOL, 'scores': SCORE_TOL,
-              'boxes (of the side)': BOX_SIDE_TOL, 'detections at another rank': torch.inf}
+              'boxes (of the side)': BOX_SIDE_TOL, 'detections at another rank': torch.inf,
+              'proposals in a tie order': torch.inf}
     assert all(v <= limits[k] for k, v in errors.items()), errors
