@@ -14,10 +14,12 @@ mmdet's ``predict`` against rfdetr's ``PostProcess`` in the original images (lab
 scores <= 1e-4, boxes <= 1e-3 of the side). Ties (:data:`TIE_TOL`): proposal tokens must be
 rfdetr's, in its order but where their ranking logits tie, and our query slots take rfdetr's
 order of those (each slot has its own learned query, so the decoder is compared slot by slot);
-a detection may sit at another rank than rfdetr's only among tied scores. rfdetr's model runs at any height and width
-divisible by patch x windows (32), squares or not; our head needs at least ``num_queries``
-(300) tokens, so the smallest sizes here give 18 x 18 / 16 x 20 patches. RF-DETR's real sizes
-are ``slow`` (``make test-all``); docs/rfdetr.md "Whole-model parity" has the measured errors.
+a detection may sit at another rank than rfdetr's only among tied scores. rfdetr's model
+runs at any height and width divisible by patch x windows (32), squares or not; our head needs
+at least ``num_queries`` (300) tokens (with fewer, rfdetr gives its remaining queries their raw
+learned reference boxes), so the smallest sizes here give 18 x 18 / 16 x 20 patches. RF-DETR's
+real sizes are ``slow`` (``make test-all``); docs/rfdetr.md "Whole-model parity" has the
+measured errors.
 """
 from typing import Callable, Dict, List, Tuple
 
