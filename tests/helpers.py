@@ -6,7 +6,7 @@ import os
 import sysconfig
 from pathlib import Path
 from types import ModuleType
-from typing import Dict, List, NamedTuple, Sequence
+from typing import Any, Dict, List, NamedTuple, Sequence
 
 import torch
 from torch import Tensor
@@ -36,6 +36,24 @@ def randomize_(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
             else:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.05)
     return module
+
+
+def random_rfdetr(name: str, seed: int = 0) -> Any:
+    """The ``rfdetr`` package's model ``name`` (e.g. ``'RFDETRNano'``) built without pretrained
+    weights, every parameter of its ``LWDETR`` (``.model.model``) random (:func:`randomize_`),
+    in eval mode: the source of RF-DETR checkpoints in rfdetr's own format for parity tests."""
+    import rfdetr
+    model = getattr(rfdetr, name)(pretrain_weights=None)
+    randomize_(model.model.model, seed).eval()
+    return model
+
+
+def save_rfdetr_checkpoint(model: Any, path: str, **extra: Any) -> None:
+    """``model``'s (:func:`random_rfdetr`) state dict as rfdetr's pre-Lightning training loop
+    saves it: ``{'model': state_dict, 'args': argparse.Namespace, **extra}``."""
+    import argparse
+    torch.save({'model': model.model.model.state_dict(),
+                'args': argparse.Namespace(**vars(model.model.args)), **extra}, path)
 
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -18,7 +18,7 @@ from typing import Dict
 
 import pytest
 import torch
-from helpers import randomize_, run_tool
+from helpers import random_rfdetr, run_tool, save_rfdetr_checkpoint
 from mmdet.datasets import CocoDataset
 from mmdet.registry import MODELS
 from mmdet.utils import register_all_modules
@@ -63,9 +63,8 @@ def target(model: torch.nn.Module) -> CheckpointTarget:
 @pytest.fixture(scope='module')
 def nano():
     """rfdetr's RF-DETR N, every parameter random, and its ``LWDETR`` module."""
-    model = rfdetr.RFDETRNano(pretrain_weights=None)
-    randomize_(model.model.model)
-    return model, model.model.model.eval()
+    model = random_rfdetr('RFDETRNano')
+    return model, model.model.model
 
 
 @pytest.fixture(scope='module')
@@ -78,8 +77,7 @@ def files(nano, tmp_path_factory) -> Dict[str, str]:
     args = vars(model.model.args)
     paths = {'SimpleNamespace': str(root / 'roboflow' / 'weights.pt'),
              'Namespace': str(root / 'engine.pth'), 'dict': str(root / 'lightning.pth')}
-    torch.save({'model': state, 'args': argparse.Namespace(**args), 'epoch': 3},
-               paths['Namespace'])
+    save_rfdetr_checkpoint(model, paths['Namespace'], epoch=3)
     # BestModelCallback._build_checkpoint_payload's keys (its module needs pytorch_lightning,
     # rfdetr's training extra, not installed here)
     torch.save({'model': state, 'epoch': 3, 'state_dict': {f'model.{k}': v for k, v in
