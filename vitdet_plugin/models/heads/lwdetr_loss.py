@@ -16,12 +16,12 @@ from types import MappingProxyType
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
-from mmdet.structures.bbox import bbox_cxcywh_to_xyxy, bbox_overlaps, bbox_xyxy_to_cxcywh
+from mmdet.structures.bbox import bbox_overlaps, bbox_xyxy_to_cxcywh
 from mmdet.utils import reduce_mean
 from mmengine.structures import InstanceData
 from torch import Tensor
 
-from .set_criterion import SetCriterion, _factor
+from .set_criterion import SetCriterion, _factor, cxcywh_to_xyxy
 
 #: IA-BCE as mmdet's VarifocalLoss (see the module docstring); RF-DETR's class weight 1.
 IA_BCE_LOSS: Mapping[str, Any] = MappingProxyType(dict(
@@ -104,7 +104,7 @@ class GroupSetCriterion(SetCriterion):
         image, query, label = torch.cat(images), torch.cat(queries), torch.cat(labels)
         pred, target = boxes[image, query], torch.cat(targets)                   # (P, 4)
         with torch.no_grad():
-            iou = bbox_overlaps(bbox_cxcywh_to_xyxy(pred), target, is_aligned=True)
+            iou = bbox_overlaps(cxcywh_to_xyxy(pred), target, is_aligned=True)
             prob = cls_scores[image, query, label].sigmoid()
             score = (prob.pow(self.score_alpha) * iou.pow(1 - self.score_alpha)).clamp(
                 min=MIN_SCORE_TARGET)
@@ -113,6 +113,6 @@ class GroupSetCriterion(SetCriterion):
         loss_cls = self.loss_cls(cls_scores.reshape(-1, c), soft.reshape(-1, c), avg_factor=avg)
         factor = torch.cat(factors)
         loss_bbox = self.loss_bbox(pred, bbox_xyxy_to_cxcywh(target), avg_factor=avg)
-        loss_iou = self.loss_iou(bbox_cxcywh_to_xyxy(pred) * factor, target * factor,
+        loss_iou = self.loss_iou(cxcywh_to_xyxy(pred) * factor, target * factor,
                                  avg_factor=avg)
         return dict(loss_cls=loss_cls, loss_bbox=loss_bbox, loss_iou=loss_iou)

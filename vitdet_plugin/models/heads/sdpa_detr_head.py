@@ -21,14 +21,13 @@ import torch
 from mmdet.models.layers.transformer.utils import inverse_sigmoid
 from mmdet.registry import MODELS
 from mmdet.structures import SampleList
-from mmdet.structures.bbox import bbox_cxcywh_to_xyxy
 from mmengine.model import BaseModule, bias_init_with_prob
 from mmengine.structures import InstanceData
 from torch import Tensor, nn
 
 from .denoising import DenoisingQueries, split_outputs
 from .multiscale_memory import FlatMemory, MultiScaleMemory
-from .set_criterion import SetCriterion
+from .set_criterion import SetCriterion, cxcywh_to_xyxy
 from .transformer import MemoryEncoder, RefineDecoder, padding_bias
 
 #: Prior probability of the classification logits at init (focal-loss init).
@@ -404,7 +403,7 @@ def topk_detections(cls_score: Tensor, bbox_pred: Tensor, img_meta: dict, rescal
     max_per_img = min(max_per_img, cls_score.numel())
     scores, idx = cls_score.sigmoid().flatten().topk(max_per_img)
     labels = idx % num_classes
-    bboxes = bbox_cxcywh_to_xyxy(bbox_pred[idx // num_classes])
+    bboxes = cxcywh_to_xyxy(bbox_pred[idx // num_classes])
     img_h, img_w = img_meta['img_shape'][:2]
     bboxes[:, 0::2] = (bboxes[:, 0::2] * img_w).clamp(min=0, max=img_w)
     bboxes[:, 1::2] = (bboxes[:, 1::2] * img_h).clamp(min=0, max=img_h)

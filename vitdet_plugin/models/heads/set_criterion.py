@@ -26,6 +26,13 @@ DEFAULT_LOSS_BBOX = dict(type='L1Loss', loss_weight=5.0)
 DEFAULT_LOSS_IOU = dict(type='GIoULoss', loss_weight=2.0)
 
 
+
+def cxcywh_to_xyxy(boxes: Tensor) -> Tensor:
+    """``(..., 4)`` cxcywh -> xyxy with a negative width or height read as 0, as RF-DETR's
+    ``box_ops`` (a query on a raw learned reference box can predict one; sigmoid boxes never
+    do, so DETR's are unchanged)."""
+    return bbox_cxcywh_to_xyxy(torch.cat((boxes[..., :2], boxes[..., 2:].clamp(min=0)), -1))
+
 def _factor(img_meta: dict, like: Tensor) -> Tensor:
     """``(1, 4)`` ``[w, h, w, h]`` of the image (boxes are normalised by ``img_shape``)."""
     img_h, img_w = img_meta['img_shape'][:2]
@@ -72,7 +79,7 @@ class SetCriterion(nn.Module):
             ``(query_inds, gt_inds)`` of the matched pairs.
         """
         pred = InstanceData(scores=cls_score.float(),
-                            bboxes=bbox_cxcywh_to_xyxy(boxes.float()) * _factor(img_meta, boxes))
+                            bboxes=cxcywh_to_xyxy(boxes.float()) * _factor(img_meta, boxes))
         gt = InstanceData(bboxes=gt_instances.bboxes.float(), labels=gt_instances.labels)
         if masks is not None:
             pred.masks, gt.masks = masks.float(), gt_instances.masks
@@ -97,7 +104,7 @@ class SetCriterion(nn.Module):
         if num_gts == 0 or num_preds == 0:
             return empty, empty
         pred = InstanceData(scores=cls_score.float(),
-                            bboxes=bbox_cxcywh_to_xyxy(boxes.float()) * _factor(img_meta, boxes))
+                            bboxes=cxcywh_to_xyxy(boxes.float()) * _factor(img_meta, boxes))
         gt = InstanceData(bboxes=gt_instances.bboxes.float(), labels=gt_instances.labels)
         cost = torch.stack([c(pred_instances=pred, gt_instances=gt, img_meta=img_meta)
                             for c in self.match_costs]).sum(0)                   # (Q, G)
@@ -159,6 +166,6 @@ class SetCriterion(nn.Module):
         target_xyxy = torch.cat(pos_tgt)
         factor = torch.cat(factors)
         loss_bbox = self.loss_bbox(pred, bbox_xyxy_to_cxcywh(target_xyxy), avg_factor=avg)
-        loss_iou = self.loss_iou(bbox_cxcywh_to_xyxy(pred) * factor, target_xyxy * factor,
+        loss_iou = self.loss_iou(cxcywh_to_xyxy(pred) * factor, target_xyxy * factor,
                                  avg_factor=avg)
         return dict(loss_cls=loss_cls, loss_bbox=loss_bbox, loss_iou=loss_iou)
