@@ -32,13 +32,20 @@ def _reference_losses(criterion: RefCriterion, ref_out: Dict, targets) -> Dict[s
     return our_loss_names(criterion(ref_out, targets), WEIGHTS, OUR_TERM)
 
 
-@pytest.mark.parametrize('size,counts', [('N', [3, 1]), ('S', [2, 4])])
-def test_losses_and_gradients_match_rfdetr(size, counts):
+#: a 3 x 3 map of 48 x 48 images: 9 tokens for 12 queries per group (RF-DETR N at its smallest
+#: training scales)
+FEW_TOKENS = ((3, 3), (48, 48))
+
+
+@pytest.mark.parametrize('size,counts,grid,img', [('N', [3, 1], (6, 7), IMG),
+                                                  ('S', [2, 4], (6, 7), IMG),
+                                                  ('N', [2, 3], *FEW_TOKENS)])
+def test_losses_and_gradients_match_rfdetr(size, counts, grid, img):
     pair = build_pair(size, seed=11)
     pair.ref.train()
     pair.ours.train()
-    feats, metas, masks = inputs([(6, 7)], [IMG, IMG], seed=12)
-    ref_targets, gts = random_targets(13, counts, IMG)
+    feats, metas, masks = inputs([grid], [img, img], seed=12)
+    ref_targets, gts = random_targets(13, counts, img)
     criterion = RefCriterion(CLASSES, HungarianMatcher(**COSTS), WEIGHTS, focal_alpha=0.25,
                              losses=['labels', 'boxes'], group_detr=GROUPS, ia_bce_loss=True)
     criterion.train()

@@ -7,6 +7,7 @@ are computed in fp32 whatever the autocast dtype of the predictions.
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
+from mmdet.models.task_modules.assigners.match_cost import IoUCost
 from mmdet.registry import MODELS, TASK_UTILS
 from mmdet.structures.bbox import bbox_cxcywh_to_xyxy, bbox_xyxy_to_cxcywh
 from mmdet.utils import reduce_mean
@@ -18,7 +19,7 @@ DEFAULT_ASSIGNER = dict(
     match_costs=[
         dict(type='FocalLossCost', weight=2.0),
         dict(type='BBoxL1Cost', weight=5.0, box_format='xywh'),
-        dict(type='IoUCost', iou_mode='giou', weight=2.0)
+        dict(type='ClampedIoUCost', iou_mode='giou', weight=2.0)
     ])
 DEFAULT_LOSS_CLS = dict(type='FocalLoss', use_sigmoid=True, gamma=2.0, alpha=0.25,
                         loss_weight=2.0)
@@ -26,12 +27,25 @@ DEFAULT_LOSS_BBOX = dict(type='L1Loss', loss_weight=5.0)
 DEFAULT_LOSS_IOU = dict(type='GIoULoss', loss_weight=2.0)
 
 
-
 def cxcywh_to_xyxy(boxes: Tensor) -> Tensor:
     """``(..., 4)`` cxcywh -> xyxy with a negative width or height read as 0, as RF-DETR's
     ``box_ops`` (a query on a raw learned reference box can predict one; sigmoid boxes never
     do, so DETR's are unchanged)."""
     return bbox_cxcywh_to_xyxy(torch.cat((boxes[..., :2], boxes[..., 2:].clamp(min=0)), -1))
+
+
+@TASK_UTILS.register_module()
+class ClampedIoUCost(IoUCost):
+    """mmdet's ``IoUCost`` with an inverted predicted box (``x2 < x1`` or ``y2 < y1``: a
+    negative predicted size) read as zero-sized at its centre, as RF-DETR's matcher does; the
+    L1 cost (``BBoxL1Cost``) still sees the size as predicted, as RF-DETR's."""
+
+    def __call__(self, pred_instances: InstanceData, gt_instances: InstanceData,
+                 img_meta: Optional[dict] = None, **kwargs) -> Tensor:
+        xyxy = pred_instances.bboxes
+        clamped = InstanceData(bboxes=cxcywh_to_xyxy(bbox_xyxy_to_cxcywh(xyxy)))
+        return super().__call__(clamped, gt_instances, img_meta, **kwargs)
+
 
 def _factor(img_meta: dict, like: Tensor) -> Tensor:
     """``(1, 4)`` ``[w, h, w, h]`` of the image (boxes are normalised by ``img_shape``)."""
@@ -79,7 +93,7 @@ class SetCriterion(nn.Module):
             ``(query_inds, gt_inds)`` of the matched pairs.
         """
         pred = InstanceData(scores=cls_score.float(),
-                            bboxes=cxcywh_to_xyxy(boxes.float()) * _factor(img_meta, boxes))
+                            bboxes=bbox_cxcywh_to_xyxy(boxes.float()) * _factor(img_meta, boxes))
         gt = InstanceData(bboxes=gt_instances.bboxes.float(), labels=gt_instances.labels)
         if masks is not None:
             pred.masks, gt.masks = masks.float(), gt_instances.masks
@@ -104,7 +118,7 @@ class SetCriterion(nn.Module):
         if num_gts == 0 or num_preds == 0:
             return empty, empty
         pred = InstanceData(scores=cls_score.float(),
-                            bboxes=cxcywh_to_xyxy(boxes.float()) * _factor(img_meta, boxes))
+                            bboxes=bbox_cxcywh_to_xyxy(boxes.float()) * _factor(img_meta, boxes))
         gt = InstanceData(bboxes=gt_instances.bboxes.float(), labels=gt_instances.labels)
         cost = torch.stack([c(pred_instances=pred, gt_instances=gt, img_meta=img_meta)
                             for c in self.match_costs]).sum(0)                   # (Q, G)
