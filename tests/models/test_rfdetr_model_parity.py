@@ -49,7 +49,11 @@ TIE_TOL = 1e-5
 #: rfdetr's class and our config of each size.
 SIZES = {'N': ('RFDETRNano', 'configs/rfdetr/rfdetr_nano.py'),
          'S': ('RFDETRSmall', 'configs/rfdetr/rfdetr_small.py'),
-         'M': ('RFDETRMedium', 'configs/rfdetr/rfdetr_medium.py')}
+         'M': ('RFDETRMedium', 'configs/rfdetr/rfdetr_medium.py'),
+         'N-Seg': ('RFDETRSegNano', 'configs/rfdetr/rfdetr_seg_nano.py')}
+#: Post-processed masks: the fraction of pixels allowed to differ (where a mask logit, resized
+#: to the image, is within rounding of 0).
+MASK_PIXEL_TOL = 1e-3
 #: The checkpoint's classifier: rfdetr's num_classes=90 plus one.
 LOGITS = 91
 #: Original image sizes (height, width) of the batch's two images.
@@ -65,7 +69,9 @@ CASES = (_cases('N', [(224, 224), (256, 320)], slow=False)
          + _cases('N', [(288, 288)], slow=True)
          + _cases('N', [(384, 384), (512, 512)], slow=True)
          + _cases('S', [(512, 512), (480, 640)], slow=True)
-         + _cases('M', [(576, 576), (512, 704)], slow=True))
+         + _cases('M', [(576, 576), (512, 704)], slow=True)
+         + _cases('N-Seg', [(192, 240)], slow=False)
+         + _cases('N-Seg', [(312, 312), (288, 384)], slow=True))
 
 
 @pytest.fixture(scope='module')
@@ -111,6 +117,15 @@ def _inputs(ours: nn.Module, shape: Tuple[int, int]) -> Tuple[dict, Tensor]:
     data = ours.data_preprocessor(dict(inputs=images, data_samples=samples), False)
     rgb = torch.stack(images).flip(1).float() / 255                            # (B, 3, H, W)
     return data, rgb
+
+
+def _mask_diff(pred: InstanceData, want: Dict[str, Tensor]) -> float:
+    """The fraction of pixels of the post-processed masks that differ from rfdetr's, over the
+    detections at rfdetr's rank (same label, scores within :data:`TIE_TOL`)."""
+    same = (pred.labels == want['labels']) & ((pred.scores - want['scores']).abs() <= TIE_TOL)
+    theirs = want['masks'].squeeze(1) if want['masks'].dim() == 4 else want['masks']
+    assert pred.masks.shape == theirs.shape, (pred.masks.shape, theirs.shape)
+    return float((pred.masks[same] != theirs[same].bool()).float().mean())
 
 
 def _match(pred: InstanceData, want: Dict[str, Tensor], side: Tensor) -> Tuple[float, float, int]:
@@ -181,7 +196,7 @@ def test_the_whole_model_matches_rfdetr(built, size, shape, monkeypatch):
     errors['taps (rel)'] = max(max_rel_err(o, r) for o, r in zip(taps[0], ref_taps[0]))
     errors['projector (rel)'] = max_rel_err(proj[0][0], ref_proj[0][0])
     errors['proposals in a tie order'] = proposals[0]
-    outs = head_out[0]
+    outs = getattr(head_out[0], 'det', head_out[0])  # LWDETRSegHead: detections + masks
     want_cls = [a['pred_logits'] for a in ref['aux_outputs']] + [ref['pred_logits']]
     want_box = [a['pred_boxes'] for a in ref['aux_outputs']] + [ref['pred_boxes']]
     assert outs.all_cls_scores.shape == (len(want_cls), len(ORIGINALS), head.num_queries, LOGITS)
@@ -193,6 +208,17 @@ def test_the_whole_model_matches_rfdetr(built, size, shape, monkeypatch):
                                        - ref['enc_outputs']['pred_logits']).abs().max())
     errors['proposal boxes'] = float((outs.enc_bbox_preds
                                       - ref['enc_outputs']['pred_boxes']).abs().max())
+    mask_limits = {}
+    if 'pred_masks' in ref:  # every layer's mask logits, relative to the largest (>= 1)
+        mask_embeddings = head_out[0].masks
+        want_masks = [a['pred_masks'] for a in ref['aux_outputs']] + [ref['pred_masks']]
+        errors['mask logits (of the largest)'] = max(
+            float((mask_embeddings.logits(i) - r).abs().max() / r.abs().max().clamp_min(1))
+            for i, r in enumerate(want_masks))
+        errors['mask pixels differing'] = max(_mask_diff(r.pred_instances, want)
+                                              for r, want in zip(results, expected))
+        mask_limits = {'mask logits (of the largest)': HEAD_TOL,
+                       'mask pixels differing': MASK_PIXEL_TOL}
     matches = [_match(r.pred_instances, want, torch.tensor([w, h, w, h]))
                for r, want, (h, w) in zip(results, expected, ORIGINALS)]
     errors['scores'] = max(m[0] for m in matches)
@@ -204,5 +230,5 @@ def test_the_whole_model_matches_rfdetr(built, size, shape, monkeypatch):
               'pred_logits': HEAD_TOL, 'pred_boxes': HEAD_TOL, 'proposal logits': HEAD_TOL,
               'proposal boxes': HEAD_TOL, 'scores': SCORE_TOL,
               'boxes (of the side)': BOX_SIDE_TOL, 'detections at another rank': torch.inf,
-              'proposals in a tie order': torch.inf}
+              'proposals in a tie order': torch.inf, **mask_limits}
     assert all(v <= limits[k] for k, v in errors.items()), errors
