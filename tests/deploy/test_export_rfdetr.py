@@ -97,7 +97,7 @@ def test_what_the_graph_does_not_repeat_is_refused(model):
 
     with pytest.raises(ValueError, match=r'^TwoStage with LWDETRHead: no LW-DETR end-to-end '
                                          r'export \(supported: a single-stage detector, '
-                                         r'extract_feat -> bbox_head LWDETRHead\)$'):
+                                         r'extract_feat -> bbox_head LWDETRHead/LWDETRSegHead\)$'):
         check_lwdetr(TwoStage())
 
 

@@ -12,7 +12,9 @@
   the first ``num_dets[b]`` rows of image ``b`` are its detections, by descending score; the
   rest are padding (boxes 0, scores 0, labels -1); with a mask head also ``masks``
   ``(B, K, H, W)`` uint8 0 / 1 at the input's size and ``mask_probs`` ``(B, K, S, S)`` float32,
-  the mask head's probabilities they are pasted from (padding rows all 0); a Panoptic FPN
+  the mask head's probabilities they are pasted from (padding rows all 0); RF-DETR-Seg
+  replaces ``mask_probs`` by ``mask_logits`` ``(B, K, Hp / 4, Wp / 4)`` float32, its mask
+  logits over the padded input they are resized from (:mod:`.lwdetr`); a Panoptic FPN
   adds ``sem_logits`` ``(B, C, Hs, Ws)`` float32, its semantic head's logits at the head's
   stride of the padded input, which the runner resizes and fuses with the instances
   (:mod:`.panoptic`).
@@ -36,11 +38,13 @@ from ..models.layers import eager_attention
 from .deformable_detr import Dino, check_dino, is_deformable_detr
 from .graph_ops import (DROPPED_SCORE, NmsConfig, anchor_candidates, large_enough,
                         nms_survivors, query_class_top_k, top_k_padded, translation_table)
-from .graph_ops import PAD_LABEL  # noqa: F401  (the I/O contract's padding label, re-exported)
-from .lwdetr import LWDetr, check_lwdetr, is_lwdetr, token_meta
+from .graph_ops import PAD_LABEL  # (also the I/O contract's padding label, re-exported)
+from .lwdetr import (LWDetr, check_lwdetr, is_lwdetr, masks_at_input, token_meta,
+                     top_k_queries)
 from .onnx_export import EXPORT_SAMPLE_SIZE, OPSET, dynamic_shapes
 from .panoptic import SEMANTIC_OUTPUT
-from .runner import INPUT_NAME, MASK_OUTPUTS, META_KEY, META_VERSION, OUTPUT_NAMES
+from .runner import (INPUT_NAME, MASK_OUTPUTS, META_KEY, META_VERSION, OUTPUT_NAMES,
+                     SEG_MASK_OUTPUTS)
 from .two_stage import TwoStage, check_two_stage
 
 #: The stride probe image is this many ``pad_size_divisor`` on a side.
@@ -182,10 +186,12 @@ class EndToEndDetector(nn.Module):
     @property
     def output_names(self) -> List[str]:
         """:data:`OUTPUT_NAMES`, then ``masks`` and ``mask_probs`` when the detector has a
-        mask head, then ``sem_logits`` for a Panoptic FPN."""
+        mask head (RF-DETR-Seg: ``masks`` and ``mask_logits``), then ``sem_logits`` for a
+        Panoptic FPN."""
         with_mask = self.two_stage is not None and self.two_stage.with_mask
+        seg = self.lwdetr is not None and self.lwdetr.with_mask
         return list(OUTPUT_NAMES) + (list(MASK_OUTPUTS) if with_mask else []) + \
-            ([SEMANTIC_OUTPUT] if self.panoptic else [])
+            (list(SEG_MASK_OUTPUTS) if seg else []) + ([SEMANTIC_OUTPUT] if self.panoptic else [])
 
     def forward(self, image: Tensor, score_thr: Optional[Tensor] = None) -> Tuple[Tensor, ...]:
         """Detections of a ``(B, 3, H, W)`` uint8 batch; ``score_thr``: a ``()`` float32
@@ -193,7 +199,10 @@ class EndToEndDetector(nn.Module):
         thr = self.default_score_thr if score_thr is None else score_thr
         h, w = image.shape[-2:]
         x = self.preprocess(image)
+        padded = (x.shape[-2], x.shape[-1])
         feats = self.model.extract_feat(x)
+        mask_logits: Optional[Tensor] = None
+        logit_count: Any = 1  # RF-DETR-Seg: its class logits per query
         if self.two_stage is not None:
             proposals, real = self.two_stage.proposals(feats, h, w)
             boxes, scores, labels = self.two_stage.detections(feats, proposals, real, h, w,
@@ -201,8 +210,11 @@ class EndToEndDetector(nn.Module):
         elif self.kind == 'detr':
             boxes, scores, labels = self._detr(feats, x, h, w, thr)
         elif self.lwdetr is not None:  # LWDETRHead.predict_by_feat: SetPredictionHead's
-            boxes, scores, labels = self._set_top_k(
-                *self.lwdetr.head_outputs(feats, (x.shape[-2], x.shape[-1]), (h, w)), h, w, thr)
+            cls, box, mask_logits = self.lwdetr.head_outputs(feats, padded, (h, w))
+            boxes, scores, labels = self._set_top_k(cls, box, h, w, thr)
+            if mask_logits is not None:  # each detection's query rides the top-k in its label
+                logit_count = cls.shape[-1]
+                labels = labels + logit_count * top_k_queries(cls, self.max_per_img)
         elif self.dino is not None:  # DeformableDETRHead.predict_by_feat: no score_thr
             boxes, scores, labels = query_class_top_k(*self.dino.head_outputs(feats),
                                                       self.max_per_img, h, w)
@@ -211,6 +223,11 @@ class EndToEndDetector(nn.Module):
         out: Tuple[Tensor, ...] = top_k_padded(boxes, scores, labels, self.max_per_img)
         if self.two_stage is not None and self.two_stage.with_mask:
             out = out + self.two_stage.masks(feats, out[0], out[2], h, w)
+        if mask_logits is not None:  # RF-DETR-Seg: label + classes * query -> label, masks
+            codes, keep = out[2], out[2] != PAD_LABEL
+            out = out[:2] + (torch.where(keep, codes % logit_count, PAD_LABEL), out[3]) + \
+                masks_at_input(mask_logits, codes.clamp(min=0) // logit_count, keep, padded,
+                               (h, w))
         if self.panoptic:  # the semantic head's logits at its stride: (B, C, Hs, Ws)
             out = out + (self.model.semantic_head(feats)['seg_preds'].float(),)
         return out

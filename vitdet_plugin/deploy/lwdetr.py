@@ -20,25 +20,33 @@ a batch of images that all have the input's size ``h x w``, padded to ``pad_size
   the last layer's output through the shared final norm and the class / box branches, boxes
   relative to the initial references;
 * the caller's :func:`~.graph_ops.query_class_top_k` (``predict_by_feat``): sigmoid scores,
-  top-k over queries x classes, boxes in input pixels, clipped; no NMS.
+  top-k over queries x classes, boxes in input pixels, clipped; no NMS;
+* RF-DETR-Seg (``LWDETRSegHead``): the head's own ``mask_branch`` on the first map, the last
+  layer's queries and the proposals' features, its last layer's mask logits ``(B, Q, Hm, Wm)``
+  at a quarter of the padded batch; :func:`masks_at_input` gives the top-k detections' masks
+  at the input's size with the head's own ``masks_to_image`` (one bilinear ``GridSample``,
+  then ``> 0``).
 
 Sizes: any, as the model (DINOv2's position table is resized to the token grid in the graph,
 antialiased bicubic, ONNX ``Resize``). At least ``num_queries`` tokens must reach the head, as
 the head refuses fewer in PyTorch; the graph cannot say so (onnxruntime fails in ``TopK``), so
 :func:`token_meta` stores what the runner needs to refuse such an image first.
 """
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from mmdet.models.layers.transformer.utils import coordinate_to_encoding
 from torch import Tensor
 
+from ..models.heads.lwdetr_seg_head import masks_to_image
 from ..models.heads.lwdetr_transformer import Memory, reparam_boxes
 from ..models.heads.multiscale_memory import _valid_mask
 from .deformable_detr import Shapes, deformable_attention
 
 #: What the export repeats (type names).
-HEADS = ('LWDETRHead',)
+HEADS = ('LWDETRHead', 'LWDETRSegHead')
+#: Of those, the heads with a mask branch (``mask_branch``).
+MASK_HEADS = ('LWDETRSegHead',)
 #: The stride probe image is this many ``pad_size_divisor`` on a side.
 PROBE_MULTIPLE = 4
 
@@ -102,11 +110,13 @@ class LWDetr:
     def __init__(self, model: Any) -> None:
         check_lwdetr(model)
         self.model = model
+        self.with_mask = type(model.bbox_head).__name__ in MASK_HEADS
 
     def head_outputs(self, feats: List[Tensor], padded: Tuple[Any, Any], size: Tuple[Any, Any]
-                     ) -> Tuple[Tensor, Tensor]:
+                     ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
         """The last decoder layer's ``(B, Q, classes)`` logits and ``(B, Q, 4)`` boxes (cxcywh,
-        normalised by the image's valid area): ``LWDETRHead.forward``'s last entries."""
+        normalised by the image's valid area): ``LWDETRHead.forward``'s last entries; with a
+        mask head its ``(B, Q, Hm, Wm)`` mask logits over the padded batch (else None)."""
         head = self.model.bbox_head
         memory = graph_memory(list(feats), padded, size)
         props = head.proposals(memory, 1)
@@ -114,7 +124,10 @@ class LWDetr:
         ref = reparam_boxes(head.refpoint_embed.weight[:q], props.ref)        # (B, Q, 4)
         query = head.query_feat.weight[:q].expand(ref.shape[0], -1, -1)      # (B, Q, C)
         hidden = self.decode(query.to(memory.tokens.dtype), ref, memory)
-        return head.cls_branch(hidden), reparam_boxes(head.reg_branch(hidden), ref)
+        masks = None
+        if self.with_mask:  # the last layer only: its queries as a stack of one (1, B, Q, C)
+            masks = head.mask_branch(feats[0], hidden[None], props.hidden, padded).logits(-1)
+        return head.cls_branch(hidden), reparam_boxes(head.reg_branch(hidden), ref), masks
 
     def decode(self, query: Tensor, ref: Tensor, memory: Memory) -> Tensor:
         """``LWDETRDecoder`` with one query group: the last layer's normed ``(B, Q, C)``."""
@@ -132,6 +145,33 @@ class LWDetr:
                                                      memory.padding_mask))
             query = layer.norm3(query + layer.ffn(query))
         return decoder.norm(query)
+
+
+def top_k_queries(cls: Tensor, k: int) -> Tensor:
+    """The ``(B, k)`` query of each of :func:`~.graph_ops.query_class_top_k`'s detections on
+    the ``(B, Q, C)`` logits (its top-k over queries x classes, the same op on the same input,
+    so the same order)."""
+    k = min(k, cls.shape[1] * cls.shape[2])
+    return cls.float().sigmoid().flatten(1).topk(k, dim=1).indices // cls.shape[2]
+
+
+def masks_at_input(logits: Tensor, queries: Tensor, keep: Tensor, padded: Tuple[Any, Any],
+                   size: Tuple[Any, Any]) -> Tuple[Tensor, Tensor]:
+    """``LWDETRSegHead.predict_by_feat``'s masks of the final detections: the ``(B, Q, Hm, Wm)``
+    mask logits of their ``(B, K)`` ``queries`` (``keep`` False in padding rows) resized to the
+    input's ``size`` (``masks_to_image``: the image's part of the padded batch ``padded``, one
+    bilinear resize, ``> 0``). Returns ``(B, K, h, w)`` uint8 0 / 1 masks and the gathered
+    ``(B, K, Hm, Wm)`` float32 logits (0 in padding rows; the runner resizes them to another
+    image size)."""
+    b, k = queries.shape
+    hm, wm = logits.shape[-2:]
+    picked = torch.gather(logits.float(), 1,
+                          queries[..., None, None].expand(-1, -1, hm, wm))   # (B, K, Hm, Wm)
+    picked = torch.where(keep[..., None, None], picked, 0.0)
+    meta = dict(batch_input_shape=padded, img_shape=size, ori_shape=size)
+    masks = masks_to_image(picked.reshape(b * k, hm, wm), meta, False)       # (B*K, h, w)
+    masks = masks.reshape(b, k, size[0], size[1]) & keep[..., None, None]
+    return masks.to(torch.uint8), picked
 
 
 def token_meta(model: Any, pad_divisor: int, channels: int) -> Dict[str, Any]:

@@ -34,6 +34,10 @@ OUTPUT_NAMES = ('boxes', 'scores', 'labels', 'num_dets')
 #: masks at the input's size and the mask head's probabilities they are pasted from.
 MASK_OUTPUT, MASK_PROBS_OUTPUT = 'masks', 'mask_probs'
 MASK_OUTPUTS = (MASK_OUTPUT, MASK_PROBS_OUTPUT)
+#: RF-DETR-Seg's instead: the masks and the mask logits over the padded input (at a quarter of
+#: its size) they are resized from.
+MASK_LOGITS_OUTPUT = 'mask_logits'
+SEG_MASK_OUTPUTS = (MASK_OUTPUT, MASK_LOGITS_OUTPUT)
 #: Offset of a pixel's centre from its corner (mmdet's ``_do_paste_mask`` samples there), and
 #: of a mask cell's centre from its corner.
 PIXEL_CENTRE = 0.5
@@ -161,6 +165,12 @@ class OnnxDetector:
         masks = None
         if self.with_masks and (sx, sy) == (1.0, 1.0):  # the graph's masks are the image's
             masks = outputs[MASK_OUTPUT][0, :n]
+        elif MASK_LOGITS_OUTPUT in outputs:  # resized to the original size, as predict does
+            padded = tuple(-(-side // int(self.meta['tokens']['pad_size_divisor'])) *
+                           int(self.meta['tokens']['pad_size_divisor'])
+                           for side in batch.shape[-2:])
+            masks = resize_logits(outputs[MASK_LOGITS_OUTPUT][0, :n], batch.shape[-2:], padded,
+                                  image.shape[:2])
         elif self.with_masks:  # pasted at the original size, as mmdet's rescaled predict does
             masks = np.stack([paste_mask(p, box, image.shape[:2], self.meta['mask_thr_binary'])
                               for p, box in zip(outputs[MASK_PROBS_OUTPUT][0, :n], boxes)]) \
@@ -199,4 +209,23 @@ def _bilinear_weights(length: int, start: float, end: float, cells: int) -> np.n
     extent = end - start
     pos = (centres - start) / extent * cells - PIXEL_CENTRE if extent != 0 else \
         np.full(length, cells / 2 - PIXEL_CENTRE)
+    return np.clip(1 - np.abs(pos[:, None] - np.arange(cells)), 0, None)  # (length, cells)
+
+
+def resize_logits(logits: np.ndarray, size: Tuple[int, int], padded: Tuple[int, int],
+                  out: Tuple[int, int]) -> np.ndarray:
+    """RF-DETR-Seg's ``masks_to_image`` in numpy: ``(N, Hm, Wm)`` mask logits over the
+    ``padded`` graph input, whose image part has the input's ``size``, resized bilinearly
+    (``grid_sample``, ``align_corners=False``, border) to ``out`` ``(H, W)``, then ``> 0``:
+    ``(N, H, W)`` uint8 0 / 1. Separable: ``rows (H, Hm) @ logits @ cols (W, Wm)^T``."""
+    rows = _border_weights(out[0], size[0] / padded[0], logits.shape[1])
+    cols = _border_weights(out[1], size[1] / padded[1], logits.shape[2])
+    return (rows @ logits.astype(np.float64) @ cols.T > 0).astype(np.uint8)
+
+
+def _border_weights(length: int, part: float, cells: int) -> np.ndarray:
+    """``(length, cells)``: bilinear weights of the first ``part`` of ``cells`` cells at
+    ``length`` pixel centres, positions clamped to the cells (``grid_sample``'s border)."""
+    pos = (np.arange(length) + PIXEL_CENTRE) * part * cells / length - PIXEL_CENTRE
+    pos = np.clip(pos, 0, cells - 1)
     return np.clip(1 - np.abs(pos[:, None] - np.arange(cells)), 0, None)  # (length, cells)
