@@ -28,9 +28,10 @@ a batch of images that all have the input's size ``h x w``, padded to ``pad_size
   then ``> 0``).
 
 Sizes: any, as the model (DINOv2's position table is resized to the token grid in the graph,
-antialiased bicubic, ONNX ``Resize``). At least ``num_queries`` tokens must reach the head, as
-the head refuses fewer in PyTorch; the graph cannot say so (onnxruntime fails in ``TopK``), so
-:func:`token_meta` stores what the runner needs to refuse such an image first.
+antialiased bicubic, ONNX ``Resize``). At least ``num_queries`` tokens must reach the head: the
+graph's proposal ``TopK`` is fixed at ``num_queries`` (in PyTorch the head takes fewer, as
+RF-DETR); the graph cannot say so (onnxruntime fails in ``TopK``), so :func:`token_meta` stores
+what the runner needs to refuse such an image first.
 """
 from typing import Any, Dict, List, Optional, Tuple
 
