@@ -187,8 +187,9 @@ def test_the_message_names_the_tool_that_ran(tmp_path, monkeypatch):
     assert not any("vitdet_plugin's tools" in ln for ln in lines)
 
 
-def test_one_report_per_job(monkeypatch, capsys):
+def test_one_report_per_job(tmp_path, monkeypatch, capsys):
     """Rank 0 gives the report; every other rank exits with status 1 and no text."""
+    monkeypatch.chdir(tmp_path)  # the config's relative data root is missing (not a demo's)
     cfg = load_config(SHAPES_RETINANET, {'model.backbone.init_cfg': None})
     runner = SimpleNamespace(cfg=cfg, _train_loop={}, logger=SimpleNamespace(info=print))
     monkeypatch.setenv('RANK', '1')
