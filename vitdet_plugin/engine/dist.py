@@ -23,6 +23,7 @@ What happens when a rank dies, and the report of it: :mod:`.dist_faults`.
 """
 import atexit
 import gc
+import importlib
 import math
 import os
 from datetime import timedelta
@@ -37,6 +38,15 @@ TORCHRUN_ENV = ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')
 #: model wrappers that are not DDP (no ``device_ids`` / ``broadcast_buffers``)
 NON_DDP_WRAPPERS = ('FSDP2Wrapper',)
 TIMEOUT_KEY = 'env_cfg.dist_cfg.timeout'
+#: modules that keep the process group that exists when they are first imported alive for good
+#: (torch 2.14): ``ShardedGradScaler.__init__`` takes ``process_group=dist.group.WORLD`` as a
+#: default, evaluated at import (mmengine's AmpOptimWrapper imports it lazily), and
+#: ``torch._dynamo`` (imported by the first DTensor) holds the collectives' groups; pinned, the
+#: group survives ``destroy_process_group`` and gloo's threads outlive the interpreter.
+#: :func:`prepare_cpu_distributed` imports them before any group exists.
+PINNING_IMPORTS = ('torch._dynamo', 'torch.distributed.fsdp.sharded_grad_scaler')
+#: the attribute of a ``DeviceMesh`` holding its process groups (name -> group)
+MESH_GROUPS_ATTR = '_pg_registry'
 #: how long a collective (all-reduce, broadcast, barrier) waits for the slowest rank before it
 #: raises: 30 min, torch's gloo default and mmengine's suggested value. It has to outlast the
 #: longest time one rank legitimately keeps the others waiting: rank 0 alone computing COCO /
@@ -69,6 +79,19 @@ def end_distributed() -> None:
     if torch_dist.is_available() and torch_dist.is_initialized():
         torch_dist.destroy_process_group()
         gc.collect()
+        release_mesh_groups()
+
+
+def release_mesh_groups() -> None:
+    """Drop the process groups that live ``DeviceMesh`` es still hold. DTensor's caches (sharding
+    propagation, redistribute plans) keep every mesh of an FSDP2 run alive to the end, and a
+    mesh keeps its groups in ``_pg_registry`` (torch 2.14): after ``destroy_process_group``
+    that is the last reference of the gloo backend, whose threads then outlive the interpreter."""
+    from torch.distributed.device_mesh import DeviceMesh
+    for obj in gc.get_objects():
+        if issubclass(type(obj), DeviceMesh):  # type(): no attribute lookups on the heap
+            getattr(obj, MESH_GROUPS_ATTR, {}).clear()
+    gc.collect()
 
 
 def register_end_distributed() -> None:
@@ -86,6 +109,8 @@ def prepare_cpu_distributed(cfg: MutableMapping, backend: str = 'gloo') -> bool:
     if cfg.get('launcher', 'none') == 'none':
         return False
     register_end_distributed()
+    for module in PINNING_IMPORTS:
+        importlib.import_module(module)
     timeout = collective_timeout(cfg)  # checked on GPU machines too (mmengine's init_dist)
     if cfg.get('launcher') != 'pytorch' or torch.cuda.is_available():
         return False
