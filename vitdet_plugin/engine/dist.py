@@ -11,13 +11,15 @@ sets ``model_wrapper_cfg.device_ids=None`` (DDP; ``FSDP2Wrapper`` is left as it 
 machines with CUDA it only checks the timeout.
 
 Every process of a multi-rank job also gets :func:`end_distributed` as an ``atexit`` handler:
-the process group is destroyed while the interpreter is still whole. Without it a rank that
-leaves right after its last collective (rank 1 after the checkpoint gather: rank 0 still
-writes the file) can reach interpreter finalisation while a gloo worker thread still drops
-its references of that collective; a C++ thread that then needs the GIL is ended by CPython
-with ``pthread_exit``, whose unwinding through gloo's ``noexcept`` run loop calls
-``std::terminate``: "terminate called without an active exception", SIGABRT, a failed job
-(docs/training.md#distributed-training).
+the process group is destroyed, and gloo's threads joined, while the interpreter is still
+whole. Without it a rank that leaves right after its last collective (rank 1 after the
+checkpoint gather: rank 0 still writes the file) can reach interpreter finalisation while a
+gloo worker thread still drops its references of that collective; a C++ thread that then
+needs the GIL is ended by CPython with ``pthread_exit``, whose unwinding through gloo's
+``noexcept`` run loop calls ``std::terminate``: "terminate called without an active
+exception", SIGABRT, a failed job (docs/training.md#distributed-training). Destroying is not
+enough if something else still holds the group: see :data:`PINNING_IMPORTS` and
+:func:`release_mesh_groups` (FSDP2).
 
 What happens when a rank dies, and the report of it: :mod:`.dist_faults`.
 """
@@ -38,13 +40,14 @@ TORCHRUN_ENV = ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')
 #: model wrappers that are not DDP (no ``device_ids`` / ``broadcast_buffers``)
 NON_DDP_WRAPPERS = ('FSDP2Wrapper',)
 TIMEOUT_KEY = 'env_cfg.dist_cfg.timeout'
-#: modules that keep the process group that exists when they are first imported alive for good
-#: (torch 2.14): ``ShardedGradScaler.__init__`` takes ``process_group=dist.group.WORLD`` as a
-#: default, evaluated at import (mmengine's AmpOptimWrapper imports it lazily), and
-#: ``torch._dynamo`` (imported by the first DTensor) holds the collectives' groups; pinned, the
-#: group survives ``destroy_process_group`` and gloo's threads outlive the interpreter.
-#: :func:`prepare_cpu_distributed` imports them before any group exists.
-PINNING_IMPORTS = ('torch._dynamo', 'torch.distributed.fsdp.sharded_grad_scaler')
+#: torch modules with a ``group=dist.group.WORLD`` default argument (torch 2.14), evaluated when
+#: they are first imported: imported while a group exists, they keep it alive for good, past
+#: ``destroy_process_group``, and gloo's threads with it. FSDP2 imports them lazily (the first
+#: DTensor imports torch._dynamo, which imports the functional collectives; mmengine's
+#: AmpOptimWrapper the scaler; ZeroRedundancyOptimizer): :func:`prepare_cpu_distributed`
+#: imports them before any group exists.
+PINNING_IMPORTS = ('torch.distributed.nn.functional', 'torch.distributed.fsdp.sharded_grad_scaler',
+                   'torch.distributed.optim.zero_redundancy_optimizer')
 #: the attribute of a ``DeviceMesh`` holding its process groups (name -> group)
 MESH_GROUPS_ATTR = '_pg_registry'
 #: how long a collective (all-reduce, broadcast, barrier) waits for the slowest rank before it
