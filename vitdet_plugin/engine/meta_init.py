@@ -6,8 +6,9 @@ rank ever holds the full weights of its pretrained parts.
    backbones and necks, ``LOADS_PRETRAINED_ATTR`` of :mod:`~vitdet_plugin.models.detectors.
    pretrained_parts`) is built on the meta device (no memory); the rest of the detector
    (neck, head: small) is built and initialised as usual (its ``init_weights``, with the meta
-   parts held out). The same seed gives the same rest on every rank; it differs in value from a model built whole
-   (the meta parts draw no random numbers while they are built), not in distribution.
+   parts held out). The same seed gives the same rest on every rank; it differs in value from
+   a model built whole (the meta parts draw no random numbers while they are built), not in
+   distribution.
 2. **Before sharding** (:class:`MetaInit`): each meta part's checkpoint is read lazily
    (:func:`~vitdet_plugin.weights.lazy.read_lazily`: memory-mapped) and converted for the part
    by the layout table (the same converters and strict checks as ``init_weights``); the
