@@ -110,3 +110,38 @@ def test_end_distributed_destroys_the_group_and_joins_the_gloo_threads(tmp_path)
     assert not dist.is_initialized()
     assert 'pt_gloo_runloop' not in _thread_names()
     end_distributed()  # without a group: nothing
+
+
+#: one FSDP2 rank (world 1, torchrun's environment) that uses what pins a process group: a
+#: DTensor (torch._dynamo, DTensor's caches of the mesh) and ShardedGradScaler (its default
+#: ``process_group=dist.group.WORLD``), dropped as the runner is at exit; then the atexit
+#: handler; prints whether the scaler's module was not imported before, and the gloo threads left
+FSDP_END = '''
+import os, sys
+import torch
+from torch import nn
+from vitdet_plugin.engine.dist import end_distributed, prepare_cpu_distributed
+fresh = 'torch.distributed.fsdp.sharded_grad_scaler' not in sys.modules
+prepare_cpu_distributed(dict(launcher='pytorch', runner_type='FSDP2Runner'))
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+model = fully_shard(nn.Linear(4, 4))
+model(torch.ones(2, 4)).sum().backward()
+scaler = ShardedGradScaler(device='cpu')
+del model, scaler  # as at exit: the runner is gone
+end_distributed()
+names = [open(f'/proc/self/task/{t}/comm').read() for t in os.listdir('/proc/self/task')]
+print('fresh', fresh, 'gloo', sum('gloo' in n for n in names))
+'''
+
+
+def test_fsdp2_process_ends_without_gloo_threads():
+    """FSDP2 pins the process group twice (see ``PINNING_IMPORTS`` and ``release_mesh_groups``
+    in vitdet_plugin.engine.dist): without both fixes gloo's 3 threads are still running when
+    the interpreter finalises, the race behind rank 1's SIGABRT at exit (docs/large_models.md)."""
+    env = dict(os.environ, RANK='0', LOCAL_RANK='0', WORLD_SIZE='1', MASTER_ADDR='127.0.0.1',
+               MASTER_PORT=str(_free_port()), OMP_NUM_THREADS='1')
+    job = subprocess.run([sys.executable, '-c', FSDP_END], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=DDP_TIMEOUT_S)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert job.stdout.split()[-4:] == ['fresh', 'True', 'gloo', '0'], job.stderr[-2000:]

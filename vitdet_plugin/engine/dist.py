@@ -11,18 +11,21 @@ sets ``model_wrapper_cfg.device_ids=None`` (DDP; ``FSDP2Wrapper`` is left as it 
 machines with CUDA it only checks the timeout.
 
 Every process of a multi-rank job also gets :func:`end_distributed` as an ``atexit`` handler:
-the process group is destroyed while the interpreter is still whole. Without it a rank that
-leaves right after its last collective (rank 1 after the checkpoint gather: rank 0 still
-writes the file) can reach interpreter finalisation while a gloo worker thread still drops
-its references of that collective; a C++ thread that then needs the GIL is ended by CPython
-with ``pthread_exit``, whose unwinding through gloo's ``noexcept`` run loop calls
-``std::terminate``: "terminate called without an active exception", SIGABRT, a failed job
-(docs/training.md#distributed-training).
+the process group is destroyed, and gloo's threads joined, while the interpreter is still
+whole. Without it a rank that leaves right after its last collective (rank 1 after the
+checkpoint gather: rank 0 still writes the file) can reach interpreter finalisation while a
+gloo worker thread still drops its references of that collective; a C++ thread that then
+needs the GIL is ended by CPython with ``pthread_exit``, whose unwinding through gloo's
+``noexcept`` run loop calls ``std::terminate``: "terminate called without an active
+exception", SIGABRT, a failed job (docs/training.md#distributed-training). Destroying is not
+enough if something else still holds the group: see :data:`PINNING_IMPORTS` and
+:func:`release_mesh_groups` (FSDP2).
 
 What happens when a rank dies, and the report of it: :mod:`.dist_faults`.
 """
 import atexit
 import gc
+import importlib
 import math
 import os
 from datetime import timedelta
@@ -37,6 +40,16 @@ TORCHRUN_ENV = ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')
 #: model wrappers that are not DDP (no ``device_ids`` / ``broadcast_buffers``)
 NON_DDP_WRAPPERS = ('FSDP2Wrapper',)
 TIMEOUT_KEY = 'env_cfg.dist_cfg.timeout'
+#: torch modules with a ``group=dist.group.WORLD`` default argument (torch 2.14), evaluated when
+#: they are first imported: imported while a group exists, they keep it alive for good, past
+#: ``destroy_process_group``, and gloo's threads with it. FSDP2 imports them lazily (the first
+#: DTensor imports torch._dynamo, which imports the functional collectives; mmengine's
+#: AmpOptimWrapper the scaler; ZeroRedundancyOptimizer): :func:`prepare_cpu_distributed`
+#: imports them before any group exists.
+PINNING_IMPORTS = ('torch.distributed.nn.functional', 'torch.distributed.fsdp.sharded_grad_scaler',
+                   'torch.distributed.optim.zero_redundancy_optimizer')
+#: the attribute of a ``DeviceMesh`` holding its process groups (name -> group)
+MESH_GROUPS_ATTR = '_pg_registry'
 #: how long a collective (all-reduce, broadcast, barrier) waits for the slowest rank before it
 #: raises: 30 min, torch's gloo default and mmengine's suggested value. It has to outlast the
 #: longest time one rank legitimately keeps the others waiting: rank 0 alone computing COCO /
@@ -69,6 +82,19 @@ def end_distributed() -> None:
     if torch_dist.is_available() and torch_dist.is_initialized():
         torch_dist.destroy_process_group()
         gc.collect()
+        release_mesh_groups()
+
+
+def release_mesh_groups() -> None:
+    """Drop the process groups that live ``DeviceMesh`` es still hold. DTensor's caches (sharding
+    propagation, redistribute plans) keep every mesh of an FSDP2 run alive to the end, and a
+    mesh keeps its groups in ``_pg_registry`` (torch 2.14): after ``destroy_process_group``
+    that is the last reference of the gloo backend, whose threads then outlive the interpreter."""
+    from torch.distributed.device_mesh import DeviceMesh
+    for obj in gc.get_objects():
+        if issubclass(type(obj), DeviceMesh):  # type(): no attribute lookups on the heap
+            getattr(obj, MESH_GROUPS_ATTR, {}).clear()
+    gc.collect()
 
 
 def register_end_distributed() -> None:
@@ -86,6 +112,8 @@ def prepare_cpu_distributed(cfg: MutableMapping, backend: str = 'gloo') -> bool:
     if cfg.get('launcher', 'none') == 'none':
         return False
     register_end_distributed()
+    for module in PINNING_IMPORTS:
+        importlib.import_module(module)
     timeout = collective_timeout(cfg)  # checked on GPU machines too (mmengine's init_dist)
     if cfg.get('launcher') != 'pytorch' or torch.cuda.is_available():
         return False
