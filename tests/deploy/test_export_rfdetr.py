@@ -117,17 +117,21 @@ def test_runner_refuses_an_image_too_small_for_the_queries(model):
     assert len(boxes) == len(scores) == len(labels) == MAX_PER_IMG
 
 
-@pytest.fixture(scope='module')
-def exported(config, model, tmp_path_factory):
-    """The random weights saved as a checkpoint and exported through the tool, which checks
-    onnxruntime against mmdet's predict at one size (the tests below check three more)."""
-    folder = tmp_path_factory.mktemp('rfdetr')
-    ckpt, path = str(folder / 'rfdetr.pth'), str(folder / 'rfdetr.onnx')
+def export_through_tool(config: str, model, folder, name: str):
+    """``model``'s weights saved as ``folder/name.pth`` and exported through the tool to
+    ``folder/name.onnx``; the tool checks onnxruntime against mmdet's predict at one size."""
+    ckpt, path = str(folder / f'{name}.pth'), str(folder / f'{name}.onnx')
     torch.save({'state_dict': model.state_dict(),
                 'meta': {'dataset_meta': {'classes': ['a', 'b', 'c', 'd', 'e']}}}, ckpt)
     assert load_tool('export_onnx.py').main([config, ckpt, '--out', path, '--part', 'detector',
                                              '--check-sizes', '57x91']) == 0
     return ckpt, path
+
+
+@pytest.fixture(scope='module')
+def exported(config, model, tmp_path_factory):
+    """The random weights exported through the tool (the tests below check three more sizes)."""
+    return export_through_tool(config, model, tmp_path_factory.mktemp('rfdetr'), 'rfdetr')
 
 
 @pytest.mark.slow

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 from helpers import load_tool, randomize_
-from test_export_rfdetr import CONFIG, MAX_PER_IMG, SIZES, WEIGHT_SEED, _images
+from test_export_rfdetr import (CONFIG, MAX_PER_IMG, SIZES, WEIGHT_SEED, _images,
+                                export_through_tool)
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.deploy.end_to_end import OUTPUT_NAMES, EndToEndDetector
@@ -94,13 +95,8 @@ def test_module_matches_mmdet_predict_in_pytorch(model):
 @pytest.fixture(scope='module')
 def exported(config, model, tmp_path_factory):
     """Exported through the tool, which checks onnxruntime against predict (mask IoU too)."""
-    folder = tmp_path_factory.mktemp('rfdetr_seg')
-    ckpt, path = str(folder / 'rfdetr_seg.pth'), str(folder / 'rfdetr_seg.onnx')
-    torch.save({'state_dict': model.state_dict(),
-                'meta': {'dataset_meta': {'classes': ['a', 'b', 'c', 'd', 'e']}}}, ckpt)
-    assert load_tool('export_onnx.py').main([config, ckpt, '--out', path, '--part', 'detector',
-                                             '--check-sizes', '57x91']) == 0
-    return ckpt, path
+    return export_through_tool(config, model, tmp_path_factory.mktemp('rfdetr_seg'),
+                               'rfdetr_seg')
 
 
 @pytest.mark.slow
