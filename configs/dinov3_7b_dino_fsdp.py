@@ -16,5 +16,7 @@ model = dict(
     ),
     neck=dict(in_channels=4096))
 optim_wrapper = dict(paramwise_cfg=dict(layer_decay_rate=0.9))  # 40 blocks
-# only rank 0 builds the 27 GB of fp32 weights; the other ranks receive their shards
-model_wrapper_cfg = dict(init_on_rank0=True)
+# no rank builds the 27 GB of fp32 weights: every rank builds the model on the meta device and
+# reads its own shards of the pretrained file (docs/large_models.md#per-rank-host-memory);
+# init_on_rank0=True instead has rank 0 build them all and send the shards
+model_wrapper_cfg = dict(init_device='meta')
