@@ -147,7 +147,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     session = ort_session(args.out)
     failed: List[str] = []
-    for check in check_sizes(session, module, module.in_channels, args.check_sizes, args.batch):
+    sizes = [module.fit_size(s) for s in args.check_sizes]
+    for (h, w), fit in zip(args.check_sizes, sizes):
+        if fit != (h, w):
+            print(f'  check size {h}x{w} -> {fit[0]}x{fit[1]}: the smallest size the backbone '
+                  f'takes (the detector pads its images to such sizes)', flush=True)
+    for check in check_sizes(session, module, module.in_channels, sizes, args.batch):
         ok = check.max_error <= args.tolerance
         h, w = check.size
         print(f'  {h}x{w} batch {check.batch}: max rel. error {check.max_error:.2e} '
@@ -156,7 +161,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not ok:
             failed.append(f'{h}x{w}')
     if args.repeats:
-        size = max(args.check_sizes, key=lambda s: s[0] * s[1])
+        size = max(sizes, key=lambda s: s[0] * s[1])
         lat = latency(session, module, module.in_channels, size, args.batch, args.repeats)
         print(f'  latency {size[0]}x{size[1]} batch {lat.batch} (CPU, {torch.get_num_threads()} '
               f'threads, median of {args.repeats}): onnxruntime {lat.onnxruntime * MS:.1f} ms, '

@@ -15,10 +15,12 @@ from helpers import REPO_ROOT, load_tool, randomize_
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.deploy.end_to_end import OUTPUT_NAMES, PAD_LABEL, EndToEndDetector
-from vitdet_plugin.deploy.end_to_end_check import (BOX_TOLERANCE, SCORE_TOLERANCE, compare,
-                                                   mmdet_predict, untied)
+from vitdet_plugin.deploy.end_to_end_check import (BOX_TOLERANCE, PROPOSAL_OUTPUT,
+                                                   SCORE_TOLERANCE, Parity, compare, describe,
+                                                   mmdet_predict, proposal_gap,
+                                                   threshold_session, untied)
 from vitdet_plugin.deploy.lwdetr import check_lwdetr, token_meta
-from vitdet_plugin.deploy.onnx_export import build_model
+from vitdet_plugin.deploy.onnx_export import DetectorPart, build_model
 from vitdet_plugin.deploy.ort_check import ort_session
 from vitdet_plugin.deploy.runner import OnnxDetector, check_tokens
 
@@ -87,6 +89,31 @@ def test_module_matches_mmdet_predict_in_pytorch(model):
         assert len(set(ref_labels.tolist())) > 1
 
 
+def test_proposals_that_differ_only_between_near_tied_tokens_are_not_a_failure():
+    """The export check's reading of the graph's proposal tokens: the same tokens in the same
+    order say nothing; tokens swapped whose PyTorch scores are within the tie tolerance make
+    the size not comparable (passed, said so); any other difference fails."""
+    gap = 2.0 ** -21  # 2 float32 steps at 2.0
+    scores = torch.tensor([0.0, 3.0, 2.0, 2.0 + gap, -1.0, 1.0])  # tokens 2 and 3 near-tied
+    assert proposal_gap(np.array([1, 3, 2]), scores) is None       # PyTorch's own top 3
+    swapped = proposal_gap(np.array([1, 2, 3]), scores)
+    assert swapped == gap
+    assert proposal_gap(np.array([1, 3, 5]), scores) == 1.0
+    base = dict(size=(96, 128), num_onnx=5, num_torch=5, box_error=0.5, score_error=0.5,
+                labels_equal=False)  # outputs far apart: after a swap, queries differ
+    tied = Parity(**base, proposal_gap=swapped)
+    assert tied.ok and tied.tied
+    assert describe(tied, False, False) == (
+        "the two-stage proposals differ from PyTorch's between tokens whose PyTorch scores are "
+        "4.8e-07 apart: near-tied (<= 1e-05), onnxruntime's rounding may rank them the other "
+        'way; outputs not comparable at this size, ok')
+    wrong = Parity(**dict(base, box_error=0.0, score_error=0.0, labels_equal=True),
+                   proposal_gap=1.0)
+    assert not wrong.ok and describe(wrong, False, False).endswith('1.0e+00 apart: not a tie '
+                                                                  'FAILED')
+    assert not Parity(**base).ok
+
+
 def test_what_the_graph_does_not_repeat_is_refused(model):
     class TwoStage:
         bbox_head = model.bbox_head
@@ -140,7 +167,11 @@ def test_graph_matches_mmdet_predict(model, exported):
     assert [o.name for o in session.get_outputs()] == list(OUTPUT_NAMES)
     assert [isinstance(d, str) for d in session.get_inputs()[0].shape] == [True, False, True,
                                                                          True]
-    for p in compare(session, model, _images()):
+    # the check's session also outputs the graph's proposal tokens: PyTorch's top-k exactly
+    checked, _ = threshold_session(exported[1], proposals=True)
+    assert [o.name for o in checked.get_outputs()] == [*OUTPUT_NAMES, PROPOSAL_OUTPUT]
+    for p in compare(checked, model, _images()):
+        assert p.proposal_gap is None, p
         assert p.num_onnx == p.num_torch == MAX_PER_IMG, p
         assert p.box_error <= BOX_TOLERANCE and p.score_error <= SCORE_TOLERANCE, p
         assert p.labels_equal, p
@@ -204,3 +235,40 @@ def test_runner_and_infer_equal_mmdet(config, model, exported, tmp_path):
         np.testing.assert_allclose(np.array([d['bbox'] for d in a])[ranks],
                                    np.array([d['bbox'] for d in b])[ranks],
                                    atol=BOX_TOLERANCE * side, rtol=0)
+
+
+def test_a_windowed_part_fits_sizes_to_its_tiles(model):
+    """The windowed DINOv2 (patch 16, 2 x 2 windows: the patch grid's sides must be even)
+    names the smallest size it takes at least as large as a given one: the export's sample
+    233x311 (a 15 x 20 grid) -> 241x311, 57x91 (4 x 6) kept, 45x91 (3 x 6, refused) ->
+    49x91; a backbone that pads inside keeps every size."""
+    part = DetectorPart(model, 'neck')
+    assert part.fit_size((233, 311)) == (241, 311)
+    assert part.fit_size((57, 91)) == (57, 91) and part.fit_size((45, 91)) == (49, 91)
+    with torch.no_grad():
+        assert part(torch.zeros(1, 3, 49, 91))[0].shape == (1, 32, 4, 6)
+        with pytest.raises(ValueError, match=r'nearest valid sizes are 32x64 and 64x96'):
+            part(torch.zeros(1, 3, 45, 91))
+    plain = DetectorPart(type(model.backbone)(
+        arch=dict(embed_dims=32, depth=1, num_heads=2), patch_size=16, out_indices=(0,)),
+        'backbone')
+    assert plain.fit_size((45, 91)) == (45, 91)
+
+
+@pytest.mark.slow
+def test_part_export_of_a_windowed_backbone_traces_and_checks_at_sizes_it_takes(config, tmp_path,
+                                                                              capsys):
+    """``--part neck`` of the windowed DINOv2 through the tool: traced at the sample size
+    fitted to the tiles, a check size the backbone takes kept, one it does not moved (above),
+    saying so."""
+    out = str(tmp_path / 'neck.onnx')
+    assert load_tool('export_onnx.py').main([config, '--out', out, '--part', 'neck',
+                                             '--check-sizes', '57x91', '45x91',
+                                             '--repeats', '0']) == 0
+    printed = capsys.readouterr().out
+    assert ('check size 45x91 -> 49x91: the smallest size the backbone takes (the detector pads '
+            'its images to such sizes)') in printed
+    assert 'check size 57x91' not in printed
+    for size in ('57x91', '49x91'):
+        assert f'{size} batch 1: max rel. error' in printed
+    assert printed.count('ok; shapes') == 2

@@ -4,15 +4,24 @@
 (the graph's threshold overridden, mmdet's ``test_cfg`` set alike): the raw top-k below the
 threshold, so that a model with no detection above it (an under-trained one) is still checked;
 a size with nothing to compare fails.
+
+A two-stage graph (LW-DETR's) picks its proposals by a top-k over per-token scores; where two
+tokens' scores are nearly tied (an under-trained model's often are), onnxruntime's rounding may
+order them the other way and every output after it differs. The check therefore also reads the
+graph's proposal tokens and, where they differ from PyTorch's, says whether only near-tied tokens
+swapped (the outputs are then not comparable at that size, and the check says so) or not (a
+failure).
 """
+import dataclasses
 import json
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
+from ..models.heads.lwdetr_head import LWDETRHead
 from .end_to_end import SCORE_THRESHOLD
 from .ort_check import ort_session
 from .panoptic import SEMANTIC_OUTPUT, FusionConfig, panoptic_map
@@ -26,6 +35,12 @@ SCORE_TOLERANCE = 1e-4
 MASK_IOU_TOLERANCE = 0.99
 #: Smallest fraction of pixels whose panoptic id equals mmdet's.
 PANOPTIC_TOLERANCE = 0.99
+#: Largest difference of two tokens' PyTorch proposal scores (best-class logits) that
+#: onnxruntime may rank the other way (fp32 rounding of a different kernel order).
+PROPOSAL_TIE_TOLERANCE = 1e-5
+#: The graph output :func:`threshold_session` adds for an LW-DETR graph: the token indices of
+#: its two-stage proposals (the outputs of the graph's first TopK, the proposal selection).
+PROPOSAL_OUTPUT = 'check_proposal_tokens'
 
 
 @dataclass(frozen=True)
@@ -40,6 +55,9 @@ class Parity:
     labels_equal: bool    # at every rank whose score is not tied with a neighbour's
     mask_iou: float = 1.0  # smallest mask IoU at those ranks (1 without masks)
     panoptic_agreement: float = 1.0  # pixels of equal panoptic id (1 without a panoptic map)
+    #: where the graph's proposal tokens differ from PyTorch's (by rank), the largest PyTorch
+    #: score difference of the two tokens at one rank; None: the same proposals (or no check)
+    proposal_gap: Optional[float] = None
 
     @property
     def empty(self) -> bool:
@@ -47,7 +65,15 @@ class Parity:
         return self.num_onnx == self.num_torch == 0
 
     @property
+    def tied(self) -> bool:
+        """The proposals differ only between near-tied tokens: the outputs are not
+        comparable (nor wrong)."""
+        return self.proposal_gap is not None and self.proposal_gap <= PROPOSAL_TIE_TOLERANCE
+
+    @property
     def ok(self) -> bool:
+        if self.proposal_gap is not None:
+            return self.tied
         return (self.num_onnx == self.num_torch and self.box_error <= BOX_TOLERANCE
                 and self.score_error <= SCORE_TOLERANCE and self.labels_equal
                 and self.mask_iou >= MASK_IOU_TOLERANCE
@@ -128,11 +154,14 @@ def parity(outputs: Sequence[np.ndarray], reference: Instances, size: Tuple[int,
                           fusion) == ref_panoptic).mean()))
 
 
-def threshold_session(path: str) -> Tuple[Any, bool]:
+def threshold_session(path: str, proposals: bool = False) -> Tuple[Any, bool]:
     """An onnxruntime session of the graph at ``path`` whose score threshold
     (:data:`~.end_to_end.SCORE_THRESHOLD`, an initializer) is made an input defaulting to its
     value, so that :func:`compare` can set it; and whether the graph holds one (DINO's keeps its
-    top-k without a threshold, and a threshold of 0 may be folded away)."""
+    top-k without a threshold, and a threshold of 0 may be folded away). With ``proposals`` (an
+    LW-DETR graph) the session also outputs :data:`PROPOSAL_OUTPUT`: the indices of the graph's
+    first TopK (every later one descends from the proposals, so the first in the graph's
+    topological order is theirs)."""
     import onnx
 
     graph = onnx.load(path)
@@ -140,7 +169,48 @@ def threshold_session(path: str) -> Tuple[Any, bool]:
     if found:
         graph.graph.input.append(onnx.helper.make_tensor_value_info(
             SCORE_THRESHOLD, onnx.TensorProto.FLOAT, []))
+    if proposals:
+        topk = next((n for n in graph.graph.node if n.op_type == 'TopK'), None)
+        if topk is None:
+            raise RuntimeError(f'{path} holds no TopK node: not the graph of a two-stage '
+                               'LW-DETR head (export it with --part detector)')
+        graph.graph.node.append(onnx.helper.make_node('Identity', [topk.output[1]],
+                                                      [PROPOSAL_OUTPUT]))
+        graph.graph.output.append(onnx.helper.make_tensor_value_info(
+            PROPOSAL_OUTPUT, onnx.TensorProto.INT64, None))
     return ort_session(graph.SerializeToString(), quiet=True), found
+
+
+def has_proposals(model: Any) -> bool:
+    """Whether ``model``'s graph selects two-stage proposals that :func:`compare` checks (an
+    LW-DETR head's)."""
+    return isinstance(getattr(model, 'bbox_head', None), LWDETRHead)
+
+
+@contextmanager
+def proposal_scores(model: Any) -> Iterator[List[torch.Tensor]]:
+    """Collects the ``(B, N)`` proposal scores of every token (best-class logit of the
+    first group's proposal classifier: what ``LWDETRHead.proposals`` ranks) of each forward of
+    ``model`` inside the block."""
+    found: List[torch.Tensor] = []
+    handle = model.bbox_head.enc_cls_branches[0].register_forward_hook(
+        lambda module, args, out: found.append(out.detach().float().max(-1).values))
+    try:
+        yield found
+    finally:
+        handle.remove()
+
+
+def proposal_gap(onnx_tokens: np.ndarray, scores: torch.Tensor) -> Optional[float]:
+    """The graph's proposal tokens ``(P,)`` by rank against PyTorch's ranking of the ``(N,)``
+    ``scores`` (``LWDETRHead.proposals``' top-k): None where they are the same tokens in the
+    same order, else the largest score difference of the two tokens at one rank."""
+    mine = scores.topk(len(onnx_tokens)).indices.numpy()
+    differ = mine != onnx_tokens
+    if not differ.any():
+        return None
+    values = scores.numpy()
+    return float(np.abs(values[onnx_tokens[differ]] - values[mine[differ]]).max())
 
 
 @contextmanager
@@ -172,15 +242,31 @@ def compare(session: Any, model: Any, images: Sequence[torch.Tensor],
         fusion = FusionConfig.from_meta(meta['panoptic'])
     feed: Dict[str, np.ndarray] = {} if score_thr is None else \
         {SCORE_THRESHOLD: np.array(score_thr, dtype=np.float32)}
+    names = [o.name for o in session.get_outputs()]
+    found = []
     with mmdet_score_thr(model, score_thr):
-        return [parity(session.run(None, {INPUT_NAME: image[None].numpy(), **feed}),
-                       mmdet_instances(model, image),
-                       (int(image.shape[-2]), int(image.shape[-1])), fusion)
-                for image in images]
+        for image in images:
+            outputs = session.run(None, {INPUT_NAME: image[None].numpy(), **feed})
+            checks: ContextManager[List[torch.Tensor]] = (
+                proposal_scores(model) if PROPOSAL_OUTPUT in names else nullcontext([]))
+            with checks as scores:
+                reference = mmdet_instances(model, image)
+            p = parity(outputs, reference, (int(image.shape[-2]), int(image.shape[-1])), fusion)
+            if scores:
+                p = dataclasses.replace(p, proposal_gap=proposal_gap(
+                    outputs[names.index(PROPOSAL_OUTPUT)][0], scores[0][0]))
+            found.append(p)
+    return found
 
 
 def describe(p: Parity, masks: bool, panoptic: bool) -> str:
     """One image's comparison in words, ending in ``ok`` or ``FAILED``."""
+    if p.proposal_gap is not None:
+        return (f'the two-stage proposals differ from PyTorch\'s between tokens whose PyTorch '
+                f'scores are {p.proposal_gap:.1e} apart: ' + (
+                    f'near-tied (<= {PROPOSAL_TIE_TOLERANCE:.0e}), onnxruntime\'s rounding may '
+                    'rank them the other way; outputs not comparable at this size, ok'
+                    if p.tied else 'not a tie FAILED'))
     if p.empty:
         return 'no detection to compare (onnxruntime 0, PyTorch 0) FAILED'
     extra = f', min mask IoU {p.mask_iou:.4f}' if masks else ''
@@ -197,7 +283,7 @@ def report(path: str, model: Any, images: Sequence[torch.Tensor], score_thr: flo
     ``(size, line, passed)`` per line. Per image: at ``score_thr``; when it is positive also
     at 0 (the raw top-k below it), and a loud warning instead of the first line when nothing
     lies above it; a comparison of no detection at all fails."""
-    session, has_threshold = threshold_session(path)
+    session, has_threshold = threshold_session(path, has_proposals(model))
     if score_thr > 0 and not has_threshold:
         raise RuntimeError(f'{path} holds no {SCORE_THRESHOLD!r} initializer though score_thr '
                            f'is {score_thr:g}: the check cannot compare below the threshold')

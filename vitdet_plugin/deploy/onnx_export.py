@@ -69,6 +69,12 @@ class DetectorPart(nn.Module):
         self.neck = neck
         self.head = head
 
+    def fit_size(self, size: Tuple[int, int]) -> Tuple[int, int]:
+        """The smallest input size, at least ``size``, that the backbone takes (its contract's
+        ``fit_input``; ``size`` itself for a backbone without one)."""
+        fit = getattr(self.backbone, 'fit_input', None)
+        return size if fit is None else tuple(fit(tuple(size)))
+
     @property
     def in_channels(self) -> int:
         """Image channels the backbone takes (3 when it does not say)."""
@@ -143,11 +149,12 @@ def dynamic_shapes() -> Tuple[dict, ...]:
 
 def export_onnx(module: DetectorPart, path: str, sample_size: Tuple[int, int] = EXPORT_SAMPLE_SIZE,
                 sample_batch: int = 2, opset: int = OPSET) -> List[str]:
-    """Export ``module`` (put in eval mode) to ``path`` with dynamic batch, height and width;
-    returns the output names. ``sample_batch`` must be >= 2 (a batch of 1 would be
-    specialised by the tracer)."""
+    """Export ``module`` (put in eval mode) to ``path`` with dynamic batch, height and width,
+    traced at ``sample_size`` fitted to the backbone (``DetectorPart.fit_size``); returns the
+    output names. ``sample_batch`` must be >= 2 (a batch of 1 would be specialised by the
+    tracer)."""
     module.eval()
-    x = torch.randn(sample_batch, module.in_channels, *sample_size)
+    x = torch.randn(sample_batch, module.in_channels, *module.fit_size(sample_size))
     with torch.no_grad():
         levels = len(module(x)) // (2 if module.part == 'head' else 1)
     names = module.output_names(levels)

@@ -188,6 +188,12 @@ class BackboneContract(FreezeMixin):
         """timm's form of the output contract: ``num_chs`` and ``reduction`` per output."""
         return [dict(num_chs=c, reduction=s) for c, s in zip(self.out_channels, self.out_strides)]
 
+    def fit_input(self, size: Tuple[int, int]) -> Tuple[int, int]:
+        """The smallest input ``(H, W)``, side by side at least ``size``, that the backbone
+        takes: ``size`` itself for the backbones that pad inside (every one but RF-DETR's
+        windowed DINOv2). Exporters trace and check a part at this size."""
+        return size
+
     def layer_id(self, name: str) -> int:
         """Layer-decay depth of the parameter ``name`` (relative to the backbone)."""
         raise NotImplementedError

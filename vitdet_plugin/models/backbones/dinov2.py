@@ -93,6 +93,14 @@ class DINOv2Backbone(PlainViTBackbone):
         if tiled and not given:  # RF-DETR: global attention in the block after each tap
             self.global_attn_indexes = tuple(i + 1 for i in self.out_indices if i + 1 < self.depth)
 
+    def fit_input(self, size: Tuple[int, int]) -> Tuple[int, int]:
+        """The smallest sides, at least ``size``'s, whose patch grid splits into
+        :attr:`num_windows` tiles (:func:`tile_window`)."""
+        p, n = self.patch_size, self.num_windows
+        grid = [-(-s // p) for s in size]
+        h, w = (s if g % n == 0 else (-(-g // n) * n - 1) * p + 1 for s, g in zip(size, grid))
+        return h, w
+
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         """``(B, C_in, H, W)`` -> ``(B, C, ceil(H / p), ceil(W / p))`` per output index; the
         tokens run in ``n x n`` tiles (:attr:`num_windows`; 1: the whole map), joined in the
