@@ -7,8 +7,8 @@ import pytest
 import torch
 from rfdetr.models.postprocess import PostProcess
 
-from lwdetr_reference import (CLASSES, GROUPS, QUERIES, WIDTH, abs_err, build_pair, inputs,
-                              loss_and_predict, run_reference, tiny_batch,
+from lwdetr_reference import (CLASSES, FFN, GROUPS, QUERIES, WIDTH, abs_err, build_pair, inputs,
+                              loss_and_predict, random_targets, run_reference, tiny_batch,
                               tiny_detector)
 from vitdet_plugin.models.heads.lwdetr_head import LWDETRHead
 from vitdet_plugin.weights.lwdetr_keys import rfdetr_head_key, rfdetr_head_state_dict
@@ -151,3 +151,40 @@ def test_mmdet_single_stage_detector_trains_and_predicts():
         assert pred.bboxes.shape == (7, 4) and pred.labels.max() < CLASSES
         h, w = result.ori_shape
         assert float(pred.bboxes[:, 2].max()) <= w and float(pred.bboxes[:, 3].max()) <= h
+
+
+def test_dense_one_to_many_adds_a_loss_on_every_usable_token():
+    """``dense_one_to_many`` (not RF-DETR's) leaves RF-DETR's losses as they are and adds
+    ``enc_dense_`` terms whose gradient reaches every usable memory token, where the two-stage
+    loss reaches only the top-k tokens; padded tokens get none."""
+    feats, metas, _ = inputs([(6, 6)], [(96, 96), (64, 80)])  # image 2 padded: 4 x 5 tokens
+    _, gts = random_targets(3, [3, 2], (64, 80))
+    plain = LWDETRHead(num_classes=CLASSES, embed_dims=WIDTH, num_queries=QUERIES,
+                       num_groups=GROUPS, num_decoder_layers=2, self_heads=2, cross_heads=4,
+                       ffn_dims=FFN)
+    dense = LWDETRHead(num_classes=CLASSES, embed_dims=WIDTH, num_queries=QUERIES,
+                       num_groups=GROUPS, num_decoder_layers=2, self_heads=2, cross_heads=4,
+                       ffn_dims=FFN, dense_one_to_many=2)
+    dense.load_state_dict(plain.state_dict())
+    x = feats[0].requires_grad_()
+    base = plain.loss_by_feat(plain([x], metas), gts, metas)
+    losses = dense.loss_by_feat(dense([x], metas), gts, metas)
+    assert set(losses) - set(base) == {'enc_dense_loss_cls', 'enc_dense_loss_bbox',
+                                       'enc_dense_loss_iou'}
+    for name, value in base.items():
+        assert torch.equal(losses[name], value), name
+    top_k, = torch.autograd.grad(losses['enc_loss_cls'], x, retain_graph=True)
+    every, = torch.autograd.grad(losses['enc_dense_loss_cls'], x)
+    reached = every.abs().sum(1) > 0                                          # (B, 6, 6)
+    usable = torch.zeros(2, 6, 6, dtype=torch.bool)
+    usable[0] = True  # every anchor (cell centre, side 0.05) inside (0.01, 0.99) ...
+    usable[1, :4, :5] = True  # ... and image 2's 4 x 5 valid tokens, not the padding
+    assert torch.equal(reached, usable)
+    selected = torch.zeros(2, 36, dtype=torch.bool)
+    with torch.no_grad():
+        selected.scatter_(1, plain.proposals(flatten_memory([x], metas), GROUPS).token_inds, True)
+    selected &= usable.flatten(1)  # a selected padded token's memory is zeroed (RF-DETR's)
+    assert torch.equal(top_k.abs().sum(1).flatten(1) > 0, selected)
+    assert int(selected.sum()) < int(usable.sum())
+    with pytest.raises(ValueError, match=r'dense_one_to_many must be >= 1 \(tokens per ground'):
+        LWDETRHead(num_classes=CLASSES, embed_dims=WIDTH, dense_one_to_many=0)

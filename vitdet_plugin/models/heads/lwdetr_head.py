@@ -17,6 +17,11 @@ Pipeline (RF-DETR's ``two_stage``, ``bbox_reparam``, ``lite_refpoint_refine``):
    boxes by one shared class / box branch.
 5. :class:`GroupSetCriterion` on every layer and on the proposals; prediction = top-k over
    queries x classes, no NMS (:class:`SetPredictionHead`'s, as :class:`SdpaDETRHead`).
+
+Not RF-DETR's, off by default: ``dense_one_to_many=k`` adds a loss on the proposal of every
+usable memory token (not only the top ``P``), each ground truth matched to its ``k`` cheapest
+tokens per group. Training from random init, the two-stage loss alone reaches ``G`` tokens
+per object, too few for the backbone to learn where objects are (the demo, docs/rfdetr.md).
 """
 from typing import Any, ClassVar, Dict, NamedTuple, Optional, Sequence, cast
 
@@ -35,12 +40,17 @@ class Proposals(NamedTuple):
     """Two-stage proposals of every group, groups concatenated on queries (``P`` per group:
     ``num_queries``, or every token when there are fewer): reference boxes ``(B, G*P, 4)``
     (detached), class logits ``(B, G*P, K)``, boxes ``(B, G*P, 4)``, the chosen memory tokens
-    ``(B, G*P)`` and their projected features ``(B, G*P, C)``."""
+    ``(B, G*P)`` and their projected features ``(B, G*P, C)``. With ``dense_one_to_many`` in
+    training, every token's proposal too: logits ``(B, G*N, K)``, boxes ``(B, G*N, 4)`` and
+    ``(B, G*N)`` True where a token is unusable."""
     ref: Tensor
     cls: Tensor
     boxes: Tensor
     token_inds: Tensor
     hidden: Tensor
+    dense_cls: Optional[Tensor] = None
+    dense_boxes: Optional[Tensor] = None
+    dense_unusable: Optional[Tensor] = None
 
 
 class Decoded(NamedTuple):
@@ -66,6 +76,8 @@ class LWDETRHead(SetPredictionHead):
             (RF-DETR: 8, 16, 2).
         ffn_dims, dropout: decoder FFN channels and dropout (RF-DETR: 2048, 0).
         anchor_size: normalised side of the level-0 token anchors (doubling per level).
+        dense_one_to_many: ``k``: add the one-to-many loss of every token's proposal
+            (``enc_dense_`` terms, see the module docstring); None (RF-DETR's) leaves it out.
         train_cfg: ``dict(assigner=...)`` (Hungarian, focal 2 / L1 5 / GIoU 2 costs).
         loss_cls, loss_bbox, loss_iou: losses (IA-BCE 1, L1 5, GIoU 2).
         test_cfg: ``dict(max_per_img=300)`` (RF-DETR's ``num_select``).
@@ -88,6 +100,7 @@ class LWDETRHead(SetPredictionHead):
                  ffn_dims: int = 2048,
                  dropout: float = 0.0,
                  anchor_size: float = 0.05,
+                 dense_one_to_many: Optional[int] = None,
                  loss_cls: Optional[dict] = None,
                  loss_bbox: Optional[dict] = None,
                  loss_iou: Optional[dict] = None,
@@ -99,8 +112,12 @@ class LWDETRHead(SetPredictionHead):
         for name, value in (('num_groups', num_groups), ('num_levels', num_levels)):
             if value < 1:
                 raise ValueError(f'{name} must be >= 1, got {value}')
+        if dense_one_to_many is not None and dense_one_to_many < 1:
+            raise ValueError(f'dense_one_to_many must be >= 1 (tokens per ground truth) or None,'
+                             f' got {dense_one_to_many}')
         self.num_levels = num_levels
         self.num_groups = num_groups
+        self.dense_one_to_many = dense_one_to_many
         self.decoder = LWDETRDecoder(num_decoder_layers, embed_dims, self_heads, cross_heads,
                                      num_levels, num_points, ffn_dims, dropout)
         total = num_queries * num_groups
@@ -138,7 +155,8 @@ class LWDETRHead(SetPredictionHead):
         num_proposals = min(self.num_queries, n)
         anchors, usable = token_proposals(memory, self.anchor_size)            # (B, N, 4), (B, N)
         tokens = memory.tokens * usable[..., None].to(memory.tokens.dtype)
-        refs, logits, boxes, inds, feats = [], [], [], [], []
+        dense = self.dense_one_to_many is not None and self.training
+        refs, logits, boxes, inds, feats, dense_cls, dense_boxes = [], [], [], [], [], [], []
         for g in range(num_groups):
             hidden = self.enc_output_norm[g](self.enc_output[g](tokens))         # (B, N, C)
             cls = self.enc_cls_branches[g](hidden)                               # (B, N, K)
@@ -151,8 +169,16 @@ class LWDETRHead(SetPredictionHead):
             boxes.append(box)
             inds.append(top)
             feats.append(selected)
-        return Proposals(torch.cat(refs, 1), torch.cat(logits, 1), torch.cat(boxes, 1),
-                         torch.cat(inds, 1), torch.cat(feats, 1))
+            if dense:
+                dense_cls.append(cls)
+                dense_boxes.append(reparam_boxes(self.enc_reg_branches[g](hidden), anchors))
+        props = Proposals(torch.cat(refs, 1), torch.cat(logits, 1), torch.cat(boxes, 1),
+                          torch.cat(inds, 1), torch.cat(feats, 1))
+        if not dense:
+            return props
+        return props._replace(dense_cls=torch.cat(dense_cls, 1),                 # (B, G*N, K)
+                              dense_boxes=torch.cat(dense_boxes, 1),             # (B, G*N, 4)
+                              dense_unusable=(~usable).repeat(1, num_groups))    # (B, G*N)
 
     def forward(self, feats: Sequence[Tensor], batch_img_metas: Optional[Sequence[dict]] = None,
                 batch_gt_instances: Optional[Sequence[InstanceData]] = None) -> HeadOutputs:
@@ -185,8 +211,10 @@ class LWDETRHead(SetPredictionHead):
     def detections(self, decoded: Decoded) -> HeadOutputs:
         """Every layer's class logits and boxes, and the proposals' (see :meth:`forward`)."""
         boxes = reparam_boxes(self.reg_branch(decoded.hidden), decoded.ref)     # (L, B, G*Q, 4)
-        return HeadOutputs(self.cls_branch(decoded.hidden), boxes, decoded.proposals.cls,
-                           decoded.proposals.boxes)
+        props = decoded.proposals
+        return HeadOutputs(self.cls_branch(decoded.hidden), boxes, props.cls, props.boxes,
+                           dense_cls_scores=props.dense_cls, dense_bbox_preds=props.dense_boxes,
+                           dense_padding_mask=props.dense_unusable)
 
     # ------------------------------------------------------------------ training
     def loss_by_feat(self, outs: HeadOutputs, batch_gt_instances: Sequence[InstanceData],
@@ -210,4 +238,28 @@ class LWDETRHead(SetPredictionHead):
         enc = self.criterion(outs.enc_cls_scores, outs.enc_bbox_preds, batch_gt_instances,
                              batch_img_metas, num_groups=groups, **(enc_kwargs or {}))
         losses.update({'enc_' + k: v for k, v in enc.items()})
+        if outs.dense_cls_scores is not None:
+            losses.update({'enc_dense_' + k: v for k, v in self.dense_losses(
+                outs, batch_gt_instances, batch_img_metas, groups).items()})
         return losses
+
+    def dense_losses(self, outs: HeadOutputs, batch_gt_instances: Sequence[InstanceData],
+                     batch_img_metas: Sequence[dict], num_groups: int) -> Dict[str, Tensor]:
+        """Losses of every token's proposal, each group's ``N`` tokens matched one-to-many
+        (``dense_one_to_many`` per ground truth, unusable tokens never)."""
+        cls, boxes, unusable = (outs.dense_cls_scores, outs.dense_bbox_preds,
+                                outs.dense_padding_mask)
+        if cls is None or boxes is None or unusable is None or self.dense_one_to_many is None:
+            raise ValueError('dense losses need the dense proposals of a training forward with '
+                             'dense_one_to_many set')
+        n = cls.shape[1] // num_groups
+        matches = []
+        for i, (gt, meta) in enumerate(zip(batch_gt_instances, batch_img_metas)):
+            pairs = [self.criterion.match_one_to_many(
+                cls[i, g * n:(g + 1) * n], boxes[i, g * n:(g + 1) * n], gt, meta,
+                self.dense_one_to_many, unusable[i, g * n:(g + 1) * n])
+                for g in range(num_groups)]
+            matches.append((torch.cat([q + g * n for g, (q, _) in enumerate(pairs)]),
+                            torch.cat([gt_inds for _, gt_inds in pairs])))
+        return self.criterion(cls, boxes, batch_gt_instances, batch_img_metas, matches,
+                              num_groups)
