@@ -210,10 +210,13 @@ def test_losses_and_gradients_match_rfdetr(counts, monkeypatch):
 def test_mmdet_single_stage_detector_trains_and_predicts_masks():
     """mmdet's ``SingleStageDetector`` (tiny ViT, ``RFDETRProjector``, ``LWDETRSegHead``) on a
     padded batch with ``BitmapMasks`` in the image frame: a loss step with the mask terms of
-    every layer and ``predict`` (bool masks in the original image)."""
-    detector = tiny_detector(dict(
-        type='LWDETRSegHead', num_classes=CLASSES, embed_dims=WIDTH, num_queries=QUERIES,
-        num_groups=GROUPS, num_decoder_layers=2, self_heads=2, cross_heads=4, ffn_dims=64))
+    every layer and ``predict`` (bool masks in the original image). ``dense_one_to_many`` (box
+    proposals of every token) is refused: the seg matching weighs masks."""
+    head = dict(type='LWDETRSegHead', num_classes=CLASSES, embed_dims=WIDTH, num_queries=QUERIES,
+                num_groups=GROUPS, num_decoder_layers=2, self_heads=2, cross_heads=4, ffn_dims=64)
+    with pytest.raises(ValueError, match=r'LWDETRSegHead does not take dense_one_to_many: its '):
+        tiny_detector(dict(head, dense_one_to_many=2))
+    detector = tiny_detector(head)
     losses, results = loss_and_predict(detector, tiny_batch(detector, with_masks=True))
     assert len(losses) == 5 * 3 and {'loss_mask', 'enc_loss_dice', 'd0.loss_mask'} <= set(losses)
     for result in results:

@@ -78,6 +78,7 @@ class LWDETRHead(SetPredictionHead):
         anchor_size: normalised side of the level-0 token anchors (doubling per level).
         dense_one_to_many: ``k``: add the one-to-many loss of every token's proposal
             (``enc_dense_`` terms, see the module docstring); None (RF-DETR's) leaves it out.
+            Boxes only: ``LWDETRSegHead`` refuses it.
         train_cfg: ``dict(assigner=...)`` (Hungarian, focal 2 / L1 5 / GIoU 2 costs).
         loss_cls, loss_bbox, loss_iou: losses (IA-BCE 1, L1 5, GIoU 2).
         test_cfg: ``dict(max_per_img=300)`` (RF-DETR's ``num_select``).

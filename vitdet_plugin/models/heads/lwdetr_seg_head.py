@@ -156,6 +156,10 @@ class LWDETRSegHead(LWDETRHead):
     def __init__(self, num_classes: int, mask_downsample_ratio: int = MASK_DOWNSAMPLE_RATIO,
                  loss_mask: Optional[dict] = None, loss_dice: Optional[dict] = None,
                  mask_point_sample_ratio: int = POINT_SAMPLE_RATIO, **kwargs: Any) -> None:
+        if kwargs.get('dense_one_to_many') is not None:
+            raise ValueError('LWDETRSegHead does not take dense_one_to_many: its matching weighs '
+                             'masks, which only the top-k proposals have; remove it (or train '
+                             'boxes with LWDETRHead)')
         super().__init__(num_classes, **kwargs)
         self.mask_branch = MaskBranch(self.embed_dims, len(self.decoder.layers),
                                       mask_downsample_ratio)
