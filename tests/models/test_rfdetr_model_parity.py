@@ -180,8 +180,10 @@ def test_the_whole_model_matches_rfdetr(built, size, shape, monkeypatch):
                      ) <= TIE_TOL, 'proposal tokens in another order than rfdetr\'s, not ties'
         order = same.to(torch.int64).argmax(-1)                              # (B, P)
         proposals.append(int((order != torch.arange(count)).sum()))
-        return Proposals._make(f.gather(1, order.view(*order.shape, *[1] * (f.dim() - 2))
-                                        .expand(*order.shape, *f.shape[2:])) for f in props)
+        return Proposals._make(  # the per-proposal fields; the dense ones are None at test
+            None if f is None else f.gather(1, order.view(*order.shape, *[1] * (f.dim() - 2))
+                                            .expand(*order.shape, *f.shape[2:]))
+            for f in props)
 
     monkeypatch.setattr(head, 'proposals', proposals_in_rfdetrs_tie_order)
     with torch.no_grad():
