@@ -253,14 +253,9 @@ class LWDETRHead(SetPredictionHead):
         if cls is None or boxes is None or unusable is None or self.dense_one_to_many is None:
             raise ValueError('dense losses need the dense proposals of a training forward with '
                              'dense_one_to_many set')
-        n = cls.shape[1] // num_groups
-        matches = []
-        for i, (gt, meta) in enumerate(zip(batch_gt_instances, batch_img_metas)):
-            pairs = [self.criterion.match_one_to_many(
-                cls[i, g * n:(g + 1) * n], boxes[i, g * n:(g + 1) * n], gt, meta,
-                self.dense_one_to_many, unusable[i, g * n:(g + 1) * n])
-                for g in range(num_groups)]
-            matches.append((torch.cat([q + g * n for g, (q, _) in enumerate(pairs)]),
-                            torch.cat([gt_inds for _, gt_inds in pairs])))
+        matches = [self.criterion.match_groups(cls[i], boxes[i], gt, meta, num_groups,
+                                               one_to_many=self.dense_one_to_many,
+                                               invalid=unusable[i])
+                   for i, (gt, meta) in enumerate(zip(batch_gt_instances, batch_img_metas))]
         return self.criterion(cls, boxes, batch_gt_instances, batch_img_metas, matches,
                               num_groups)

@@ -54,17 +54,24 @@ class GroupSetCriterion(SetCriterion):
 
     @torch.no_grad()
     def match_groups(self, cls_score: Tensor, boxes: Tensor, gt_instances: InstanceData,
-                     img_meta: dict, num_groups: int,
-                     masks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                     img_meta: dict, num_groups: int, masks: Optional[Tensor] = None,
+                     one_to_many: Optional[int] = None,
+                     invalid: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         """Hungarian matching of each of ``num_groups`` consecutive query groups of one image
         (``cls_score (G*Q, K)``, ``boxes (G*Q, 4)``, optional mask logits at points
-        ``(G*Q, P)``, see :meth:`match`) -> ``(query_inds, gt_inds)``."""
+        ``(G*Q, P)``, see :meth:`match`) -> ``(query_inds, gt_inds)``; with ``one_to_many=k``,
+        :meth:`match_one_to_many` of each group instead (``invalid (G*Q,)`` never taken)."""
         per_group = cls_score.shape[0] // num_groups
         query_inds, gt_inds = [], []
         for g in range(num_groups):
             part = slice(g * per_group, (g + 1) * per_group)
-            q, gt = self.match(cls_score[part], boxes[part], gt_instances, img_meta,
-                               None if masks is None else masks[part])
+            if one_to_many is None:
+                q, gt = self.match(cls_score[part], boxes[part], gt_instances, img_meta,
+                                   None if masks is None else masks[part])
+            else:
+                q, gt = self.match_one_to_many(cls_score[part], boxes[part], gt_instances,
+                                               img_meta, one_to_many,
+                                               None if invalid is None else invalid[part])
             query_inds.append(q + g * per_group)
             gt_inds.append(gt)
         return torch.cat(query_inds), torch.cat(gt_inds)
