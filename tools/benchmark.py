@@ -20,6 +20,7 @@ docs/deploy.md), timed against PyTorch by ``--end-to-end`` below.
     python tools/benchmark.py --init-memory         # per-rank host memory of pretrained init
     python tools/benchmark.py --end-to-end CONFIG CKPT det.onnx   # onnxruntime vs PyTorch eval
     python tools/benchmark.py --rfdetr-onnx         # RF-DETR N 384 px: ours vs rfdetr's ONNX
+    python tools/benchmark.py --rfdetr-onnx N-Seg   # RF-DETR-Seg N 312 px, the same
 
 Swin: ours vs mmdet's ``SwinTransformer`` and timm's swin. ViT: ours vs timm's samvit (its
 features before the neck). DINOv2 / DINOv3 / EVA-02 (``--model dinov2|dinov3|eva02``): ours
@@ -51,7 +52,8 @@ seconds; ``mem MB`` as above. Before timing, ours is checked against mmdet (Swin
 untimed parity call and ``--warmup`` more: seconds, ratio, file size
 (``tools/dev/bench/end_to_end_latency.py``).
 
-``--rfdetr-onnx``: RF-DETR N at 384 px, CPU, batch 1: our end-to-end graph in onnxruntime,
+``--rfdetr-onnx [N | N-Seg]``: RF-DETR N at 384 px (or RF-DETR-Seg N at 312 px), CPU, batch 1:
+our end-to-end graph in onnxruntime,
 our model in PyTorch eager, rfdetr's own ONNX export of the same weights in onnxruntime and
 rfdetr's PyTorch eager, interleaved (``tools/dev/bench/rfdetr_onnx.py``).
 
@@ -76,6 +78,7 @@ from dev.bench.init_memory import run_init_memory
 from dev.bench.compiled import (compile_row_specs, format_compiled_row,
                                 measure_compiled_row, resolve_compile)
 from dev.bench.ops import run_ops
+from dev.bench.rfdetr_onnx import MODELS as RFDETR_MODELS
 from dev.bench.plan import (CLOCKS, DEFAULT_ARCH, DTYPES, MODELS, DevicePlan,
                             check_repeats, make_timer, parse_size, plan_for)
 from dev.bench.rows import (Row, RowSettings, RowSpec, format_row, measure_row,
@@ -141,9 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help='end-to-end detector latency: the graph of tools/export_onnx.py --part '
                         'detector in onnxruntime vs the checkpoint in PyTorch eval, batch 1, '
                         'CPU (tools/dev/bench/end_to_end_latency.py)')
-    p.add_argument('--rfdetr-onnx', action='store_true',
-                   help='RF-DETR N 384 px, CPU: our graph and model vs rfdetr\'s own ONNX export '
-                        'of the same weights (tools/dev/bench/rfdetr_onnx.py)')
+    p.add_argument('--rfdetr-onnx', nargs='?', const='N', default=None, choices=list(RFDETR_MODELS),
+                   help='RF-DETR N (384 px; the default) or N-Seg (312 px), CPU: our graph and '
+                        'model vs rfdetr\'s own ONNX export of the same weights '
+                        '(tools/dev/bench/rfdetr_onnx.py)')
     p.add_argument('--row', default=None, help=argparse.SUPPRESS)  # internal: one child row
     return p
 
@@ -238,9 +242,10 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> List[Row]:
 
 
 def run_rfdetr(args: argparse.Namespace) -> List[Row]:
-    """``--rfdetr-onnx`` (tools/dev/bench/rfdetr_onnx.py: its own table, in this process)."""
+    """``--rfdetr-onnx [N | N-Seg]`` (tools/dev/bench/rfdetr_onnx.py: its own table, in this
+    process)."""
     from dev.bench.rfdetr_onnx import run_rfdetr_onnx
-    result = run_rfdetr_onnx(repeats=args.repeats, warmup=args.warmup)
+    result = run_rfdetr_onnx(args.rfdetr_onnx, repeats=args.repeats, warmup=args.warmup)
     if args.json:
         with open(args.json, 'w') as f:
             json.dump(dict(rfdetr_onnx=result), f, indent=1)
