@@ -15,14 +15,15 @@
 #   relative to the initial reference), 128 wide, 2 decoder layers (N's), 100 queries, 2 Group
 #   DETR groups (13 in RF-DETR: 13 doubled the time of an iteration here);
 # * from random init, not RF-DETR's (which fine-tunes a pretrained DINOv2): every usable token's
-#   proposal trained one-to-many, 4 tokens per object and group (dense_one_to_many: RF-DETR's
-#   top-k proposal loss alone reaches 2 tokens per object, too few for a backbone that starts
-#   from nothing), token anchors of side anchor_size (RF-DETR: 0.05 of the image, 10 px here,
-#   for objects of 8-39 % of the image side);
+#   proposal trained one-to-many, 2 tokens per object and group (dense_one_to_many: RF-DETR's
+#   top-k proposal loss alone reaches one token per object and group, too few for a backbone
+#   that starts from nothing; none, 4 or 9 trained worse), token anchors of side anchor_size
+#   (RF-DETR: 0.05 of the image, 10 px here, for objects of 8-39 % of the image side);
 # * recipe: AdamW 3e-4 (RF-DETR's 1e-4 fine-tunes; 1e-3, the other demos', stalls this head),
 #   weight decay 1e-4, gradient clipping 0.1 (RF-DETR's), batch 4, the demos' EMA, warm-up and
 #   cosine (cpu_time_budget_ema.py), fixed 192 px.
-# The choices were measured in 400-iteration runs: docs/rfdetr.md ("Configs and training").
+# The choices were measured in 400- and 800-iteration runs: docs/rfdetr.md ("Configs and
+# training").
 _base_ = [
     '../_base_/datasets/shapes_detection.py',
     '../_base_/schedules/cpu_time_budget_ema.py',
@@ -75,7 +76,7 @@ model = dict(
         num_points=2,
         ffn_dims=512,
         anchor_size=anchor_size,
-        dense_one_to_many=4),
+        dense_one_to_many=2),
     test_cfg=dict(max_per_img=100))
 
 # the dataset base's pipelines, resized to the demo's image size

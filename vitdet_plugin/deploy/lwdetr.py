@@ -24,8 +24,8 @@ a batch of images that all have the input's size ``h x w``, padded to ``pad_size
 * RF-DETR-Seg (``LWDETRSegHead``): the head's own ``mask_branch`` on the first map, the last
   layer's queries and the proposals' features, its last layer's mask logits ``(B, Q, Hm, Wm)``
   at a quarter of the padded batch; :func:`masks_at_input` gives the top-k detections' masks
-  at the input's size with the head's own ``masks_to_image`` (one bilinear ``GridSample``,
-  then ``> 0``).
+  at the input's size with the head's own ``masks_to_image`` (one bilinear resize as two
+  ``MatMul``, then ``> 0``).
 
 Sizes: any, as the model (DINOv2's position table is resized to the token grid in the graph,
 antialiased bicubic, ONNX ``Resize``). At least ``num_queries`` tokens must reach the head: the

@@ -33,6 +33,8 @@ MASK_DOWNSAMPLE_RATIO = 4
 BLOCK_NORM_EPS = 1e-6
 #: Hidden width of the query MLP, times the channels.
 QUERY_MLP_RATIO = 4
+#: A pixel's centre, in pixels from its top-left corner (``align_corners=False``).
+PIXEL_CENTRE = 0.5
 
 
 class DepthwiseBlock(nn.Module):
@@ -126,17 +128,30 @@ class SegHeadOutputs(NamedTuple):
 def masks_to_image(logits: Tensor, img_meta: dict, rescale: bool) -> Tensor:
     """``(K, Hm, Wm)`` mask logits over the padded batch -> ``(K, H, W)`` bool masks of the
     image (``img_shape``, or ``ori_shape`` when ``rescale``): one bilinear resize of the
-    image's part (RF-DETR's, which resizes the whole unpadded batch), then ``> 0``."""
+    image's part (RF-DETR's, which resizes the whole unpadded batch), then ``> 0``.
+
+    The resize is ``grid_sample``'s (``align_corners=False``, border) written separably, as two
+    matrix products with each axis' weights (:func:`border_weights`): the same taps, and the
+    exported graph runs MatMul where onnxruntime's GridSample took a third of RF-DETR-Seg N's
+    time (docs/rfdetr.md, latency)."""
     batch_h, batch_w = img_meta['batch_input_shape']
     img_h, img_w = img_meta['img_shape'][:2]
     out_h, out_w = (img_meta['ori_shape'] if rescale else img_meta['img_shape'])[:2]
-    # output pixel centres in grid_sample's [-1, 1] over the padded batch (align_corners=False)
-    ys = (torch.arange(out_h, device=logits.device) + 0.5) * (2 * img_h / (batch_h * out_h)) - 1
-    xs = (torch.arange(out_w, device=logits.device) + 0.5) * (2 * img_w / (batch_w * out_w)) - 1
-    grid = torch.stack(torch.meshgrid(xs, ys, indexing='xy'), -1)[None]       # (1, H, W, 2)
-    resized = F.grid_sample(logits[None].float(), grid.to(torch.float32), mode='bilinear',
-                            padding_mode='border', align_corners=False)          # (1, K, H, W)
-    return resized[0] > 0
+    rows = border_weights(out_h, img_h / batch_h, logits.shape[-2], logits.device)  # (H, Hm)
+    cols = border_weights(out_w, img_w / batch_w, logits.shape[-1], logits.device)  # (W, Wm)
+    return rows @ logits.float() @ cols.T > 0                                       # (K, H, W)
+
+
+def border_weights(length: Any, part: Any, cells: Any, device: torch.device) -> Tensor:
+    """``(length, cells)``: along one axis, the bilinear weights of the first ``part`` (a
+    fraction) of ``cells`` cells at ``length`` output pixel centres: the centre of pixel ``i``
+    at ``pos = (i + 0.5) * part * cells / length - 0.5`` in cell units, clamped to the cells
+    (``grid_sample``'s border), weight ``max(0, 1 - |pos - j|)`` for cell ``j`` (the runner's
+    ``resize_logits`` is the same in numpy)."""
+    centres = torch.arange(length, device=device, dtype=torch.float32) + PIXEL_CENTRE
+    pos = (centres * (part * cells / length) - PIXEL_CENTRE).clamp(0, cells - 1)  # (length,)
+    cell = torch.arange(cells, device=device, dtype=torch.float32)               # (cells,)
+    return (1 - (pos[:, None] - cell).abs()).clamp(min=0)                        # (length, cells)
 
 
 @MODELS.register_module()
