@@ -1,9 +1,9 @@
 """ONNX export with dynamic batch / height / width (torch's dynamo exporter) and onnxruntime
 parity with PyTorch at three input sizes that are no multiple of a patch, window or stride:
-Swin V2 and ViT (+ its simple-pyramid neck) backbones, and RetinaNet's raw head outputs from
-``configs/swin_retinanet.py`` through ``tools/export_onnx.py``, whose Swin (shifted windows and
-their masks in the first two stages, padding to the window in every stage) is the Swin V1
-check."""
+Swin V2 (make test-all) and ViT (+ its simple-pyramid neck) backbones, and RetinaNet's raw
+head outputs from ``configs/swin_retinanet.py`` through ``tools/export_onnx.py``, whose Swin
+(shifted windows and their masks in the first two stages, padding to the window in every
+stage) is the Swin V1 check."""
 import os.path as osp
 import re
 
@@ -59,6 +59,11 @@ def _export_and_check(module: DetectorPart, tmp_path) -> None:
         assert c.max_error <= DEFAULT_TOLERANCE, (c.size, c.errors)
 
 
+#: make test-all: Swin V2's window flow (pads, shifts, masks: functional/window.py) is Swin V1's,
+#: exported in the default suite (RetinaNet here, the DETR and Mask R-CNN graphs); what is its
+#: own (cosine attention, the position-bias MLP on a constant table, post-norm) is plain
+#: MatMul / ReLU / Exp / LayerNorm. 41 s of the default suite's time (CI, 2026-12-03).
+@pytest.mark.slow
 def test_swinv2_backbone_exports_with_dynamic_sizes(tmp_path):
     """Cosine attention, the continuous position bias MLP and post-norm patch merging."""
     model = randomize_(SwinV2Backbone(arch=dict(embed_dims=16, depths=(2, 2, 2),

@@ -77,7 +77,8 @@ MODELS: dict = {
 #: graph plus the pyramid's (the ViT alone adds a compile, not a check; ``make test-all`` runs
 #: it). Swin V2's dynamic-shape check is in ``make test-all`` too: its sizes go through the
 #: same window flow (``functional/window.py``: pads, shift masks) as Swin V1's, checked in the
-#: default suite, and its fullgraph matrix and dynamic-size ONNX export stay there.
+#: default suite, and its fullgraph matrix stays there (its dynamic-size ONNX export: test-all,
+#: tests/deploy/test_export.py).
 FULLGRAPH_MODELS = [pytest.param('vit', marks=pytest.mark.slow), 'swin', 'swinv2',
                     'vit_pyramid']
 DYNAMIC_MODELS = ['swin', pytest.param('swinv2', marks=pytest.mark.slow), 'vit_pyramid']
