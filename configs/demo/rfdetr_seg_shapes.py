@@ -15,7 +15,8 @@ _base_ = ['./rfdetr_shapes.py']
 # dense_one_to_many: its matching weighs masks)
 model = dict(bbox_head=dict(type='LWDETRSegHead', num_groups=4, anchor_size=0.05,
                             dense_one_to_many=None))
-optim_wrapper = dict(optimizer=dict(lr=1e-3), clip_grad=dict(max_norm=1.0))
+optim_wrapper = dict(optimizer=dict(lr=1e-3), clip_grad=dict(max_norm=1.0),
+                     paramwise_cfg=dict(custom_keys=dict(backbone=dict(lr_mult=1.0))))
 
 # rfdetr_shapes.py's pipelines with the instance masks loaded
 train_pipeline = [dict(t, with_mask=True) if t['type'] == 'LoadAnnotations' else t
