@@ -20,7 +20,8 @@
 #   that starts from nothing; none, 4 or 9 trained worse), token anchors of side anchor_size
 #   (RF-DETR: 0.05 of the image, 10 px here, for objects of 8-39 % of the image side);
 # * recipe: AdamW 6e-4 for the projector and head, 3e-4 for the backbone (RF-DETR's 1e-4
-#   fine-tunes; 1e-3, the other demos', everywhere stalls this head), weight decay 1e-4, gradient clipping 0.1 (RF-DETR's), batch 4, the demos' EMA, warm-up and
+#   fine-tunes; 1e-3 everywhere, the other demos', stalls this head; a faster backbone loses),
+#   weight decay 1e-4, gradient clipping 0.1 (RF-DETR's), batch 4, the demos' EMA, warm-up and
 #   cosine (cpu_time_budget_ema.py), fixed 192 px.
 # The choices were measured in 400- and 800-iteration runs: docs/rfdetr.md ("Configs and
 # training").
@@ -89,7 +90,7 @@ val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
 test_dataloader = val_dataloader
 
 base_lr = 6e-4
-#: the backbone's learning rate relative to the projector's and head's (3e-4)
+#: the backbone's learning rate as a fraction of base_lr (the projector's and head's): 3e-4
 backbone_lr_mult = 0.5
 optim_wrapper = dict(
     optimizer=dict(lr=base_lr, weight_decay=1e-4),
