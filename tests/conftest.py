@@ -27,6 +27,17 @@ if _WORKERS > 1:
 torch.manual_seed(0)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Every process a test starts runs tests/subprocess_site/sitecustomize.py (transformers,
+    which mmengine and mmdet import at start-up when installed, reads as not installed: ~1.7 s
+    a process); pytest's own processes do not (xdist's controller starts its workers after
+    this hook, and the workers run the tests that compare with transformers)."""
+    from helpers import SUBPROCESS_SITE
+    if hasattr(config, 'workerinput') or not config.getoption('numprocesses', default=None):
+        os.environ['PYTHONPATH'] = os.pathsep.join(
+            p for p in (os.environ.get('PYTHONPATH'), SUBPROCESS_SITE) if p)
+
+
 @pytest.fixture(autouse=True)
 def _restore_num_threads():
     """A test that sets ``torch.set_num_threads(1)`` (bitwise-reproducible runs) leaves the

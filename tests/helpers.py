@@ -59,14 +59,24 @@ def save_rfdetr_checkpoint(model: Any, path: str, **extra: Any) -> None:
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+#: The folder of the ``sitecustomize`` every process the tests start runs (on PYTHONPATH:
+#: tests/conftest.py, :func:`subprocess_env`): transformers reads as not installed there.
+SUBPROCESS_SITE = str(REPO_ROOT / 'tests' / 'subprocess_site')
+
+
 def subprocess_env(no_site: bool, **extra: str) -> Dict[str, str]:
-    """The environment of a fresh interpreter of this venv, VITDET_MMCV_OPS and PYTHONPATH
-    unset. ``no_site``: for ``python -S``, site-packages and the checkout on PYTHONPATH, so no
-    .pth file (the compile-free ops' hook) runs."""
+    """The environment of a fresh interpreter of this venv: VITDET_MMCV_OPS unset, PYTHONPATH
+    ``extra``'s (if given) then :data:`SUBPROCESS_SITE` only. ``no_site``: for ``python -S``,
+    site-packages and the checkout on PYTHONPATH (unless ``extra`` names one), so no .pth file
+    (the compile-free ops' hook) and no sitecustomize runs."""
     env = {k: v for k, v in os.environ.items() if k not in ('VITDET_MMCV_OPS', 'PYTHONPATH')}
     if no_site:
         env['PYTHONPATH'] = os.pathsep.join([sysconfig.get_paths()['purelib'], str(REPO_ROOT)])
+        env.update(extra)
+        return env
     env.update(extra)
+    env['PYTHONPATH'] = os.pathsep.join([str(p) for p in (extra.get('PYTHONPATH'),
+                                                          SUBPROCESS_SITE) if p])
     return env
 
 

@@ -63,7 +63,8 @@ default_hooks = dict(checkpoint=dict(interval=100), logger=dict(interval=1))
 
 
 def _mmdet_train(config: str, work_dir: str, *options: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=ROOT)  # this checkout's plugin
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(  # this checkout's plugin
+        [ROOT, os.environ.get('PYTHONPATH', '')]))
     return subprocess.run([sys.executable, MMDET_TRAIN, config, '--work-dir', work_dir,
                            *(['--cfg-options', *options] if options else [])],
                           env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)

@@ -67,7 +67,8 @@ class Job(NamedTuple):
 def _env() -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith('TORCHELASTIC')}
     env.update(OMP_NUM_THREADS='1', MKL_NUM_THREADS='1', OPENBLAS_NUM_THREADS='1',
-               PYTHONPATH=os.pathsep.join([ROOT, osp.join(ROOT, 'tests')]))
+               PYTHONPATH=os.pathsep.join([ROOT, osp.join(ROOT, 'tests'),
+                                           os.environ.get('PYTHONPATH', '')]))
     return env
 
 
