@@ -72,11 +72,10 @@ def subprocess_env(no_site: bool, **extra: str) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ('VITDET_MMCV_OPS', 'PYTHONPATH')}
     if no_site:
         env['PYTHONPATH'] = os.pathsep.join([sysconfig.get_paths()['purelib'], str(REPO_ROOT)])
-        env.update(extra)
-        return env
+    else:
+        extra['PYTHONPATH'] = os.pathsep.join(
+            str(p) for p in (extra.get('PYTHONPATH'), SUBPROCESS_SITE) if p)
     env.update(extra)
-    env['PYTHONPATH'] = os.pathsep.join([str(p) for p in (extra.get('PYTHONPATH'),
-                                                          SUBPROCESS_SITE) if p])
     return env
 
 
