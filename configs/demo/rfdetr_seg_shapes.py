@@ -4,7 +4,9 @@
 #   make demo-rfdetr-seg
 # (= DEMO_CONFIG=configs/demo/rfdetr_seg_shapes.py DEMO_WORK_DIR=work_dirs/demo_rfdetr_seg
 #  make demo)
-# Everything but the head and the masks is rfdetr_shapes.py's (its header says why each value);
+# Everything but the head, the masks, the depth and the levels is rfdetr_shapes.py's (its header
+# says why each value); this demo keeps the 6 blocks, 3 taps and one level (P4) it was measured
+# with (the box demo's 4 blocks and P4 + P5 came later, not measured with masks);
 # the mask branch keeps RF-DETR's defaults (masks at 1/4 of the padded batch, losses at
 # PointRend's uncertain points, docs/rfdetr.md "Instance segmentation").
 # Measured: docs/rfdetr.md ("Configs and training").
@@ -13,7 +15,10 @@ _base_ = ['./rfdetr_shapes.py']
 # the recipe this demo was measured with (docs/rfdetr.md), before rfdetr_shapes.py's
 # from-scratch changes, which were measured on boxes only (LWDETRSegHead refuses
 # dense_one_to_many: its matching weighs masks)
-model = dict(bbox_head=dict(type='LWDETRSegHead', num_groups=4, anchor_size=0.05,
+out_indices = (1, 3, 5)
+model = dict(backbone=dict(arch=dict(depth=6), out_indices=out_indices),
+             neck=dict(in_channels=(_base_.embed_dims,) * len(out_indices), levels=('P4',)),
+             bbox_head=dict(type='LWDETRSegHead', num_levels=1, num_groups=4, anchor_size=0.05,
                             dense_one_to_many=None))
 optim_wrapper = dict(optimizer=dict(lr=1e-3), clip_grad=dict(max_norm=1.0),
                      paramwise_cfg=dict(custom_keys=dict(backbone=dict(lr_mult=1.0))))
