@@ -38,6 +38,7 @@ patch_size = 8
 num_windows = 2
 #: side of the proposals' token anchors, normalised (the shapes are 15-75 px at 192 px)
 anchor_size = 0.25
+#: DINOv2 blocks
 depth = 4
 #: taps after blocks 2 and 4 (1-based); block 3 is global (RF-DETR's rule)
 out_indices = (1, 3)
