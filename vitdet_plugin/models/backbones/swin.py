@@ -57,8 +57,8 @@ class SwinBackbone(WindowBackbone):
             layout (docs/checkpoints.md; optional ``prefix``, ``src_window_size=(h, w)``).
         pretrained: deprecated mmdet spelling of ``init_cfg=dict(type='Pretrained',
             checkpoint=...)``.
-        removed: options removed with the CPU kernels (``accel``, ``fused_attn``): an error
-            names what replaces them.
+        removed: refused options (``accel``, ``fused_attn``): the error names what
+            replaces each (:data:`~vitdet_plugin.models.layers.arguments.REMOVED_OPTIONS`).
     """
 
     NO_DECAY_PARAMS = ('absolute_pos_embed', 'relative_position_bias_table')

@@ -70,7 +70,7 @@ def check_rate(value, name: str) -> float:
     return float(value)
 
 
-#: Constructor options removed with the CPU-only kernels, and what replaces each.
+#: Refused constructor options, and what replaces each (named in the error).
 REMOVED_OPTIONS = {
     'accel': 'the models have one forward, the plain one, on every device; for CPU inference '
              'export the detector to ONNX and run it with onnxruntime (docs/deploy.md: '
