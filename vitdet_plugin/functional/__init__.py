@@ -3,7 +3,7 @@
 A leaf of the package: it imports nothing of ours, so the weight converters (``weights/``) and
 the models (``models/``) can both use it without importing each other (the import-graph test
 keeps it that way). Caches here hold only what depends on sizes alone
-(see :mod:`.size_cache`).
+(see :class:`.sizes.SizeCache`).
 """
 from .attention import attend
 from .decomposed_rel_pos import (decomposed_rel_pos_bias, decomposed_rel_pos_channels,
@@ -12,9 +12,7 @@ from .decomposed_rel_pos import (decomposed_rel_pos_bias, decomposed_rel_pos_cha
 from .pos_grid import interpolation_dtype, resize_pos_grid
 from .rope import (ROPE_FORMULATIONS, RopeSpec, apply_rope, check_rope_spec,
                    rope_axis_coords, rope_frequencies, rope_tables)
-from .size_cache import SizeCache
-from .sizes import ArgumentError, to_2tuple, window_pair
-from .symbolic import known_equal, known_zero
+from .sizes import ArgumentError, SizeCache, known_equal, known_zero, to_2tuple, window_pair
 from .swin_bias import bias_table_size, relative_position_index, window_bias
 from .window import (MASKED_LOGIT, WindowGrid, from_windows, pad_to_multiple, padded_size,
                      shifted_window_mask, to_windows, window_attend, window_partition,

@@ -9,8 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .pos_grid import interpolation_dtype
-from .size_cache import SizeCache
-from .symbolic import known_equal
+from .sizes import SizeCache, known_equal
 
 #: Head dims handed to the fused attention kernels are padded to a multiple of this (the
 #: alignment CUDA's memory-efficient and flash kernels want; zeros change no dot product).

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .symbolic import known_equal
+from .sizes import known_equal
 
 
 def interpolation_dtype(t: Tensor) -> Tensor:

@@ -12,7 +12,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .size_cache import SizeCache
+from .sizes import SizeCache
 
 #: The formulations :class:`RopeSpec` accepts.
 ROPE_FORMULATIONS = ('eva02', 'dinov3')

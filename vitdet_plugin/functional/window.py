@@ -7,8 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .attention import attend
-from .size_cache import SizeCache
-from .symbolic import SizeLike, known_zero
+from .sizes import SizeCache, SizeLike, known_zero
 
 #: Logit added to attention pairs that must not attend (tokens of different regions of a
 #: shifted window). The reference Swin implementations' value: finite, so no row is all

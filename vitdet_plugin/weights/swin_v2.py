@@ -22,7 +22,7 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 
 from torch import Tensor
 
-from ..functional.cpb import CPB_COORD_RANGE
+from ..functional.swin_bias import CPB_COORD_RANGE
 from .checkpoint_io import CheckpointError
 from .common import StateDict, backbone_part
 from ..functional.checkpoint_target import CheckpointTarget

@@ -19,7 +19,7 @@ from timm.models.swin_transformer_v2 import SwinTransformerV2
 from torch import Tensor
 
 import vitdet_plugin  # noqa: F401
-from vitdet_plugin.functional.cpb import log_spaced_relative_coords
+from vitdet_plugin.functional.swin_bias import log_spaced_relative_coords
 from vitdet_plugin.models.backbones import SwinBackbone, SwinV2Backbone
 from vitdet_plugin.weights import load_pretrained
 from vitdet_plugin.models.backbones.swin_v2_block import SwinV2Block

@@ -16,15 +16,13 @@ from torch import Tensor, nn
 
 from ...functional.pos_grid import resize_pos_grid
 from ...functional.rope import RopeSpec, check_rope_spec, rope_tables
-from ...functional.size_cache import SizeCache
-from ...functional.sizes import to_2tuple, window_pair
+from ...functional.sizes import SizeCache, to_2tuple, window_pair
 from ...functional.window import padded_size, window_partition
 from ...functional.checkpoint_target import CheckpointTarget
 from ..layers.arguments import (check_flags, check_rates, positive_int, positive_number,
                                 refuse_removed)
-from ..layers.conv_stem import ConvStem
+from ..layers.patch_embed import ConvStem, PatchEmbed
 from ..layers.mlp import linear_drop_path_rates
-from ..layers.patch_embed import PatchEmbed
 from .base import (TRUNC_NORMAL_STD, BackboneContract, init_cfg_from_pretrained,
                    init_transformer_weights_, load_init_checkpoint, run_blocks,
                    state_shapes)

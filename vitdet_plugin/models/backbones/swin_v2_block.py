@@ -16,10 +16,8 @@ import torch.nn.functional as F
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from torch import Tensor, nn
 
-from ...functional.cpb import log_spaced_relative_coords
-from ...functional.size_cache import SizeCache
-from ...functional.sizes import Window
-from ...functional.swin_bias import window_bias
+from ...functional.swin_bias import log_spaced_relative_coords, window_bias
+from ...functional.sizes import SizeCache, Window
 from ...functional.window import from_windows, to_windows, window_attend
 from ..layers.arguments import head_dim
 from ..layers.mlp import DropPath, Mlp

@@ -12,8 +12,7 @@ from ...functional.rope import apply_rope
 from ...functional.window import from_windows, to_windows
 from ..layers.attention import Attention
 from ..layers.layer_scale import LayerScale
-from ..layers.mlp import DropPath, Mlp
-from ..layers.swiglu import SwiGLU, SwiGLUPacked
+from ..layers.mlp import DropPath, Mlp, SwiGLU, SwiGLUPacked
 from .vit_archs import PlainViTArch
 
 #: ``(sin, cos)`` rotary tables, each ``(G, N, head_dim)``: one table for every window / image

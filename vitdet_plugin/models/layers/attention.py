@@ -1,14 +1,16 @@
 """Multi-head self-attention through ``F.scaled_dot_product_attention`` (``fused``; else the
-explicit formula, :mod:`.eager`): the core the plain ViT's attention extends.
+explicit formula): the core the plain ViT's attention extends; and the one kernel switch,
+:func:`eager_attention`, that runs every attention module of ours with the explicit formula.
 """
-from typing import Optional, Tuple
+from contextlib import contextmanager
+from typing import Any, Iterator, List, Optional, Tuple
 
 from torch import Tensor, nn
 
 from ...functional.attention import attend
 from .arguments import head_dim
 
-__all__ = ['Attention']
+__all__ = ['Attention', 'eager_attention']
 
 
 class Attention(nn.Module):
@@ -59,3 +61,19 @@ class Attention(nn.Module):
 
     def extra_repr(self) -> str:
         return f'num_heads={self.num_heads}, fused={self.fused}'
+
+
+@contextmanager
+def eager_attention(model: nn.Module) -> Iterator[nn.Module]:
+    """Run ``model`` with the explicit attention formula instead of SDPA, then restore it: the
+    one kernel switch, for every attention module of ours (each calls :func:`attend` with its
+    ``fused`` flag). ONNX export and FLOP counting use it."""
+    modules: List[Any] = list(model.modules())
+    saved = [(m, m.fused) for m in modules if isinstance(getattr(m, 'fused', None), bool)]
+    for m, _ in saved:
+        m.fused = False
+    try:
+        yield model
+    finally:
+        for m, fused in saved:
+            m.fused = fused

@@ -1,14 +1,45 @@
-"""Patch embedding: a strided convolution that turns an image into a token grid."""
-from typing import Optional, Tuple, Union
+"""Patch embedding: a strided convolution that turns an image into a token grid, optionally
+after a convolutional stem (:class:`ConvStem`)."""
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
+from mmcv.cnn import ConvModule
 from torch import Tensor, nn
 
-from ...functional.symbolic import known_zero
+from ...functional.sizes import known_zero, to_2tuple
 from ...functional.window import padded_size
-from ...functional.sizes import to_2tuple
-from .conv_stem import ConvStem
+
+
+class ConvStem(nn.Sequential):
+    """``3x3`` stride-2 convolution + norm + activation per entry of ``channels``.
+
+    Replaces the first ``2 ** len(channels)`` of a patch embedding's stride with overlapping
+    convolutions ("Early Convolutions Help Transformers See Better", Xiao et al., 2021): a
+    transformer trained from scratch then converges faster and is less sensitive to its
+    optimiser settings. ``(B, C_in, H, W)`` -> ``(B, channels[-1], ceil(H / 2^k), ...)``.
+
+    Args:
+        in_channels: image channels.
+        channels: output channels of each stride-2 convolution.
+        norm_cfg, act_cfg: mmcv config dicts for the norm and activation after each conv.
+    """
+
+    def __init__(self, in_channels: int, channels: Sequence[int],
+                 norm_cfg: Optional[dict] = None, act_cfg: Optional[dict] = None) -> None:
+        channels = tuple(int(c) for c in channels)
+        if not channels or min(channels) <= 0:
+            raise ValueError(f'ConvStem channels must be a non-empty list of positive ints, got '
+                             f'{channels!r}')
+        norm_cfg = norm_cfg or dict(type='BN')
+        act_cfg = act_cfg or dict(type='ReLU')
+        layers = []
+        for c_in, c_out in zip((in_channels, ) + channels[:-1], channels):
+            layers.append(ConvModule(c_in, c_out, 3, stride=2, padding=1, norm_cfg=norm_cfg,
+                                     act_cfg=act_cfg))
+        super().__init__(*layers)
+        self.out_channels: int = channels[-1]
+        self.stride: int = 2**len(channels)
 
 
 class PatchEmbed(nn.Module):
@@ -23,7 +54,7 @@ class PatchEmbed(nn.Module):
         embed_dim: output channels.
         norm_layer: optional norm applied to the tokens (``(B, H', W', C)``).
         stem: optional module run on the (padded) image before the projection, e.g. a
-            :class:`~.conv_stem.ConvStem`; it must have ``out_channels`` and an integer
+            :class:`ConvStem`; it must have ``out_channels`` and an integer
             ``stride`` that divides the patch size, and the projection covers the rest of it.
     """
 

@@ -3,7 +3,7 @@ concat -> linear -> norm (V2, ``post_norm=True``)."""
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...functional.symbolic import known_zero
+from ...functional.sizes import known_zero
 
 
 class PatchMerging(nn.Module):
