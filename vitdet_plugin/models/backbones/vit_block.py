@@ -11,8 +11,7 @@ from ...functional.attention import attend
 from ...functional.rope import apply_rope
 from ...functional.window import from_windows, to_windows
 from ..layers.attention import Attention
-from ..layers.layer_scale import LayerScale
-from ..layers.mlp import DropPath, Mlp, SwiGLU, SwiGLUPacked
+from ..layers.mlp import DropPath, LayerScale, Mlp, SwiGLU, SwiGLUPacked
 from .vit_archs import PlainViTArch
 
 #: ``(sin, cos)`` rotary tables, each ``(G, N, head_dim)``: one table for every window / image

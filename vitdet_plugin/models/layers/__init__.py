@@ -2,8 +2,7 @@
 :mod:`vitdet_plugin.functional`, argument checks in :mod:`.arguments`)."""
 from .attention import Attention, eager_attention
 from .cross_attention import MultiheadCrossAttention
-from .layer_scale import LayerScale
-from .mlp import DropPath, Mlp, SwiGLU, SwiGLUPacked, linear_drop_path_rates
+from .mlp import DropPath, LayerScale, Mlp, SwiGLU, SwiGLUPacked, linear_drop_path_rates
 from .norm import LayerNorm2d, masked_group_norm
 from .patch_embed import ConvStem, PatchEmbed
 from .patch_merging import PatchMerging

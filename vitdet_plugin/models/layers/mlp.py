@@ -1,7 +1,7 @@
 """The residual-branch layers of the transformer blocks here: the feed-forward :class:`Mlp`,
 its SwiGLU forms (Shazeer, *GLU Variants Improve Transformer*: ``silu(gate) * value -> fc2``, in
-the two parameter layouts the ViT families' checkpoints use) and per-sample stochastic depth
-(:class:`DropPath`)."""
+the two parameter layouts the ViT families' checkpoints use), the branch's learned per-channel
+scale (:class:`LayerScale`, CaiT) and per-sample stochastic depth (:class:`DropPath`)."""
 from typing import Callable, List, Optional
 
 import torch
@@ -93,3 +93,19 @@ class SwiGLUPacked(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         gate, value = self.fc1(x).chunk(2, dim=-1)                  # 2 x (..., hidden)
         return self.drop(self.fc2(self.drop(F.silu(gate) * value)))
+
+
+class LayerScale(nn.Module):
+    """``x * gamma`` with ``gamma`` ``(C,)`` initialised to ``init_value`` (DINOv2 / DINOv3:
+    ``1e-5``, so every block starts close to the identity)."""
+
+    def __init__(self, dim: int, init_value: float) -> None:
+        super().__init__()
+        self.init_value = float(init_value)
+        self.gamma = nn.Parameter(torch.full((dim,), self.init_value))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gamma
+
+    def extra_repr(self) -> str:
+        return f'{self.gamma.shape[0]}, init_value={self.init_value:g}'
