@@ -1,0 +1,124 @@
+"""D-FINE / DEIMv2 losses against transformers' ``DFineForObjectDetectionLoss`` /
+``Deimv2ForObjectDetectionLoss`` on one training step's outputs of the tiny reference models
+(denoising included): every term of every set, and the gradients w.r.t. the predictions."""
+from typing import Dict, List, Tuple
+
+import pytest
+import torch
+from torch import Tensor
+from transformers.loss.loss_d_fine import DFineForObjectDetectionLoss
+from transformers.loss.loss_deimv2 import Deimv2ForObjectDetectionLoss
+
+from tests.models.heads.dfine_reference import NUM_CLASSES, reference_model, targets
+from vitdet_plugin.models.losses import DFineCriterion, PredictionSet, dense_one_to_one
+
+#: loss values and gradients must agree with the reference to this (fp32).
+ATOL = 1e-5
+#: the reference's outputs the loss reads, by its argument names.
+LEAVES = ('outputs_class', 'outputs_coord', 'predicted_corners', 'initial_reference_points',
+          'enc_topk_logits', 'enc_topk_bboxes')
+
+
+def _step(style: str, size: Tuple[int, int]) -> Tuple[object, Dict[str, Tensor], dict]:
+    """One training forward with labels: the reference config, its loss-relevant outputs and
+    its denoising metadata; checks the model's own loss dict is what the loss function gives."""
+    model = reference_model(style).train()
+    torch.manual_seed(7)
+    out = model(torch.randn(2, 3, *size), labels=targets())
+    outputs = {'outputs_class': out.intermediate_logits,
+               'outputs_coord': out.intermediate_reference_points,
+               'predicted_corners': out.intermediate_predicted_corners,
+               'initial_reference_points': out.initial_reference_points,
+               'enc_topk_logits': out.enc_topk_logits, 'enc_topk_bboxes': out.enc_topk_bboxes}
+    leaves = {k: v.detach().clone() for k, v in outputs.items()}
+    assert out.denoising_meta_values is not None
+    return model.config, leaves, {'out': out, 'meta': out.denoising_meta_values}
+
+
+def _reference_losses(style: str, config: object, leaves: Dict[str, Tensor], meta: dict
+                      ) -> Dict[str, Tensor]:
+    loss_fn = DFineForObjectDetectionLoss if style == 'dfine' else Deimv2ForObjectDetectionLoss
+    cls, coord = leaves['outputs_class'], leaves['outputs_coord']
+    _, loss_dict, _ = loss_fn(cls[:, -1], targets(), cls.device, coord[:, -1], config,
+                              denoising_meta_values=meta, **leaves)
+    return loss_dict
+
+
+def _our_losses(style: str, config: object, leaves: Dict[str, Tensor], meta: dict
+                ) -> Dict[str, Tensor]:
+    """Our criterion on the prediction sets transformers' loss builds: its class / box list
+    starts with the pre-head outputs, so auxiliary set ``k`` pairs entry ``k`` of that list
+    (pre-head for ``k = 0``, else layer ``k - 1``) with layer ``k``'s distributions; then the
+    encoder's top-k; denoising sets likewise for all layers."""
+    cls, coord = leaves['outputs_class'], leaves['outputs_coord'].clamp(0, 1)
+    corners, refs = leaves['predicted_corners'], leaves['initial_reference_points']
+    nd = meta['dn_num_split'][0]
+    layers = corners.shape[1]
+
+    def part(x: Tensor, k: int, dn: bool) -> Tensor:
+        return x[:, k, :nd] if dn else x[:, k, nd:]
+
+    def sets(dn: bool, count: int) -> List[PredictionSet]:
+        out = []
+        for k in range(count):
+            teacher = k != layers - 1
+            out.append(PredictionSet(
+                part(cls, k, dn), part(coord, k, dn), part(corners, k, dn), part(refs, k, dn),
+                part(corners, -1, dn) if teacher else None,
+                part(cls, -1, dn) if teacher else None))
+        return out
+
+    final = PredictionSet(part(cls, -1, False), part(coord, -1, False))
+    aux = sets(False, layers - 1) + [
+        PredictionSet(leaves['enc_topk_logits'], leaves['enc_topk_bboxes'].clamp(0, 1))]
+    criterion = DFineCriterion(
+        NUM_CLASSES, 'vfl' if style == 'dfine' else 'mal', focal_alpha=config.focal_loss_alpha,
+        focal_gamma=config.focal_loss_gamma, mal_alpha=getattr(config, 'mal_alpha', None),
+        reg_max=config.max_num_bins, reg_scale=config.reg_scale, up=config.up,
+        dense_one_to_one=style == 'deimv2')
+    gt = [(t['boxes'], t['class_labels']) for t in targets()]
+    return criterion(final, aux, gt, sets(True, layers), meta['dn_positive_idx'],
+                     meta['dn_num_group'])
+
+
+@pytest.mark.parametrize('style', ['dfine', 'deimv2'])
+@pytest.mark.parametrize('size', [(64, 64), (64, 96)])
+def test_losses_and_gradients_match_transformers(style, size):
+    config, leaves, extra = _step(style, size)
+    model_losses = extra['out'].loss_dict
+    ref_leaves = {k: v.clone().requires_grad_() for k, v in leaves.items()}
+    our_leaves = {k: v.clone().requires_grad_() for k, v in leaves.items()}
+    ref = _reference_losses(style, config, ref_leaves, extra['meta'])
+    ours = _our_losses(style, config, our_leaves, extra['meta'])
+    assert sorted(ours) == sorted(ref) == sorted(model_losses)
+    for key in ref:
+        assert torch.allclose(ref[key], model_losses[key], atol=ATOL), key
+        err = (ours[key] - ref[key]).abs().item()
+        assert err <= ATOL, f'{key}: ours {ours[key].item():.6f} ref {ref[key].item():.6f}'
+    assert any(ref[k].item() > 0 for k in ref if k.startswith('loss_ddf'))
+    assert any(ref[k].item() > 0 for k in ref if k.startswith('loss_fgl'))
+    sum(ref.values()).backward()
+    sum(ours.values()).backward()
+    for name in LEAVES:
+        if name == 'initial_reference_points':  # only read detached, by both
+            assert our_leaves[name].grad is None and ref_leaves[name].grad is None
+            continue
+        err = (our_leaves[name].grad - ref_leaves[name].grad).abs().max().item()
+        assert err <= ATOL, f'gradient w.r.t. {name}: max error {err:.2e}'
+
+
+def test_dense_one_to_one_keeps_the_most_frequent_target_per_query():
+    t = torch.tensor
+    final = [(t([0, 4]), t([0, 1]))]
+    aux = [[(t([0, 5]), t([1, 0]))], [(t([0, 4]), t([1, 1]))]]
+    (queries, targets_), = dense_one_to_one([final, *aux])
+    got = dict(zip(queries.tolist(), targets_.tolist()))
+    assert got == {0: 1, 4: 1, 5: 0}
+
+
+def test_bad_arguments_name_the_fix():
+    with pytest.raises(ValueError, match="class_loss='focal' is not one of"):
+        DFineCriterion(NUM_CLASSES, 'focal')
+    with pytest.raises(ValueError, match=r"loss_weights has keys \['bbox', 'ddf', 'fgl', "
+                                         r"'giou', 'l1', 'vfl'\]"):
+        DFineCriterion(NUM_CLASSES, loss_weights={'l1': 5.0})
