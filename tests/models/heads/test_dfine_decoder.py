@@ -110,8 +110,8 @@ def test_eval_idx_returns_that_layer_and_stops_there():
 
 
 def test_bad_arguments_name_the_fix():
-    with pytest.raises(ValueError, match='layer_scale=2.0: wider layers after eval_idx are not '
-                                         'implemented; use layer_scale=1.0'):
+    with pytest.raises(ValueError, match=r'layer_scale=2\.0: wider layers after eval_idx are not '
+                                         r'implemented; use layer_scale=1\.0'):
         DFineDecoder(NUM_CLASSES, layer_scale=2.0)
     with pytest.raises(ValueError, match=r'eval_idx=6 is outside the 6 decoder layers; use -1 '
                                          r'\(the last\) or 0..5'):

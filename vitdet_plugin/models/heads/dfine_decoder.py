@@ -70,6 +70,8 @@ class DFineDecoder(nn.Module):
         share_reg_branch: one distribution head for all layers (DEIMv2's ``share_bbox_head``).
     """
 
+    project: Tensor
+
     def __init__(self, num_classes: int, embed_dims: int = 256, num_heads: int = 8,
                  ffn_dims: int = 1024, num_layers: int = 6,
                  num_points: Union[int, Sequence[int]] = (4, 4, 4), offset_scale: float = 0.5,
@@ -304,4 +306,5 @@ def contrastive_denoising_group(labels: Sequence[Tensor], boxes: Sequence[Tensor
         mask[start:end, end:total] = float('-inf')
     offsets = torch.arange(groups, device=device) * 2 * max_gt
     positive = [(offsets[:, None] + torch.arange(n, device=device)).flatten() for n in counts]
-    return DenoisingGroup(label_embed(dn_labels), inverse_sigmoid(dn_boxes), mask, positive, groups, total)
+    return DenoisingGroup(label_embed(dn_labels), inverse_sigmoid(dn_boxes), mask, positive,
+                          groups, total)

@@ -114,6 +114,8 @@ class DFineDeformableAttention(nn.Module):
     the values directly (no value or output projection).
     """
 
+    num_points_scale: Tensor
+
     def __init__(self, embed_dims: int, num_heads: int, num_points: Sequence[int],
                  offset_scale: float = 0.5) -> None:
         super().__init__()

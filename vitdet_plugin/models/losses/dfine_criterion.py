@@ -123,6 +123,8 @@ class DFineCriterion(nn.Module):
         dense_one_to_one: box / distribution terms use the union of the matchings.
     """
 
+    project: Tensor
+
     def __init__(self, num_classes: int, class_loss: str = 'vfl',
                  loss_weights: Optional[Dict[str, float]] = None, focal_alpha: float = 0.75,
                  focal_gamma: float = 2.0, mal_alpha: Optional[float] = None,
