@@ -18,6 +18,7 @@ from mmdet.structures.bbox import bbox_overlaps
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 
+from ..heads.dfine_decoder import DFineDecoderOutput
 from ..heads.dfine_layers import weighting_function
 from .dfine_terms import (Matched, box_losses, cxcywh_to_xyxy, ddf_loss, fgl_loss, mal_loss,
                           vfl_loss)
@@ -218,3 +219,41 @@ class DFineCriterion(nn.Module):
         labels = torch.cat([lab[t.to(lab.device)] for (_, t), (_, lab) in zip(indices, targets)])
         boxes = torch.cat([b[t.to(b.device)] for (_, t), (b, _) in zip(indices, targets)])
         return Matched(batch.to(device), query.to(device), labels, boxes)
+
+
+def dfine_prediction_sets(decoder: DFineDecoderOutput, enc_topk_logits: Tensor,
+                          enc_topk_boxes: Tensor, num_denoising: int = 0
+                          ) -> Tuple[PredictionSet, List[PredictionSet], List[PredictionSet]]:
+    """The prediction sets of one training step, paired as the D-FINE authors' code pairs them.
+
+    ``final``: the last layer with its distributions (it is the distillation teacher, so its
+    DDF term is 0); ``aux``: layers ``0 .. L-2`` (teacher: the last layer), the pre-head
+    outputs, the encoder's top-k; ``dn``: every layer's denoising part (the last without a
+    teacher), then the pre-head's. The first ``num_denoising`` queries are the denoising ones.
+    Boxes are clamped to [0, 1].
+    """
+    if decoder.pre_logits is None:
+        raise ValueError('the decoder output has no pre-head logits; run the decoder in '
+                         'training mode to get the loss inputs')
+    split = num_denoising
+    logits, boxes = decoder.logits, decoder.boxes.clamp(0, 1)
+    corners, ref = decoder.corners, decoder.initial_boxes
+    pre_logits, pre_boxes = decoder.pre_logits, decoder.pre_boxes.clamp(0, 1)
+    layers = logits.shape[0]
+
+    def layer_set(k: int, dn: bool) -> PredictionSet:
+        part = slice(None, split) if dn else slice(split, None)
+        teacher = k != layers - 1
+        return PredictionSet(logits[k][:, part], boxes[k][:, part], corners[k][:, part],
+                             ref[:, part], corners[-1][:, part] if teacher else None,
+                             logits[-1][:, part] if teacher else None)
+
+    final = layer_set(layers - 1, False)
+    aux = [layer_set(k, False) for k in range(layers - 1)] + [
+        PredictionSet(pre_logits[:, split:], pre_boxes[:, split:]),
+        PredictionSet(enc_topk_logits, enc_topk_boxes.clamp(0, 1))]
+    dn: List[PredictionSet] = []
+    if num_denoising:
+        dn = [layer_set(k, True) for k in range(layers)] + [
+            PredictionSet(pre_logits[:, :split], pre_boxes[:, :split])]
+    return final, aux, dn

@@ -10,7 +10,9 @@ from transformers.loss.loss_d_fine import DFineForObjectDetectionLoss
 from transformers.loss.loss_deimv2 import Deimv2ForObjectDetectionLoss
 
 from tests.models.heads.dfine_reference import NUM_CLASSES, reference_model, targets
-from vitdet_plugin.models.losses import DFineCriterion, PredictionSet, dense_one_to_one
+from vitdet_plugin.models.heads.dfine_decoder import DFineDecoder
+from vitdet_plugin.models.losses import (DFineCriterion, PredictionSet, dense_one_to_one,
+                                         dfine_prediction_sets)
 
 #: loss values and gradients must agree with the reference to this (fp32).
 ATOL = 1e-5
@@ -122,3 +124,37 @@ def test_bad_arguments_name_the_fix():
     with pytest.raises(ValueError, match=r"loss_weights has keys \['bbox', 'ddf', 'fgl', "
                                          r"'giou', 'l1', 'vfl'\]"):
         DFineCriterion(NUM_CLASSES, loss_weights={'l1': 5.0})
+
+
+def test_prediction_sets_pair_each_layer_with_its_own_distributions():
+    """The authors' pairing: auxiliary set k is layer k (logits, boxes and distributions), the
+    final set carries the last layer's distributions, pre-head and encoder sets follow; one
+    training step through it reaches every decoder head."""
+    torch.manual_seed(0)
+    decoder = DFineDecoder(NUM_CLASSES, 32, 2, 64, 3, [2, 2]).train()
+    nd, nq = 4, 6
+    out = decoder(torch.randn(2, nd + nq, 32), torch.randn(2, nd + nq, 4),
+                  torch.randn(2, 20, 32), [(4, 4), (2, 2)])
+    enc_logits, enc_boxes = torch.randn(2, nq, NUM_CLASSES), torch.rand(2, nq, 4)
+    final, aux, dn = dfine_prediction_sets(out, enc_logits, enc_boxes, nd)
+    assert len(aux) == 4 and len(dn) == 4
+    assert torch.equal(final.corners, out.corners[2][:, nd:]) and final.teacher_corners is None
+    for k in range(2):
+        assert torch.equal(aux[k].logits, out.logits[k][:, nd:])
+        assert torch.equal(aux[k].corners, out.corners[k][:, nd:])
+        assert torch.equal(aux[k].teacher_corners, out.corners[2][:, nd:])
+        assert torch.equal(dn[k].boxes, out.boxes[k][:, :nd].clamp(0, 1))
+    assert torch.equal(aux[2].logits, out.pre_logits[:, nd:]) and aux[2].corners is None
+    assert torch.equal(aux[3].logits, enc_logits) and torch.equal(dn[3].logits,
+                                                                  out.pre_logits[:, :nd])
+    gt = [(torch.tensor([[0.5, 0.5, 0.2, 0.3], [0.3, 0.3, 0.1, 0.1]]), torch.tensor([1, 2])),
+          (torch.tensor([[0.6, 0.4, 0.3, 0.3]]), torch.tensor([0]))]
+    positives = [torch.tensor([0, 1]), torch.tensor([0])]
+    losses = DFineCriterion(NUM_CLASSES)(final, aux, gt, dn, positives, 1)
+    assert losses['loss_ddf'].item() == 0 and losses['loss_fgl'].item() > 0
+    assert losses['loss_ddf_aux_0'].item() > 0 and 'loss_fgl_aux_2' not in losses
+    sum(losses.values()).backward()
+    for name in ('cls_branches.0', 'reg_branches.2', 'pre_bbox_head', 'lqe_layers.1',
+                 'layers.0.cross_attn'):
+        grads = [p.grad for n, p in decoder.named_parameters() if n.startswith(name)]
+        assert grads and all(g is not None and g.abs().sum() > 0 for g in grads), name
