@@ -15,6 +15,9 @@ ATOL = 1e-4
 #: one square and one non-square input (64x96: 8x12, 4x6, 2x3 memory levels).
 SIZES = [(64, 64), (64, 96)]
 STYLES = ['dfine', 'deimv2']
+#: DEIMv2 options off their defaults: residual + RMSNorm instead of the gate, one shared
+#: distribution head, SiLU in the query position MLP.
+DEIMV2_OPTIONS = dict(use_gateway=False, share_bbox_head=True, decoder_activation_function='silu')
 
 
 def _close(ours: torch.Tensor, ref: torch.Tensor, what: str) -> None:
@@ -22,14 +25,18 @@ def _close(ours: torch.Tensor, ref: torch.Tensor, what: str) -> None:
     assert ours.shape == ref.shape and err <= ATOL, f'{what}: max error {err:.2e}'
 
 
-@pytest.mark.parametrize('style', STYLES)
+@pytest.mark.parametrize('style,options', [(s, {}) for s in STYLES] + [
+    ('deimv2', DEIMV2_OPTIONS)])
 @pytest.mark.parametrize('size', SIZES)
-def test_every_layer_matches_transformers_with_denoising(style, size):
+def test_every_layer_matches_transformers_with_denoising(style, options, size):
     """Training forward with labels (denoising queries and their attention mask): every layer's
     logits, boxes and corners, and the pre-head outputs, equal the reference's."""
-    ref = reference_model(style).train()
-    decoder, _, embed = our_modules(ref, style)
+    ref = reference_model(style, **options).train()
+    decoder, _, _ = our_modules(ref, style)
     decoder.train()
+    if options:
+        assert decoder.reg_branches[0] is decoder.reg_branches[2]
+        assert decoder.layers[0].gateway is None
     seen = capture_decoder_inputs(ref)
     torch.manual_seed(3)
     out = ref(torch.randn(2, 3, *size), labels=targets())
