@@ -9,12 +9,14 @@ D-FINE, MAL for DEIMv2), L1 + GIoU and, where a set has edge distributions, FGL 
 names them ``loss_<term>``, ``loss_<term>_aux_<i>``, ``loss_<term>_dn_<i>``. With
 ``dense_one_to_one`` (DEIMv2) the box and distribution terms of the final and auxiliary sets
 use the union of all their matchings (GO-LSD), each query kept with its most frequent target.
+The normalisers (ground-truth count, union size) are averaged over the processes.
 """
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from mmdet.registry import MODELS
 from mmdet.structures.bbox import bbox_overlaps
+from mmdet.utils import reduce_mean
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 
@@ -160,14 +162,14 @@ class DFineCriterion(nn.Module):
         """Weighted losses of ``final`` (``loss_<term>``), ``aux[i]`` (``_aux_<i>``) and
         ``dn[i]`` (``_dn_<i>``, matched to ``dn_positive_idx``: per image, ``dn_num_groups``
         copies of its targets in order)."""
-        num_boxes = max(sum(len(b) for b, _ in targets), 1)
+        num_boxes = self._normaliser(sum(len(b) for b, _ in targets), final.logits)
         final_idx = self.matcher(final.logits, final.boxes, targets)
         aux_idx = [self.matcher(s.logits, s.boxes, targets) for s in aux]
         union: Optional[Indices] = None
         union_boxes = num_boxes
         if self.dense_one_to_one:
             union = dense_one_to_one([final_idx, *aux_idx])
-            union_boxes = max(sum(len(q) for q, _ in union), 1)
+            union_boxes = self._normaliser(sum(len(q) for q, _ in union), final.logits)
         losses: Dict[str, Tensor] = {}
         sets = [('', final, final_idx)] + [
             (f'_aux_{i}', pred, idx) for i, (pred, idx) in enumerate(zip(aux, aux_idx))]
@@ -188,7 +190,7 @@ class DFineCriterion(nn.Module):
         return losses
 
     def _set_losses(self, pred: PredictionSet, targets: Targets, indices: Indices,
-                    num_boxes: float, box_indices: Indices, box_num: float,
+                    num_boxes: Tensor, box_indices: Indices, box_num: Tensor,
                     suffix: str) -> Dict[str, Tensor]:
         """The weighted terms of one set: class term on ``indices``, box / distribution terms
         on ``box_indices`` (normalised by ``box_num``)."""
@@ -211,6 +213,11 @@ class DFineCriterion(nn.Module):
             else:
                 terms['ddf'] = pred.corners.sum() * 0
         return {f'loss_{k}{suffix}': v * self.weights[k] for k, v in terms.items()}
+
+    @staticmethod
+    def _normaliser(count: int, like: Tensor) -> Tensor:
+        """``count`` averaged over the processes (one per GPU), at least 1."""
+        return reduce_mean(like.new_tensor(float(count))).clamp(min=1)
 
     @staticmethod
     def _matched(indices: Indices, targets: Targets, device: torch.device) -> Matched:

@@ -14,12 +14,15 @@ targets' labels and cxcywh boxes) and ``num_boxes``, the normaliser (ground-trut
   distributions to a teacher layer's, weighted by IoU (matched) or teacher confidence (others),
   matched and unmatched means mixed by the square roots of their counts per image.
 """
-from typing import NamedTuple, Tuple
+from typing import NamedTuple, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from mmdet.structures.bbox import bbox_overlaps
 from torch import Tensor
+
+#: a ground-truth count: a number, or a tensor averaged over the processes.
+Count = Union[float, Tensor]
 
 
 class Matched(NamedTuple):
@@ -52,12 +55,12 @@ def _class_targets(logits: Tensor, matched: Matched, iou: Tensor) -> Tuple[Tenso
     return onehot, onehot * score[..., None]
 
 
-def _per_query_sum(loss: Tensor, num_boxes: float) -> Tensor:
+def _per_query_sum(loss: Tensor, num_boxes: Count) -> Tensor:
     """``(B, Q, K)`` -> sum over queries of the class-mean, per ground-truth box."""
     return loss.mean(1).sum() * loss.shape[1] / num_boxes
 
 
-def vfl_loss(logits: Tensor, boxes: Tensor, matched: Matched, num_boxes: float,
+def vfl_loss(logits: Tensor, boxes: Tensor, matched: Matched, num_boxes: Count,
              alpha: float = 0.75, gamma: float = 2.0) -> Tensor:
     """Varifocal loss: BCE to ``IoU`` on the matched class, to 0 elsewhere, negatives
     weighted ``alpha p^gamma``, positives by their IoU."""
@@ -67,7 +70,7 @@ def vfl_loss(logits: Tensor, boxes: Tensor, matched: Matched, num_boxes: float,
     return _per_query_sum(loss, num_boxes)
 
 
-def mal_loss(logits: Tensor, boxes: Tensor, matched: Matched, num_boxes: float,
+def mal_loss(logits: Tensor, boxes: Tensor, matched: Matched, num_boxes: Count,
              gamma: float = 2.0, alpha: float | None = None) -> Tensor:
     """Matching-aware loss: BCE to ``IoU^gamma`` on the matched class, positives weighted 1,
     negatives ``p^gamma`` (times ``alpha`` when given)."""
@@ -79,7 +82,7 @@ def mal_loss(logits: Tensor, boxes: Tensor, matched: Matched, num_boxes: float,
     return _per_query_sum(loss, num_boxes)
 
 
-def box_losses(boxes: Tensor, matched: Matched, num_boxes: float) -> Tuple[Tensor, Tensor]:
+def box_losses(boxes: Tensor, matched: Matched, num_boxes: Count) -> Tuple[Tensor, Tensor]:
     """L1 (cxcywh) and ``1 - GIoU`` of the matched boxes, each summed per ground-truth box."""
     pred = boxes[matched.batch, matched.query]
     l1 = F.l1_loss(pred, matched.boxes, reduction='none').sum() / num_boxes
@@ -110,7 +113,7 @@ def box_to_distance(ref: Tensor, target_xyxy: Tensor, project: Tensor, reg_scale
     return index.clamp(0, reg_max - eps), right_w, 1 - right_w
 
 
-def fgl_loss(corners: Tensor, ref: Tensor, boxes: Tensor, matched: Matched, num_boxes: float,
+def fgl_loss(corners: Tensor, ref: Tensor, boxes: Tensor, matched: Matched, num_boxes: Count,
              project: Tensor, reg_scale: float) -> Tensor:
     """Fine-grained localisation: cross-entropy of the matched edge distributions ``corners
     (B, Q, 4 (R + 1))`` to the two bins around the target edge (relative to the reference
