@@ -3,12 +3,12 @@
 import pytest
 import torch
 from transformers.models.d_fine.modeling_d_fine import (
-    get_contrastive_denoising_training_group)
+    DFineModel, get_contrastive_denoising_training_group)
 
 from tests.models.heads.dfine_reference import (NUM_CLASSES, NUM_QUERIES, capture_decoder_inputs,
                                                 our_modules, reference_model, targets)
-from vitdet_plugin.models.heads.dfine_decoder import (DFineDecoder,
-                                                      contrastive_denoising_group)
+from vitdet_plugin.models.heads.dfine_decoder import (ANCHOR_GRID_SIZE, DFineDecoder,
+                                                      contrastive_denoising_group, grid_anchors)
 
 #: decoder outputs must agree with the reference to this (fp32).
 ATOL = 1e-4
@@ -77,6 +77,16 @@ def test_selection_and_inference_match_transformers(style, size):
     assert ours.logits.shape[0] == 1
     _close(ours.logits[0], out.logits, 'logits')
     _close(ours.boxes[0], out.pred_boxes, 'boxes')
+
+
+def test_anchors_and_valid_mask_match_transformers():
+    """Levels with cells at the border (a 100-row map) and anchors larger than the image
+    (level 5) are invalid; the rest are inverse-sigmoid cell centres and sizes."""
+    shapes = ((100, 3), (4, 6), (2, 3), (1, 2), (1, 1), (1, 1))
+    ref_anchors, ref_valid = DFineModel._cached_generate_anchors(shapes, ANCHOR_GRID_SIZE)
+    anchors, valid = grid_anchors(shapes, ANCHOR_GRID_SIZE, torch.device('cpu'), torch.float32)
+    assert torch.equal(valid, ref_valid) and not valid.all() and valid.any()
+    assert torch.allclose(anchors, ref_anchors, atol=1e-6)
 
 
 def test_denoising_group_matches_transformers_for_the_same_seed():
