@@ -60,7 +60,8 @@ def our_modules(reference: nn.Module, style: str) -> Tuple[DFineDecoder, DFineQu
         cfg.decoder_offset_scale, cfg.max_num_bins, cfg.reg_scale, cfg.up, cfg.eval_idx,
         style=style, use_gateway=getattr(cfg, 'use_gateway', True),
         query_pos_act=cfg.decoder_activation_function, lqe_hidden_dims=cfg.lqe_hidden_dim,
-        share_reg_branch=getattr(cfg, 'share_bbox_head', False))
+        share_reg_branch=getattr(cfg, 'share_bbox_head', False),
+        sampling='discrete' if cfg.decoder_method == 'discrete' else 'bilinear')
     selector = DFineQuerySelector(NUM_CLASSES, NUM_QUERIES, EMBED_DIMS,
                                   cfg.learn_initial_query)
     embed = nn.Embedding(NUM_CLASSES + 1, EMBED_DIMS, padding_idx=NUM_CLASSES)

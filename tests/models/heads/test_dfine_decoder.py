@@ -25,8 +25,10 @@ def _close(ours: torch.Tensor, ref: torch.Tensor, what: str) -> None:
     assert ours.shape == ref.shape and err <= ATOL, f'{what}: max error {err:.2e}'
 
 
-@pytest.mark.parametrize('style,options', [(s, {}) for s in STYLES] + [
-    ('deimv2', DEIMV2_OPTIONS)])
+@pytest.mark.parametrize('style,options', [
+    pytest.param('dfine', {}, id='dfine'), pytest.param('deimv2', {}, id='deimv2'),
+    pytest.param('deimv2', DEIMV2_OPTIONS, id='deimv2-options'),
+    pytest.param('dfine', {'decoder_method': 'discrete'}, id='dfine-discrete')])
 @pytest.mark.parametrize('size', SIZES)
 def test_every_layer_matches_transformers_with_denoising(style, options, size):
     """Training forward with labels (denoising queries and their attention mask): every layer's
@@ -34,7 +36,7 @@ def test_every_layer_matches_transformers_with_denoising(style, options, size):
     ref = reference_model(style, **options).train()
     decoder, _, _ = our_modules(ref, style)
     decoder.train()
-    if options:
+    if options is DEIMV2_OPTIONS:
         assert decoder.reg_branches[0] is decoder.reg_branches[2]
         assert decoder.layers[0].gateway is None
     seen = capture_decoder_inputs(ref)
@@ -137,3 +139,5 @@ def test_bad_arguments_name_the_fix():
         DFineDecoder(NUM_CLASSES, style='rtdetr')
     with pytest.raises(ValueError, match="use_gateway=False exists only in DEIMv2's layer"):
         DFineDecoder(NUM_CLASSES, use_gateway=False)
+    with pytest.raises(ValueError, match="sampling='nearest' is not one of"):
+        DFineDecoder(NUM_CLASSES, sampling='nearest')

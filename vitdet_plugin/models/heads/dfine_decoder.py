@@ -68,6 +68,8 @@ class DFineDecoder(nn.Module):
             position MLP (D-FINE's has 2 layers, ``2 C`` hidden, ReLU).
         lqe_top_k, lqe_hidden_dims, lqe_layers: the quality estimator.
         share_reg_branch: one distribution head for all layers (DEIMv2's ``share_bbox_head``).
+        sampling: ``'bilinear'`` or ``'discrete'`` deformable sampling (D-FINE's
+            ``decoder_method`` ``'default'`` / ``'discrete'``).
     """
 
     project: Tensor
@@ -80,7 +82,7 @@ class DFineDecoder(nn.Module):
                  ffn_act: str = 'relu', query_pos_act: str = 'relu',
                  layer_norm_eps: float = 1e-5, lqe_top_k: int = 4, lqe_hidden_dims: int = 64,
                  lqe_layers: int = 2, share_reg_branch: bool = False, dropout: float = 0.0,
-                 attn_drop: float = 0.0) -> None:
+                 attn_drop: float = 0.0, sampling: str = 'bilinear') -> None:
         super().__init__()
         if style not in STYLES:
             raise ValueError(f'style={style!r} is not one of {STYLES}; use dfine for D-FINE and '
@@ -103,7 +105,8 @@ class DFineDecoder(nn.Module):
                              persistent=False)
         self.layers = nn.ModuleList(
             DFineDecoderLayer(embed_dims, num_heads, ffn_dims, points, offset_scale, style,
-                              use_gateway, ffn_act, layer_norm_eps, dropout, attn_drop)
+                              use_gateway, ffn_act, layer_norm_eps, dropout, attn_drop,
+                              sampling)
             for _ in range(num_layers))
         self.query_pos_head = (MLP(4, 2 * embed_dims, embed_dims, 2) if style == 'dfine' else
                                MLP(4, embed_dims, embed_dims, 3, query_pos_act))

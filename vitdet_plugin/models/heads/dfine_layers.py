@@ -28,6 +28,8 @@ FP16_MAX = 65504.0
 RMS_NORM_EPS = 1e-6
 #: decoder layer styles: D-FINE (LayerNorm, MLP FFN) and DEIMv2 (RMSNorm, SwiGLU FFN).
 STYLES = ('dfine', 'deimv2')
+#: deformable sampling: bilinear with zero padding, or the nearest pixel clamped to the map.
+SAMPLINGS = ('bilinear', 'discrete')
 #: activations the D-FINE MLPs may use, by config name.
 ACTIVATIONS = {'relu': nn.ReLU, 'gelu': nn.GELU, 'silu': nn.SiLU}
 
@@ -109,22 +111,28 @@ class DFineDeformableAttention(nn.Module):
     on level ``l``.
 
     A query with reference box ``(cx, cy, w, h)`` samples level ``l`` at ``(cx, cy) + offset /
-    num_points[l] * (w, h) * offset_scale`` (bilinear, zeros outside the map) and sums the
-    samples with softmax weights taken over all its points of all levels. The memory is used as
-    the values directly (no value or output projection).
+    num_points[l] * (w, h) * offset_scale`` and sums the samples with softmax weights taken over
+    all its points of all levels. ``sampling='bilinear'``: bilinear, zeros outside the map;
+    ``'discrete'``: the pixel at ``trunc(loc * size + 0.5)`` clamped to the map (D-FINE's
+    deployment variant). The memory is used as the values directly (no value or output
+    projection).
     """
 
     num_points_scale: Tensor
 
     def __init__(self, embed_dims: int, num_heads: int, num_points: Sequence[int],
-                 offset_scale: float = 0.5) -> None:
+                 offset_scale: float = 0.5, sampling: str = 'bilinear') -> None:
         super().__init__()
+        if sampling not in SAMPLINGS:
+            raise ValueError(f'sampling={sampling!r} is not one of {SAMPLINGS}; D-FINE\'s '
+                             "decoder_method 'default' is bilinear")
         if embed_dims % num_heads:
             raise ValueError(f'embed_dims={embed_dims} must be divisible by num_heads='
                              f'{num_heads}; choose a head count that divides it')
         self.num_heads = num_heads
         self.num_points = [int(p) for p in num_points]
         self.offset_scale = offset_scale
+        self.sampling = sampling
         total = sum(self.num_points)
         self.sampling_offsets = nn.Linear(embed_dims, num_heads * total * 2)
         self.attention_weights = nn.Linear(embed_dims, num_heads * total)
@@ -142,18 +150,29 @@ class DFineDeformableAttention(nn.Module):
         scale = self.num_points_scale.to(query.dtype)[:, None]           # (P, 1)
         loc = ref[:, :, None, None, :2] + (
             offsets * scale * ref[:, :, None, None, 2:] * self.offset_scale)  # (B, Q, H, P, 2)
-        grids = (2 * loc - 1).transpose(1, 2).flatten(0, 1)              # (B H, Q, P, 2)
+        loc = loc.transpose(1, 2).flatten(0, 1)                          # (B H, Q, P, 2)
         values = memory.unflatten(-1, (heads, -1)).permute(0, 2, 3, 1).flatten(0, 1)
         values = values.split([h * w for h, w in spatial_shapes], dim=-1)  # (B H, d, h w) each
         samples: List[Tensor] = []
-        for value, grid, (h, w) in zip(values, grids.split(self.num_points, dim=2),
-                                       spatial_shapes):
-            samples.append(F.grid_sample(value.unflatten(-1, (h, w)), grid, mode='bilinear',
-                                         padding_mode='zeros', align_corners=False))
+        for value, level_loc, (h, w) in zip(values, loc.split(self.num_points, dim=2),
+                                            spatial_shapes):
+            samples.append(self._sample(value, level_loc, h, w))       # (B H, d, Q, P_l)
         sampled = torch.cat(samples, dim=-1)                             # (B H, d, Q, P)
         weights = weights.transpose(1, 2).flatten(0, 1)[:, None]         # (B H, 1, Q, P)
         out = (sampled * weights).sum(-1).view(bs, -1, nq)               # (B, C, Q)
         return out.transpose(1, 2)
+
+    def _sample(self, value: Tensor, loc: Tensor, h: int, w: int) -> Tensor:
+        """``value (N, d, h w)`` at ``loc (N, Q, P, 2)`` in [0, 1] -> ``(N, d, Q, P)``."""
+        if self.sampling == 'bilinear':
+            return F.grid_sample(value.unflatten(-1, (h, w)), 2 * loc - 1, mode='bilinear',
+                                 padding_mode='zeros', align_corners=False)
+        size = loc.new_tensor([w, h])
+        pixel = (loc * size + 0.5).long()                                # (N, Q, P, 2) x, y
+        x, y = pixel[..., 0].clamp(0, w - 1), pixel[..., 1].clamp(0, h - 1)
+        index = (y * w + x).flatten(1)                                   # (N, Q P)
+        picked = value.gather(-1, index[:, None].expand(-1, value.shape[1], -1))
+        return picked.unflatten(-1, loc.shape[1:3])
 
 
 class Gate(nn.Module):
@@ -177,12 +196,14 @@ class DFineDecoderLayer(nn.Module):
         style: ``'dfine'`` (LayerNorm, ``Mlp`` FFN with ``ffn_act``, FFN output clamped to the
             float16 range) or ``'deimv2'`` (RMSNorm, SwiGLU FFN with ``ffn_dims // 2`` hidden).
         use_gateway: the gate after cross-attention (D-FINE always has it).
+        sampling: :class:`DFineDeformableAttention`'s.
     """
 
     def __init__(self, embed_dims: int, num_heads: int, ffn_dims: int, num_points: Sequence[int],
                  offset_scale: float = 0.5, style: str = 'dfine', use_gateway: bool = True,
                  ffn_act: str = 'relu', layer_norm_eps: float = 1e-5,
-                 dropout: float = 0.0, attn_drop: float = 0.0) -> None:
+                 dropout: float = 0.0, attn_drop: float = 0.0,
+                 sampling: str = 'bilinear') -> None:
         super().__init__()
         if style not in STYLES:
             raise ValueError(f'style={style!r} is not one of {STYLES}; use dfine for D-FINE and '
@@ -200,7 +221,7 @@ class DFineDecoderLayer(nn.Module):
         self.self_attn = MultiheadCrossAttention(embed_dims, num_heads, attn_drop=attn_drop)
         self.norm1 = norm()
         self.cross_attn = DFineDeformableAttention(embed_dims, num_heads, num_points,
-                                                   offset_scale)
+                                                   offset_scale, sampling)
         self.gateway = Gate(embed_dims, norm()) if use_gateway else None
         self.norm2 = None if use_gateway else norm()
         self.ffn: nn.Module = (Mlp(embed_dims, ffn_dims, act_layer=ACTIVATIONS[ffn_act])
