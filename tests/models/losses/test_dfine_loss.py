@@ -10,7 +10,8 @@ from transformers.loss.loss_d_fine import DFineForObjectDetectionLoss
 from transformers.loss.loss_deimv2 import Deimv2ForObjectDetectionLoss
 
 from tests.models.heads.dfine_reference import NUM_CLASSES, reference_model, targets
-from vitdet_plugin.models.heads.dfine_decoder import DFineDecoder
+from vitdet_plugin.models.heads.dfine_decoder import (DFineDecoder, DFineQuerySelector,
+                                                      contrastive_denoising_group)
 from vitdet_plugin.models.losses import (DFineCriterion, PredictionSet, dense_one_to_one,
                                          dfine_prediction_sets)
 
@@ -158,3 +159,31 @@ def test_prediction_sets_pair_each_layer_with_its_own_distributions():
                  'layers.0.cross_attn'):
         grads = [p.grad for n, p in decoder.named_parameters() if n.startswith(name)]
         assert grads and all(g is not None and g.abs().sum() > 0 for g in grads), name
+
+
+@pytest.mark.parametrize('style', ['dfine', 'deimv2'])
+def test_one_step_under_bfloat16_autocast_is_finite(style):
+    """Selector -> denoising group -> decoder -> criterion -> backward under CPU autocast."""
+    torch.manual_seed(0)
+    decoder = DFineDecoder(NUM_CLASSES, 32, 2, 64, 3, [3, 6, 3], style=style).train()
+    selector = DFineQuerySelector(NUM_CLASSES, 10, 32)
+    embed = torch.nn.Embedding(NUM_CLASSES + 1, 32, padding_idx=NUM_CLASSES)
+    memory, shapes = torch.randn(2, 84, 32), [(8, 8), (4, 4), (2, 2)]
+    gt = [(torch.tensor([[0.5, 0.5, 0.2, 0.3]]), torch.tensor([1])),
+          (torch.tensor([[0.6, 0.4, 0.3, 0.3], [0.2, 0.2, 0.1, 0.1]]), torch.tensor([0, 4]))]
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        picked = selector(memory, shapes)
+        group = contrastive_denoising_group([lab for _, lab in gt], [b for b, _ in gt],
+                                            NUM_CLASSES, 10, embed, 8)
+        out = decoder(torch.cat([group.query, picked.query], 1),
+                      torch.cat([group.ref_logits, picked.ref_logits], 1), memory, shapes,
+                      group.attn_mask)
+        final, aux, dn = dfine_prediction_sets(out, picked.topk_logits, picked.topk_boxes,
+                                               group.num_denoising)
+        losses = DFineCriterion(NUM_CLASSES, 'vfl' if style == 'dfine' else 'mal',
+                                dense_one_to_one=style == 'deimv2')(
+            final, aux, gt, dn, group.positive_idx, group.num_groups)
+    assert out.logits.dtype == torch.bfloat16
+    assert all(torch.isfinite(v) for v in losses.values())
+    sum(losses.values()).backward()
+    assert all(torch.isfinite(p.grad).all() for p in decoder.parameters() if p.grad is not None)
