@@ -162,3 +162,34 @@ def test_ema_hook_averages_as_rfdetrs_model_ema():
                                  theirs.module.state_dict().values()):
         err = ((mine - ref).norm() / ref.norm()).item()
         assert err < EMA_TOL, (name, err)
+
+
+#: rfdetr's class of each size config whose file is loaded here (N, S, M and Seg N load in
+#: tests/models/test_rfdetr_model_parity.py; Seg S in tests/weights/)
+LOADED_SIZES = {'large': 'RFDETRLarge', 'seg_medium': 'RFDETRSegMedium',
+                'seg_large': 'RFDETRSegLarge', 'seg_xlarge': 'RFDETRSegXLarge',
+                'seg_2xlarge': 'RFDETRSeg2XLarge'}
+
+
+@pytest.mark.parametrize('name', LOADED_SIZES)
+def test_rfdetrs_file_of_the_size_loads_strictly(name, tmp_path):
+    """rfdetr's model of the size (random init) saved in its checkpoint format, converted with
+    the command of the config's header (tools/convert_weights.py --model rfdetr
+    --num-classes 80), loads into the config's model with every key and shape matched."""
+    import copy
+
+    import rfdetr
+    from helpers import load_tool, save_rfdetr_checkpoint
+
+    theirs = getattr(rfdetr, LOADED_SIZES[name])(pretrain_weights=None)
+    src, dst = str(tmp_path / 'rfdetr.pth'), str(tmp_path / 'converted.pth')
+    save_rfdetr_checkpoint(theirs, src)
+    assert load_tool('convert_weights.py').main(
+        [src, dst, '--model', 'rfdetr', '--num-classes', '80']) == 0
+    ours = MODELS.build(copy.deepcopy(_cfg(name).model))
+    state = torch.load(dst, weights_only=True)['state_dict']
+    ours.load_state_dict(state, strict=True)
+    # the converted ViT is rfdetr's (spot check: the first block's attention projection)
+    want = theirs.model.model.backbone[0].encoder.encoder.encoder.layer[0].attention.attention
+    assert torch.equal(state['backbone.blocks.0.attn.qkv.weight'][:want.query.weight.shape[0]],
+                       want.query.weight)

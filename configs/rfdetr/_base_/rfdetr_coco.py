@@ -8,9 +8,6 @@
 # * recipe: AdamW with layer decay, EMA, batch 4 x 4 accumulated, 100 epochs.
 # RF-DETR's .pth files: tools/convert_weights.py --model rfdetr, then load_from=THAT_FILE.
 _base_ = ['../../_base_/datasets/coco_detection.py', '../../_base_/default_runtime.py']
-#: the plugin and its datasets package (RF-DETR's transforms)
-custom_imports = dict(imports=['vitdet_plugin', 'vitdet_plugin.datasets'],
-                      allow_failed_imports=False)
 
 num_classes = 80
 patch_size = 16
