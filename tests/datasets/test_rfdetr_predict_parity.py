@@ -1,6 +1,7 @@
 """mmdet's ``inference_detector`` on an RF-DETR config (its test pipeline: ``RFDETRResize``)
 equals ``RFDETR.predict`` of the ``rfdetr`` package (1.11.2) on images of another size than the
-model's square input: rfdetr's ``RFDETRNano`` with every parameter random
+model's square input: rfdetr's ``RFDETRNano`` (and, ``slow``, ``RFDETRSegMedium``: the whole
+seg model at its 432 px) with every parameter random
 (``pretrain_weights=None``, :func:`helpers.random_rfdetr`), its state dict saved in rfdetr's
 checkpoint format and converted through our loader (``vitdet_plugin.weights``, as
 tests/models/test_rfdetr_model_parity.py), the config's model at the checkpoint's 91 logits.
@@ -8,7 +9,7 @@ Labels equal, scores <= 1e-4, boxes <= 1e-3 of the image side; detections whose 
 (:data:`TIE_TOL`) may swap ranks, as in the whole-model parity test. The same comparison with
 mmdet's ``Resize`` (OpenCV on uint8) in the pipeline misses the score tolerance."""
 import copy
-from typing import Tuple
+from typing import Callable, Dict, Tuple
 
 import numpy as np
 import pytest
@@ -32,19 +33,33 @@ LOGITS = 91
 SHAPES = ((480, 640), (427, 500))
 
 
+#: rfdetr's class and our config of each size compared
+SIZES = {'N': ('RFDETRNano', 'rfdetr_nano.py'),
+         'Seg-M': ('RFDETRSegMedium', 'rfdetr_seg_medium.py')}
+
+
 @pytest.fixture(scope='module')
-def models(tmp_path_factory) -> Tuple[object, nn.Module]:
-    theirs = random_rfdetr('RFDETRNano')
-    path = str(tmp_path_factory.mktemp('rfdetr') / 'RFDETRNano.pth')
-    save_rfdetr_checkpoint(theirs, path)
-    cfg = load_config(str(REPO_ROOT / 'configs' / 'rfdetr' / 'rfdetr_nano.py'))
-    cfg.model.bbox_head.num_classes = LOGITS
-    ours = MODELS.build(copy.deepcopy(cfg.model)).eval()
-    state, _ = load_checkpoint(path, CheckpointTarget(RFDETR, 'SingleStageDetector',
-                                                      state_shapes(ours)))
-    ours.load_state_dict(state, strict=True)
-    ours.cfg = cfg  # what inference_detector builds the test pipeline from
-    return theirs, ours
+def built(tmp_path_factory) -> Callable[[str], Tuple[object, nn.Module]]:
+    """``built(size)``: rfdetr's model of that size and our detector loaded from its file."""
+    cache: Dict[str, Tuple[object, nn.Module]] = {}
+
+    def build(size: str) -> Tuple[object, nn.Module]:
+        if size not in cache:
+            name, config = SIZES[size]
+            theirs = random_rfdetr(name)
+            path = str(tmp_path_factory.mktemp('rfdetr') / f'{name}.pth')
+            save_rfdetr_checkpoint(theirs, path)
+            cfg = load_config(str(REPO_ROOT / 'configs' / 'rfdetr' / config))
+            cfg.model.bbox_head.num_classes = LOGITS
+            ours = MODELS.build(copy.deepcopy(cfg.model)).eval()
+            state, _ = load_checkpoint(path, CheckpointTarget(RFDETR, 'SingleStageDetector',
+                                                              state_shapes(ours)))
+            ours.load_state_dict(state, strict=True)
+            ours.cfg = cfg  # what inference_detector builds the test pipeline from
+            cache[size] = (theirs, ours)
+        return cache[size]
+
+    return build
 
 
 def _image(shape: Tuple[int, int]) -> np.ndarray:
@@ -80,23 +95,28 @@ def _errors(ours, theirs, shape: Tuple[int, int]) -> Tuple[float, float]:
     return float((scores - want_scores).abs().max()), float(box_err.max())
 
 
-@pytest.mark.parametrize('shape', SHAPES, ids=[f'{h}x{w}' for h, w in SHAPES])
-def test_inference_detector_is_rfdetrs_predict(models, shape):
+CASES = ([pytest.param('N', s, id=f'N-{s[0]}x{s[1]}') for s in SHAPES]
+         + [pytest.param('Seg-M', SHAPES[0], id='Seg-M-480x640', marks=pytest.mark.slow)])
+
+
+@pytest.mark.parametrize('size,shape', CASES)
+def test_inference_detector_is_rfdetrs_predict(built, size, shape):
     from mmdet.apis import inference_detector
-    theirs, ours = models
+    theirs, ours = built(size)
     rgb = _image(shape)
     with torch.no_grad():
         want = theirs.predict(rgb, threshold=0.0)
         got = inference_detector(ours, np.ascontiguousarray(rgb[..., ::-1])).pred_instances
     score_err, box_err = _errors(got, want, shape)
-    print(f'RF-DETR N {shape[0]}x{shape[1]}: scores {score_err:.2g}, boxes {box_err:.2g}')
+    print(f'RF-DETR {size} {shape[0]}x{shape[1]}: scores {score_err:.2g}, boxes {box_err:.2g} '
+          f'(top score {float(got.scores[0]):.4g}, {len(got.scores)} detections)')
     assert score_err <= SCORE_TOL and box_err <= BOX_SIDE_TOL, (score_err, box_err)
 
 
-def test_mmdets_resize_is_not_rfdetrs_predict(models):
+def test_mmdets_resize_is_not_rfdetrs_predict(built):
     """The check can fail: OpenCV's uint8 resize moves the scores past the tolerance."""
     from mmdet.apis import inference_detector
-    theirs, ours = models
+    theirs, ours = built('N')
     shape = SHAPES[0]
     rgb = _image(shape)
     original = ours.cfg
