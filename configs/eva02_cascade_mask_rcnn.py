@@ -1,22 +1,22 @@
-# EVA-02-B Cascade Mask R-CNN, the EVA-02 detection recipe (baaivision/EVA, EVA-02/det
-# eva2_coco_cascade_mask_rcnn_vitdet_b_4attn_1024_lrd0p7): vitdet_plugin EVA02Backbone (2-D
-# rotary position embedding, SwiGLU MLP with sub-LN, q / v biases, absolute position embedding
-# from the 16x16 pretraining grid), patch 16 (the loader resamples EVA-02's 14x14 patch kernel),
-# 16x16 window attention with global attention in blocks 2, 5, 8, 11, drop path 0.1; ViTDet's
-# simple feature pyramid (strides 4-32 + a stride-64 max-pool level); three cascade stages with
-# 4conv1fc box heads (IoU 0.5 / 0.6 / 0.7, class-agnostic regression), LSJ 1024; AdamW lr 5e-5
-# wd 0.1, layer-wise lr decay 0.7, 60k iterations at batch 128, steps at 80 % and 90 %,
-# 1000 warm-up iterations. Published (EVA-02 paper, MIM in21k -> COCO): 55.5 box / 47.1 mask AP.
-# The conv heads use GroupNorm where the EVA-02 / ViTDet code uses LayerNorm.
-# EVA-02 weights (the official MIM file, an EVA-02/det detector's, or timm's
-# eva02_base_patch14_224.mim_in22k):
-# the official MIM file eva02_B_pt_in21k_p14.pt is the default (configs/_base_/pretrained.py).
+# EVA-02-B Cascade Mask R-CNN on COCO, the EVA-02 detection recipe (baaivision/EVA, EVA-02/det
+# eva2_coco_cascade_mask_rcnn_vitdet_b_4attn_1024_lrd0p7). Published (EVA-02 paper, MIM in21k ->
+# COCO): 55.5 box / 47.1 mask AP. EVA02Backbone (2-D RoPE, SwiGLU with sub-LN, patch 16 from
+# EVA-02's 14x14 kernel, 16x16 windows with global blocks 2, 5, 8, 11, drop path 0.1), ViTDet's
+# simple feature pyramid, three cascade stages, LSJ 1024; AdamW lr 5e-5 wd 0.1, layer decay 0.7,
+# 60k iterations at batch 128. The conv heads use GroupNorm where EVA-02 / ViTDet use LayerNorm.
+# Starts from the official MIM file eva02_B_pt_in21k_p14.pt (configs/_base_/pretrained.py; an
+# EVA-02/det detector's file or timm's eva02_base_patch14_224.mim_in22k load too).
+# Train: tools/train.py configs/eva02_cascade_mask_rcnn.py --cfg-options data_root=/path/to/coco/
 _base_ = [
     'mmdet::_base_/models/cascade-mask-rcnn_r50_fpn.py',
     './_base_/datasets/coco_instance_lsj.py',
     './_base_/default_runtime.py',
     './_base_/pretrained.py',
 ]
+# Notes: the backbone also has q / v biases and an absolute position embedding from the 16x16
+# pretraining grid; the pyramid adds a stride-64 max-pool level to strides 4-32; the three
+# cascade stages are 4conv1fc box heads (IoU 0.5 / 0.6 / 0.7, class-agnostic regression); the
+# lr steps at 80 % and 90 % of the 60k iterations after 1000 warm-up iterations.
 custom_imports = dict(imports=['vitdet_plugin'], allow_failed_imports=False)
 image_size = (1024, 1024)
 head_norm_cfg = dict(type='GN', num_groups=32, requires_grad=True)

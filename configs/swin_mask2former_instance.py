@@ -2,7 +2,17 @@
 # mask2former/mask2former_swin-t-p4-w7-224_8xb2-lsj-50e_coco.py (100 queries, 6-layer
 # deformable-attention pixel decoder, 9-layer masked-attention decoder, 1024 LSJ, 368750
 # iterations at batch 16 ~ 50 epochs, AdamW lr 1e-4 wd 0.05, grad clip 0.01; mmdet's metafile:
-# 47.7 box / 44.7 mask AP with ImageNet-1k Swin-T) with our backbone. Changed vs the stock config:
+# 47.7 box / 44.7 mask AP with ImageNet-1k Swin-T) with our backbone and no-decay constructor
+# (the notes below the _base_ list say what changed and why).
+# Starts from the official ImageNet-1k Swin-T, as the stock config (configs/_base_/pretrained.py;
+# timm / mmdet / mmpretrain layouts and local paths work too, detected without convert_weights).
+# Train: tools/train.py configs/swin_mask2former_instance.py --cfg-options data_root=/path/
+_base_ = [
+    'mmdet::mask2former/mask2former_swin-t-p4-w7-224_8xb2-lsj-50e_coco.py',
+    './_base_/models/swin-t.py',
+    './_base_/pretrained.py',
+]
+# Changed vs the stock config:
 #   - backbone: SwinBackbone (tiny, window 7, drop path 0.3 as stock), all four stages
 #     (strides 4 / 8 / 16 / 32, channels 96 / 192 / 384 / 768) into the pixel decoder;
 #   - optimizer: constructor='NoDecayOptimWrapperConstructor' gives no weight decay to the
@@ -14,13 +24,6 @@
 #     level_embed decay_mult 0 keys stay.
 # The pixel decoder runs mmcv's MultiScaleDeformableAttention: the CUDA kernel on a GPU, mmcv's
 # pure-PyTorch (grid_sample) version on the CPU; no bf16 kernel and unreliable in fp16 (mmcv).
-# Starts from the official ImageNet-1k Swin-T, as the stock config (configs/_base_/pretrained.py;
-# timm / mmdet / mmpretrain layouts and local paths work too, detected without convert_weights).
-_base_ = [
-    'mmdet::mask2former/mask2former_swin-t-p4-w7-224_8xb2-lsj-50e_coco.py',
-    './_base_/models/swin-t.py',
-    './_base_/pretrained.py',
-]
 
 custom_imports = dict(imports=['vitdet_plugin'], allow_failed_imports=False)
 

@@ -1,10 +1,22 @@
 # Mask2Former, Swin-T (vitdet_plugin SwinBackbone), COCO 2017 panoptic segmentation (80 thing +
 # 53 stuff classes) with instance and semantic outputs: mmdet 3.3's
-# mask2former/mask2former_swin-t-p4-w7-224_8xb2-lsj-50e_coco-panoptic.py (100 queries, 6-layer
-# deformable-attention pixel decoder, 9-layer masked-attention decoder, 1024 LSJ, 368750
-# iterations at batch 16 ~ 50 epochs, AdamW lr 1e-4 wd 0.05, grad clip 0.01; mmdet's metafile:
-# 53.4 PQ, 46.3 box / 43.4 mask AP with ImageNet-1k Swin-T) with our backbone. Changed vs the
-# stock config:
+# mask2former/mask2former_swin-t-p4-w7-224_8xb2-lsj-50e_coco-panoptic.py (mmdet's metafile:
+# 53.4 PQ, 46.3 box / 43.4 mask AP with ImageNet-1k Swin-T) with our backbone, no-decay
+# constructor and semantic output (SemanticMaskFormerFusionHead, SemSegMetric); the notes below
+# the _base_ list give the recipe and every change from the stock config.
+# Panoptic data and metrics need panopticapi: `make env` installs it; elsewhere
+# `pip install --no-deps panopticapi-lite==0.2.0` (its numpy<2 pin would downgrade numpy).
+# Starts from the official ImageNet-1k Swin-T, as the stock config (configs/_base_/pretrained.py;
+# timm / mmdet / mmpretrain layouts and local paths work too, detected without convert_weights).
+_base_ = [
+    'mmdet::mask2former/mask2former_swin-t-p4-w7-224_8xb2-lsj-50e_coco-panoptic.py',
+    './_base_/models/swin-t.py',
+    './_base_/pretrained.py',
+]
+# The stock recipe: 100 queries, 6-layer deformable-attention pixel decoder, 9-layer
+# masked-attention decoder, 1024 LSJ, 368750 iterations at batch 16 ~ 50 epochs, AdamW lr 1e-4
+# wd 0.05, grad clip 0.01.
+# Changed vs the stock config:
 #   - backbone: SwinBackbone (tiny, window 7, drop path 0.3 as stock), all four stages
 #     (strides 4 / 8 / 16 / 32, channels 96 / 192 / 384 / 768) into the pixel decoder;
 #   - optimizer: constructor='NoDecayOptimWrapperConstructor' gives no weight decay to the
@@ -19,17 +31,8 @@
 #     inference (argmax over classes of sum_q softmax(cls_q) * sigmoid(mask_q)); test_cfg
 #     semantic_on=True and mmdet's SemSegMetric (mIoU over the 133 classes, VOID ignored) joins
 #     the panoptic (PQ) and COCO bbox / segm metrics.
-# Panoptic data and metrics need panopticapi: `make env` installs it; elsewhere
-# `pip install --no-deps panopticapi-lite==0.2.0` (its numpy<2 pin would downgrade numpy).
 # The pixel decoder runs mmcv's MultiScaleDeformableAttention: the CUDA kernel on a GPU, mmcv's
 # pure-PyTorch (grid_sample) version on the CPU; no bf16 kernel and unreliable in fp16 (mmcv).
-# Starts from the official ImageNet-1k Swin-T, as the stock config (configs/_base_/pretrained.py;
-# timm / mmdet / mmpretrain layouts and local paths work too, detected without convert_weights).
-_base_ = [
-    'mmdet::mask2former/mask2former_swin-t-p4-w7-224_8xb2-lsj-50e_coco-panoptic.py',
-    './_base_/models/swin-t.py',
-    './_base_/pretrained.py',
-]
 
 custom_imports = dict(imports=['vitdet_plugin'], allow_failed_imports=False)
 

@@ -1,6 +1,5 @@
 # Mask R-CNN, Swin V2-T (vitdet_plugin SwinV2Backbone) + FPN, COCO 2017 instance segmentation,
 # 1x AdamW: configs/swin_mask_rcnn.py with the Swin V2 backbone.
-#
 # Windows of 16 in every stage, fine-tuned from the official ImageNet-1k window-8 checkpoint
 # (swinv2_tiny_patch4_window8_256.pth, or timm's swinv2_tiny_window8_256; configs/_base_/
 # pretrained.py).

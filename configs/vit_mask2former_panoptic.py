@@ -1,7 +1,13 @@
 # Mask2Former with a plain ViT-B (vitdet_plugin ViTBackbone), COCO 2017 panoptic segmentation with
 # instance and semantic outputs: configs/swin_mask2former_panoptic.py (mmdet 3.3's
 # mask2former_swin-t-p4-w7-224_8xb2-lsj-50e_coco-panoptic.py with SemanticMaskFormerFusionHead,
-# semantic_on and SemSegMetric; see its header) with ViTDet's backbone instead of Swin-T:
+# semantic_on and SemSegMetric; see its notes) with ViTDet's backbone instead of Swin-T: ViT-B
+# with 14x14 windows and global blocks 2, 5, 8, 11, ViTSimpleFPN as the neck, layer-wise lr
+# decay 0.7 (the notes below the _base_ line give the details).
+# Starts from the MAE ViT-B, as ViTDet (configs/_base_/pretrained.py; ViTDet / SAM files load too).
+# (a detectron2 ViTDet checkpoint also holds the pyramid: give the neck the same init_cfg)
+_base_ = './swin_mask2former_panoptic.py'
+# Changed vs configs/swin_mask2former_panoptic.py:
 #   - ViT-B as in ViTDet: 14x14 window attention, global attention in blocks 2, 5, 8, 11,
 #     decomposed relative positions sized for 1024 inputs (the LSJ crop), drop path 0.1;
 #   - ViTDet's simple feature pyramid as the neck (ViTSimpleFPN) turns the stride-16 map into
@@ -14,9 +20,6 @@
 #     custom_keys) on the query_embed / query_feat / level_embed embeddings.
 # The pixel decoder runs mmcv's MultiScaleDeformableAttention: the CUDA kernel on a GPU, mmcv's
 # pure-PyTorch (grid_sample) version on the CPU; no bf16 kernel and unreliable in fp16 (mmcv).
-# Starts from the MAE ViT-B, as ViTDet (configs/_base_/pretrained.py; ViTDet / SAM files load too).
-# (a detectron2 ViTDet checkpoint also holds the pyramid: give the neck the same init_cfg)
-_base_ = './swin_mask2former_panoptic.py'
 
 pyramid_channels = 256
 model = dict(

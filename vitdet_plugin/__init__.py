@@ -9,8 +9,8 @@ does two separate things:
   ``roi_align`` (see :mod:`vitdet_plugin.compat`);
 * importing :mod:`.weights` plugs the checkpoint loader into the contract the models call
   (:mod:`vitdet_plugin.functional.checkpoint_target`); importing :mod:`.models`,
-  :mod:`.engine` and :mod:`.checks` registers our modules (and the checks run before training)
-  in mmdet's and mmengine's registries under our own names.
+  :mod:`.datasets`, :mod:`.engine` and :mod:`.checks` registers our modules (and the checks
+  run before training) in mmdet's and mmengine's registries under our own names.
 
 Without torch (a deployment install: numpy + onnxruntime), the import does neither and only
 :mod:`vitdet_plugin.deploy.runner` is usable (it runs an exported end-to-end graph).
@@ -26,6 +26,7 @@ if importlib.util.find_spec('torch') is not None:
 
     from . import weights  # noqa: F401  (plugs the checkpoint loader the models call)
     from . import models  # (registers modules)
+    from . import datasets  # noqa: F401  (registers RF-DETR's transforms and batch scale)
     from . import engine  # noqa: F401  (registers the optimizer constructor and hooks)
     from . import checks  # noqa: F401  (registers PreflightCheckHook)
 

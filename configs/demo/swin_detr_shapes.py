@@ -1,24 +1,10 @@
 # CPU demo: SdpaDETR (our DETR-style head) on the stem Swin + GN FPN of `make demo`
 # (swin_retinanet_shapes.py: same backbone, neck, data at 192 px), trained from random init for
-# the 9.5-minute budget. swin_detr_pretrained_shapes.py (`make demo-detr`) is this detector with
-# the backbone and neck of `make demo`'s checkpoint. Run:
+# the 9.5-minute budget: 1083 iterations, bbox mAP 0.127 (encoder tokens matched one-to-many,
+# enc_one_to_many=4). swin_detr_pretrained_shapes.py (`make demo-detr`) is this detector with
+# the backbone and neck of `make demo`'s checkpoint (0.381). Run:
 #   DEMO_CONFIG=configs/demo/swin_detr_shapes.py DEMO_WORK_DIR=work_dirs/demo_swin_detr make demo
-#
-# What holds the head back from scratch, measured (2 quiet cores, 9.5-minute budget, val split of
-# data/shapes seed 0, seeded runs; one line per run, in order; vit_detr_shapes.py, the ViT
-# DETR demo at 256 px and lr 4e-4, reached 0.024):
-# * lr 1e-3 everywhere (the pretrained head's best), DINO's Hungarian matching of the selected
-#   encoder proposals: 1218 iterations, bbox mAP 0.057 (mAP_50 0.113): a one-to-one loss gives
-#   the backbone at most 5 positive tokens per image and layer;
-# * + one-to-many matching of the encoder's token proposals, 4 tokens per object
-#   (enc_one_to_many=4, this config): 1083 iterations, bbox mAP 0.127 (mAP_50 0.211, mAP_75
-#   0.132): dense supervision of the memory more than doubles it;
-# * + backbone and neck at 2x (2e-3, the from-scratch RetinaNet's lr): 1109 iterations, 0.096;
-#   not kept.
-# Below the 0.15 aimed at: at ~0.5 s per batch-4 iteration the run sees about a third of the
-# images the RetinaNet demo sees (1455-1588 batch-8 iterations), and its training loss still
-# falls at the end (13.8 at iteration 900, 13.5 at 1050). The pretrained backbone + neck of
-# make demo give 0.381 in the same budget (swin_detr_pretrained_shapes.py).
+# What holds the head back from scratch (the runs): tools/dev/experiments.md.
 _base_ = [
     '../_base_/models/sdpa_detr_head_shapes.py',  # the demos' DETR head
     '../_base_/models/swin-stem_shapes.py',  # the backbone and FPN of make demo

@@ -4,24 +4,9 @@
 # ground truth (things: the 5 shapes; stuff: distractor lines, background), trained from random
 # init for a fixed wall-clock budget. One evaluation pass reports all three tasks
 # (AllOutputsPanopticFPN): instance segm / bbox mAP (CocoMetric), PQ (CocoPanopticMetric) and
-# mIoU over things + stuff (SemSegMetric).
-#
-# Why this detector (2 CPU cores, 9.5 minutes from scratch):
-# * a Mask R-CNN learns masks from few updates: its RoI mask head only has to separate one
-#   object from its box's background, and box and mask losses train the same RoI features.
-#   The stem-Swin recipe of the detection demo (swin_retinanet_shapes.py: 192 px, 8 x 8 patches
-#   behind a 16-32 conv stem, 3 stages, GN FPN, square anchors, EMA, AdamW 2e-3) made it cheap:
-#   0.42-0.53 s per iteration, 1195 iterations, segm mAP 0.444 (bbox 0.457) for the instance-only
-#   swin_mask_rcnn_shapes.py, against 4.4 s per iteration and segm mAP 0.001 for the earlier
-#   4-stage, 256 px, 96-channel Mask R-CNN demo. Mask2Former / DETR-style set prediction
-#   (Hungarian matching, 100 queries, point-sampled mask losses) needs far more updates from
-#   scratch (the DETR demos learn boxes slowly on this data), so it is not the demo's model; its
-#   configs are covered by tests (tests/models/heads/test_mask2former.py).
-# * the stuff head (PanopticFPNHead on P3-P5, 64 channels, GN) adds ~15 % per iteration and the
-#   panoptic output; box head with GIoU on decoded boxes (mmdet's faster-rcnn giou recipe) and
-#   32 sampled RoIs per image: segm mAP 0.308 -> 0.358 (PQ 33.4 -> 41.0, mIoU 31.2 -> 38.0).
-# Measured on 2 idle cores (2026-11-30, `make demo-seg`): 927 iterations, segm mAP 0.358 (bbox
-# 0.356), PQ 41.0 (things 38.7, stuff 47.0), mIoU 38.0; 10.0 min of training + evaluation.
+# mIoU over things + stuff (SemSegMetric). Measured on 2 idle cores (2026-11-30): 927
+# iterations, segm mAP 0.358 (bbox 0.356), PQ 41.0 (things 38.7, stuff 47.0), mIoU 38.0.
+# Why this detector: tools/dev/experiments.md.
 _base_ = [
     '../_base_/models/mask-rcnn_swin-stem_fpn_shapes.py',
     '../_base_/datasets/shapes_panoptic.py',  # COCO panoptic GT, PQ + bbox/segm mAP + mIoU

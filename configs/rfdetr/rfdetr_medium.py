@@ -1,25 +1,19 @@
-# RF-DETR M (medium) on COCO: published box AP 54.7 on val2017 (rfdetr's RFDETRMedium,
-# 4.4 ms on a T4 with TensorRT fp16). 576 px, patch 16, 2 x 2 windows, 4 decoder layers; the
-# recipe is _base_/rfdetr_coco.py's (RF-DETR's, docs/rfdetr.md "Configs and training").
-# Train:   tools/train.py configs/rfdetr/rfdetr_medium.py --cfg-options data_root=/path/to/coco/
-# From RF-DETR's weights: tools/convert_weights.py rf-detr-medium.pth rfdetr_medium.pth --model rfdetr
+# RF-DETR M (medium) on COCO: published box AP 54.7 (AP50 73.6) on val2017, 4.4 ms on a T4
+# with TensorRT fp16 (rfdetr 1.11.2's RFDETRMedium). 576 px, patch 16, 2 x 2 windows, 4 decoder
+# layers; everything else is _base_/rfdetr_coco.py's (RF-DETR's recipe, docs/rfdetr.md).
+# Train: tools/train.py configs/rfdetr/rfdetr_medium.py --cfg-options data_root=/path/to/coco/
+# RF-DETR's weights: tools/convert_weights.py rf-detr-medium.pth rfdetr_medium.pth --model rfdetr
 #   --num-classes 80, then add load_from=rfdetr_medium.pth to the options (docs/rfdetr.md).
 _base_ = ['./_base_/rfdetr_coco.py']
 resolution = 576
 num_decoder_layers = 4
-#: RF-DETR's training sizes (compute_multi_scale_scales, expanded_scales): resolution //
-#: (patch x windows) plus -5 ... 5, times 32 px
-scales = [416, 448, 480, 512, 544, 576, 608, 640, 672, 704, 736]
 
-model = dict(backbone=dict(pretrain_img_size=resolution),
+model = dict(data_preprocessor=dict(batch_augments=[
+                  dict(_base_.batch_scale, resolution=resolution)]),
+             backbone=dict(pretrain_img_size=resolution),
              bbox_head=dict(num_decoder_layers=num_decoder_layers))
-square = dict(_base_.square_resize, scales=[(s, s) for s in scales])
-train_pipeline = _base_.load + [
-    dict(type='RandomFlip', prob=0.5),
-    dict(type='RandomChoice', transforms=[[square], _base_.crop_branch + [square]]),
-    dict(type='PackDetInputs')]
-test_pipeline = [dict(t, scale=(resolution, resolution)) if t['type'] == 'Resize' else t
-                 for t in _base_.test_pipeline]
-train_dataloader = dict(dataset=dict(pipeline=train_pipeline))
-val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
+train_dataloader = dict(dataset=dict(pipeline=[
+    dict(t, resolution=resolution) if 'resolution' in t else t for t in _base_.train_pipeline]))
+val_dataloader = dict(dataset=dict(pipeline=[
+    dict(t, scale=(resolution, resolution)) if 'scale' in t else t for t in _base_.test_pipeline]))
 test_dataloader = val_dataloader

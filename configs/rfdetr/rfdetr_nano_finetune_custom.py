@@ -4,12 +4,9 @@
 # annotations/instances_train.json, annotations/instances_val.json, train/ and val/), then:
 #   tools/train.py configs/rfdetr/rfdetr_nano_finetune_custom.py
 # or on 4 GPUs: tools/dist_train.sh configs/rfdetr/rfdetr_nano_finetune_custom.py 4.
-# The ViT and the projector load from RF-DETR's own .pth (read through vitdet_plugin.weights,
-# docs/rfdetr.md); the decoder and the class head of your classes train from their init (a
-# checkpoint's classifier loads only into a head of its own classes, or of mmdet's 80 COCO
-# ones). The recipe is rfdetr_nano.py's (RF-DETR's: lr 1e-4, backbone layer decay 0.8, EMA,
-# batch 4 x 4), for fewer epochs. The data check before training refuses a name in `classes`
-# that the annotation files lack, listing their categories.
+# The ViT and the projector load from RF-DETR's .pth (docs/rfdetr.md); the decoder and your
+# classes' head train from their init. The recipe is rfdetr_nano.py's (RF-DETR's), for fewer
+# epochs; the data check before training refuses a name in `classes` the annotations lack.
 _base_ = ['./rfdetr_nano.py']
 
 classes = ('square', 'circle', 'triangle', 'star', 'cross')  # <- your classes (category order)

@@ -1,26 +1,18 @@
 # RF-DETR-Seg S (small) on COCO instance segmentation: published mask AP 43.1 (AP50 66.2) on
-# val2017, 4.4 ms on a T4 with TensorRT fp16 (the rfdetr 1.11.2 package's README, its PyPI
-# description; no box AP is published for the seg sizes). 384 px, patch 12, 2 x 2 windows,
-# 4 decoder layers, 100 queries; the recipe is _base_/rfdetr_seg_coco.py's (docs/rfdetr.md).
-# Train:   tools/train.py configs/rfdetr/rfdetr_seg_small.py --cfg-options data_root=/path/to/coco/
-# From RF-DETR's weights: tools/convert_weights.py rf-detr-seg-small.pt rfdetr_seg_small.pth
+# val2017, 4.4 ms on a T4 with TensorRT fp16 (rfdetr 1.11.2's RFDETRSegSmall; no box AP is
+# published for the seg sizes). 384 px, patch 12, 2 x 2 windows, 4 decoder layers, 100 queries;
+# everything else is _base_/rfdetr_seg_coco.py's (docs/rfdetr.md).
+# Train: tools/train.py configs/rfdetr/rfdetr_seg_small.py --cfg-options data_root=/path/to/coco/
+# RF-DETR's weights: tools/convert_weights.py rf-detr-seg-small.pt rfdetr_seg_small.pth
 #   --model rfdetr --num-classes 80, then add load_from=rfdetr_seg_small.pth to the options.
 _base_ = ['./_base_/rfdetr_seg_coco.py']
 resolution = 384
-num_windows = 2
-#: RF-DETR's training sizes (compute_multi_scale_scales, expanded_scales): resolution //
-#: (patch x windows) plus -5 ... 5, times 24 px
-scales = [264, 288, 312, 336, 360, 384, 408, 432, 456, 480, 504]
 
-model = dict(data_preprocessor=dict(pad_size_divisor=_base_.patch_size * num_windows),
-             backbone=dict(pretrain_img_size=resolution, num_windows=num_windows))
-square = dict(_base_.square_resize, scales=[(s, s) for s in scales])
-train_pipeline = _base_.load + [
-    dict(type='RandomFlip', prob=0.5),
-    dict(type='RandomChoice', transforms=[[square], _base_.crop_branch + [square]]),
-    dict(type='PackDetInputs')]
-test_pipeline = [dict(t, scale=(resolution, resolution)) if t['type'] == 'Resize' else t
-                 for t in _base_.test_pipeline]
-train_dataloader = dict(dataset=dict(pipeline=train_pipeline))
-val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
+model = dict(data_preprocessor=dict(batch_augments=[
+                  dict(_base_.batch_scale, resolution=resolution)]),
+             backbone=dict(pretrain_img_size=resolution))
+train_dataloader = dict(dataset=dict(pipeline=[
+    dict(t, resolution=resolution) if 'resolution' in t else t for t in _base_.train_pipeline]))
+val_dataloader = dict(dataset=dict(pipeline=[
+    dict(t, scale=(resolution, resolution)) if 'scale' in t else t for t in _base_.test_pipeline]))
 test_dataloader = val_dataloader

@@ -1,25 +1,19 @@
-# RF-DETR S (small) on COCO: published box AP 53.0 on val2017 (rfdetr's RFDETRSmall,
-# 3.5 ms on a T4 with TensorRT fp16). 512 px, patch 16, 2 x 2 windows, 3 decoder layers; the
-# recipe is _base_/rfdetr_coco.py's (RF-DETR's, docs/rfdetr.md "Configs and training").
-# Train:   tools/train.py configs/rfdetr/rfdetr_small.py --cfg-options data_root=/path/to/coco/
-# From RF-DETR's weights: tools/convert_weights.py rf-detr-small.pth rfdetr_small.pth --model rfdetr
+# RF-DETR S (small) on COCO: published box AP 53.0 (AP50 72.1) on val2017, 3.5 ms on a T4
+# with TensorRT fp16 (rfdetr 1.11.2's RFDETRSmall). 512 px, patch 16, 2 x 2 windows, 3 decoder
+# layers; everything else is _base_/rfdetr_coco.py's (RF-DETR's recipe, docs/rfdetr.md).
+# Train: tools/train.py configs/rfdetr/rfdetr_small.py --cfg-options data_root=/path/to/coco/
+# RF-DETR's weights: tools/convert_weights.py rf-detr-small.pth rfdetr_small.pth --model rfdetr
 #   --num-classes 80, then add load_from=rfdetr_small.pth to the options (docs/rfdetr.md).
 _base_ = ['./_base_/rfdetr_coco.py']
 resolution = 512
 num_decoder_layers = 3
-#: RF-DETR's training sizes (compute_multi_scale_scales, expanded_scales): resolution //
-#: (patch x windows) plus -5 ... 5, times 32 px
-scales = [352, 384, 416, 448, 480, 512, 544, 576, 608, 640, 672]
 
-model = dict(backbone=dict(pretrain_img_size=resolution),
+model = dict(data_preprocessor=dict(batch_augments=[
+                  dict(_base_.batch_scale, resolution=resolution)]),
+             backbone=dict(pretrain_img_size=resolution),
              bbox_head=dict(num_decoder_layers=num_decoder_layers))
-square = dict(_base_.square_resize, scales=[(s, s) for s in scales])
-train_pipeline = _base_.load + [
-    dict(type='RandomFlip', prob=0.5),
-    dict(type='RandomChoice', transforms=[[square], _base_.crop_branch + [square]]),
-    dict(type='PackDetInputs')]
-test_pipeline = [dict(t, scale=(resolution, resolution)) if t['type'] == 'Resize' else t
-                 for t in _base_.test_pipeline]
-train_dataloader = dict(dataset=dict(pipeline=train_pipeline))
-val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
+train_dataloader = dict(dataset=dict(pipeline=[
+    dict(t, resolution=resolution) if 'resolution' in t else t for t in _base_.train_pipeline]))
+val_dataloader = dict(dataset=dict(pipeline=[
+    dict(t, scale=(resolution, resolution)) if 'scale' in t else t for t in _base_.test_pipeline]))
 test_dataloader = val_dataloader

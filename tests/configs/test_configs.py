@@ -74,6 +74,8 @@ TINY_RFDETR_BACKBONE = dict(embed_dims=64, depth=2, num_heads=2, out_indices=(0,
 #: LW-DETR heads: queries per group (each group takes that many top tokens: the runner test's
 #: smallest shrunk RF-DETR input, 224 / 4 px padded to 64, has 4 x 4) and Group DETR groups.
 TINY_GROUP_QUERIES = 10
+#: RF-DETR's per-batch scales of the shrunk configs: around this many blocks (patch x windows)
+TINY_RFDETR_BLOCKS = 2
 TINY_GROUPS = 2
 #: Transformer encoder / decoder depth of the shrunk DETR-style models: two layers keep what
 #: depth adds (a layer refining the previous one's boxes, auxiliary losses per layer).
@@ -109,6 +111,8 @@ def _shrink(model_cfg):
     for aug in (model_cfg.get('data_preprocessor') or {}).get('batch_augments') or []:
         if 'size' in aug:
             aug.size = TINY_PAD
+        if aug.type == 'RFDETRBatchScale':  # the batch at a tiny RF-DETR training scale
+            aug.resolution = TINY_RFDETR_BLOCKS * aug.block
     if 'rpn_head' in model_cfg:
         _narrow_heads(model_cfg, model_cfg.neck.out_channels)
     # query-based detectors pick top-k encoder tokens: a tiny input has fewer than 900

@@ -1,8 +1,10 @@
 """configs/rfdetr/ hold RF-DETR's published sizes and recipe, read from the `rfdetr` package
 (1.11.2): every size against its ``RFDETR{Nano,Small,Medium,Large}Config`` (the seg sizes
-against ``RFDETRSeg{Nano,Small}Config`` and ``SegmentationTrainConfig``), the training scales
-against its ``compute_multi_scale_scales``, the optimiser / schedule against ``TrainConfig``'s
-defaults, and the EMA hook's averaged weights against its ``ModelEma`` over accumulated steps.
+against ``RFDETRSeg{Nano,Small,Medium,Large,XLarge,2XLarge}Config`` and
+``SegmentationTrainConfig``), the training scales (the pipeline's ``RFDETRTrainResize`` and the
+data preprocessor's ``RFDETRBatchScale``, as built) against its ``compute_multi_scale_scales``,
+the optimiser / schedule against ``TrainConfig``'s defaults, and the EMA hook's averaged weights
+against its ``ModelEma`` over accumulated steps.
 Config files are only read here (tests/configs/test_configs.py builds and trains them)."""
 import importlib.util
 import os.path as osp
@@ -10,14 +12,17 @@ import os.path as osp
 import pytest
 import torch
 
-import vitdet_plugin  # noqa: F401
+import vitdet_plugin.datasets  # noqa: F401  (RF-DETR's transforms)
+from mmdet.registry import MODELS, TRANSFORMS
 from vitdet_plugin.config import load_config
 from vitdet_plugin.models.heads.lwdetr_loss import IA_BCE_LOSS
 from helpers import REPO_ROOT
 
 SIZES = {'nano': 'RFDETRNanoConfig', 'small': 'RFDETRSmallConfig',
          'medium': 'RFDETRMediumConfig', 'large': 'RFDETRLargeConfig',
-         'seg_nano': 'RFDETRSegNanoConfig', 'seg_small': 'RFDETRSegSmallConfig'}
+         'seg_nano': 'RFDETRSegNanoConfig', 'seg_small': 'RFDETRSegSmallConfig',
+         'seg_medium': 'RFDETRSegMediumConfig', 'seg_large': 'RFDETRSegLargeConfig',
+         'seg_xlarge': 'RFDETRSegXLargeConfig', 'seg_2xlarge': 'RFDETRSeg2XLargeConfig'}
 #: optimizer steps of the EMA comparison (the warm-up, tau = 100 steps, and beyond)
 EMA_STEPS = 150
 #: mmdet's ExpMomentumEMA warms up with exp(-(1 + n) / gamma) on iterations n = 4 t, RF-DETR's
@@ -63,14 +68,20 @@ def test_sizes_are_rfdetrs(name):
     assert (head.num_queries, head.num_groups) == (theirs.num_queries, theirs.group_detr)
     assert cfg.model.test_cfg.max_per_img == theirs.num_select
     resize = cfg.test_dataloader.dataset.pipeline[1]
-    assert (resize.type, resize.scale, resize.keep_ratio) == (
-        'Resize', (theirs.resolution,) * 2, False)
+    assert (resize.type, resize.scale, resize.get('keep_ratio', False)) == (
+        'RFDETRResize', (theirs.resolution,) * 2, False)
+    # rfdetr's default multi_scale (PER_BATCH): every image at the largest scale, then one
+    # scale per optimizer step for the batch
+    assert train['multi_scale'].default.value == 'per-batch'
     scales = compute_multi_scale_scales(theirs.resolution, train['expanded_scales'].default,
                                         theirs.patch_size, theirs.num_windows)
-    choice = cfg.train_dataloader.dataset.pipeline[3]
-    assert choice.type == 'RandomChoice'
-    for branch in choice.transforms:  # a square resize, or RF-DETR's crop then that resize
-        assert branch[-1].scales == [(s, s) for s in scales] and not branch[-1].keep_ratio
+    (train_resize,) = [TRANSFORMS.build(t) for t in cfg.train_dataloader.dataset.pipeline
+                       if t.type == 'RFDETRTrainResize']
+    assert train_resize.scales == scales
+    assert [t.scale for t in train_resize.squares] == [(scales[-1],) * 2]
+    (batch_scale,) = [MODELS.build(a) for a in cfg.model.data_preprocessor.batch_augments]
+    assert type(batch_scale).__name__ == 'RFDETRBatchScale' and batch_scale.scales == scales
+    assert batch_scale.interval == cfg.optim_wrapper.accumulative_counts
     assert (head.type == 'LWDETRSegHead') == theirs.segmentation_head
 
 
@@ -151,3 +162,34 @@ def test_ema_hook_averages_as_rfdetrs_model_ema():
                                  theirs.module.state_dict().values()):
         err = ((mine - ref).norm() / ref.norm()).item()
         assert err < EMA_TOL, (name, err)
+
+
+#: rfdetr's class of each size config whose file is loaded here (N, S, M and Seg N load in
+#: tests/models/test_rfdetr_model_parity.py; Seg S in tests/weights/)
+LOADED_SIZES = {'large': 'RFDETRLarge', 'seg_medium': 'RFDETRSegMedium',
+                'seg_large': 'RFDETRSegLarge', 'seg_xlarge': 'RFDETRSegXLarge',
+                'seg_2xlarge': 'RFDETRSeg2XLarge'}
+
+
+@pytest.mark.parametrize('name', LOADED_SIZES)
+def test_rfdetrs_file_of_the_size_loads_strictly(name, tmp_path):
+    """rfdetr's model of the size (random init) saved in its checkpoint format, converted with
+    the command of the config's header (tools/convert_weights.py --model rfdetr
+    --num-classes 80), loads into the config's model with every key and shape matched."""
+    import copy
+
+    import rfdetr
+    from helpers import load_tool, save_rfdetr_checkpoint
+
+    theirs = getattr(rfdetr, LOADED_SIZES[name])(pretrain_weights=None)
+    src, dst = str(tmp_path / 'rfdetr.pth'), str(tmp_path / 'converted.pth')
+    save_rfdetr_checkpoint(theirs, src)
+    assert load_tool('convert_weights.py').main(
+        [src, dst, '--model', 'rfdetr', '--num-classes', '80']) == 0
+    ours = MODELS.build(copy.deepcopy(_cfg(name).model))
+    state = torch.load(dst, weights_only=True)['state_dict']
+    ours.load_state_dict(state, strict=True)
+    # the converted ViT is rfdetr's (spot check: the first block's attention projection)
+    want = theirs.model.model.backbone[0].encoder.encoder.encoder.layer[0].attention.attention
+    assert torch.equal(state['backbone.blocks.0.attn.qkv.weight'][:want.query.weight.shape[0]],
+                       want.query.weight)

@@ -292,7 +292,7 @@ def pipeline_meta(cfg: Any, module: EndToEndDetector) -> Dict[str, Any]:
                 raise ValueError(f'test pipeline {t}: the runner loads colour images with '
                                  'OpenCV as uint8 (color_type="color", imdecode_backend="cv2", '
                                  'to_float32=False) only')
-        elif kind == 'Resize':
+        elif kind in ('Resize', 'RFDETRResize'):  # RFDETRResize too: OpenCV on uint8 here
             if t.get('scale') is None or t.get('interpolation', 'bilinear') != 'bilinear':
                 raise ValueError(f'test pipeline {t}: the runner repeats Resize with a fixed '
                                  'scale and bilinear interpolation only')

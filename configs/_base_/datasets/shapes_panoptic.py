@@ -1,14 +1,12 @@
 # The embedded synthetic "shapes" dataset (vitdet_plugin.datasets.shapes) as COCO panoptic
-# segmentation: 256 px images; things = the 5 shape classes (category ids 1-5, one segment per
-# object), stuff = 'lines' (the distractor lines/arcs, id 6) and 'background' (id 7). Read by
-# mmdet's CocoPanopticDataset + LoadPanopticAnnotations, scored by CocoPanopticMetric (PQ),
-# CocoMetric on the instance JSON of the same images (bbox / segm mAP; needs the model's
-# pred_instances, e.g. Mask2Former with test_cfg.instance_on=True) and SemSegMetric (mIoU over
-# things + stuff against gt_sem_seg, which LoadPanopticAnnotations(with_seg=True) derives from the
-# panoptic PNG; needs the model's pred_sem_seg, see val_evaluator).
-# Label order (metainfo['classes']): things, then stuff; gt_sem_seg uses it, 255 = void.
-# Generate it with `python tools/make_shapes.py --out data/shapes/`; every path below derives
-# from `data_root` (override with `--cfg-options data_root=...` in vitdet_plugin's tools).
+# segmentation: 256 px images; things = the 5 shape classes (ids 1-5, one segment per object),
+# stuff = 'lines' (the distractor lines / arcs, id 6) and 'background' (id 7). Read by mmdet's
+# CocoPanopticDataset + LoadPanopticAnnotations; scored by CocoPanopticMetric (PQ), CocoMetric
+# on the instance JSON of the same images (bbox / segm mAP) and SemSegMetric (mIoU over things
+# + stuff; val_evaluator says what each needs of the model). Label order (metainfo['classes']):
+# things, then stuff; gt_sem_seg uses it, 255 = void.
+# Generate it with `python tools/make_shapes.py --out data/shapes/`; every path derives from
+# `data_root` (override with `--cfg-options data_root=...` in vitdet_plugin's tools).
 # Another --classes list: set thing_classes (and classes = thing_classes + stuff_classes).
 dataset_type = 'CocoPanopticDataset'
 data_root = 'data/shapes/'
@@ -69,6 +67,10 @@ val_dataloader = dict(
         backend_args=backend_args))
 test_dataloader = val_dataloader
 
+# CocoMetric needs the model's pred_instances (e.g. Mask2Former with
+# test_cfg.instance_on=True); SemSegMetric scores against gt_sem_seg, which
+# LoadPanopticAnnotations(with_seg=True) derives from the panoptic PNG, and needs the model's
+# pred_sem_seg (see val_evaluator).
 # SemSegMetric reads the model's `pred_sem_seg`: vitdet_plugin's SemanticMaskFormerFusionHead
 # with test_cfg semantic_on=True writes it (configs/swin_mask2former_panoptic.py); no panoptic
 # model of mmdet 3.3 as shipped does (PanopticFPN / MaskFormer / Mask2Former give

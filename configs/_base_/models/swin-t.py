@@ -6,9 +6,8 @@
 # from another base (mmdet::...) can take it too:
 #   _base_ = [..., './_base_/models/swin-t.py']
 #   model = dict(backbone=dict(_base_.swin_t, out_indices=(1, 2, 3)), ...)
-# init_cfg is left out so a child config or --cfg-options can add
-# init_cfg=dict(type='Pretrained', checkpoint=...) (official, timm, mmdet/mmpretrain and Swin-OD
-# layouts are recognised).
+# init_cfg is left out so a child config or --cfg-options can add init_cfg=dict(type=
+# 'Pretrained', checkpoint=...) (official, timm, mmdet/mmpretrain and Swin-OD layouts load).
 swin_t = dict(
     type='SwinBackbone',
     arch='tiny',

@@ -1,24 +1,12 @@
-# RF-DETR on COCO with RF-DETR's published recipe (the `rfdetr` package 1.11.2: config.py
-# ModelConfig / TrainConfig, training/param_groups.py, datasets/coco.py; docs/rfdetr.md maps
-# every option to the key below; RF-DETR-Seg: _base_/rfdetr_seg_coco.py on top). The sizes
-# (configs/rfdetr/rfdetr_{nano,small,medium,large}.py) set `resolution`, `scales` and the
-# decoder depth; everything else is shared:
-# * model: mmdet's SingleStageDetector: DINOv2 ViT-S/16 (no registers) with RF-DETR's 2 x 2 window
-#   tiling (taps after blocks 3, 6, 9, 12, the block after each tap global) -> RFDETRProjector
-#   (P4 only, C2f with channel LayerNorm) -> LWDETRHead (256 wide, 300 queries, 13 Group DETR
-#   groups in training, 8 self- / 16 cross-attention heads, 2 points, FFN 2048, IA-BCE);
-# * data: RF-DETR's square multi-scale training resize (one of `scales`, or a 400-600 px resize,
-#   a 384-600 px crop and one of `scales`), horizontal flip; square `resolution` at test; batch
-#   padded to a multiple of patch x windows (RF-DETR's collate block size);
-# * optimiser: AdamW lr 1e-4 (the decoder 0.7 of it), weight decay 1e-4, the ViT at 1.5e-4 x 0.7^2
-#   with layer-wise lr decay 0.8 (RF-DETR's exponent: 13 layers, the taps' last index + 1),
-#   gradient clipping 0.1; batch 4 per GPU x 4 accumulated steps (16 per optimizer step);
-# * EMA of the weights (decay 0.993, warm-up tau 100 optimizer steps) used for validation and
-#   saved with the checkpoint; 100 epochs, lr x 0.1 after `lr_drop` epochs (RF-DETR's default
-#   100: no drop within the 100 epochs).
-# Weights: RF-DETR's own .pth files convert with tools/convert_weights.py --model rfdetr
-# (its 91 COCO logits mapped to mmdet's 80 classes), then --cfg-options load_from=THAT_FILE;
-# given unconverted to load_from they are refused naming that command (docs/rfdetr.md).
+# RF-DETR on COCO with the `rfdetr` package's (1.11.2) published model and recipe; the sizes
+# (rfdetr_{nano,small,medium,large}.py, RF-DETR-Seg: _base_/rfdetr_seg_coco.py) state only what
+# differs (resolution, decoder depth, queries, windows, patch). docs/rfdetr.md maps every option:
+# * model: DINOv2 ViT-S (RF-DETR's windows, taps after blocks 3, 6, 9, 12) -> RFDETRProjector
+#   (P4) -> LWDETRHead (300 queries, 13 Group DETR groups, IA-BCE);
+# * data: RF-DETR's resizes (vitdet_plugin.datasets.rfdetr_transforms): RFDETRTrainResize and
+#   per-batch scales (RFDETRBatchScale) from `resolution`, RFDETRResize as its predict at test;
+# * recipe: AdamW with layer decay, EMA, batch 4 x 4 accumulated, 100 epochs.
+# RF-DETR's .pth files: tools/convert_weights.py --model rfdetr, then load_from=THAT_FILE.
 _base_ = ['../../_base_/datasets/coco_detection.py', '../../_base_/default_runtime.py']
 
 num_classes = 80
@@ -26,7 +14,8 @@ patch_size = 16
 num_windows = 2
 #: RF-DETR's collate block: inputs padded to whole windows of whole patches
 size_divisor = patch_size * num_windows
-resolution = 384          # each size sets its own (and its `scales`)
+#: the model's input side: the training scales, the test size and the position table follow
+resolution = 384
 num_decoder_layers = 2
 #: RF-DETR's TrainConfig: epochs, lr_drop (a 10x step after that many epochs), batch, accumulation
 max_epochs = 100
@@ -49,6 +38,9 @@ clip_max_norm = 0.1
 ema_momentum = 0.007
 ema_tau = 100
 
+#: rfdetr's MultiScale.PER_BATCH: the batch resized to one training scale per optimizer step
+batch_scale = dict(type='RFDETRBatchScale', resolution=resolution, block=size_divisor,
+                   interval=grad_accum_steps)
 model = dict(
     type='SingleStageDetector',
     data_preprocessor=dict(
@@ -56,7 +48,8 @@ model = dict(
         mean=[123.675, 116.28, 103.53],  # ImageNet, RGB
         std=[58.395, 57.12, 57.375],
         bgr_to_rgb=True,
-        pad_size_divisor=size_divisor),
+        pad_size_divisor=size_divisor,
+        batch_augments=[batch_scale]),
     backbone=dict(
         type='DINOv2Backbone',
         arch='small',             # 384 wide, 12 blocks, 6 heads, LayerScale
@@ -91,22 +84,22 @@ model = dict(
 backend_args = None
 load = [dict(type='LoadImageFromFile', backend_args=backend_args),
         dict(type='LoadAnnotations', with_bbox=True)]
-#: RF-DETR's first training branch (a size sets the scales): a square resize to one of them
-square_resize = dict(type='RandomChoiceResize', keep_ratio=False)
-#: its second branch: shortest side 400 / 500 / 600, a 384-600 px crop, then `square_resize`
-crop_branch = [
-    dict(type='RandomChoiceResize', scales=[(400, 4200), (500, 4200), (600, 4200)],
-         keep_ratio=True),
-    dict(type='RandomCrop', crop_type='absolute_range', crop_size=(384, 600),
-         allow_negative_crop=True)]
+#: RF-DETR's training resize (square at the largest training scale, or its crop branch first:
+#: RFDETRBatchScale draws the batch's scale) and flip
+train_pipeline = load + [
+    dict(type='RFDETRTrainResize', resolution=resolution, block=size_divisor),
+    dict(type='RandomFlip', prob=0.5),
+    dict(type='PackDetInputs')]
+#: RF-DETR's predict: a float bilinear resize to the square input
 test_pipeline = [
     dict(type='LoadImageFromFile', backend_args=backend_args),
-    dict(type='Resize', scale=(resolution, resolution), keep_ratio=False),
+    dict(type='RFDETRResize', scale=(resolution, resolution)),
     dict(type='LoadAnnotations', with_bbox=True),
     dict(type='PackDetInputs',
          meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor'))
 ]
-train_dataloader = dict(batch_size=batch_size, num_workers=4, batch_sampler=None)
+train_dataloader = dict(batch_size=batch_size, num_workers=4, batch_sampler=None,
+                        dataset=dict(pipeline=train_pipeline))
 val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
 test_dataloader = val_dataloader
 
