@@ -73,16 +73,21 @@ _AIFI_RENAMES = ((r'^aifi\.(\d+)\.layers\.(\d+)\.self_attn\.o_proj\.', r'aifi.\1
                  (r'^aifi\.(\d+)\.layers\.(\d+)\.final_layer_norm\.', r'aifi.\1.\2.norm2.'))
 _BLOCK = r'^((?:fpn|pan)_blocks\.\d+\.|fpn_block\.|pan_block\.)'
 #: D-FINE's RepNCSPELAN4 names -> ours.
-_ELAN4_RENAMES = ((_BLOCK + r'conv1\.', r'\1conv_in.'), (_BLOCK + r'csp_rep1\.', r'\1branches.0.csp.'),
+_ELAN4_RENAMES = ((_BLOCK + r'conv1\.', r'\1conv_in.'),
+                  (_BLOCK + r'csp_rep1\.', r'\1branches.0.csp.'),
                   (_BLOCK + r'conv2\.', r'\1branches.0.conv.'),
                   (_BLOCK + r'csp_rep2\.', r'\1branches.1.csp.'),
-                  (_BLOCK + r'conv3\.', r'\1branches.1.conv.'), (_BLOCK + r'conv4\.', r'\1conv_out.'))
+                  (_BLOCK + r'conv3\.', r'\1branches.1.conv.'),
+                  (_BLOCK + r'conv4\.', r'\1conv_out.'))
 #: DEIMv2's RepNCSPELAN5 names (its CSP layers hold the branch conv as ``conv2``) -> ours.
 _ELAN5_RENAMES = ((_BLOCK + r'conv1\.', r'\1conv_in.'), (_BLOCK + r'conv2\.', r'\1conv_out.'),
                   (_BLOCK + r'csp_rep1\.conv2\.', r'\1branches.0.conv.'),
                   (_BLOCK + r'csp_rep2\.conv2\.', r'\1branches.1.conv.'),
                   (_BLOCK + r'csp_rep1\.', r'\1branches.0.csp.'),
                   (_BLOCK + r'csp_rep2\.', r'\1branches.1.csp.'))
+
+#: DEIMv2's lite encoder names -> ours.
+_LITE_RENAMES = ((r'^down_conv([12])\.', r'down\1.conv.'), (r'^bi_fusion_conv\.', 'gap_fusion.'))
 
 
 def _rename(key: str, renames: Sequence[Tuple[str, str]], first_only: bool = False) -> str:
@@ -146,7 +151,7 @@ def encoder_part(sd: Mapping[str, Tensor], name: str) -> StateDict:
             if m:
                 out[f'input_proj.{m.group(1)}.{parts[m.group(2)]}.{k[m.end():]}'] = v
     renames = _AIFI_RENAMES + (_ELAN4_RENAMES if name == 'transformers DFine'
-                               else _ELAN5_RENAMES)
+                               else _ELAN5_RENAMES + _LITE_RENAMES)
     for k, v in _under(sd, 'encoder.').items():
         out[_rename(k, renames, first_only=True)] = v
     return out

@@ -37,11 +37,14 @@ SIZES = ((64, 64), (64, 96))
 
 
 def perturb_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Every floating parameter and buffer random (frozen BatchNorms keep their affine as
-    buffers): conv / linear weights at ``1 / sqrt(fan_in)``, norm scales around 1, running
-    variances in [0.5, 1.5], the rest around 0."""
+    """Every floating parameter and saved buffer random (frozen BatchNorms keep their affine as
+    buffers; non-persistent buffers such as rotary frequencies stay): conv / linear weights at
+    ``1 / sqrt(fan_in)``, norm scales around 1, running variances in [0.5, 1.5], the rest
+    around 0."""
     g = torch.Generator().manual_seed(seed)
-    tensors = list(model.named_parameters()) + list(model.named_buffers())
+    saved = set(model.state_dict())
+    tensors = [(n, t) for n, t in list(model.named_parameters()) + list(model.named_buffers())
+               if n in saved]
     with torch.no_grad():
         for name, t in tensors:
             if not t.is_floating_point():
