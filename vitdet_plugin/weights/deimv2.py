@@ -64,13 +64,13 @@ _INPUT_PROJ = {'transformers DFine': (re.compile(r'^encoder_input_proj\.(\d+)\.(
 #: transformers' HGNetV2 names -> the reference's (ours).
 _HGNETV2_RENAMES = ((r'^embedder\.', 'stem.'), (r'^encoder\.stages\.', 'stages.'),
                     (r'\.convolution\.', '.conv.'), (r'\.normalization\.', '.bn.'))
-#: transformers' AIFI names -> ours (``aifi.{level}.{layer}.*``).
-_AIFI_RENAMES = ((r'^aifi\.(\d+)\.layers\.(\d+)\.self_attn\.o_proj\.', r'aifi.\1.\2.out_proj.'),
-                 (r'^aifi\.(\d+)\.layers\.(\d+)\.self_attn\.', r'aifi.\1.\2.'),
-                 (r'^aifi\.(\d+)\.layers\.(\d+)\.self_attn_layer_norm\.', r'aifi.\1.\2.norm1.'),
-                 (r'^aifi\.(\d+)\.layers\.(\d+)\.mlp\.layers\.0\.', r'aifi.\1.\2.fc1.'),
-                 (r'^aifi\.(\d+)\.layers\.(\d+)\.mlp\.layers\.1\.', r'aifi.\1.\2.fc2.'),
-                 (r'^aifi\.(\d+)\.layers\.(\d+)\.final_layer_norm\.', r'aifi.\1.\2.norm2.'))
+#: An AIFI layer of transformers' encoder: ``aifi.{level}.layers.{i}.`` in memory,
+#: ``encoder.{level}.layers.{i}.`` on disk (transformers' D-FINE conversion mapping).
+_AIFI_LAYER = re.compile(r'^(?:aifi|encoder)\.(\d+)\.layers\.(\d+)\.')
+#: Inside an AIFI layer, both spellings -> ours; first match wins.
+_AIFI_RENAMES = ((r'^self_attn\.(?:o|out)_proj\.', 'out_proj.'), (r'^self_attn\.', ''),
+                 (r'^self_attn_layer_norm\.', 'norm1.'), (r'^(?:mlp\.layers\.0|fc1)\.', 'fc1.'),
+                 (r'^(?:mlp\.layers\.1|fc2)\.', 'fc2.'), (r'^final_layer_norm\.', 'norm2.'))
 _BLOCK = r'^((?:fpn|pan)_blocks\.\d+\.|fpn_block\.|pan_block\.)'
 #: D-FINE's RepNCSPELAN4 names -> ours.
 _ELAN4_RENAMES = ((_BLOCK + r'conv1\.', r'\1conv_in.'),
@@ -150,10 +150,15 @@ def encoder_part(sd: Mapping[str, Tensor], name: str) -> StateDict:
             m = pattern.match(k)
             if m:
                 out[f'input_proj.{m.group(1)}.{parts[m.group(2)]}.{k[m.end():]}'] = v
-    renames = _AIFI_RENAMES + (_ELAN4_RENAMES if name == 'transformers DFine'
-                               else _ELAN5_RENAMES + _LITE_RENAMES)
+    renames = (_ELAN4_RENAMES if name == 'transformers DFine'
+               else _ELAN5_RENAMES + _LITE_RENAMES)
     for k, v in _under(sd, 'encoder.').items():
-        out[_rename(k, renames, first_only=True)] = v
+        m = _AIFI_LAYER.match(k)
+        if m:
+            key = f'aifi.{m.group(1)}.{m.group(2)}.' + _rename(k[m.end():], _AIFI_RENAMES, True)
+        else:
+            key = _rename(k, renames, first_only=True)
+        out[key] = v
     return out
 
 
@@ -201,6 +206,10 @@ def convert_deimv2_layout(sd: StateDict, layout: Layout, target: CheckpointTarge
         part = hgnetv2_part(inner, name)
     elif target.family in (HYBRID, LITE) and name in _DETECTORS:
         part = encoder_part(inner, name)
+        kind = LITE if any(k.startswith('fpn_block.') for k in part) else HYBRID
+        if kind != target.family:
+            raise CheckpointError(f'{layout.describe()} holds a {kind} (its encoder keys), not '
+                                  f"a {target.family}: build type='{FAMILY_MODULES[kind]}'")
     elif target.family == DINOV3_STA and name in _DETECTORS:
         part, dropped = sta_part(inner, target, resampled)
     else:
