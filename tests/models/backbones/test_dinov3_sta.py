@@ -87,3 +87,17 @@ def test_bad_sizes_and_arguments_name_the_fix():
     with pytest.raises(ValueError, match=r"vit_args sets 'out_indices', which "
                                          r'DINOv3STABackbone sets itself'):
         DINOv3STABackbone(arch='S', vit_args=dict(out_indices=(1,)))
+
+
+def test_frozen_vit_blocks_and_meta_build():
+    ours = DINOv3STABackbone(arch='S', vit=TINY_VIT, taps=(0, 1, 2), sta_channels=8,
+                             hidden_dim=32, frozen_stages=1).train()
+    frozen = {n for n, p in ours.named_parameters() if not p.requires_grad}
+    assert 'vit.patch_embed.proj.weight' in frozen and 'vit.blocks.0.attn.qkv.weight' in frozen
+    assert not any(n.startswith(('vit.blocks.1.', 'sta.', 'fusion_proj.')) for n in frozen)
+    assert all(not m.training for m in ours.frozen_modules())
+    with torch.device('meta'):
+        meta = DINOv3STABackbone(arch='S', vit=TINY_VIT, taps=(0, 1, 2), sta_channels=8,
+                                 hidden_dim=32).eval()
+        shapes = [tuple(o.shape) for o in meta(torch.empty(1, 3, 64, 96))]
+    assert shapes == [(1, 32, 8, 12), (1, 32, 4, 6), (1, 32, 2, 3)]

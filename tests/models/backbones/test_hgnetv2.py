@@ -61,7 +61,9 @@ def perturb_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
 
 
 def dfine_reference(**backbone: object) -> DFineForObjectDetection:
-    """A tiny random ``DFineForObjectDetection`` in eval mode (fp32)."""
+    """A tiny random ``DFineForObjectDetection`` in eval mode (fp32); by default with LAB and
+    the stride 8 / 16 / 32 stages."""
+    backbone = dict(dict(use_learnable_affine_block=True, out_indices=[2, 3, 4]), **backbone)
     config = DFineConfig(backbone_config=HGNetV2Config(**{**TINY_HF, **backbone}),
                          **TINY_DFINE)
     torch.manual_seed(0)
@@ -70,7 +72,7 @@ def dfine_reference(**backbone: object) -> DFineForObjectDetection:
 
 @pytest.fixture(scope='module')
 def dfine(tmp_path_factory):
-    model = dfine_reference(use_learnable_affine_block=True, out_indices=[2, 3, 4])
+    model = dfine_reference()
     folder = tmp_path_factory.mktemp('dfine')
     model.save_pretrained(folder)
     return model, str(folder)
@@ -173,3 +175,25 @@ def test_checkpoint_of_another_size_is_refused(dfine):
                            init_cfg=dict(type='Pretrained', checkpoint=folder))
     with pytest.raises(CheckpointError, match='does not match HGNetV2Backbone: shape mismatch'):
         ours.init_weights()
+
+
+def test_odd_sizes_meta_build_and_own_checkpoint_round_trip(tmp_path):
+    """Odd sizes follow the declared strides (ceil), a meta build gives the same shapes, and a
+    checkpoint of ours (the reference repositories' names) loads back through ``init_cfg``."""
+    ref = perturb_(HGNetV2Backbone(arch=TINY, out_indices=(0, 1, 2, 3), use_lab=True)).eval()
+    x = torch.randn(1, 3, 61, 45)
+    with torch.no_grad():
+        outs = ref(x)
+    assert [tuple(o.shape[2:]) for o in outs] == [(-(-61 // s), -(-45 // s))
+                                                  for s in ref.out_strides]
+    with torch.device('meta'):
+        meta = HGNetV2Backbone(arch=TINY, out_indices=(0, 1, 2, 3), use_lab=True).eval()
+        assert [o.shape for o in meta(torch.empty(1, 3, 61, 45))] == [o.shape for o in outs]
+    path = tmp_path / 'hgnetv2.pth'
+    torch.save(dict(state_dict=ref.state_dict()), path)
+    ours = HGNetV2Backbone(arch=TINY, out_indices=(0, 1, 2, 3), use_lab=True,
+                           init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    ours.init_weights()
+    assert ours.init_report.layout == 'HGNetV2 official'
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(),
+                                                  ref.state_dict().values()))

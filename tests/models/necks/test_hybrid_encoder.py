@@ -54,7 +54,7 @@ def deimv2_hgnetv2_reference(lite: bool) -> Deimv2ForObjectDetection:
 
 @pytest.fixture(scope='module')
 def folders(tmp_path_factory):
-    refs = {'dfine': dfine_reference(use_learnable_affine_block=True, out_indices=[2, 3, 4]),
+    refs = {'dfine': dfine_reference(),
             'deimv2': deimv2_hgnetv2_reference(lite=False),
             'deimv2_dinov3': deimv2_dinov3_reference(apply_layernorm=True),
             'deimv2_lite': deimv2_hgnetv2_reference(lite=True)}

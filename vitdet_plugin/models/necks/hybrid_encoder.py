@@ -184,6 +184,7 @@ class HybridEncoder(BaseModule):
                              f'in_channels={chans}: give input_proj=True')
         self.in_channels, self.hidden_dim, self.fuse_op = chans, dim, fuse_op
         self.encoder_levels, self.pe_temperature = levels, float(pe_temperature)
+        self.num_encoder_layers = int(num_encoder_layers)
         self.out_channels, self.out_strides = (dim,) * len(chans), strides
 
         self.input_proj = (nn.ModuleList(ConvNorm(c, dim) for c in chans) if input_proj
@@ -218,12 +219,12 @@ class HybridEncoder(BaseModule):
     def _fuse(self, a: Tensor, b: Tensor) -> Tensor:
         return a + b if self.fuse_op == 'sum' else torch.cat([a, b], dim=1)
 
-    def _encode(self, x: Tensor, layers: nn.ModuleList) -> Tensor:
+    def _encode(self, x: Tensor, layers: nn.Module) -> Tensor:
         """AIFI over one ``(B, C, H, W)`` level."""
         b, c, h, w = x.shape
         pos = sincos_pos_embed((h, w), c, self.pe_temperature, x.device, x.dtype)  # (1, HW, C)
         tokens = x.flatten(2).transpose(1, 2)                        # (B, H * W, C)
-        for layer in layers:
+        for layer in layers.children():
             tokens = layer(tokens, pos)
         return tokens.transpose(1, 2).reshape(b, c, h, w).contiguous()
 
@@ -235,8 +236,8 @@ class HybridEncoder(BaseModule):
                              f'(in_channels={self.in_channels}), got {len(feats)} maps')
         maps: List[Tensor] = (list(feats) if self.input_proj is None
                               else [proj(f) for proj, f in zip(self.input_proj, feats)])
-        for level, layers in zip(self.encoder_levels, self.aifi):
-            if len(layers):
+        if self.num_encoder_layers:
+            for level, layers in zip(self.encoder_levels, self.aifi):
                 maps[level] = self._encode(maps[level], layers)
         # top-down: the coarsest map, laterally projected, upsampled into each finer level
         inner = [maps[-1]]
