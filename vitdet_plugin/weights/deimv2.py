@@ -71,6 +71,8 @@ _AIFI_LAYER = re.compile(r'^(?:aifi|encoder)\.(\d+)\.layers\.(\d+)\.')
 _AIFI_RENAMES = ((r'^self_attn\.(?:o|out)_proj\.', 'out_proj.'), (r'^self_attn\.', ''),
                  (r'^self_attn_layer_norm\.', 'norm1.'), (r'^(?:mlp\.layers\.0|fc1)\.', 'fc1.'),
                  (r'^(?:mlp\.layers\.1|fc2)\.', 'fc2.'), (r'^final_layer_norm\.', 'norm2.'))
+#: transformers' DINOv3 LayerScale (``layer.{i}.layer_scale{1,2}.lambda1``).
+_LAYER_SCALE = re.compile(r'\.layer_scale[12]\.lambda1$')
 _BLOCK = r'^((?:fpn|pan)_blocks\.\d+\.|fpn_block\.|pan_block\.)'
 #: D-FINE's RepNCSPELAN4 names -> ours.
 _ELAN4_RENAMES = ((_BLOCK + r'conv1\.', r'\1conv_in.'),
@@ -171,9 +173,23 @@ def sta_part(sd: Mapping[str, Tensor], target: CheckpointTarget,
     vit_target = dataclasses.replace(
         target, family='DINOv3',
         expected={k[len('vit.'):]: s for k, s in expected.items() if k.startswith('vit.')})
+    scales = [] if 'blocks.0.ls1.gamma' in vit_target.expected else \
+        [k for k in vit_sd if _LAYER_SCALE.search(k)]
+    for k in scales:  # DEIMv2's ViT-Tiny has none: transformers adds them at 1
+        if not torch.all(vit_sd[k] == 1):
+            raise CheckpointError(
+                f'the checkpoint\'s ViT has LayerScale ({k} is not 1) and {target.owner}\'s '
+                'has none: build it with vit=dict(..., layer_scale=1.0)')
+        vit_sd.pop(k)
     dinov3 = next(layout for layout in TRANSFORMERS_LAYOUTS
                   if layout.name == 'transformers DINOv3ViTModel')
     vit, dropped = dinov3.convert(vit_sd, vit_target, resampled)
+    dropped += scales
+    for k in [k for k in vit if k.endswith('.attn.q_bias')]:
+        base = k[:-len('q_bias')]
+        if base + 'qkv.bias' in vit_target.expected:  # a q / k / v-biased ViT: a zero k bias
+            q, v = vit.pop(k), vit.pop(base + 'v_bias')
+            vit[base + 'qkv.bias'] = torch.cat([q, torch.zeros_like(q), v])
     out = {'vit.' + k: v for k, v in vit.items()}
     out.update({'sta.' + k: v for k, v in
                 _under(sd, 'conv_encoder.spatial_tuning_adapter.').items()})
@@ -212,6 +228,7 @@ def convert_deimv2_layout(sd: StateDict, layout: Layout, target: CheckpointTarge
                                   f"a {target.family}: build type='{FAMILY_MODULES[kind]}'")
     elif target.family == DINOV3_STA and name in _DETECTORS:
         part, dropped = sta_part(inner, target, resampled)
+        dropped = [prefix + k for k in dropped]
     else:
         raise CheckpointError(f'{layout.describe()} holds no {target.family} weights for '
                               f'{target.owner}: load it into '

@@ -9,7 +9,7 @@ its detail map and projected to ``hidden_dim`` by a 1x1 conv + BatchNorm.
 
 Presets: DEIMv2's S / M (distilled ViT-Tiny / Tiny+: 192 / 256 wide, 3 / 4 heads, q / k / v
 biases, no LayerScale, no registers, no final norm, taps 3 / 7 / 11) and L / X (DINOv3 ViT-S /
-S+, final norm on every tap, taps 5 / 8 / 11). Every block attends globally.
+S+ with q / v biases, final norm on every tap, taps 5 / 8 / 11). Every block attends globally.
 """
 import dataclasses
 import re
@@ -26,7 +26,7 @@ from ...functional.checkpoint_target import CheckpointTarget
 from ..layers.arguments import check_flags, int_tuple, positive_int
 from ..layers.conv_blocks import ConvNorm
 from .base import BackboneContract, init_cfg_from_pretrained, load_init_checkpoint, state_shapes
-from .dinov3 import DINOv3Backbone
+from .dinov3 import DINOv3Arch, DINOv3Backbone
 from .plain_vit import PlainViTBackbone
 
 #: Strides of the outputs (the taps resized by 2, 1, 1/2 from the patch stride 16).
@@ -48,9 +48,10 @@ STA_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
               final_norm=False, sta_channels=16, hidden_dim=192),
     'M': dict(vit=dict(_DISTILLED, embed_dims=256, num_heads=4), taps=(3, 7, 11),
               final_norm=False, sta_channels=16, hidden_dim=256),
-    'L': dict(vit='small', taps=(5, 8, 11), final_norm=True, sta_channels=32, hidden_dim=224),
-    'X': dict(vit='small_plus', taps=(5, 8, 11), final_norm=True, sta_channels=64,
-              hidden_dim=256),
+    'L': dict(vit=dict(DINOv3Arch.PRESETS['small'], qkv_bias='qv'), taps=(5, 8, 11),
+              final_norm=True, sta_channels=32, hidden_dim=224),
+    'X': dict(vit=dict(DINOv3Arch.PRESETS['small_plus'], qkv_bias='qv'), taps=(5, 8, 11),
+              final_norm=True, sta_channels=64, hidden_dim=256),
 })
 
 
