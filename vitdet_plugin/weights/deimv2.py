@@ -170,10 +170,9 @@ def sta_part(sd: Mapping[str, Tensor], target: CheckpointTarget,
     through the transformers DINOv3 layout, ``sta.*``, ``fusion_proj.*``)."""
     vit_sd = _under(sd, 'conv_encoder.backbone.')
     expected = target.expected or {}
-    vit_target = dataclasses.replace(
-        target, family='DINOv3',
-        expected={k[len('vit.'):]: s for k, s in expected.items() if k.startswith('vit.')})
-    scales = [] if 'blocks.0.ls1.gamma' in vit_target.expected else \
+    vit_expected = {k[len('vit.'):]: s for k, s in expected.items() if k.startswith('vit.')}
+    vit_target = dataclasses.replace(target, family='DINOv3', expected=vit_expected)
+    scales = [] if 'blocks.0.ls1.gamma' in vit_expected else \
         [k for k in vit_sd if _LAYER_SCALE.search(k)]
     for k in scales:  # DEIMv2's ViT-Tiny has none: transformers adds them at 1
         if not torch.all(vit_sd[k] == 1):
@@ -187,7 +186,7 @@ def sta_part(sd: Mapping[str, Tensor], target: CheckpointTarget,
     dropped += scales
     for k in [k for k in vit if k.endswith('.attn.q_bias')]:
         base = k[:-len('q_bias')]
-        if base + 'qkv.bias' in vit_target.expected:  # a q / k / v-biased ViT: a zero k bias
+        if base + 'qkv.bias' in vit_expected:  # a q / k / v-biased ViT: a zero k bias
             q, v = vit.pop(k), vit.pop(base + 'v_bias')
             vit[base + 'qkv.bias'] = torch.cat([q, torch.zeros_like(q), v])
     out = {'vit.' + k: v for k, v in vit.items()}

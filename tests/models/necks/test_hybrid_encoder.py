@@ -12,10 +12,11 @@ import pytest
 import torch
 from helpers import assert_close_rel
 from test_dinov3_sta import deimv2_dinov3_reference
-from test_hgnetv2 import SIZES, TINY_DFINE, TINY_HF, dfine_reference, perturb_
+from test_hgnetv2 import SIZES, TINY, TINY_DFINE, TINY_HF, dfine_reference, perturb_
 from transformers import Deimv2Config, Deimv2ForObjectDetection, HGNetV2Config
 
 import vitdet_plugin  # noqa: F401
+from vitdet_plugin.models.backbones import HGNetV2Backbone
 from vitdet_plugin.models.necks import HybridEncoder, LiteEncoder
 from vitdet_plugin.weights import CheckpointError
 
@@ -133,3 +134,23 @@ def test_bad_arguments_name_the_fix():
         HybridEncoder(in_strides=(8, 16, 64))
     with pytest.raises(ValueError, match=r'LiteEncoder takes one input level'):
         LiteEncoder(in_channels=(16, 32), in_strides=(16, 32))
+
+
+@pytest.mark.parametrize('name', ['dfine', 'deimv2'])
+def test_backbone_then_encoder_end_to_end(folders, name):
+    """Pixels -> our HGNetV2 -> our encoder equals transformers' backbone, projections and
+    encoder (the encoder outputs ``DFineModel`` / ``Deimv2Model`` feed the decoder)."""
+    ref, folder = folders[name]
+    backbone = _loaded(HGNetV2Backbone, folder, arch=TINY, out_indices=(1, 2, 3), use_lab=True)
+    cls, args, strides = CASES[name]
+    neck = _loaded(cls, folder, in_strides=strides, **TINY_ENCODER, **args)
+    for h, w in SIZES:
+        x = torch.randn(1, 3, h, w, generator=torch.Generator().manual_seed(h * w))
+        with torch.no_grad():
+            got = neck(backbone(x))
+            if name == 'dfine':
+                feats = [f for f, _ in ref.model.backbone(x, torch.ones(1, h, w))]
+            else:
+                feats = list(ref.model.conv_encoder.model(x).feature_maps)
+            want = _hf_encoder(name, ref, feats)
+        assert_close_rel(got, want)
