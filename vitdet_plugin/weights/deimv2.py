@@ -234,7 +234,7 @@ def convert_deimv2_layout(sd: StateDict, layout: Layout, target: CheckpointTarge
                               f"{' / '.join(FAMILY_MODULES[p] for p in _parts(layout))}")
     if target.expected is not None:
         part = _with_bn_counters(part, target.expected)
-    used = set(_source_keys(inner, part, prefix, target.family, name))
+    used = set(_source_keys(inner, prefix, target.family, name))
     dropped += [k for k in sd if k not in used and k not in dropped]
     return part, dropped
 
@@ -243,17 +243,17 @@ def _parts(layout: Layout) -> Tuple[str, ...]:
     return layout.parts if isinstance(layout, PartsLayout) else (layout.family,)
 
 
-def _source_keys(inner: Mapping[str, Tensor], part: Mapping[str, Tensor], prefix: str,
-                 family: str, name: str) -> List[str]:
+def _source_keys(inner: Mapping[str, Tensor], prefix: str, family: str,
+                 name: str) -> List[str]:
     """The checkpoint keys a part was read from (the rest is reported as dropped)."""
+    hg = _HGNETV2_PREFIX.get(name, '')
     roots: Dict[str, Tuple[str, ...]] = {
-        HGNETV2: (_HGNETV2_PREFIX.get(name, ''),) if name != _OFFICIAL_HGNETV2
+        HGNETV2: (hg + 'embedder.', hg + 'encoder.stages.') if name != _OFFICIAL_HGNETV2
         else ('stem.', 'stages.', 'backbone.stem.', 'backbone.stages.'),
         HYBRID: ('encoder.', 'encoder_input_proj.', 'conv_encoder.encoder_input_proj.'),
         LITE: ('encoder.',),
         DINOV3_STA: ('conv_encoder.spatial_tuning_adapter.', 'conv_encoder.fusion_proj.',
                      'conv_encoder.backbone.')}
-    del part
     return [prefix + k for k in inner if k.startswith(roots[family])]
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from helpers import assert_close_rel
 from transformers import (DFineConfig, DFineForObjectDetection, HGNetV2Backbone as HFHGNetV2,
+                          HGNetV2ForImageClassification,
                           HGNetV2Config)
 
 import vitdet_plugin  # noqa: F401
@@ -197,3 +198,20 @@ def test_odd_sizes_meta_build_and_own_checkpoint_round_trip(tmp_path):
     assert ours.init_report.layout == 'HGNetV2 official'
     assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(),
                                                   ref.state_dict().values()))
+
+
+def test_transformers_hgnetv2_classifier_folder_loads(tmp_path):
+    """An ``HGNetV2ForImageClassification`` folder (the ImageNet weights' form): the backbone
+    loads, the classifier is dropped."""
+    ref = perturb_(HGNetV2ForImageClassification(HGNetV2Config(
+        **TINY_HF, use_learnable_affine_block=True, num_labels=5))).eval()
+    ref.save_pretrained(tmp_path)
+    ours = HGNetV2Backbone(arch=TINY, out_indices=(3,), use_lab=True,
+                           init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path)))
+    ours.init_weights()
+    assert ours.init_report.layout == 'HGNetV2 transformers HGNetV2'
+    assert {k.split('.')[0] for k in ours.init_report.dropped} == {'fc'}
+    x = torch.randn(1, 3, 64, 96)
+    with torch.no_grad():
+        want = ref.encoder(ref.embedder(x)).last_hidden_state
+        assert_close_rel(ours.eval()(x), (want,))
