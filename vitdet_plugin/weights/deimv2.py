@@ -14,8 +14,11 @@ the table (:data:`LAYOUTS`):
 * the reference repositories' HGNetV2 (``stem.*``, ``stages.*``: our names; a detector's under
   ``backbone.``).
 
-transformers' backbones hold frozen BatchNorms (no ``num_batches_tracked``): ours get 0. The
-DINOv3 part goes through the transformers DINOv3 layout (:mod:`.transformers_layouts`).
+transformers' backbones hold frozen BatchNorms (no ``num_batches_tracked``): ours get 0. An
+HGNetV2 with fewer stages than the checkpoint takes its first stages (DEIMv2's Femto / Pico start
+from B0's weights), the rest reported as dropped. The DINOv3 part goes through the transformers
+DINOv3 layout (:mod:`.transformers_layouts`); the LayerScale of 1 transformers gives DEIMv2's
+ViT-Tiny is dropped when ours has none, and its missing k bias read as zeros.
 """
 import dataclasses
 import re
@@ -217,8 +220,13 @@ def convert_deimv2_layout(sd: StateDict, layout: Layout, target: CheckpointTarge
         prefix = _model_prefix(sd, _DETECTORS[name][1]) or ''
     inner = _under(sd, prefix)
     dropped: List[str] = []
+    extra_stages = 0
     if target.family == HGNETV2:
         part = hgnetv2_part(inner, name)
+        extra_stages = _stage_count(part) - _stage_count(target.expected or part)
+        if extra_stages > 0:  # DEIMv2's 3-stage sizes start from B0's weights
+            part = {k: v for k, v in part.items()
+                    if _stage(k) < _stage_count(target.expected or part)}
     elif target.family in (HYBRID, LITE) and name in _DETECTORS:
         part = encoder_part(inner, name)
         kind = LITE if any(k.startswith('fpn_block.') for k in part) else HYBRID
@@ -235,8 +243,24 @@ def convert_deimv2_layout(sd: StateDict, layout: Layout, target: CheckpointTarge
     if target.expected is not None:
         part = _with_bn_counters(part, target.expected)
     used = set(_source_keys(inner, prefix, target.family, name))
+    if extra_stages > 0:
+        kept = _stage_count(target.expected or part)
+        used = {k for k in used if _stage(k) < kept}
     dropped += [k for k in sd if k not in used and k not in dropped]
     return part, dropped
+
+
+_STAGE = re.compile(r'(?:^|\.)stages\.(\d+)\.')
+
+
+def _stage(key: str) -> int:
+    """The HGNetV2 stage a key belongs to (-1: the stem)."""
+    m = _STAGE.search(key)
+    return int(m.group(1)) if m else -1
+
+
+def _stage_count(keys: Mapping[str, object]) -> int:
+    return 1 + max((_stage(k) for k in keys), default=-1)
 
 
 def _parts(layout: Layout) -> Tuple[str, ...]:

@@ -215,3 +215,21 @@ def test_transformers_hgnetv2_classifier_folder_loads(tmp_path):
     with torch.no_grad():
         want = ref.encoder(ref.embedder(x)).last_hidden_state
         assert_close_rel(ours.eval()(x), (want,))
+
+
+def test_three_stage_model_starts_from_four_stage_weights(tmp_path):
+    """DEIMv2's Femto / Pico start from B0's ImageNet weights (the reference loads them
+    non-strictly): a three-stage model takes a four-stage checkpoint's stem and first three
+    stages, the fourth reported as dropped."""
+    ref = perturb_(HGNetV2Backbone(arch=TINY, use_lab=True))
+    path = tmp_path / 'b0_like.pth'
+    torch.save(dict(state_dict=ref.state_dict()), path)
+    three = {k: v[:3] if isinstance(v, tuple) and k != 'stem_channels' else v
+             for k, v in TINY.items()}
+    ours = HGNetV2Backbone(arch=three, out_indices=(2,), use_lab=True,
+                           init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    ours.init_weights()
+    assert ours.init_report.dropped and all(k.startswith('stages.3.')
+                                            for k in ours.init_report.dropped)
+    want = ref.state_dict()
+    assert all(torch.equal(v, want[k]) for k, v in ours.state_dict().items())
