@@ -24,16 +24,21 @@ from test_swin_v2 import _timm as _timm_swin_v2
 from test_swin_weights import _official_from
 from test_swin_weights import _ours as _swin
 from test_checkpoint_transformers import HF_MODELS, saved_state_dict
+from test_dinov3_sta import deimv2_dinov3_reference
+from test_hgnetv2 import TINY, TINY_HF, dfine_reference, perturb_
+from test_hybrid_encoder import deimv2_hgnetv2_reference
 from test_vit_weights import _mmpretrain_layout, _timm_vit, d2_checkpoint, sam_checkpoint, samvit
 from test_vit_weights import ours as _vit
 from test_vit_weights_detectron2 import _neck
 from timm.models.swin_transformer import SwinTransformer as TimmSwin
 
 import vitdet_plugin  # noqa: F401
+from transformers import HGNetV2Backbone as HFHGNetV2, HGNetV2Config
 from vitdet_plugin.models.backbones import (
     DINOv2Backbone,
     DINOv3Backbone,
     EVA02Backbone,
+    HGNetV2Backbone,
     SwinBackbone,
     SwinV2Backbone,
     ViTBackbone,
@@ -70,6 +75,10 @@ BACKBONES: Dict[str, Tuple[str, Callable[[], torch.nn.Module]]] = {
 NECK = ('simple FPN', 'ViTSimpleFPN')
 #: RF-DETR's detectors: their backbone part loads into DINOv2Backbone (the message names it).
 RFDETR = ('RF-DETR', 'DINOv2')
+#: D-FINE / DEIMv2 checkpoints (tests/models/backbones/test_hgnetv2.py, test_dinov3_sta.py,
+#: tests/models/necks/test_hybrid_encoder.py load them): family -> the module the message names.
+DETR_PARTS = {'HGNetV2': 'HGNetV2Backbone', 'D-FINE': 'HGNetV2Backbone',
+              'DEIMv2': 'HGNetV2Backbone', 'DEIMv2 DINOv3': 'DINOv3STABackbone'}
 
 
 def _rfdetr() -> dict:
@@ -150,6 +159,13 @@ CHECKPOINTS: Dict[Tuple[str, str], Callable[[], dict]] = {
     **{(family, f'transformers {name}'): partial(saved_state_dict, name)
        for name, family in TRANSFORMERS_MODELS.items()},
     (RFDETR[0], 'rfdetr'): _rfdetr,
+    ('HGNetV2', 'official'): lambda: randomize_(HGNetV2Backbone(arch=TINY)).state_dict(),
+    ('HGNetV2', 'transformers HGNetV2'): lambda: perturb_(
+        HFHGNetV2(HGNetV2Config(**TINY_HF))).state_dict(),
+    ('D-FINE', 'transformers DFine'): lambda: dfine_reference().state_dict(),
+    ('DEIMv2', 'transformers Deimv2'): lambda: deimv2_hgnetv2_reference(False).state_dict(),
+    ('DEIMv2 DINOv3', 'transformers Deimv2 DINOv3'): lambda: deimv2_dinov3_reference(
+        True).state_dict(),
 }
 CASES = [(family, layout, receiver) for family, layout in CHECKPOINTS
          for receiver in BACKBONES if receiver != family
@@ -158,8 +174,9 @@ CASES = [(family, layout, receiver) for family, layout in CHECKPOINTS
 
 def test_the_cross_product_covers_every_layout_of_the_table():
     assert set(CHECKPOINTS) == {(layout.family, layout.name) for layout in LAYOUTS}
-    assert {layout.family for layout in LAYOUTS} == set(BACKBONES) | {NECK[0], RFDETR[0]}
-    assert len(CASES) == 142 + 5 * len(HF_MODELS) + 5
+    assert {layout.family for layout in LAYOUTS} == (set(BACKBONES) | {NECK[0], RFDETR[0]}
+                                                     | set(DETR_PARTS))
+    assert len(CASES) == 142 + 5 * len(HF_MODELS) + 5 + len(BACKBONES) * len(DETR_PARTS) + 6
 
 
 @pytest.fixture(scope='module')
@@ -188,7 +205,8 @@ def test_a_checkpoint_of_another_family_is_refused_naming_the_backbone(
     before = {k: v.clone() for k, v in model.state_dict().items()}
     owner = BACKBONES[receiver][0]
     loads = (BACKBONES[family][0] if family in BACKBONES
-             else BACKBONES[RFDETR[1]][0] if family == RFDETR[0] else NECK[1])
+             else BACKBONES[RFDETR[1]][0] if family == RFDETR[0]
+             else DETR_PARTS.get(family, NECK[1]))
     want = (f'the checkpoint is {_article(family)} {family} checkpoint ({layout} layout); '
             f"{owner} loads {receiver} checkpoints: build type='{loads}'")
     with pytest.raises(CheckpointError, match='^' + re.escape(want) + '$'):

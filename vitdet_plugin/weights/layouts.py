@@ -24,7 +24,7 @@ from typing import List, Mapping, Optional, Tuple, Union
 from torch import Size, Tensor
 
 from ..functional.checkpoint_target import CheckpointTarget, LoadReport
-from . import rfdetr, swin, swin_v2, transformers_layouts, vit, vit_families
+from . import deimv2, rfdetr, swin, swin_v2, transformers_layouts, vit, vit_families
 from .arch_read import arch_mismatch, read_arch
 from .checkpoint_io import CheckpointError
 from .common import StateDict, check_state_dict, checkpoint_state_dict, read_as_saved
@@ -42,7 +42,8 @@ logger = logging.getLogger('vitdet_plugin')
 FAMILY_BACKBONES = {'Swin': 'SwinBackbone', 'Swin V2': 'SwinV2Backbone', 'ViT': 'ViTBackbone',
                     'DINOv2': 'DINOv2Backbone', 'DINOv3': 'DINOv3Backbone',
                     'EVA-02': 'EVA02Backbone', NECK: 'ViTSimpleFPN',
-                    rfdetr.RFDETR: 'DINOv2Backbone'}  # RF-DETR: its backbone part
+                    rfdetr.RFDETR: 'DINOv2Backbone',  # RF-DETR: its backbone part
+                    **deimv2.FAMILY_MODULES}  # D-FINE / DEIMv2 parts
 #: What each family's loader says when no layout fits.
 _UNRECOGNISED = {'Swin': SWIN_UNRECOGNISED, 'Swin V2': SWIN_V2_UNRECOGNISED,
                  'ViT': VIT_UNRECOGNISED, **dict.fromkeys(VIT_FAMILIES, VIT_FAMILY_UNRECOGNISED)}
@@ -51,7 +52,8 @@ _OUTPUT_NORMS = (r'^norm\d+\.',)
 
 #: Every layout we load: each converter module declares its own (``LAYOUTS``).
 LAYOUTS: Tuple[Layout, ...] = (transformers_layouts.LAYOUTS + vit_families.LAYOUTS
-                               + swin_v2.LAYOUTS + swin.LAYOUTS + vit.LAYOUTS + rfdetr.LAYOUTS)
+                               + swin_v2.LAYOUTS + swin.LAYOUTS + vit.LAYOUTS + rfdetr.LAYOUTS
+                               + deimv2.LAYOUTS)
 
 
 def matching_layouts(sd: Mapping[str, Tensor]) -> List[Layout]:
