@@ -5,9 +5,10 @@
                          [--cfg-options k=v ...] [--launcher pytorch] [--tta]
 
 ``--data DIR`` points the config at your data folder as it is (``tools/train.py --data``; the
-test split, else the validation split). Prints the metrics and writes them as JSON (``--metrics-out``, default
-``<work_dir>/metrics.json``). ``--show-dir`` saves every test image with its drawn predictions
-(ground truth on the left) and ``--grid N`` tiles the first N of them into ``<show-dir>/grid.png``.
+test split, else the validation split). Prints the metrics and writes them as JSON
+(``--metrics-out``, default ``<work_dir>/metrics.json``). ``--show-dir`` saves every test image
+with its drawn predictions (ground truth on the left) and ``--grid N`` tiles the first N of them
+into ``<show-dir>/grid.png``.
 """
 import argparse
 import glob

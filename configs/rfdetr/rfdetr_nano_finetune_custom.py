@@ -1,23 +1,19 @@
-# Fine-tune RF-DETR N on your own COCO-format data from RF-DETR's COCO checkpoint. As shipped it
-# fine-tunes on the shapes set (python tools/make_shapes.py --out data/shapes/); for your data,
-# edit the three marked lines (classes, data_root, the checkpoint; data_root holds
-# annotations/instances_train.json, annotations/instances_val.json, train/ and val/), then:
-#   tools/train.py configs/rfdetr/rfdetr_nano_finetune_custom.py
-# or on 4 GPUs: tools/dist_train.sh configs/rfdetr/rfdetr_nano_finetune_custom.py 4.
-# The ViT and the projector load from RF-DETR's own .pth (read through vitdet_plugin.weights,
-# docs/rfdetr.md); the decoder and the class head of your classes train from their init (a
-# checkpoint's classifier loads only into a head of its own classes, or of mmdet's 80 COCO
-# ones). The recipe is rfdetr_nano.py's (RF-DETR's: lr 1e-4, backbone layer decay 0.8, EMA,
-# batch 4 x 4), for fewer epochs. The data check before training refuses a name in `classes`
-# that the annotation files lack, listing their categories.
+# Fine-tune RF-DETR N on your own COCO-format data from RF-DETR's COCO checkpoint (`rfdetr_nano`):
+#   tools/train.py configs/rfdetr/rfdetr_nano_finetune_custom.py --data /path/to/your/data/
+# (4 GPUs: tools/dist_train.sh CONFIG 4 --data DIR). --data takes a Roboflow COCO export
+# (train/_annotations.coco.json, valid/, test/) or annotations/instances_{train,val}.json with
+# train/ and val/, and sets the splits, the classes and num_classes from it; without it the config
+# trains on the shapes set (python tools/make_shapes.py --out data/shapes/). The ViT and the
+# projector load from RF-DETR's .pth (vitdet_plugin.weights, docs/rfdetr.md); the decoder and the
+# class head of your classes train from their init (a checkpoint's classifier loads only into a
+# head of its own classes, or of mmdet's 80 COCO ones). The recipe is rfdetr_nano.py's (RF-DETR's:
+# lr 1e-4, backbone layer decay 0.8, EMA, batch 4 x 4), for fewer epochs.
 _base_ = ['./rfdetr_nano.py']
 
-classes = ('square', 'circle', 'triangle', 'star', 'cross')  # <- your classes (category order)
-data_root = 'data/shapes/'                                   # <- your data (layout above)
+classes = ('square', 'circle', 'triangle', 'star', 'cross')  # the shapes set's (--data: yours)
+data_root = 'data/shapes/'                                   # --data DIR replaces it
 rfdetr_nano = 'checkpoints/rf-detr-nano.pth'                 # <- RF-DETR's N checkpoint
 max_epochs = 50
-data_help = ('Expected: {data_root}annotations/instances_train.json, annotations/instances_val.json, '
-             'train/ and val/ (the shapes set: python tools/make_shapes.py --out {data_root})')
 
 model = dict(backbone=dict(init_cfg=dict(type='Pretrained', checkpoint=rfdetr_nano)),
              neck=dict(init_cfg=dict(type='Pretrained', checkpoint=rfdetr_nano)),

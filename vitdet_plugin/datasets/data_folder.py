@@ -235,7 +235,6 @@ def set_num_classes(model: dict, num: int) -> List[str]:
 
 def _point_dataset(cfg: Config, key: str, folder: DataFolder, split: str) -> None:
     loader = copy.deepcopy(cfg[key])  # test_dataloader = val_dataloader: one dict, two splits
-    cfg[key] = loader
     found = list(iter_datasets(loader.get('dataset'), f'{key}.dataset'))
     if len(found) != 1:
         raise DataFolderError(f'--data sets the one dataset of each dataloader; {key} has '
@@ -251,14 +250,15 @@ def _point_dataset(cfg: Config, key: str, folder: DataFolder, split: str) -> Non
     ds['ann_file'] = chosen.ann_file
     ds['data_prefix'] = dict(img=chosen.img_dir)
     ds['metainfo'] = dict(classes=folder.classes)
+    cfg[key] = loader
 
 
 def _point_evaluator(cfg: Config, key: str, ann_file: str) -> None:
     evaluators = copy.deepcopy(cfg[key])
-    cfg[key] = evaluators
     for ev in evaluators if isinstance(evaluators, list) else [evaluators]:
         if isinstance(ev, dict) and ('ann_file' in ev or ev.get('type') == 'CocoMetric'):
             ev['ann_file'] = ann_file
+    cfg[key] = evaluators
 
 
 def apply_data_folder(cfg: Config, root: str, stages: Sequence[str],
