@@ -14,7 +14,8 @@ import subprocess
 import sys
 
 import pytest
-from helpers import REPO_ROOT, random_rfdetr, save_rfdetr_checkpoint, subprocess_env
+from helpers import (REPO_ROOT, load_tool, random_rfdetr, save_rfdetr_checkpoint,
+                     subprocess_env)
 
 from vitdet_plugin.config import load_config
 from vitdet_plugin.datasets.data_folder import (DataFolderError, apply_data_folder,
@@ -57,13 +58,13 @@ def folders(tmp_path_factory):
     return {'mmdet': str(mm) + '/', 'roboflow': str(rf) + '/'}
 
 
-def _run(args, cwd, ok=True):
-    """The tool in a fresh ``python -S`` (this checkout's vitdet_plugin, tests/tools/
-    test_tools.py); ``ok``: whether it must succeed."""
+def _run(args, cwd):
+    """The tool in a fresh ``python -S`` (this checkout's vitdet_plugin, as tests/tools/
+    test_tools.py runs them); it must succeed."""
     env = subprocess_env(True, OMP_NUM_THREADS='1')
     proc = subprocess.run([sys.executable, '-S'] + args, cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=600)
-    assert (proc.returncode == 0) == ok, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
 
@@ -152,11 +153,13 @@ def test_a_missing_validation_split_is_named(tmp_path, folders):
 
 
 # ----------------------------------------------------------------------------- the tools
-def test_neither_layout_is_refused_listing_both(tmp_path):
+def test_neither_layout_is_refused_listing_both(tmp_path, monkeypatch):
     (tmp_path / 'mine' / 'images').mkdir(parents=True)
     (tmp_path / 'mine' / 'labels.json').write_text('{}')
-    proc = _run([osp.join(ROOT, 'tools/train.py'), DEMO, '--data', 'mine'], tmp_path, ok=False)
-    assert proc.stderr.strip().splitlines()[-3:] == [
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        load_tool('train.py').main([DEMO, '--data', 'mine'])
+    assert str(e.value.code).splitlines() == [
         'error: --data mine/: not a data folder of a layout vitdet_plugin reads (it holds: '
         'images/, labels.json); expected one of:',
         '  Roboflow COCO export: train/_annotations.coco.json, valid/_annotations.coco.json '
@@ -195,25 +198,28 @@ def test_train_on_a_roboflow_export_test_on_the_mmdet_layout(folders, tmp_path):
     assert [im['id'] for im in predictions['images']] == [im['id'] for im in gt['images']]
 
 
-def test_rfdetr_finetune_config_reads_the_export(folders, tmp_path):
+def test_rfdetr_finetune_config_reads_the_export(folders, tmp_path, monkeypatch, capsys):
     """The fine-tune config with --data alone: the data and the class count pass the checks
     (only the checkpoint, not downloaded here, is reported), and without --data the report
     names the paths the config reads and offers --data."""
-    proc = _run([osp.join(ROOT, 'tools/train.py'), FINETUNE, '--data', folders['roboflow']],
-                tmp_path, ok=False)
-    assert proc.stdout.splitlines()[0] == find_data_folder(folders['roboflow']).line()
-    report = proc.stderr[proc.stderr.index('error: '):].splitlines()
-    assert report[:3] == [
+    monkeypatch.chdir(tmp_path)
+    train = load_tool('train.py')
+    with pytest.raises(SystemExit) as e:
+        train.main([FINETUNE, '--data', folders['roboflow']])
+    assert capsys.readouterr().out.splitlines()[0] == find_data_folder(folders['roboflow']).line()
+    report = str(e.value.code).splitlines()
+    assert report == [
         f'error: {FINETUNE}: 2 problems found before training',
         f"  model.backbone.init_cfg.checkpoint='checkpoints/rf-detr-nano.pth' does not exist "
-        f'(relative paths are read from {tmp_path}); download the weights there, point the key '
-        'at your copy, or set model.backbone.init_cfg=None to start from random init',
+        f'(relative paths are read from {tmp_path}); download the weights there or point the '
+        'key at your copy (random init instead: model.backbone.init_cfg=None)',
         f"  model.neck.init_cfg.checkpoint='checkpoints/rf-detr-nano.pth' does not exist "
-        f'(relative paths are read from {tmp_path}); download the weights there, point the key '
-        'at your copy, or set model.neck.init_cfg=None to start from random init']
+        f'(relative paths are read from {tmp_path}); download the weights there or point the '
+        'key at your copy (random init instead: model.neck.init_cfg=None)']
 
-    proc = _run([osp.join(ROOT, 'tools/train.py'), FINETUNE], tmp_path, ok=False)
-    lines = proc.stderr[proc.stderr.index('Dataset not found'):].splitlines()
+    with pytest.raises(SystemExit) as e:
+        train.main([FINETUNE])
+    lines = str(e.value.code).split('\n\n')[1].splitlines()
     assert lines[:10] == [
         f'Dataset not found for {FINETUNE}:',
         '  missing train_dataloader.dataset.ann_file: data/shapes/annotations/instances_train.json',
