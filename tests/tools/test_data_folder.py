@@ -249,3 +249,90 @@ def test_rfdetr_finetune_trains_on_the_export(folders, tmp_path):
                 *[o for o in QUICK if not o.startswith(('train_cfg', 'model'))]], tmp_path)
     assert 'coco/bbox_mAP' in out.stdout + out.stderr
     assert osp.isfile(osp.join(work, 'epoch_1.pth'))
+
+
+# ----------------------------------------------------------------------------- predictions.json
+def _ground_truth_detector(coco, classes):
+    """A stand-in for the ONNX detector: each image's ground truth boxes (score 0.9) as label
+    indices of ``classes`` (the ids of ``coco`` mapped by name)."""
+    import numpy as np
+
+    from vitdet_plugin.deploy.runner import Detections
+    name_of = {c['id']: c['name'] for c in coco['categories']}
+    by_file = {im['file_name']: im['id'] for im in coco['images']}
+
+    def run(files, model):
+        dets = []
+        for path in files:
+            anns = [a for a in coco['annotations'] if a['image_id'] == by_file[osp.basename(path)]]
+            boxes = np.array([[x, y, x + w, y + h] for x, y, w, h in (a['bbox'] for a in anns)],
+                             np.float32).reshape(-1, 4)
+            dets.append(Detections(boxes=boxes, scores=np.full(len(anns), 0.9),
+                                   labels=np.array([classes.index(name_of[a['category_id']])
+                                                    for a in anns], np.int64)))
+        return dets, list(classes)
+    return run
+
+
+def _coco_eval(ann_file, results):
+    """pycocotools' bbox mAP of a results list against ``ann_file``."""
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+    gt = COCO(ann_file)
+    ev = COCOeval(gt, gt.loadRes(results), 'bbox')
+    ev.evaluate()
+    ev.accumulate()
+    ev.summarize()
+    return ev.stats[0]
+
+
+@pytest.mark.parametrize('option', ['--ann-file', '--data'])
+def test_predictions_take_the_roboflow_ids(folders, tmp_path, monkeypatch, option):
+    """Roboflow's ids (classes at 1..K, the parent at 0, images from 0): predictions.json's
+    annotations are a results list pycocotools loads against the export's own file, mAP 1."""
+    ann = folders['roboflow'] + 'test/_annotations.coco.json'
+    coco = json.load(open(ann))
+    tool = load_tool('infer.py')
+    monkeypatch.setattr(tool, 'run_onnxruntime', _ground_truth_detector(coco, CLASSES))
+    source = ann if option == '--ann-file' else folders['roboflow']
+    assert tool.main([folders['roboflow'] + 'test', '--out-dir', str(tmp_path), '--onnx',
+                      'm.onnx', '--no-draw', option, source]) == 0
+    predictions = json.load(open(tmp_path / 'predictions.json'))
+    assert predictions['categories'] == [dict(id=1, name='square'), dict(id=2, name='circle'),
+                                         dict(id=3, name='star')]
+    assert _coco_eval(ann, predictions['annotations']) == pytest.approx(1.0)
+
+
+def test_predictions_take_sparse_ids_and_say_when_they_cannot(folders, tmp_path, monkeypatch,
+                                                              capsys):
+    """COCO-style sparse ids in another order than the model's classes; without an annotation
+    file the label indices stay, and the tool says so."""
+    coco = json.load(open(folders['mmdet'] + 'annotations/instances_val.json'))
+    sparse = {1: 90, 2: 17, 3: 44}
+    coco['categories'] = [dict(c, id=sparse[c['id']]) for c in coco['categories']]
+    for a in coco['annotations']:
+        a['category_id'] = sparse[a['category_id']]
+    coco['images'] = [dict(im, id=im['id'] + 1000) for im in coco['images']]
+    for a in coco['annotations']:
+        a['image_id'] += 1000
+    ann = tmp_path / 'sparse.json'
+    ann.write_text(json.dumps(coco))
+    tool = load_tool('infer.py')
+    classes = ('star', 'square', 'circle')
+    monkeypatch.setattr(tool, 'run_onnxruntime', _ground_truth_detector(coco, classes))
+    images = folders['mmdet'] + 'val'
+    assert tool.main([images, '--out-dir', str(tmp_path / 'a'), '--onnx', 'm.onnx', '--no-draw',
+                      '--ann-file', str(ann)]) == 0
+    predictions = json.load(open(tmp_path / 'a' / 'predictions.json'))
+    assert predictions['categories'] == [dict(id=44, name='star'), dict(id=90, name='square'),
+                                         dict(id=17, name='circle')]
+    assert _coco_eval(str(ann), predictions['annotations']) == pytest.approx(1.0)
+    assert 'COCO bbox mAP 1.0000 (onnxruntime, 2 images)' in capsys.readouterr().out
+
+    assert tool.main([images, '--out-dir', str(tmp_path / 'b'), '--onnx', 'm.onnx',
+                      '--no-draw']) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        'predictions.json: category_id is the label index and image_id the position of the '
+        "image (no --ann-file or --data to take the dataset's ids from)")
+    predictions = json.load(open(tmp_path / 'b' / 'predictions.json'))
+    assert predictions['categories'] == [dict(id=i, name=n) for i, n in enumerate(classes)]
