@@ -29,6 +29,7 @@ if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not 
 import vitdet_plugin  # noqa: F401  (registers our modules, torch/mmengine resume fix)
 from vitdet_plugin.checks import (ConfigCheckError, DataCheckError, drop_preflight_hook,
                                   exit_on_report, preflight)
+from vitdet_plugin.checks.preflight import report_rank
 from vitdet_plugin.config import DatasetNotFoundError, load_config
 from vitdet_plugin.datasets.data_folder import DataFolderError, apply_data_folder
 from vitdet_plugin.engine.dcp import is_dcp_checkpoint
@@ -86,10 +87,11 @@ def build_cfg(args: argparse.Namespace):
     cfg = load_config(args.config, args.cfg_options)
     if args.data is not None:
         try:
-            print(apply_data_folder(cfg, args.data, run_stages(cfg), args.cfg_options).line(),
-                  flush=True)
+            folder = apply_data_folder(cfg, args.data, run_stages(cfg), args.cfg_options)
         except DataFolderError as e:
-            raise SystemExit(f'error: {e}') from None
+            exit_on_report(e)  # one report per job: rank 0's
+        if report_rank() == 0:
+            print(folder.line(), flush=True)
     cfg.launcher = args.launcher
     if args.work_dir is not None:
         cfg.work_dir = args.work_dir

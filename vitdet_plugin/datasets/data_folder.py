@@ -275,12 +275,13 @@ def apply_data_folder(cfg: Config, root: str, stages: Sequence[str],
     wins over the folder.
     """
     folder = find_data_folder(root)
+    roboflow = folder.layout.startswith('Roboflow')
     for stage in stages:
         if folder.split_for(stage) is None:
-            looked = (ROBOFLOW_SPLITS if folder.layout.startswith('Roboflow') else
-                      MMDET_SPLITS)[stage]
-            files = [f'{n}/{ROBOFLOW_JSON}' if folder.layout.startswith('Roboflow')
-                     else f'annotations/instances_{n}.json' for n in looked]
+            splits = ('test', 'val') if stage == 'test' else (stage,)
+            names = [n for s in splits for n in (ROBOFLOW_SPLITS if roboflow else MMDET_SPLITS)[s]]
+            files = [f'{n}/{ROBOFLOW_JSON}' if roboflow else f'annotations/instances_{n}.json'
+                     for n in names]
             raise DataFolderError(f'--data {folder.root} ({folder.layout}) has no {stage} split '
                                   f'(looked for {", ".join(files)}); this run needs it')
     for stage, keys in LOADER_KEYS.items():
