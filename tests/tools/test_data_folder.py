@@ -7,6 +7,7 @@ json, Roboflow's parent category at id 0 and the classes at 1..K) and mmdet's
 own readers of the same folder (``RFDETR._load_classes``, ``CocoDetection.cat2label``), the
 tools run as subprocesses on the shipped configs.
 """
+import copy
 import json
 import os.path as osp
 import shutil
@@ -135,6 +136,21 @@ def test_mask_heads_and_rpn(folders):
     roi = cfg.model.roi_head
     assert (roi.bbox_head.num_classes, roi.mask_head.num_classes) == (3, 3)
     assert cfg.model.rpn_head == load_config(MASK_RCNN).model.rpn_head
+
+
+@pytest.mark.parametrize('config', ['configs/swin_mask2former_instance.py',
+                                    'configs/eva02_cascade_mask_rcnn.py',
+                                    'configs/rfdetr/rfdetr_seg_nano.py', 'configs/swin_dino.py'])
+def test_class_counts_of_other_heads(folders, config):
+    """Mask2Former (things, its no-object class weight), cascade heads, RF-DETR-Seg, DINO: the
+    preflight class-count check finds nothing left to set."""
+    from vitdet_plugin.checks.config import check_num_classes
+    cfg = load_config(osp.join(ROOT, config))
+    coco_model = copy.deepcopy(cfg.model)
+    apply_data_folder(cfg, folders['roboflow'], ('train', 'val'))
+    assert check_num_classes(cfg, ('train',)) == []
+    cfg.model = coco_model
+    assert check_num_classes(cfg, ('train',))  # the check sees the 80 COCO classes
 
 
 def test_explicit_options_win(folders):
