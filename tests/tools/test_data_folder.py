@@ -252,6 +252,21 @@ def test_rfdetr_finetune_config_reads_the_export(folders, tmp_path, monkeypatch,
         'Point the config at your copy with']
 
 
+def test_data_root_on_an_export_points_to_data(folders, tmp_path, monkeypatch):
+    """The old way (data_root moved to the export): the report says what the folder is and
+    gives the --data command for it."""
+    monkeypatch.chdir(tmp_path)
+    rf = folders['roboflow']
+    with pytest.raises(SystemExit) as e:
+        load_tool('train.py').main([FINETUNE, '--cfg-options', f'data_root={rf}'])
+    lines = str(e.value.code).splitlines()
+    at = lines.index(f"data_root='{rf}' is a Roboflow COCO export: its splits and classes are "
+                     'taken as they are with')
+    assert lines[at + 1] == f'  python tools/train.py {FINETUNE} --data {rf}'
+    assert ('  missing train_dataloader.dataset.ann_file: '
+            f'{rf}annotations/instances_train.json') in lines
+
+
 @pytest.mark.slow
 def test_rfdetr_finetune_trains_on_the_export(folders, tmp_path):
     """One epoch of the fine-tune config on the Roboflow export, from an RF-DETR N checkpoint
