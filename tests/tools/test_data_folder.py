@@ -127,6 +127,7 @@ def test_every_data_key_of_the_config_follows_the_folder(folders, layout):
     assert cfg.val_evaluator.ann_file == root + split['val'].ann_file
     assert cfg.test_evaluator.ann_file == root + split['test'].ann_file
     assert cfg.model.bbox_head.num_classes == 3 and cfg.data_root == root
+    assert (cfg.num_classes, cfg.classes, cfg.metainfo) == (3, CLASSES, {'classes': CLASSES})
 
 
 def test_mask_heads_and_rpn(folders):

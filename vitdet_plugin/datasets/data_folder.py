@@ -294,6 +294,11 @@ def apply_data_folder(cfg: Config, root: str, stages: Sequence[str],
                 _point_evaluator(cfg, f'{stage}_evaluator',
                                  osp.join(folder.root, folder.splits[split].ann_file))
     cfg.data_root = folder.root
+    # the config's own variables too, so the config dumped to the work dir reads as it runs
+    for key, value in (('classes', folder.classes), ('metainfo', dict(classes=folder.classes)),
+                       ('num_classes', len(folder.classes))):
+        if key in cfg:
+            cfg[key] = value
     if isinstance(cfg.get('model'), dict):
         set_num_classes(cfg.model, len(folder.classes))
     if options:
