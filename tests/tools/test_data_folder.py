@@ -169,6 +169,16 @@ def test_a_missing_validation_split_is_named(tmp_path, folders):
         apply_data_folder(load_config(DEMO), str(tmp_path / 'rf'), ('train', 'val'))
 
 
+def test_a_missing_image_folder_is_named(tmp_path, folders):
+    shutil.copytree(folders['mmdet'], tmp_path / 'mm', ignore=shutil.ignore_patterns('val'))
+    with pytest.raises(DataFolderError) as e:
+        find_data_folder(str(tmp_path / 'mm'))
+    assert str(e.value) == (
+        f"--data {tmp_path / 'mm'}/ (mmdet layout): missing image folder val/ (the images of "
+        "annotations/instances_val.json); put the images of each split there (the annotation "
+        "file's file_name values are relative to it)")
+
+
 # ----------------------------------------------------------------------------- the tools
 def test_neither_layout_is_refused_listing_both(tmp_path, monkeypatch):
     (tmp_path / 'mine' / 'images').mkdir(parents=True)

@@ -132,8 +132,8 @@ def kept_categories(coco: Dict[str, Any]) -> Tuple[List[Dict[str, Any]], List[Di
     categories = list(coco.get('categories') or [])
     parents = {c.get('supercategory') for c in categories
                if c.get('supercategory') not in NO_PARENT and c.get('supercategory') != c['name']}
-    used = {a.get('category_id') for a in coco.get('annotations') or []}
-    kept = [c for c in categories if not (c['name'] in parents and c['id'] not in used)]
+    used = {int(a['category_id']) for a in coco.get('annotations') or []}
+    kept = [c for c in categories if not (c['name'] in parents and int(c['id']) not in used)]
     if not kept:  # every category a parent: keep them all, as RF-DETR does
         return categories, []
     return kept, [c for c in categories if c not in kept]
@@ -158,7 +158,8 @@ def find_data_folder(root: str) -> DataFolder:
                if not osp.isdir(osp.join(root, s.img_dir))]
     if missing:
         raise DataFolderError(f'--data {root} ({layout}): missing image folder '
-                              + ', '.join(missing))
+                              + ', '.join(missing) + '; put the images of each split there '
+                              "(the annotation file's file_name values are relative to it)")
     classes_from = splits['train'].ann_file
     try:
         with open(osp.join(root, classes_from)) as f:
