@@ -2,15 +2,24 @@
 
     python tools/infer.py IMAGES_OR_FOLDERS... --out-dir DIR --backend onnxruntime --onnx M.onnx
     python tools/infer.py IMAGES_OR_FOLDERS... --out-dir DIR --backend pytorch --config C
-        [--checkpoint W] [--draw-thr 0.3] [--no-draw] [--ann-file val.json]
+        [--checkpoint W] [--data DATA_DIR] [--draw-thr 0.3] [--no-draw] [--ann-file val.json]
         [--panoptic-ann-file panoptic_val.json [--panoptic-seg-dir panoptic_val/]]
 
 Writes ``DIR/predictions.json`` (``images``: id, file_name, width, height; ``annotations``:
-image_id, bbox ``[x, y, w, h]`` in original pixels, score, category_id = the label index, and
-for a detector with masks ``segmentation``, COCO RLE of the original image's size;
-``categories``: id, name) and, unless ``--no-draw``, ``DIR/<image name>`` with the detections
-scoring at least ``--draw-thr`` drawn. ``--ann-file``: a COCO annotation file of the images (by
-file name) to print the COCO bbox (and segm) mAP of the predictions (pycocotools).
+image_id, bbox ``[x, y, w, h]`` in original pixels, score, category_id, and for a detector with
+masks ``segmentation``, COCO RLE of the original image's size; ``categories``: id, name) and,
+unless ``--no-draw``, ``DIR/<image name>`` with the detections scoring at least ``--draw-thr``
+drawn. ``--ann-file``: a COCO annotation file of the images (by file name) to print the COCO
+bbox (and segm) mAP of the predictions (pycocotools). ``--data DATA_DIR``: the data folder the
+model was trained on with ``tools/train.py --data`` (its classes; with ``--backend pytorch`` the
+config is pointed at it as there).
+
+The ids are the dataset's, so ``annotations`` is a COCO results list that pycocotools'
+``COCO(ann_file).loadRes`` takes: category_id is the category id of the class's name and
+image_id the image's id (by file name) in ``--ann-file``, else in the annotation file of
+``--data``'s test split (its validation split without one); an image that file lacks gets an
+id above its largest. Without either, category_id is the label index (0 .. K-1) and image_id
+the image's position in the input, and the tool says so.
 
 A panoptic detector (Panoptic FPN) also writes its panoptic maps in the COCO panoptic format:
 ``DIR/panoptic/<image stem>.png`` (segment id ``R + 256 G + 256^2 B``, 0 = void) and
@@ -27,6 +36,7 @@ mmdet are not imported). ``--backend pytorch`` runs mmdet's ``DetInferencer`` on
 (weights from ``--checkpoint``, else the config's initialisation).
 """
 import argparse
+import copy
 import importlib.util
 import json
 import os
@@ -78,12 +88,18 @@ def run_onnxruntime(files: Sequence[str], model: str) -> Tuple[List[Detections],
     return [detector.predict_file(f) for f in files], detector.classes
 
 
-def run_pytorch(files: Sequence[str], config: str, checkpoint: Optional[str]
-                ) -> Tuple[List[Detections], List[str]]:
+def run_pytorch(files: Sequence[str], config: str, checkpoint: Optional[str],
+                data: Optional[str] = None) -> Tuple[List[Detections], List[str]]:
     import vitdet_plugin  # noqa: F401  (registers our modules)
     from mmdet.apis import DetInferencer
 
-    inferencer = DetInferencer(model=config, weights=checkpoint, device='cpu',
+    from vitdet_plugin.config import load_config
+    from vitdet_plugin.datasets.data_folder import apply_data_folder
+
+    cfg = load_config(config)
+    if data is not None:  # the classes and class counts training had with --data
+        apply_data_folder(cfg, data, ())
+    inferencer = DetInferencer(model=cfg, weights=checkpoint, device='cpu',
                                show_progress=False)
     out = inferencer(list(files), no_save_vis=True, return_datasamples=True)
     detections = []
@@ -138,6 +154,50 @@ def note_missing(option: str, path: str, images: Sequence[Dict[str, Any]],
     return len(matched)
 
 
+def to_dataset_ids(predictions: Dict[str, Any], gt: Dict[str, Any], source: str
+                   ) -> Dict[str, Any]:
+    """``predictions`` (:func:`coco_json`: label indices, input positions) with the ids of the
+    COCO annotation dict ``gt`` (read from ``source``): category_id by class name, image_id by
+    file name; images ``gt`` lacks get ids above its largest. Raises SystemExit when a class of
+    the model is not among its categories."""
+    predictions = copy.deepcopy(predictions)
+    cat_by_name = {c['name']: int(c['id']) for c in gt.get('categories') or []}
+    names = {c['id']: c['name'] for c in predictions['categories']}
+    unknown = [n for n in names.values() if n not in cat_by_name]
+    if unknown:
+        raise SystemExit(f'error: {source} has no category named {", ".join(map(repr, unknown))} '
+                         f'(its categories: {", ".join(cat_by_name) or "none"}); give the '
+                         "annotation file of the model's classes")
+    by_file = {osp.basename(im['file_name']): int(im['id']) for im in gt.get('images') or []}
+    next_id = max(by_file.values(), default=-1) + 1
+    image_ids = {}
+    for im in predictions['images']:
+        found = by_file.get(im['file_name'])
+        if found is None:
+            found, next_id = next_id, next_id + 1
+        image_ids[im['id']] = found
+        im['id'] = found
+    for a in predictions['annotations']:
+        a['image_id'] = image_ids[a['image_id']]
+        a['category_id'] = cat_by_name[names[a['category_id']]]
+    predictions['categories'] = [dict(id=cat_by_name[n], name=n) for n in names.values()]
+    return predictions
+
+
+def ids_file(args: argparse.Namespace) -> Optional[str]:
+    """The annotation file whose ids ``predictions.json`` takes: ``--ann-file``, else the test
+    (else validation) split's of ``--data``; None without either."""
+    if args.ann_file or not args.data:
+        return args.ann_file
+    from vitdet_plugin.datasets.data_folder import DataFolderError, find_data_folder
+    try:
+        folder = find_data_folder(args.data)
+    except DataFolderError as e:
+        raise SystemExit(f'error: {e}') from None
+    split = folder.split_for('test')
+    return osp.join(folder.root, folder.splits[split].ann_file) if split else None
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog='tools/infer.py', description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -150,7 +210,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--draw-thr', type=float, default=0.3, help='draw detections scoring >= this')
     p.add_argument('--no-draw', action='store_true', help='write the JSON only')
     p.add_argument('--ann-file',
-                   help='COCO annotations of the images: print the bbox (and segm) mAP')
+                   help="COCO annotations of the images: print the bbox (and segm) mAP; "
+                   "predictions.json takes its category and image ids")
+    p.add_argument('--data', metavar='DATA_DIR',
+                   help='the data folder of tools/train.py --data: its classes (--backend '
+                   "pytorch) and its test split's category and image ids")
     p.add_argument('--panoptic-ann-file',
                    help='COCO panoptic annotations of the images: print PQ (panoptic detectors)')
     p.add_argument('--panoptic-seg-dir',
@@ -171,12 +235,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.backend == 'onnxruntime':
         detections, classes = run_onnxruntime(files, args.onnx)
     else:
-        detections, classes = run_pytorch(files, args.config, args.checkpoint)
+        detections, classes = run_pytorch(files, args.config, args.checkpoint, args.data)
     os.makedirs(args.out_dir, exist_ok=True)
     predictions = coco_json(files, detections, classes)
+    source = ids_file(args)
+    if source is None:
+        print('predictions.json: category_id is the label index and image_id the position of '
+              "the image (no --ann-file or --data to take the dataset's ids from)", flush=True)
+        written = predictions
+    else:
+        with open(source) as f:
+            written = to_dataset_ids(predictions, json.load(f), source)
     out = osp.join(args.out_dir, 'predictions.json')
     with open(out, 'w') as f:
-        json.dump(predictions, f)
+        json.dump(written, f)
     if not args.no_draw:
         for path, det in zip(files, detections):
             draw(path, det, classes, args.draw_thr, osp.join(args.out_dir, osp.basename(path)))

@@ -1,12 +1,14 @@
 """Evaluate a checkpoint with an mmengine config (mmdet's tools/test.py, plus vitdet_plugin).
 
-    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--metrics bbox segm]
+    python tools/test.py CONFIG CHECKPOINT [--data DIR] [--work-dir DIR] [--metrics bbox segm]
                          [--show-dir DIR [--grid N]] [--out results.pkl]
                          [--cfg-options k=v ...] [--launcher pytorch] [--tta]
 
-Prints the metrics and writes them as JSON (``--metrics-out``, default
-``<work_dir>/metrics.json``). ``--show-dir`` saves every test image with its drawn predictions
-(ground truth on the left) and ``--grid N`` tiles the first N of them into ``<show-dir>/grid.png``.
+``--data DIR`` points the config at your data folder as it is (``tools/train.py --data``; the
+test split, else the validation split). Prints the metrics and writes them as JSON
+(``--metrics-out``, default ``<work_dir>/metrics.json``). ``--show-dir`` saves every test image
+with its drawn predictions (ground truth on the left) and ``--grid N`` tiles the first N of them
+into ``<show-dir>/grid.png``.
 """
 import argparse
 import glob
@@ -29,6 +31,7 @@ import vitdet_plugin  # noqa: F401  (registers our modules, torch/mmengine resum
 from vitdet_plugin.checks import (ConfigCheckError, DataCheckError, drop_preflight_hook,
                                   preflight)
 from vitdet_plugin.config import DatasetNotFoundError, load_config
+from vitdet_plugin.datasets.data_folder import DataFolderError, apply_data_folder
 from vitdet_plugin.engine.dist import prepare_cpu_distributed
 
 GRID_TILE = 384  # px, longest side of one tile in --grid
@@ -38,6 +41,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description='Test (and evaluate) a detector')
     parser.add_argument('config', help='test config file path')
     parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument('--data', metavar='DIR',
+                        help='your data folder (as tools/train.py --data): tests on its test '
+                        'split, else its validation split')
     parser.add_argument('--work-dir', help='the dir to save logs and metrics '
                         '(default: ./work_dirs/<config name>)')
     parser.add_argument('--metrics', nargs='+', metavar='METRIC',
@@ -104,6 +110,12 @@ def show_dir_path(show_dir: str, work_dir: str) -> str:
 
 def build_cfg(args: argparse.Namespace):
     cfg = load_config(args.config, args.cfg_options)
+    if args.data is not None:
+        try:
+            print(apply_data_folder(cfg, args.data, ('test',), args.cfg_options).line(),
+                  flush=True)
+        except DataFolderError as e:
+            raise SystemExit(f'error: {e}') from None
     cfg.launcher = args.launcher
     if args.work_dir is not None:
         cfg.work_dir = args.work_dir

@@ -1,15 +1,18 @@
 """Train a detector with an mmengine config (mmdet's tools/train.py, plus vitdet_plugin).
 
-    python tools/train.py CONFIG [--work-dir DIR] [--amp] [--auto-scale-lr]
+    python tools/train.py CONFIG [--data DIR] [--work-dir DIR] [--amp] [--auto-scale-lr]
                           [--resume [CKPT]] [--seed N [--deterministic]]
                           [--cfg-options k=v ...] [--launcher pytorch]
 
 ``vitdet_plugin`` is imported (configs work without ``custom_imports``), mmdet's default scope
-is set, ``--cfg-options data_root=DIR`` moves every dataloader and evaluator path of the config,
-and before anything is built the config and the data are checked (``vitdet_plugin.checks``:
-missing files, backbone / neck / head mismatches, class counts, bad annotations, one summary
-line per dataset). ``--seed N`` makes a run repeatable: the same command on the same machine
-gives the same weights (deterministic algorithms on CPU; on CUDA with ``--deterministic``).
+is set, ``--data DIR`` points the config at your data folder as it is (a Roboflow COCO export or
+mmdet's ``annotations/instances_<split>.json`` layout: splits, classes and the heads' class
+counts found there, :mod:`vitdet_plugin.datasets.data_folder`), ``--cfg-options data_root=DIR``
+moves every dataloader and evaluator path of the config, and before anything is built the config
+and the data are checked (``vitdet_plugin.checks``: missing files, backbone / neck / head
+mismatches, class counts, bad annotations, one summary line per dataset). ``--seed N`` makes a
+run repeatable: the same command on the same machine gives the same weights (deterministic
+algorithms on CPU; on CUDA with ``--deterministic``).
 Multi-GPU: ``tools/dist_train.sh``.
 """
 import argparse
@@ -26,7 +29,9 @@ if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not 
 import vitdet_plugin  # noqa: F401  (registers our modules, torch/mmengine resume fix)
 from vitdet_plugin.checks import (ConfigCheckError, DataCheckError, drop_preflight_hook,
                                   exit_on_report, preflight)
+from vitdet_plugin.checks.preflight import report_rank
 from vitdet_plugin.config import DatasetNotFoundError, load_config
+from vitdet_plugin.datasets.data_folder import DataFolderError, apply_data_folder
 from vitdet_plugin.engine.dcp import is_dcp_checkpoint
 from vitdet_plugin.engine.dist import prepare_cpu_distributed
 from vitdet_plugin.engine.dist_faults import DistributedFaultError, train_with_fault_report
@@ -36,6 +41,10 @@ from vitdet_plugin.engine.fsdp_runner import check_fsdp_config
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description='Train a detector')
     parser.add_argument('config', help='train config file path')
+    parser.add_argument('--data', metavar='DIR',
+                        help='your data folder: a Roboflow COCO export (train/_annotations.coco.'
+                        'json, valid/, test/) or annotations/instances_{train,val}.json with '
+                        'train/ and val/; sets the datasets, evaluators, classes and num_classes')
     parser.add_argument('--work-dir', help='the dir to save logs and models '
                         '(default: ./work_dirs/<config name>)')
     parser.add_argument('--amp', action='store_true', default=False,
@@ -67,10 +76,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def run_stages(cfg) -> tuple:
+    """The splits a training run reads: train, and val when the config validates."""
+    return ('train', 'val') if cfg.get('val_cfg') and cfg.get('val_dataloader') else ('train',)
+
+
 def build_cfg(args: argparse.Namespace):
     import torch
 
     cfg = load_config(args.config, args.cfg_options)
+    if args.data is not None:
+        try:
+            folder = apply_data_folder(cfg, args.data, run_stages(cfg), args.cfg_options)
+        except DataFolderError as e:
+            exit_on_report(e)  # one report per job: rank 0's
+        if report_rank() == 0:
+            print(folder.line(), flush=True)
     cfg.launcher = args.launcher
     if args.work_dir is not None:
         cfg.work_dir = args.work_dir
@@ -121,9 +142,8 @@ def main(argv=None) -> None:
 
     args = parse_args(argv)
     cfg = build_cfg(args)
-    stages = ('train', 'val') if cfg.get('val_cfg') and cfg.get('val_dataloader') else ('train',)
     try:
-        preflight(cfg, stages, config_path=args.config, tool='tools/train.py')
+        preflight(cfg, run_stages(cfg), config_path=args.config, tool='tools/train.py')
         check_fsdp_config(cfg)  # FSDP2Wrapper needs FSDP2Runner
     except (DatasetNotFoundError, ConfigCheckError, DataCheckError, ValueError) as e:
         exit_on_report(e)  # one report per job: rank 0's

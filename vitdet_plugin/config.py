@@ -25,6 +25,8 @@ LOADER_KEYS = {'train': ('train_dataloader',), 'val': ('val_dataloader',),
                'test': ('test_dataloader',)}
 EVALUATOR_KEYS = {'train': (), 'val': ('val_evaluator',), 'test': ('test_evaluator',)}
 PLACEHOLDER_ROOT = '/path/to/data/'
+#: the tools that take ``--data DIR`` (:mod:`vitdet_plugin.datasets.data_folder`)
+DATA_OPTION_TOOLS = ('tools/train.py', 'tools/test.py')
 #: folders of data_root a missing-folder message lists, at most
 SHOWN_ENTRIES = 10
 
@@ -213,15 +215,18 @@ def _folder_fixes(missing: Sequence[str], root: str) -> List[str]:
 
 def check_data(cfg: Config, stages: Sequence[str] = ('train', 'val'),
                config_path: Optional[str] = None, tool: str = 'tools/train.py',
-               ours: bool = True) -> None:
+               ours: bool = True, root_layout: Optional[str] = None) -> None:
     """Raise :class:`DatasetNotFoundError` when the data ``stages`` need is missing.
 
-    The message names the missing paths, the expected ``data_root`` (and the working directory
-    relative paths are resolved against), the config's ``data_help`` (how to obtain the data) and
-    the exact ``--cfg-options`` that point the config at another directory, as options of
+    The message names each path the config reads that is missing (its key and the path), the
+    expected ``data_root`` (and the working directory relative paths are resolved against), the
+    ``--data DIR`` of our train / test tools (a data folder as it is) and the exact
+    ``--cfg-options`` that point the config at another directory, as options of
     ``tool`` (``ours``: one of vitdet_plugin's tools, which move every path derived from
     ``data_root``). When ``data_root`` exists and only image folders are missing, the message
-    names those keys instead: moving ``data_root`` would not help.
+    names those keys instead: moving ``data_root`` would not help. ``root_layout``: the data
+    folder layout ``data_root`` has (``'Roboflow COCO export'``), when it has one; the
+    ``--data`` line then names it and ``data_root``.
     """
     missing = missing_data(cfg, stages)
     if not missing:
@@ -238,9 +243,15 @@ def check_data(cfg: Config, stages: Sequence[str] = ('train', 'val'),
         lines.append(f"The config expects its data under data_root='{root}'"
                      + ('' if osp.isabs(root) else f' (relative to the current directory '
                         f'{os.getcwd()})') + '.')
-    help_text = cfg.get('data_help')
-    if isinstance(help_text, str) and help_text:
-        lines.append(help_text.format(data_root=root))
+    if ours and tool in DATA_OPTION_TOOLS and root_layout:
+        lines.append(f"data_root='{root}' is a {root_layout}: its splits and classes are taken "
+                     'as they are with')
+        lines.append(f'  python {tool} {name} --data {root}')
+    elif ours and tool in DATA_OPTION_TOOLS:
+        lines.append('Your own data as it is (a Roboflow COCO export: train/_annotations.coco.'
+                     'json, valid/, test/; or annotations/instances_train.json, instances_val.json '
+                     'with train/ and val/): the splits and classes are found there with')
+        lines.append(f'  python {tool} {name} --data /path/to/your/data/')
     if not isinstance(root, str):
         lines.append('Set the dataloaders\' dataset.data_root / ann_file with --cfg-options.')
     elif ours:

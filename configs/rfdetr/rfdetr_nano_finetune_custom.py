@@ -1,20 +1,17 @@
-# Fine-tune RF-DETR N on your own COCO-format data from RF-DETR's COCO checkpoint. As shipped it
-# fine-tunes on the shapes set (python tools/make_shapes.py --out data/shapes/); for your data,
-# edit the three marked lines (classes, data_root, the checkpoint; data_root holds
-# annotations/instances_train.json, annotations/instances_val.json, train/ and val/), then:
-#   tools/train.py configs/rfdetr/rfdetr_nano_finetune_custom.py
-# or on 4 GPUs: tools/dist_train.sh configs/rfdetr/rfdetr_nano_finetune_custom.py 4.
-# The ViT and the projector load from RF-DETR's .pth (docs/rfdetr.md); the decoder and your
-# classes' head train from their init. The recipe is rfdetr_nano.py's (RF-DETR's), for fewer
-# epochs; the data check before training refuses a name in `classes` the annotations lack.
+# Fine-tune RF-DETR N on your own COCO-format data from RF-DETR's COCO checkpoint (`rfdetr_nano`):
+#   tools/train.py configs/rfdetr/rfdetr_nano_finetune_custom.py --data /path/to/your/data/
+# (4 GPUs: tools/dist_train.sh CONFIG 4 --data DIR). --data takes a Roboflow COCO export
+# (train/_annotations.coco.json, valid/, test/) or annotations/instances_{train,val}.json with
+# train/ and val/, and sets the splits, the classes and num_classes from it; without it the config
+# trains on the shapes set (python tools/make_shapes.py --out data/shapes/). The ViT and the
+# projector load from RF-DETR's .pth (docs/rfdetr.md); the decoder and your classes' head train
+# from their init. The recipe is rfdetr_nano.py's (RF-DETR's), for fewer epochs.
 _base_ = ['./rfdetr_nano.py']
 
-classes = ('square', 'circle', 'triangle', 'star', 'cross')  # <- your classes (category order)
-data_root = 'data/shapes/'                                   # <- your data (layout above)
+classes = ('square', 'circle', 'triangle', 'star', 'cross')  # the shapes set's (--data: yours)
+data_root = 'data/shapes/'                                   # --data DIR replaces it
 rfdetr_nano = 'checkpoints/rf-detr-nano.pth'                 # <- RF-DETR's N checkpoint
 max_epochs = 50
-data_help = ('Expected: {data_root}annotations/instances_train.json, annotations/instances_val.json, '
-             'train/ and val/ (the shapes set: python tools/make_shapes.py --out {data_root})')
 
 model = dict(backbone=dict(init_cfg=dict(type='Pretrained', checkpoint=rfdetr_nano)),
              neck=dict(init_cfg=dict(type='Pretrained', checkpoint=rfdetr_nano)),

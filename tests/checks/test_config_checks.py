@@ -124,8 +124,8 @@ def test_two_stage_neck_levels_and_missing_weights(tmp_path, monkeypatch):
         '[256, 256, 256, 256] at strides [4, 8, 16, 32]) outputs 4 levels at strides '
         '[4, 8, 16, 32]; set model.rpn_head.anchor_generator.strides=[4, 8, 16, 32]',
         f"model.backbone.init_cfg.checkpoint='swin_t.pth' does not exist (relative paths are "
-        f'read from {cwd}); download the weights there, point the key at your copy, or set '
-        'model.backbone.init_cfg=None to start from random init',
+        f'read from {cwd}); download the weights there or point the key at your copy (random '
+        'init instead: model.backbone.init_cfg=None)',
         f"load_from='x.pth' does not exist (relative paths are read from {cwd}); point it at "
         'your checkpoint or set load_from=None']
     (tmp_path / 'swin_t.pth').write_bytes(b'')

@@ -381,8 +381,8 @@ def check_checkpoint_files(cfg: Any) -> List[str]:
         owner = path.rsplit('.init_cfg', 1)[0] if path.endswith('.init_cfg') else path
         if _missing_local(ckpt):
             problems.append(f'{path}.checkpoint={ckpt!r} does not exist (relative paths are read '
-                            f'from {cwd}); download the weights there, point the key at your '
-                            f'copy, or set {owner}.init_cfg=None to start from random init')
+                            f'from {cwd}); download the weights there or point the key at your '
+                            f'copy (random init instead: {owner}.init_cfg=None)')
         pre = node.get('pretrained')
         if _missing_local(pre):
             problems.append(f'{path}.pretrained={pre!r} does not exist (relative paths are read '

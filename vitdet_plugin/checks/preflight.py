@@ -20,6 +20,7 @@ from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
 from ..config import DatasetNotFoundError, check_data, running_tool
+from ..datasets.data_folder import DataFolderError, find_data_folder
 from .config import (ConfigCheckError, FeatureMaps, config_problems, leftover_deletes,
                      probe_backbone, raise_problems, without_deletes)
 from .data import DataCheckError, DataSummary, check_annotations
@@ -30,6 +31,16 @@ from .suggest import (class_suggestions, file_suggestions, merge_fixes, options_
 #: type name of the hook, as configs write it
 HOOK_TYPE = 'PreflightCheckHook'
 
+
+def folder_layout(root: Any) -> Optional[str]:
+    """The layout of ``root`` when ``--data`` reads it as a data folder
+    (:func:`~vitdet_plugin.datasets.data_folder.find_data_folder`), else None."""
+    if not isinstance(root, str) or not os.path.isdir(root):
+        return None
+    try:
+        return find_data_folder(root).layout
+    except DataFolderError:
+        return None
 
 
 def batch_problems(cfg: Any, summaries: Sequence[DataSummary]) -> List[str]:
@@ -100,7 +111,8 @@ def preflight(cfg: Any, stages: Sequence[str] = ('train', 'val'),
     sections: List[Tuple[type, str]] = []
     fixes: Dict[str, Any] = {}
     try:
-        check_data(cfg, stages, config_path=config_path, tool=tool, ours=ours)
+        check_data(cfg, stages, config_path=config_path, tool=tool, ours=ours,
+                   root_layout=folder_layout(cfg.get('data_root')))
     except DatasetNotFoundError as e:
         found = file_suggestions(cfg, stages)
         sections.append((DatasetNotFoundError, with_file_lines(str(e), found)))

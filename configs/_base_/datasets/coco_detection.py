@@ -3,9 +3,6 @@
 # (vitdet_plugin's tools propagate data_root to every dataloader and evaluator).
 dataset_type = 'CocoDataset'
 data_root = 'data/coco/'
-data_help = ('COCO 2017 is expected as {data_root}annotations/instances_train2017.json, '
-             'annotations/instances_val2017.json, '
-             '{data_root}train2017/ and {data_root}val2017/ (https://cocodataset.org).')
 backend_args = None
 
 train_pipeline = [

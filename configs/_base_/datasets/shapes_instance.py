@@ -4,7 +4,6 @@
 # from `data_root` (override with `--cfg-options data_root=...` in vitdet_plugin's tools).
 dataset_type = 'CocoDataset'
 data_root = 'data/shapes/'
-data_help = ('Generate the shapes dataset with: python tools/make_shapes.py --out {data_root}')
 classes = ('square', 'circle', 'triangle', 'star', 'cross')
 metainfo = dict(classes=classes)
 image_size = 256

@@ -10,7 +10,6 @@
 # Another --classes list: set thing_classes (and classes = thing_classes + stuff_classes).
 dataset_type = 'CocoPanopticDataset'
 data_root = 'data/shapes/'
-data_help = ('Generate the shapes dataset with: python tools/make_shapes.py --out {data_root}')
 thing_classes = ('square', 'circle', 'triangle', 'star', 'cross')
 stuff_classes = ('lines', 'background')
 classes = thing_classes + stuff_classes
