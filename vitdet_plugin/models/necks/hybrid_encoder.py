@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from ...functional.checkpoint_target import (CheckpointTarget, checkpoint_loader,
                                              pretrained_init_cfg)
-from ...functional.size_cache import SizeCache
+from ...functional.sizes import SizeCache
 from ..layers.arguments import check_flags, check_rate, int_tuple, positive_int
 from ..layers.conv_blocks import ConvNorm, RepNCSPELAN, SCDown, make_activation
 
