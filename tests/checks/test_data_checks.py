@@ -481,3 +481,18 @@ def test_skipped(tmp_path: Path) -> None:
     assert _refused(_cfg(root)) == _failure(f'{root}/ann.json', _kind(
         'the ann_file is not valid JSON', ['Expecting value: line 1 column 13 (char 12)'],
         'rewrite the file (json.dump) or point ann_file at the right one'))
+
+
+def test_min_image_side_rfdetr_resizes() -> None:
+    """RF-DETR's resizes: RFDETRResize sizes as mmdet's Resize (the same rule, checked on the
+    real transform); RFDETRTrainResize's square is bounded by the smallest training scale the
+    per-batch draw can take (rfdetr's own compute_multi_scale_scales)."""
+    from rfdetr.datasets.coco import compute_multi_scale_scales
+
+    from vitdet_plugin.datasets.rfdetr_transforms import RFDETRResize
+    test = dict(type='RFDETRResize', scale=(64, 64), keep_ratio=True)
+    out = RFDETRResize(scale=(64, 64), keep_ratio=True)(dict(img=np.zeros((20, 100, 3), np.uint8)))
+    assert out['img'].shape[1::-1] == resized_size(100, 20, test) == (64, 13)
+    train = dict(type='RFDETRTrainResize', resolution=384, block=32)
+    side = min(compute_multi_scale_scales(384, expanded_scales=True, patch_size=16, num_windows=2))
+    assert resized_size(100, 20, train) == (side, side) == (224, 224)

@@ -71,6 +71,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from mmengine.config import Config
 
 from ..config import LOADER_KEYS, is_remote, iter_datasets
+from ..datasets.rfdetr_transforms import rfdetr_scales
 from .coco_scan import Problems, ScanResult, ScanSettings, scan
 
 #: with a color_type that keeps the file's channels, image headers read at most (per dataset)
@@ -78,7 +79,9 @@ IMAGE_HEADER_CAP = 5000
 #: LoadImageFromFile color types that always give 3-channel uint8 / always 1 channel
 COLOR_3CH = ('color', 'color_ignore_orientation')
 COLOR_1CH = ('grayscale', 'grayscale_ignore_orientation')
-RESIZE_TYPES = ('Resize', 'RandomResize', 'RandomChoiceResize')
+RESIZE_TYPES = ('Resize', 'RandomResize', 'RandomChoiceResize', 'RFDETRResize', 'RFDETRTrainResize')
+#: Of those, the ones that resize exactly as mmdet's ``Resize`` (one given scale or factor).
+FIXED_RESIZE_TYPES = ('Resize', 'RFDETRResize')
 PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
 #: the IHDR chunk's bit-depth byte in a PNG file
 PNG_BIT_DEPTH_AT = 24
@@ -217,6 +220,9 @@ def _smallest_scales(t: dict) -> List[Tuple[int, int]]:
     if name == 'RandomChoiceResize':
         raw = t['scales']
         return [_pair(s) for s in (raw if isinstance(raw, list) else [raw])]
+    if name == 'RFDETRTrainResize':  # a square; the batch scale may shrink it to the smallest
+        side = min(rfdetr_scales(t['resolution'], t['block']))
+        return [(side, side)]
     if name == 'RandomResize':
         scale, ratio = t['scale'], t.get('ratio_range')
         if ratio is not None:
@@ -232,7 +238,7 @@ def resized_size(width: float, height: float, t: dict) -> Tuple[int, int]:
     one the smallest (short side) result. mmcv's rules: ``keep_ratio`` rescales to fit the scale
     (:func:`mmcv.rescale_size`), else the image is resized to the scale's (w, h)."""
     import mmcv
-    if _type_name(t) == 'Resize' and t.get('scale') is None:
+    if _type_name(t) in FIXED_RESIZE_TYPES and t.get('scale') is None:
         f = t['scale_factor']
         fx, fy = (f, f) if isinstance(f, (int, float)) else (f[0], f[1])
         return int(width * fx + 0.5), int(height * fy + 0.5)
@@ -334,7 +340,7 @@ def _size_checks(res: ScanResult, pipelines: List[Tuple[str, list]], min_side: i
     resizes = _transforms(pipelines, RESIZE_TYPES)
     t = resizes[-1][1] if resizes else None  # the last one sets the size (keep_ratio or not)
     after = f' after {resizes[-1][0]} {_describe(t)}' if t else ''
-    if t and _type_name(t) != 'Resize':
+    if t and _type_name(t) not in FIXED_RESIZE_TYPES:
         after += ' (its smallest scale)'
     fix = (f'remove them from the json or raise the smallest scale of {_describe(t)}' if t else
            f'drop them with filter_cfg=dict(min_size={min_side}) (mmdet filters on the json size)'
