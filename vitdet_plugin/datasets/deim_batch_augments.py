@@ -15,7 +15,7 @@ pixels (the recipes' are normalised, so their resize leaves them alone; here the
 scaled). The draws are Python's ``random``, as the recipes'.
 """
 import random
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -57,10 +57,9 @@ def dfine_scales(base_size: int, base_size_repeat: int) -> List[int]:
             + [high - i * SCALE_STEP for i in steps])
 
 
-def _with_boxes(instances: InstanceData, boxes: Tensor) -> None:
-    """Set ``instances.bboxes`` to ``boxes`` ``(N, 4)``, in the box type it had."""
-    old = instances.bboxes
-    instances.bboxes = type(old)(boxes) if isinstance(old, BaseBoxes) else boxes
+def _with_boxes(instances: InstanceData, like: Union[Tensor, BaseBoxes], boxes: Tensor) -> None:
+    """Set ``instances.bboxes`` to ``boxes`` ``(N, 4)``, in the box type of ``like``."""
+    instances.bboxes = type(like)(boxes) if isinstance(like, BaseBoxes) else boxes
 
 
 @MODELS.register_module()
@@ -161,10 +160,9 @@ class DEIMBatchMix(nn.Module):
             if not new_boxes:
                 continue
             gt = sample.gt_instances
-            boxes = get_box_tensor(gt.bboxes)
-            added = boxes.new_tensor(new_boxes).view(-1, 4)
-            _with_boxes(gt, torch.cat([boxes, added]))
-            gt.labels = torch.cat([gt.labels, torch.stack(new_labels)])
+            added = gt.new(labels=torch.stack(new_labels))
+            _with_boxes(added, gt.bboxes, get_box_tensor(gt.bboxes).new_tensor(new_boxes))
+            sample.gt_instances = InstanceData.cat([gt, added])
         return out, data_samples
 
     def extra_repr(self) -> str:
@@ -212,7 +210,8 @@ class DEIMBatchScale(nn.Module):
                 if key in sample:
                     instances = getattr(sample, key)
                     boxes = get_box_tensor(instances.bboxes)
-                    _with_boxes(instances, boxes * boxes.new_tensor([sx, sy, sx, sy]))
+                    _with_boxes(instances, instances.bboxes,
+                                boxes * boxes.new_tensor([sx, sy, sx, sy]))
         return inputs, data_samples
 
     def extra_repr(self) -> str:
