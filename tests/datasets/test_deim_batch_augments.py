@@ -49,6 +49,10 @@ BATCH_BOXES = [[[2., 2., 20., 20.]], [[4., 6., 30., 31.], [1., 1., 5., 5.]], [],
 
 
 def test_dfine_scales_are_the_recipes():
+    with pytest.raises(ValueError, match=r'base_size=40 has no multi-scale side: the smallest '
+                                         r'would be 0 px; use base_size >= 43'):
+        dfine_scales(40, 3)
+    assert dfine_scales(48, 2) == [48, 48]  # 0.75 x 48 rounds down to 32 = 1.25 x 48's
     assert dfine_scales(640, 3) == [480, 512, 544, 576, 608, 640, 640, 640,
                                     800, 768, 736, 704, 672]
     s20 = dfine_scales(640, 20)
@@ -203,3 +207,38 @@ def test_copy_blend_without_a_pool_leaves_the_batch():
     out, samples = DEIMBatchMix(copyblend_prob=1.0, copyblend_epochs=(4, 50))(
         inputs, _samples([[[0., 0., 9., 9.]], []]))            # 81 px < 100
     assert out is inputs and len(samples[0].gt_instances) == 1
+
+
+def test_batch_augments_run_in_mmdets_data_preprocessor_on_packed_samples():
+    """PackDetInputs' samples through DetDataPreprocessor with the recipe's batch augments:
+    MixUp joins the boxes, the multi-scale resizes the batch and them (training only)."""
+    import numpy as np
+    from mmdet.datasets.transforms import PackDetInputs
+    from mmdet.registry import MODELS
+    from mmengine.registry import init_default_scope
+    init_default_scope('mmdet')
+    _at_epoch(5)
+    preprocessor = MODELS.build(dict(
+        type='DetDataPreprocessor', mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375],
+        bgr_to_rgb=True, batch_augments=[
+            dict(type='DEIMBatchMix', mixup_prob=1.0, mixup_epochs=(4, 64)),
+            dict(type='DEIMBatchScale', base_size=2 * SIDE, base_size_repeat=0, stop_epoch=120)]))
+    pack = PackDetInputs()
+    rng = np.random.default_rng(0)
+    data = [pack(dict(img=rng.integers(0, 256, (SIDE, SIDE, 3), dtype=np.uint8),
+                      img_shape=(SIDE, SIDE), ori_shape=(SIDE, SIDE), scale_factor=(1., 1.),
+                      img_id=i, img_path='', gt_bboxes=HorizontalBoxes(torch.tensor(b).view(-1, 4)),
+                      gt_bboxes_labels=np.arange(len(b)), gt_ignore_flags=np.zeros(len(b), bool)))
+            for i, b in enumerate(([[2., 2., 20., 20.]], [[4., 6., 30., 31.]]))]
+    batch = preprocessor(dict(inputs=[d['inputs'] for d in data],
+                              data_samples=[d['data_samples'] for d in data]), training=True)
+    side = batch['inputs'].shape[-1]
+    assert side in dfine_scales(2 * SIDE, 0) == [SIDE, 2 * SIDE]
+    assert batch['inputs'].shape[-2] == side
+    boxes = batch['data_samples'][1].gt_instances.bboxes    # a tensor (boxtype2tensor)
+    torch.testing.assert_close(boxes, torch.tensor([[4., 6., 30., 31.], [2., 2., 20., 20.]])
+                               * side / SIDE)
+    assert batch['data_samples'][1].img_shape == (side, side)
+    plain = preprocessor(dict(inputs=[d['inputs'] for d in data],
+                              data_samples=[d['data_samples'] for d in data]), training=False)
+    assert plain['inputs'].shape[-1] == SIDE

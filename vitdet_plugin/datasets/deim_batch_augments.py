@@ -14,6 +14,7 @@ normalised batch (mixing is linear, so normalising first changes nothing) with b
 pixels (the recipes' are normalised, so their resize leaves them alone; here they are
 scaled). The draws are Python's ``random``, as the recipes'.
 """
+import math
 import random
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -51,6 +52,10 @@ def dfine_scales(base_size: int, base_size_repeat: int) -> List[int]:
     to below it, ``base_size`` ``base_size_repeat`` times, and as many from 1.25 x
     ``base_size`` down (640, 3: 480 ... 608, 640 x 3, 800 ... 672)."""
     low = int(base_size * SCALE_RANGE[0] / SCALE_STEP) * SCALE_STEP
+    if low < SCALE_STEP:
+        smallest = math.ceil(SCALE_STEP / SCALE_RANGE[0])
+        raise ValueError(f'base_size={base_size} has no multi-scale side: the smallest would be '
+                         f'{low} px; use base_size >= {smallest}')
     high = int(base_size * SCALE_RANGE[1] / SCALE_STEP) * SCALE_STEP
     steps = range((base_size - low) // SCALE_STEP)
     return ([low + i * SCALE_STEP for i in steps] + [base_size] * base_size_repeat
