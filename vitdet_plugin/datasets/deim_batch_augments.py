@@ -80,6 +80,10 @@ class DEIMBatchMix(nn.Module):
       itself and ``1 - beta`` of the object's pixels (from the batch before any blending). The
       region is the box grown by ``expand_ratios`` (one uniform draw per object, of its width
       and height on each side, as far as both images allow); the new box is the object's box.
+      The pool is chosen by the box's area at the batch's size (DEIMv2 reads the annotation's
+      ``area``, the mask's in the original image, which its transforms do not update).
+
+    Both assume the images fill the batch (the recipes' square resize: no padding).
 
     Args:
         mixup_prob: the chance of MixUp in a batch of ``mixup_epochs``.
