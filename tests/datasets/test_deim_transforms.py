@@ -97,6 +97,16 @@ def test_iou_crop_drops_the_boxes_whose_centre_leaves_the_crop():
         assert (boxes[:, 2:] > boxes[:, :2]).all()
 
 
+def test_images_without_boxes_pass_every_transform():
+    """The recipes train on COCO images without annotations too (filter_empty_gt=False): the
+    IoU crop finds no crop with a box centre inside and keeps the image."""
+    for transform in (DEIMClipBoxes(), DEIMPhotometricDistort(), DEIMRandomIoUCrop(),
+                      DEIMSanitizeBoxes(), DEIMMosaic(output_size=24)):
+        out = transform(_sample(0, boxes=[]))
+        assert len(out['gt_bboxes']) == len(out['gt_bboxes_labels']) == 0
+    assert DEIMRandomIoUCrop()(_sample(0, boxes=[]))['img_shape'] == (H, W)
+
+
 @pytest.mark.parametrize('min_size', [1, 12])
 def test_sanitize_is_torchvisions(min_size):
     boxes = BOXES + [[-1., 5., 10., 10.], [60., 5., 65., 9.], [5., 5., 5.5, 30.], [8., 8., 8., 9.]]
