@@ -249,7 +249,7 @@ class DEIMMosaic(BaseTransform):
         image = _pil(results['img'])
         image, boxes = self.resize(image, _tv_boxes(boxes, image.height, image.width))
         return dict(img=np.asarray(image), boxes=boxes.as_subclass(Tensor),
-                    instances=_instances(results))
+                    instances={k: v.copy() for k, v in _instances(results).items()})
 
     def _draw(self, entry: dict) -> Sequence[dict]:
         """Cache ``entry`` and return the four images of the mosaic, ``entry`` first."""
