@@ -19,13 +19,14 @@ import random
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
-import torch.nn.functional as F
 from mmdet.registry import MODELS
 from mmdet.structures import DetDataSample
 from mmdet.structures.bbox import BaseBoxes, get_box_tensor
 from mmengine.logging import MessageHub
 from mmengine.structures import InstanceData
 from torch import Tensor, nn
+
+from .batch_resize import BatchSquareResize
 
 #: The weight of an image against the one it is mixed with (MixUp) or the objects blended
 #: into it (Copy-Blend): uniform in this range, one draw per batch.
@@ -183,7 +184,7 @@ class DEIMBatchMix(nn.Module):
 
 
 @MODELS.register_module()
-class DEIMBatchScale(nn.Module):
+class DEIMBatchScale(BatchSquareResize):
     """The recipes' multi-scale: while the epoch is before ``stop_epoch``, each batch is
     resized (nearest pixels, as ``F.interpolate``'s default) to a square side drawn from
     :func:`dfine_scales`; boxes and the shape metas follow.
@@ -195,37 +196,19 @@ class DEIMBatchScale(nn.Module):
         stop_epoch: the first epoch at the base size alone (None: never).
     """
 
+    #: the recipes' collate resizes with ``F.interpolate``'s default
+    mode = 'nearest'
+
     def __init__(self, base_size: int = 640, base_size_repeat: int = 3,
                  stop_epoch: Optional[int] = None) -> None:
         super().__init__()
         self.scales = dfine_scales(base_size, base_size_repeat)
         self.stop_epoch = stop_epoch
 
-    def forward(self, inputs: Tensor, data_samples: List[DetDataSample]
-                ) -> Tuple[Tensor, List[DetDataSample]]:
+    def side(self) -> Optional[int]:
         if self.stop_epoch is not None and _epoch() >= self.stop_epoch:
-            return inputs, data_samples
-        side = random.choice(self.scales)
-        height, width = inputs.shape[-2:]
-        if (height, width) == (side, side):
-            return inputs, data_samples
-        inputs = F.interpolate(inputs, size=(side, side), mode='nearest')     # (B, C, s, s)
-        sx, sy = side / width, side / height
-        for sample in data_samples:
-            sample.set_metainfo(dict(
-                img_shape=_scaled(sample.img_shape, sx, sy),
-                pad_shape=_scaled(sample.pad_shape, sx, sy), batch_input_shape=(side, side)))
-            for key in MIXED_SETS:
-                if key in sample:
-                    instances = getattr(sample, key)
-                    boxes = get_box_tensor(instances.bboxes)
-                    _with_boxes(instances, instances.bboxes,
-                                boxes * boxes.new_tensor([sx, sy, sx, sy]))
-        return inputs, data_samples
+            return None
+        return random.choice(self.scales)
 
     def extra_repr(self) -> str:
         return f'scales={self.scales}, stop_epoch={self.stop_epoch}'
-
-
-def _scaled(shape: Tuple[int, int], sx: float, sy: float) -> Tuple[int, int]:
-    return round(shape[0] * sy), round(shape[1] * sx)

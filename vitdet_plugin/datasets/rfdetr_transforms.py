@@ -20,7 +20,7 @@ The resizes are torch's (antialiased in training, as rfdetr's torchvision traini
 which resize PIL images), so all of this runs on numpy images in the dataloader workers.
 """
 import random
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 import mmcv
 import numpy as np
@@ -30,10 +30,9 @@ from mmcv.transforms import BaseTransform
 from mmcv.transforms.utils import cache_randomness
 from mmdet.datasets.transforms import RandomCrop, Resize
 from mmdet.registry import MODELS, TRANSFORMS
-from mmdet.structures import DetDataSample
-from mmdet.structures.bbox import BaseBoxes
 from mmengine.logging import MessageHub
-from torch import Tensor, nn
+
+from .batch_resize import BatchSquareResize
 
 #: rfdetr's ``compute_multi_scale_scales``: training sizes are ``resolution // block`` plus
 #: these many blocks (``expanded_scales=True``, its default) ...
@@ -179,7 +178,7 @@ class RFDETRTrainResize(BaseTransform):
 
 
 @MODELS.register_module()
-class RFDETRBatchScale(nn.Module):
+class RFDETRBatchScale(BatchSquareResize):
     """RF-DETR's per-batch multi-scale (``MultiScale.PER_BATCH``) as a data-preprocessor batch
     augment: the padded batch resized (bilinear, ``align_corners=False``) to one square training
     scale, drawn as rfdetr draws it: ``random.Random(step).choice(scales)`` for optimizer step
@@ -202,37 +201,5 @@ class RFDETRBatchScale(nn.Module):
         """The batch side of training iteration ``iteration`` (0-based)."""
         return random.Random(iteration // self.interval).choice(self.scales)
 
-    def forward(self, inputs: Tensor, data_samples: Sequence[DetDataSample]
-                ) -> Tuple[Tensor, Sequence[DetDataSample]]:
-        side = self.scale_at(MessageHub.get_current_instance().get_info('iter', 0))
-        h, w = inputs.shape[-2:]
-        if (h, w) == (side, side):
-            return inputs, data_samples
-        inputs = F.interpolate(inputs, size=(side, side), mode='bilinear',
-                               align_corners=False)                           # (B, C, s, s)
-        sx, sy = side / w, side / h
-        for sample in data_samples:
-            sample.set_metainfo(dict(
-                img_shape=_scaled(sample.img_shape, sx, sy),
-                pad_shape=_scaled(sample.pad_shape, sx, sy), batch_input_shape=(side, side)))
-            for key in ('gt_instances', 'ignored_instances'):
-                if key in sample:
-                    _rescale_instances(getattr(sample, key), sx, sy)
-        return inputs, data_samples
-
-
-def _scaled(shape: Tuple[int, int], sx: float, sy: float) -> Tuple[int, int]:
-    return round(shape[0] * sy), round(shape[1] * sx)
-
-
-def _rescale_instances(instances: Any, sx: float, sy: float) -> None:
-    """Boxes (tensor or mmdet box type) and masks (mmdet mask type) of one image scaled by
-    ``(sx, sy)``."""
-    boxes = instances.bboxes
-    if isinstance(boxes, BaseBoxes):
-        boxes.rescale_((sx, sy))
-    else:
-        instances.bboxes = boxes * boxes.new_tensor([sx, sy, sx, sy])
-    if 'masks' in instances:
-        mh, mw = instances.masks.height, instances.masks.width
-        instances.masks = instances.masks.resize(_scaled((mh, mw), sx, sy))
+    def side(self) -> int:
+        return self.scale_at(MessageHub.get_current_instance().get_info('iter', 0))
