@@ -32,7 +32,7 @@ num_decoder_layers = 2
 max_epochs = 100
 lr_drop = 100
 batch_size = 4
-grad_accum_steps = 4
+grad_accum_steps = 1
 #: RF-DETR's lr, weight_decay, lr_vit_layer_decay, clip_max_norm, ema_tau
 base_lr = 1e-4
 #: RF-DETR's ViT lr relative to `base_lr`: lr_encoder 1.5e-4 x lr_component_decay 0.7 squared
@@ -116,7 +116,12 @@ optim_wrapper = dict(
     constructor='LayerDecayOptimWrapperConstructor',
     paramwise_cfg=dict(layer_decay_rate=layer_decay_rate, num_layers=decay_layers,
                        lr_mults={'backbone': backbone_lr_mult,
-                                 'bbox_head.decoder': decoder_lr_mult}),
+                                 'bbox_head.decoder': decoder_lr_mult},
+                       # RF-DETR's weight decay: none on the ViT's norms, biases, embeddings
+                       # (patch embedding included); on its LayerScale and on everything
+                       # outside the ViT, norms and biases too
+                       extra_no_decay_names=['patch_embed'], decay_names=['gamma'],
+                       norm_decay_mult=1.0, bias_decay_mult=1.0),
     accumulative_counts=grad_accum_steps,
     clip_grad=dict(max_norm=clip_max_norm, norm_type=2))
 
