@@ -155,6 +155,10 @@ def _our_runner(case: Case, tmp_path, start: Dict[str, Tensor], batches) -> Runn
     torch.save(dict(state_dict=state, meta=dict()), tmp_path / 'start.pth')
     cfg.param_scheduler = [dict(s, end=EPOCHS, milestones=[LR_DROP]) for s in cfg.param_scheduler]
     cfg.default_hooks.checkpoint = None
+    cfg.optim_wrapper.accumulative_counts = case.accumulate  # the config's grad_accum_steps
+    for hook in cfg.custom_hooks:
+        if hook['type'] == 'EMAHook':
+            hook.update(interval=case.accumulate, begin_iter=case.accumulate)
     return Runner(
         model=cfg.model, work_dir=str(tmp_path / 'ours'), load_from=str(tmp_path / 'start.pth'),
         train_dataloader=torch.utils.data.DataLoader(

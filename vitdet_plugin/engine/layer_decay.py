@@ -19,9 +19,10 @@ Weight decay is 0 for the backbone's ``no_weight_decay()`` parameters (its norms
 position embeddings and relative-position tables); outside the backbone, for norm layers and
 biases (``norm_decay_mult`` / ``bias_decay_mult``) and the :data:`DEFAULT_NO_DECAY_NAMES`;
 ``base_wd`` elsewhere, and on the ``decay_names`` whatever the rules above say (RF-DETR decays
-the ViT's LayerScale, which the backbone declares no-decay). ``lr_mults`` scales the lr of whole modules on top (RF-DETR's lower
-ViT and decoder rates). Parameters are grouped by (layer, decay, multiplier) and each group carries
-``lr_scale``, ``layer_id`` and ``param_names`` for inspection.
+the ViT's LayerScale, which the backbone declares no-decay). ``lr_mults`` scales the lr of whole
+modules on top (RF-DETR's lower ViT and decoder rates). Parameters are grouped by (layer,
+decay, multiplier) and each group carries ``lr_scale``, ``layer_id`` and ``param_names`` for
+inspection.
 
 Config::
 
