@@ -12,9 +12,10 @@ the weights and the EMA weights, rfdetr's converted through our checkpoint conve
 relative). Shrunk where both sides take the same change: 64 px (``resolution`` and our
 ``pretrain_img_size``), 2 images a batch, 20 queries; gradient accumulation over 2 batches
 (``grad_accum_steps`` and our ``accumulative_counts`` with the EMA hook's ``interval`` /
-``begin_iter``) is ``slow`` (``make test-all``). Only the training callbacks that touch the
-weights are kept on rfdetr's side (its COCO evaluation and checkpoint writers are dropped;
-validation is off on both)."""
+``begin_iter``) is ``slow`` (``make test-all``), and so is RF-DETR-Seg N (72 px; lr and weight
+decay only: its mask losses sample random points, each side in its own order). Only the
+training callbacks that touch the weights are kept on rfdetr's side (its COCO evaluation and
+checkpoint writers are dropped; validation is off on both)."""
 import copy
 from typing import Any, Dict, List, NamedTuple, Tuple
 
@@ -34,8 +35,8 @@ from vitdet_plugin.weights.rfdetr import rfdetr_to_detector
 
 #: The issue's tolerance: lr, weights and EMA weights (relative to each tensor's largest value).
 REL_TOL = 1e-5
-#: Both sides' input side (pixels; a multiple of patch 16 x 2 windows) and batch.
-SIDE, BATCH = 64, 2
+#: Images per batch on both sides.
+BATCH = 2
 #: Optimizer steps per epoch, epochs; the lr drops 10x after the first epoch.
 STEPS, EPOCHS, LR_DROP = 3, 2, 1
 #: rfdetr's 90 classes + 1 logits, kept one to one by our head.
@@ -45,27 +46,32 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 class Case(NamedTuple):
-    """A shrunk run: rfdetr's model config, ours, queries and accumulated batches."""
+    """A shrunk run: rfdetr's model config, ours, the input side (pixels; a multiple of
+    patch x windows), queries, accumulated batches; ``seg``: RF-DETR-Seg (masks too)."""
     rfdetr_config: str
     config: str
+    side: int
     queries: int
     accumulate: int
+    seg: bool = False
 
 
 CASES = [
-    pytest.param(Case('RFDETRNanoConfig', 'configs/rfdetr/rfdetr_nano.py', 20, 1), id='N'),
-    pytest.param(Case('RFDETRNanoConfig', 'configs/rfdetr/rfdetr_nano.py', 20, 2),
+    pytest.param(Case('RFDETRNanoConfig', 'configs/rfdetr/rfdetr_nano.py', 64, 20, 1), id='N'),
+    pytest.param(Case('RFDETRNanoConfig', 'configs/rfdetr/rfdetr_nano.py', 64, 20, 2),
                  id='N-accumulate-2', marks=pytest.mark.slow),
+    pytest.param(Case('RFDETRSegNanoConfig', 'configs/rfdetr/rfdetr_seg_nano.py', 72, 20, 1,
+                      seg=True), id='N-Seg', marks=pytest.mark.slow),
 ]
 
 
-def _batches(count: int, seed: int = 0) -> List[Tuple[Tensor, Tensor, Tensor]]:
+def _batches(count: int, side: int, seed: int = 0) -> List[Tuple[Tensor, Tensor, Tensor]]:
     """``count`` batches of ``(uint8 BGR images (B, 3, H, W), labels (B, 2), boxes (B, 2, 4)
     normalised cx, cy, w, h)``."""
     gen = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(count):
-        images = torch.randint(0, 256, (BATCH, 3, SIDE, SIDE), generator=gen, dtype=torch.uint8)
+        images = torch.randint(0, 256, (BATCH, 3, side, side), generator=gen, dtype=torch.uint8)
         labels = torch.randint(1, LOGITS, (BATCH, 2), generator=gen)
         centres = 0.3 + 0.4 * torch.rand(BATCH, 2, 2, generator=gen)
         sizes = 0.1 + 0.3 * torch.rand(BATCH, 2, 2, generator=gen)
@@ -73,15 +79,28 @@ def _batches(count: int, seed: int = 0) -> List[Tuple[Tensor, Tensor, Tensor]]:
     return out
 
 
-def _rfdetr_batches(batches) -> list:
+def _box_masks(boxes: Tensor, side: int) -> Tensor:
+    """``(N, side, side)`` bool masks filling the normalised cx, cy, w, h ``boxes (N, 4)``."""
+    xy = (torch.arange(side) + 0.5) / side
+    lo, hi = boxes[:, :2] - boxes[:, 2:] / 2, boxes[:, :2] + boxes[:, 2:] / 2       # (N, 2)
+    inside_x = (xy >= lo[:, :1]) & (xy < hi[:, :1])                                 # (N, W)
+    inside_y = (xy >= lo[:, 1:]) & (xy < hi[:, 1:])                                 # (N, H)
+    return inside_y[:, :, None] & inside_x[:, None, :]
+
+
+def _rfdetr_batches(batches, seg: bool) -> list:
     from rfdetr.utilities.tensors import NestedTensor
-    side = torch.tensor([SIDE, SIDE])
     out = []
     for images, labels, boxes in batches:
+        side = images.shape[-1]
+        size = torch.tensor([side, side])
         rgb = normalize(images.flip(1).float() / 255, MEAN, STD)
-        targets = [dict(labels=labels[i], boxes=boxes[i], orig_size=side, size=side,
+        targets = [dict(labels=labels[i], boxes=boxes[i], orig_size=size, size=size,
                         image_id=torch.tensor(i)) for i in range(len(images))]
-        out.append((NestedTensor(rgb, torch.zeros(len(images), SIDE, SIDE, dtype=torch.bool)),
+        if seg:
+            for target in targets:
+                target['masks'] = _box_masks(target['boxes'], side)
+        out.append((NestedTensor(rgb, torch.zeros(len(images), side, side, dtype=torch.bool)),
                     targets))
     return out
 
@@ -89,17 +108,22 @@ def _rfdetr_batches(batches) -> list:
 class _Samples(torch.utils.data.Dataset):
     """Our side's dataset: the same images and boxes as mmdet's pipeline packs them."""
 
-    def __init__(self, batches) -> None:
+    def __init__(self, batches, seg: bool) -> None:
         from mmdet.structures import DetDataSample
+        from mmdet.structures.mask import BitmapMasks
         from mmengine.structures import InstanceData
         self.items = []
         for images, labels, boxes in batches:
+            side = images.shape[-1]
             for img, lab, box in zip(images, labels, boxes):
                 xyxy = torch.cat([box[:, :2] - box[:, 2:] / 2, box[:, :2] + box[:, 2:] / 2], -1)
                 sample = DetDataSample(metainfo=dict(
-                    img_shape=(SIDE, SIDE), ori_shape=(SIDE, SIDE), scale_factor=(1.0, 1.0),
-                    pad_shape=(SIDE, SIDE)))
-                sample.gt_instances = InstanceData(bboxes=xyxy * SIDE, labels=lab)
+                    img_shape=(side, side), ori_shape=(side, side), scale_factor=(1.0, 1.0),
+                    pad_shape=(side, side)))
+                sample.gt_instances = InstanceData(bboxes=xyxy * side, labels=lab)
+                if seg:
+                    sample.gt_instances.masks = BitmapMasks(
+                        _box_masks(box, side).numpy().astype('uint8'), side, side)
                 self.items.append(dict(inputs=img, data_samples=sample))
 
     def __len__(self) -> int:
@@ -120,8 +144,9 @@ def _run_rfdetr(case: Case, tmp_path, batches
     from rfdetr.training.trainer import build_trainer
 
     model_config = getattr(rfcfg, case.rfdetr_config)(
-        pretrain_weights=None, resolution=SIDE, num_queries=case.queries, device='cpu')
-    train_config = rfcfg.TrainConfig(
+        pretrain_weights=None, resolution=case.side, num_queries=case.queries, device='cpu')
+    train_class = rfcfg.SegmentationTrainConfig if case.seg else rfcfg.TrainConfig
+    train_config = train_class(
         dataset_dir=str(tmp_path), output_dir=str(tmp_path / 'rfdetr'), epochs=EPOCHS,
         lr_scheduler_kwargs={'lr_drop': LR_DROP}, grad_accum_steps=case.accumulate,
         multi_scale=False, tensorboard=False, batch_size=BATCH)
@@ -138,7 +163,7 @@ def _run_rfdetr(case: Case, tmp_path, batches
 
     trainer.callbacks = [KeepTrained()] + [
         c for c in trainer.callbacks if isinstance(c, RFDETREMACallback)]
-    loader = torch.utils.data.DataLoader(_rfdetr_batches(batches), batch_size=None,
+    loader = torch.utils.data.DataLoader(_rfdetr_batches(batches, case.seg), batch_size=None,
                                          collate_fn=lambda b: b)
     trainer.fit(module, train_dataloaders=loader)
     return module, trainer, start, trained
@@ -148,7 +173,7 @@ def _our_runner(case: Case, tmp_path, start: Dict[str, Tensor], batches) -> Runn
     cfg = load_config(case.config)
     head = cfg.model.bbox_head
     head.num_classes, head.num_queries = LOGITS, case.queries
-    cfg.model.backbone.pretrain_img_size = SIDE
+    cfg.model.backbone.pretrain_img_size = case.side
     model = cfg.model
     with DefaultScope.overwrite_default_scope('mmdet'):
         from mmdet.registry import MODELS
@@ -164,7 +189,8 @@ def _our_runner(case: Case, tmp_path, start: Dict[str, Tensor], batches) -> Runn
     return Runner(
         model=cfg.model, work_dir=str(tmp_path / 'ours'), load_from=str(tmp_path / 'start.pth'),
         train_dataloader=torch.utils.data.DataLoader(
-            _Samples(batches), batch_size=BATCH, shuffle=False, collate_fn=pseudo_collate),
+            _Samples(batches, case.seg), batch_size=BATCH, shuffle=False,
+            collate_fn=pseudo_collate),
         train_cfg=dict(type='EpochBasedTrainLoop', max_epochs=EPOCHS, val_interval=EPOCHS + 1),
         optim_wrapper=cfg.optim_wrapper, param_scheduler=cfg.param_scheduler,
         default_hooks=cfg.default_hooks,
@@ -190,7 +216,7 @@ def _worst(errors: Dict[str, float]) -> list:
 
 @pytest.mark.parametrize('case', CASES)
 def test_training_steps_match_rfdetrs_trainer(case, tmp_path):
-    batches = _batches(STEPS * case.accumulate)
+    batches = _batches(STEPS * case.accumulate, case.side)
     theirs, trainer, start, trained = _run_rfdetr(case, tmp_path, batches)
     assert trainer.global_step == STEPS * EPOCHS
     runner = _our_runner(case, tmp_path, start, batches)
@@ -210,6 +236,8 @@ def test_training_steps_match_rfdetrs_trainer(case, tmp_path):
         errors = _errors(ours, expected)
         assert max(errors.values()) <= REL_TOL, (key, _worst(errors))
 
+    if case.seg:  # the mask losses sample random points, each side in its own order
+        return
     weights, _ = rfdetr_to_detector(trained, shapes)
     weight_errors = _errors(dict(model.state_dict()), weights)
     assert max(weight_errors.values()) <= REL_TOL, _worst(weight_errors)
