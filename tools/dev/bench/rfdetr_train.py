@@ -98,13 +98,13 @@ def _rfdetr(theirs: Any, images, labels, boxes, masks
     """rfdetr's (training step, eval forward) on the batch (its Lightning module's step,
     without Lightning)."""
     from rfdetr._namespace import _namespace_from_configs
-    from rfdetr.config import TrainConfig
+    from rfdetr.config import MultiScale, TrainConfig
     from rfdetr.models.lwdetr import build_criterion_from_config
     from rfdetr.training.param_groups import get_param_dict
     from rfdetr.utilities.tensors import NestedTensor
 
     net = theirs.model.model
-    train_config = TrainConfig(dataset_dir=tempfile.gettempdir(), multi_scale=False)
+    train_config = TrainConfig(dataset_dir=tempfile.gettempdir(), multi_scale=MultiScale.OFF)
     criterion, postprocess = build_criterion_from_config(theirs.model_config, train_config)
     namespace = _namespace_from_configs(theirs.model_config, train_config)
     optimizer = torch.optim.AdamW(get_param_dict(namespace, net), lr=train_config.lr,
