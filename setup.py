@@ -103,9 +103,11 @@ setup(
         # transformers 5: the parity tests of its checkpoint layouts (save_pretrained folders;
         # its 5.x names, tests/weights/test_checkpoint_transformers.py)
         # rfdetr (pinned: the RF-DETR parity reference, tests/models/*/test_rfdetr* and
-        # test_lwdetr*; it adds supervision, av, pyDeprecate and requests)
+        # test_lwdetr*; it adds supervision, av, pyDeprecate and requests); its [train] extra:
+        # its Lightning trainer, the reference of tests/engine/test_rfdetr_trainer_parity.py
+        # (pytorch-lightning 2.6, torchmetrics 1.8, faster-coco-eval, roboflow: typer < 0.26)
         'tests': ['pytest>=7', 'pytest-xdist>=3.5', 'timm>=1.0.9', 'transformers>=5,<6',
-                  'rfdetr==1.11.2', 'ruff==0.17.6', 'mypy==2.4.1'],
+                  'rfdetr[train]==1.11.2', 'ruff==0.17.6', 'mypy==2.4.1'],
         # tools/export_onnx.py: torch's dynamo ONNX exporter (onnxscript) and the check
         'deploy': ['onnx>=1.16', 'onnxscript>=0.3', 'onnxruntime>=1.18'],
     },

@@ -21,6 +21,7 @@ docs/deploy.md), timed against PyTorch by ``--end-to-end`` below.
     python tools/benchmark.py --end-to-end CONFIG CKPT det.onnx   # onnxruntime vs PyTorch eval
     python tools/benchmark.py --rfdetr-onnx         # RF-DETR N 384 px: ours vs rfdetr's ONNX
     python tools/benchmark.py --rfdetr-onnx N-Seg   # RF-DETR-Seg N 312 px, the same
+    python tools/benchmark.py --rfdetr-train        # RF-DETR N: training step and eval forward
 
 Swin: ours vs mmdet's ``SwinTransformer`` and timm's swin. ViT: ours vs timm's samvit (its
 features before the neck). DINOv2 / DINOv3 / EVA-02 (``--model dinov2|dinov3|eva02``): ours
@@ -57,6 +58,11 @@ our end-to-end graph in onnxruntime,
 our model in PyTorch eager, rfdetr's own ONNX export of the same weights in onnxruntime and
 rfdetr's PyTorch eager, interleaved (``tools/dev/bench/rfdetr_onnx.py``).
 
+``--rfdetr-train [N | N-Seg]``: RF-DETR N at 384 px (RF-DETR-Seg N at 312 px), CPU, ``--batch``
+images (default 2): one training step (each side's whole optimizer step) and one eval forward
+(with post-processing), ours vs rfdetr's on the same batch and weights, interleaved, as ratios
+(``tools/dev/bench/rfdetr_train.py``).
+
 This file is the command line; the measuring code is the developer package ``dev.bench``
 (``tools/dev/bench/``: plan, models, rows, compiled, ops, fsdp_memory, init_memory,
 end_to_end_latency; no entry point of its own), imported with ``tools/`` on the path, which
@@ -79,6 +85,8 @@ from dev.bench.compiled import (compile_row_specs, format_compiled_row,
                                 measure_compiled_row, resolve_compile)
 from dev.bench.ops import run_ops
 from dev.bench.rfdetr_onnx import MODELS as RFDETR_MODELS
+from dev.bench.rfdetr_train import DEFAULT_BATCH as RFDETR_TRAIN_BATCH
+from dev.bench.rfdetr_train import run_rfdetr_train
 from dev.bench.plan import (CLOCKS, DEFAULT_ARCH, DTYPES, MODELS, DevicePlan,
                             check_repeats, make_timer, parse_size, plan_for)
 from dev.bench.rows import (Row, RowSettings, RowSpec, format_row, measure_row,
@@ -148,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help='RF-DETR N (384 px; the default) or N-Seg (312 px), CPU: our graph and '
                         'model vs rfdetr\'s own ONNX export of the same weights '
                         '(tools/dev/bench/rfdetr_onnx.py)')
+    p.add_argument('--rfdetr-train', nargs='?', const='N', default=None,
+                   choices=list(RFDETR_MODELS),
+                   help='RF-DETR N (384 px; the default) or N-Seg (312 px), CPU: our training '
+                        'step and eval forward vs rfdetr\'s on the same batch '
+                        '(tools/dev/bench/rfdetr_train.py)')
     p.add_argument('--row', default=None, help=argparse.SUPPRESS)  # internal: one child row
     return p
 
@@ -179,7 +192,7 @@ def resolve(p: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespa
             p.error(f'--{name} must be at least {least}, got {value}')
     if args.compile:
         resolve_compile(p, args)
-    args.batch = args.batch or plan.batch
+    args.batch = args.batch or (RFDETR_TRAIN_BATCH if args.rfdetr_train else plan.batch)
     args.warmup = plan.warmup if args.warmup is None else args.warmup
     args.processes = args.processes or plan.processes
     return args
@@ -277,6 +290,13 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Row]:
         return []
     if args.rfdetr_onnx:
         return run_rfdetr(args)
+    if args.rfdetr_train:  # tools/dev/bench/rfdetr_train.py: its own table, in this process
+        result = run_rfdetr_train(args.timer, args.rfdetr_train, repeats=args.repeats,
+                                  warmup=args.warmup, batch=args.batch)
+        if args.json:
+            with open(args.json, 'w') as f:
+                json.dump(dict(rfdetr_train=result), f, indent=1)
+        return []
     if args.end_to_end:  # tools/dev/bench/end_to_end_latency.py: its own rows, in this process
         print(f'load average {os.getloadavg()[0]:.1f} (1 min)', flush=True)
         config, checkpoint, graph = args.end_to_end

@@ -4,5 +4,5 @@
 # docs/large_models.md). ViT-S needs no sharding to fit: this is the switch a larger backbone or
 # a larger batch would use, and the config the 2-rank test trains. Launch on 4 GPUs:
 #   tools/dist_train.sh configs/rfdetr/rfdetr_nano_fsdp.py 4 --cfg-options data_root=/path/to/coco/
-# (4 GPUs x 4 images x 4 accumulated = 64 per optimizer step; RF-DETR's 16: docs/rfdetr.md)
+# (4 GPUs x 4 images = 16 per optimizer step; RF-DETR trains 4 on one GPU: docs/rfdetr.md)
 _base_ = ['./rfdetr_nano.py', '../_base_/fsdp.py']

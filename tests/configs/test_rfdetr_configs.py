@@ -25,9 +25,8 @@ SIZES = {'nano': 'RFDETRNanoConfig', 'small': 'RFDETRSmallConfig',
          'seg_xlarge': 'RFDETRSegXLargeConfig', 'seg_2xlarge': 'RFDETRSeg2XLargeConfig'}
 #: optimizer steps of the EMA comparison (the warm-up, tau = 100 steps, and beyond)
 EMA_STEPS = 150
-#: mmdet's ExpMomentumEMA warms up with exp(-(1 + n) / gamma) on iterations n = 4 t, RF-DETR's
-#: with exp(-t / tau) on optimizer steps t: exp(-1 / 400) apart on the warm-up term (measured
-#: 2026-12-02: 1.3e-4 relative on the averaged weight)
+#: StepExpMomentumEMA's first average copies the weights of step 1, ModelEma's keeps 1% of its
+#: initial copy (decay 0.993 (1 - exp(-1 / 100))), which fades over the warm-up
 EMA_TOL = 1e-3
 
 
@@ -131,22 +130,26 @@ def test_recipe_is_rfdetrs():
     assert (step.type, step.milestones, step.gamma) == (
         'MultiStepLR', [_MANAGED_SCHEDULER_DEFAULTS['lr_drop']], 0.1)
     ema = cfg.custom_hooks[-1]
-    assert (ema.type, ema.ema_type, ema.update_buffers) == ('EMAHook', 'ExpMomentumEMA', True)
+    assert (ema.type, ema.ema_type, ema.update_buffers) == ('EMAHook', 'StepExpMomentumEMA', True)
     assert ema.momentum == pytest.approx(1 - train['ema_decay'])
+    assert ema.gamma == train['ema_tau']
+    assert optim.accumulative_counts == ema.interval == ema.begin_iter == train['grad_accum_steps']
 
 
 def test_ema_hook_averages_as_rfdetrs_model_ema():
-    """The config's EMA (mmdet's ExpMomentumEMA as mmengine's EMAHook calls it: after every
-    iteration, an optimizer step every ``accumulative_counts``) against rfdetr's ModelEma
-    updated after every optimizer step, on the same sequence of weights (a random walk)."""
-    from mmdet.models.layers import ExpMomentumEMA
+    """The config's EMA (our StepExpMomentumEMA as mmengine's EMAHook calls it: after every
+    iteration from ``begin_iter``, an optimizer step every ``accumulative_counts``) against
+    rfdetr's ModelEma updated after every optimizer step, on the same sequence of weights (a
+    random walk); tests/engine/test_rfdetr_trainer_parity.py checks it against rfdetr's
+    trainer."""
+    from vitdet_plugin.engine.hooks import StepExpMomentumEMA
     cfg = _cfg('nano')
     hook = cfg.custom_hooks[-1]
     accumulate = cfg.optim_wrapper.accumulative_counts
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
-    ours = ExpMomentumEMA(model, momentum=hook.momentum, gamma=hook.gamma,
-                          interval=hook.interval, update_buffers=hook.update_buffers)
+    ours = StepExpMomentumEMA(model, momentum=hook.momentum, gamma=hook.gamma,
+                              interval=hook.interval, update_buffers=hook.update_buffers)
     theirs = _model_ema_class()(model, decay=1 - hook.momentum, tau=cfg.ema_tau)
     for iteration in range(EMA_STEPS * accumulate):
         if (iteration + 1) % accumulate == 0:  # mmengine's optimizer step of this iteration
@@ -154,10 +157,8 @@ def test_ema_hook_averages_as_rfdetrs_model_ema():
                 for p in model.parameters():
                     p.add_(torch.randn_like(p))
             theirs.update(model)
-        ours.update_parameters(model)
-    # mmengine averages on iterations 0, 4, 8, ...: the weights of the step taken in iteration
-    # 4 t - 1 enter the average in the hook of iteration 4 t (one iteration later)
-    ours.update_parameters(model)
+        if iteration + 1 >= hook.begin_iter:  # EMAHook's _ema_started
+            ours.update_parameters(model)
     for (name, mine), ref in zip(ours.module.state_dict().items(),
                                  theirs.module.state_dict().values()):
         err = ((mine - ref).norm() / ref.norm()).item()

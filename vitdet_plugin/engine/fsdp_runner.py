@@ -23,7 +23,9 @@ stock runner, all through torch's distributed-checkpoint API
   ranks shard by shard (``broadcast_from_rank0=True``): no rank materialises a second full
   copy of the model.
 * **resume**: model, optimizer (``set_optimizer_state_dict``), schedulers, message hub and
-  iteration: continuing gives bit-identically the weights of an uninterrupted run.
+  iteration: continuing gives bit-identically the weights of an uninterrupted run. An
+  epoch-based run continues at its epoch times this run's iterations per epoch, so a
+  checkpoint written on another number of ranks starts whole accumulation windows.
 
 EMA: every ``EMAHook`` of ``custom_hooks`` is built as :class:`~.fsdp_ema.FSDP2EMAHook`
 (same arguments; averaged weights sharded like the parameters, ``ema_state_dict`` gathered on
@@ -42,7 +44,7 @@ from mmengine.hooks import CheckpointHook
 from mmengine.model import is_model_wrapper
 from mmengine.optim import OptimWrapper
 from mmengine.registry import MODEL_WRAPPERS, RUNNERS
-from mmengine.runner import Runner
+from mmengine.runner import EpochBasedTrainLoop, Runner
 from mmengine.runner.checkpoint import _load_checkpoint, _load_checkpoint_to_model
 import torch
 from torch import nn
@@ -364,15 +366,50 @@ class FSDP2Runner(Runner):
                resume_param_scheduler: bool = True,
                map_location: Union[str, Any] = 'default') -> None:
         """The stock resume, with the optimizer state set shard by shard: from rank 0's (a
-        file) or from each rank's own (a DCP directory)."""
+        file) or from each rank's own (a DCP directory); an epoch-based run continues at
+        :meth:`_epoch_start_iter`."""
         if not self._is_fsdp():
-            return super().resume(filename, resume_optimizer, resume_param_scheduler,
-                                  map_location)
-        super().resume(filename, resume_optimizer=False,
-                       resume_param_scheduler=resume_param_scheduler, map_location='cpu')
-        checkpoint, self._loaded = self._loaded, {}
-        if resume_optimizer and checkpoint.get('has_optimizer'):
-            self._load_optimizer(checkpoint, self._loaded_sharded)
+            super().resume(filename, resume_optimizer, resume_param_scheduler, map_location)
+        else:
+            super().resume(filename, resume_optimizer=False,
+                           resume_param_scheduler=resume_param_scheduler, map_location='cpu')
+            checkpoint, self._loaded = self._loaded, {}
+            if resume_optimizer and checkpoint.get('has_optimizer'):
+                self._load_optimizer(checkpoint, self._loaded_sharded)
+        if isinstance(self.train_loop, EpochBasedTrainLoop):
+            self.train_loop._iter = self._epoch_start_iter()
+
+    def load_or_resume(self) -> None:
+        """The stock ``load_from`` / resume, then a warning where checkpoints would fall inside
+        a gradient-accumulation window (a run resumed from one loses the window's gradients):
+        an epoch-based run whose epochs are not whole windows, an iteration-based one whose
+        checkpoint interval is not."""
+        super().load_or_resume()
+        counts = getattr(self.optim_wrapper, '_accumulative_counts', 1)
+        loop = self.train_loop
+        if isinstance(loop, EpochBasedTrainLoop):
+            every, unit = len(loop.dataloader), 'an epoch is'
+        else:
+            hook = next((h for h in self.hooks if isinstance(h, CheckpointHook)), None)
+            if hook is None or hook.by_epoch:
+                return
+            every, unit = hook.interval, 'checkpoints are every'
+        if every % counts:
+            self.logger.warning(
+                f'{unit} {every} iterations, not a multiple of optim_wrapper.'
+                f'accumulative_counts={counts}: checkpoints fall inside accumulation windows '
+                f'and a run resumed from one loses the partial window\'s gradients; make it a '
+                f'multiple (batch size, number of GPUs, checkpoint interval) or accumulate '
+                f'less with a larger batch')
+
+    def _epoch_start_iter(self) -> int:
+        """The iteration at which a resumed epoch-based run starts: its epoch times this run's
+        iterations per epoch. The checkpoint's own count is per rank of the run that wrote it:
+        resumed on another number of ranks (or batch size), it would put this run's iteration
+        count, its ``max_iters`` and the gradient-accumulation windows (counted from iteration
+        0 by ``OptimWrapper``) out of step with its epochs."""
+        loop = self.train_loop
+        return loop.epoch * len(loop.dataloader)
 
     def _load_optimizer(self, checkpoint: Dict[str, Any], sharded: bool) -> None:
         if sharded:  # every rank holds its shards and the same small entries

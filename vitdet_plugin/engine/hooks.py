@@ -6,6 +6,8 @@
   lists and ints only, so checkpoints stay loadable with ``torch.load(weights_only=True)``.
 * :class:`NonFiniteCheckHook` (defined in :mod:`.nonfinite`, re-exported here) guards the
   optimizer step against NaN/Inf losses, gradients and backbone / neck outputs.
+* :class:`StepExpMomentumEMA`: mmdet's ``ExpMomentumEMA`` averaged once per optimizer step
+  when gradients are accumulated (an ``EMAHook`` ``ema_type``; RF-DETR's EMA).
 
 Use them through ``custom_hooks = [dict(type='RNGStateHook'), dict(type='NonFiniteCheckHook')]``.
 """
@@ -15,6 +17,8 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 import torch
+from mmdet.models.layers import ExpMomentumEMA
+from mmdet.registry import MODELS
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.registry import HOOKS
@@ -91,6 +95,27 @@ class _RestoreAfterSkip:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._iterator, name)
+
+
+@MODELS.register_module()
+class StepExpMomentumEMA(ExpMomentumEMA):
+    """``ExpMomentumEMA`` counted in optimizer steps, for gradients accumulated over
+    ``interval`` iterations.
+
+    With ``EMAHook(ema_type='StepExpMomentumEMA', interval=k, begin_iter=k, ...)`` and
+    ``optim_wrapper.accumulative_counts=k``, the averaged model copies the weights after the
+    first optimizer step and then averages right after every later one (iterations ``k - 1``,
+    ``2k - 1``, ...); the model's weight after optimizer step ``t`` (from 1) is ``momentum +
+    (1 - momentum) * exp(-t / gamma)``: RF-DETR's EMA (``RFDETREMACallback``: ``ema_decay = 1 -
+    momentum``, ``ema_tau = gamma``). mmdet's class counts iterations instead, so with ``k > 1``
+    it would average half-accumulated steps' weights on another warm-up curve. ``k = 1``: the
+    same as ``ExpMomentumEMA``.
+    """
+
+    def avg_func(self, averaged_param: torch.Tensor, source_param: torch.Tensor,
+                 steps: int) -> None:
+        # ``steps`` counts the hook's calls from the first optimizer step, one per iteration
+        super().avg_func(averaged_param, source_param, steps // self.interval)
 
 
 @HOOKS.register_module()

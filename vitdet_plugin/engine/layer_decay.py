@@ -18,9 +18,11 @@ The constructor reads the backbone's declared contract
 Weight decay is 0 for the backbone's ``no_weight_decay()`` parameters (its norms, biases,
 position embeddings and relative-position tables); outside the backbone, for norm layers and
 biases (``norm_decay_mult`` / ``bias_decay_mult``) and the :data:`DEFAULT_NO_DECAY_NAMES`;
-``base_wd`` elsewhere. ``lr_mults`` scales the lr of whole modules on top (RF-DETR's lower
-ViT and decoder rates). Parameters are grouped by (layer, decay, multiplier) and each group carries
-``lr_scale``, ``layer_id`` and ``param_names`` for inspection.
+``base_wd`` elsewhere, and on the ``decay_names`` whatever the rules above say (RF-DETR decays
+the ViT's LayerScale, which the backbone declares no-decay). ``lr_mults`` scales the lr of whole
+modules on top (RF-DETR's lower ViT and decoder rates). Parameters are grouped by (layer,
+decay, multiplier) and each group carries ``lr_scale``, ``layer_id`` and ``param_names`` for
+inspection.
 
 Config::
 
@@ -30,7 +32,7 @@ Config::
         paramwise_cfg=dict(layer_decay_rate=0.7))
 """
 import logging
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from mmengine.logging import print_log
 from mmengine.optim import DefaultOptimWrapperConstructor
@@ -46,7 +48,7 @@ DEFAULT_NO_DECAY_NAMES = ('pos_embed', 'absolute_pos_embed', 'relative_position_
                           'rel_pos_h', 'rel_pos_w', 'cls_token', 'dist_token', 'mask_token')
 _NORM_TYPES = (_BatchNorm, _InstanceNorm, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
 _OPTIONS = ('layer_decay_rate', 'num_layers', 'no_decay_names', 'extra_no_decay_names',
-            'norm_decay_mult', 'bias_decay_mult', 'lr_mults')
+            'decay_names', 'norm_decay_mult', 'bias_decay_mult', 'lr_mults')
 
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()
@@ -63,6 +65,9 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
             ``panoptic_head.query_embed.weight``); replaces :data:`DEFAULT_NO_DECAY_NAMES`.
         extra_no_decay_names (sequence of str, optional): added to ``no_decay_names`` (e.g. a
             DETR / Mask2Former head's ``('query_embed', 'query_feat', 'level_embed')``).
+        decay_names (sequence of str, optional): names matched the same way that get the base
+            weight decay even where the backbone's ``no_weight_decay()`` or the names above
+            exempt them (RF-DETR's recipe: ``['gamma']``, the ViT's LayerScale).
         norm_decay_mult, bias_decay_mult (float): weight-decay multipliers of norm layers and
             biases (default 0).
         lr_mults (dict, optional): module name -> lr multiplier for the parameters below it
@@ -87,12 +92,13 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
             raise ValueError('the optimizer config needs an lr for layer-wise lr decay')
         self.layer_decay_rate = rate
         self.num_layers = None if num_layers is None else int(num_layers)
-        for key in ('no_decay_names', 'extra_no_decay_names'):
+        for key in ('no_decay_names', 'extra_no_decay_names', 'decay_names'):
             if isinstance(cfg.get(key), str):
                 raise ValueError(f'{key}={cfg[key]!r} must be a list of names, e.g. '
                                  f'[{cfg[key]!r}]')
         self.no_decay_names = frozenset(cfg.get('no_decay_names', DEFAULT_NO_DECAY_NAMES)) | \
             frozenset(cfg.get('extra_no_decay_names', ()))
+        self.decay_names = frozenset(cfg.get('decay_names', ()))
         self.norm_decay_mult = float(cfg.get('norm_decay_mult', 0.0))
         self.bias_decay_mult = float(cfg.get('bias_decay_mult', 0.0))
         self.lr_mults = {str(k): float(v) for k, v in dict(cfg.get('lr_mults') or {}).items()}
@@ -101,9 +107,13 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
         cfg.setdefault('layer_decay_rate', rate)  # non-empty: always go through add_params
         self.paramwise_cfg = cfg
 
-    def _decay_mult(self, name: str, module: nn.Module) -> float:
+    def _decay_mult(self, name: str, module: nn.Module, no_decay: Set[str]) -> float:
+        """The weight-decay multiplier of parameter ``name`` of ``module`` (``no_decay``: the
+        backbone's no-decay parameter names)."""
         short = name.rsplit('.', 1)[-1]
-        if not self.no_decay_names.isdisjoint(name.split('.')):
+        if not self.decay_names.isdisjoint(name.split('.')):
+            return 1.0
+        if name in no_decay or not self.no_decay_names.isdisjoint(name.split('.')):
             return 0.0
         if isinstance(module, _NORM_TYPES):
             return self.norm_decay_mult
@@ -141,7 +151,7 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
                 layer = min(backbone.layer_id(name[len(prefix):]), num_layers + 1)
                 if layer == backbone_layers + 1:
                     layer = num_layers + 1
-            wd = base_wd * (0.0 if name in no_decay else self._decay_mult(name, owner[name]))
+            wd = base_wd * self._decay_mult(name, owner[name], no_decay)
             mult = self._lr_mult(name)
             group = groups.get((layer, wd, mult))
             if group is None:

@@ -5,7 +5,8 @@
 #   (P4) -> LWDETRHead (300 queries, 13 Group DETR groups, IA-BCE);
 # * data: RF-DETR's resizes (vitdet_plugin.datasets.rfdetr_transforms): RFDETRTrainResize and
 #   per-batch scales (RFDETRBatchScale) from `resolution`, RFDETRResize as its predict at test;
-# * recipe: AdamW with layer decay, EMA, batch 4 x 4 accumulated, 100 epochs.
+# * recipe: rfdetr's TrainConfig (AdamW with layer decay, EMA per optimizer step, batch 4),
+#   checked step for step against its trainer (tests/engine/test_rfdetr_trainer_parity.py).
 # RF-DETR's .pth files: tools/convert_weights.py --model rfdetr, then load_from=THAT_FILE.
 _base_ = ['../../_base_/datasets/coco_detection.py', '../../_base_/default_runtime.py']
 
@@ -21,7 +22,7 @@ num_decoder_layers = 2
 max_epochs = 100
 lr_drop = 100
 batch_size = 4
-grad_accum_steps = 4
+grad_accum_steps = 1
 #: RF-DETR's lr, weight_decay, lr_vit_layer_decay, clip_max_norm, ema_tau
 base_lr = 1e-4
 #: RF-DETR's ViT lr relative to `base_lr`: lr_encoder 1.5e-4 x lr_component_decay 0.7 squared
@@ -109,7 +110,12 @@ optim_wrapper = dict(
     constructor='LayerDecayOptimWrapperConstructor',
     paramwise_cfg=dict(layer_decay_rate=layer_decay_rate, num_layers=decay_layers,
                        lr_mults={'backbone': backbone_lr_mult,
-                                 'bbox_head.decoder': decoder_lr_mult}),
+                                 'bbox_head.decoder': decoder_lr_mult},
+                       # RF-DETR's weight decay: none on the ViT's norms, biases, embeddings
+                       # (patch embedding included); on its LayerScale and on everything
+                       # outside the ViT, norms and biases too
+                       extra_no_decay_names=['patch_embed'], decay_names=['gamma'],
+                       norm_decay_mult=1.0, bias_decay_mult=1.0),
     accumulative_counts=grad_accum_steps,
     clip_grad=dict(max_norm=clip_max_norm, norm_type=2))
 
@@ -119,16 +125,16 @@ test_cfg = dict(type='TestLoop')
 param_scheduler = [dict(type='MultiStepLR', by_epoch=True, begin=0, end=max_epochs,
                         milestones=[lr_drop], gamma=0.1)]
 
-# RF-DETR's ModelEma: ema = d * ema + (1 - d) * model after optimizer step t (from 1), buffers
-# too, d = 0.993 * (1 - exp(-t / tau)): the model's weight 1 - d = 0.007 + 0.993 exp(-t / tau).
-# mmdet's ExpMomentumEMA gives the model m + (1 - m) exp(-(1 + n) / gamma): the same curve with
-# m = 1 - 0.993; it counts iterations n, so it updates every `grad_accum_steps` iterations (once
-# per optimizer step) with gamma = tau x grad_accum_steps.
+# RF-DETR's EMA: ema = d * ema + (1 - d) * model after optimizer step t (from 1; buffers too),
+# d = 0.993 * (1 - exp(-t / tau)), the first step copied: the model's weight 1 - d = 0.007 +
+# 0.993 exp(-t / tau), StepExpMomentumEMA's curve with momentum 1 - 0.993 and gamma = tau, one
+# average per optimizer step (interval and begin_iter: the accumulated iterations of one step)
 custom_hooks = _base_.custom_hooks + [
-    dict(type='EMAHook', ema_type='ExpMomentumEMA', momentum=ema_momentum,
-         gamma=ema_tau * grad_accum_steps, interval=grad_accum_steps, update_buffers=True,
+    dict(type='EMAHook', ema_type='StepExpMomentumEMA', momentum=ema_momentum, gamma=ema_tau,
+         interval=grad_accum_steps, begin_iter=grad_accum_steps, update_buffers=True,
          priority=49)]
 
-# RF-DETR's effective batch is 16 (4 x 4 on one GPU): on N GPUs, keep 16 with
-# optim_wrapper.accumulative_counts=4/N (and the EMA interval / gamma with it), or scale the lr
+# RF-DETR's batch is 4 (TrainConfig.batch_size 4, grad_accum_steps 1): on N GPUs, 4N per step;
+# a larger batch on fewer GPUs: optim_wrapper.accumulative_counts=k with the EMA hook's interval
+# and begin_iter k (tests/engine/test_rfdetr_trainer_parity.py checks k = 2 against rfdetr)
 auto_scale_lr = dict(enable=False, base_batch_size=batch_size * grad_accum_steps)
