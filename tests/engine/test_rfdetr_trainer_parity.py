@@ -174,9 +174,11 @@ def _our_runner(case: Case, tmp_path, start: Dict[str, Tensor], batches) -> Runn
     head = cfg.model.bbox_head
     head.num_classes, head.num_queries = LOGITS, case.queries
     cfg.model.backbone.pretrain_img_size = case.side
-    # rfdetr's per-batch scales, drawn from its resolution: the batch augment's
+    # rfdetr's per-batch scales, drawn from its resolution once per optimizer step: the batch
+    # augment's (the config's grad_accum_steps sets its interval as it sets the accumulation)
     cfg.model.data_preprocessor.batch_augments = [
-        dict(a, resolution=case.side) for a in cfg.model.data_preprocessor.batch_augments]
+        dict(a, resolution=case.side, interval=case.accumulate)
+        for a in cfg.model.data_preprocessor.batch_augments]
     model = cfg.model
     with DefaultScope.overwrite_default_scope('mmdet'):
         from mmdet.registry import MODELS
