@@ -12,13 +12,19 @@ from lwdetr_reference import (CLASSES, FFN, GROUPS, QUERIES, WIDTH, abs_err, bui
                               tiny_detector)
 from vitdet_plugin.models.heads.lwdetr_head import LWDETRHead
 from vitdet_plugin.weights.lwdetr_keys import rfdetr_head_key, rfdetr_head_state_dict
-from vitdet_plugin.models.heads.lwdetr_transformer import flatten_memory
+from vitdet_plugin.models.heads.detr_memory import flatten_levels, image_sizes
 
 #: Issue 50's tolerance of ``pred_logits`` / ``pred_boxes`` (absolute).
 TOL = 1e-4
 #: Two map sizes of the P4 level (RF-DETR N 384 px: 24 x 24; here shrunk), one padded batch
 #: (image 2 smaller than the batch), one with a rectangular map.
 CASES = [((6, 6), [(96, 96), (96, 96)]), ((5, 8), [(80, 128), (64, 96)])]
+
+
+def _memory(feats, metas):
+    """The head's memory of ``feats`` for images described by ``metas``."""
+    img_hw, batch_shape = image_sizes(metas, len(metas), feats[0].device)
+    return flatten_levels(feats, img_hw, batch_shape)
 
 
 def _compare(ours, ref, layers):
@@ -49,7 +55,7 @@ def test_head_matches_rfdetr_at_test(size, shape, img_shapes):
     with torch.no_grad():
         ref = run_reference(pair, feats, masks)
         ours = pair.ours(feats, metas)
-        top = pair.ours.proposals(flatten_memory(feats, metas), 1).token_inds
+        top = pair.ours.proposals(_memory(feats, metas), 1).token_inds
     hook.remove()
     # rfdetr's proposals: the top QUERIES tokens by the best class logit of its group-0 head
     expected_top = captured[0].max(-1).values.topk(QUERIES, dim=1).indices
@@ -182,7 +188,7 @@ def test_dense_one_to_many_adds_a_loss_on_every_usable_token():
     assert torch.equal(reached, usable)
     selected = torch.zeros(2, 36, dtype=torch.bool)
     with torch.no_grad():
-        selected.scatter_(1, plain.proposals(flatten_memory([x], metas), GROUPS).token_inds, True)
+        selected.scatter_(1, plain.proposals(_memory([x], metas), GROUPS).token_inds, True)
     selected &= usable.flatten(1)  # a selected padded token's memory is zeroed (RF-DETR's)
     assert torch.equal(top_k.abs().sum(1).flatten(1) > 0, selected)
     assert int(selected.sum()) < int(usable.sum())

@@ -23,9 +23,10 @@ from mmengine.structures import InstanceData
 from torch import Tensor, nn
 
 from ..layers.mlp import Mlp
+from .detr_core import HeadOutputs, gather_rows, instances
+from .detr_memory import Shape, image_sizes
 from .lwdetr_head import LWDETRHead
 from .lwdetr_seg_loss import POINT_SAMPLE_RATIO, LayerMasks, MaskGroupSetCriterion
-from .sdpa_detr_head import HeadOutputs, topk_detections
 
 #: Mask resolution: the padded batch divided by this (RF-DETR's ``mask_downsample_ratio``).
 MASK_DOWNSAMPLE_RATIO = 4
@@ -80,9 +81,11 @@ class MaskEmbeddings(NamedTuple):
         """Layer ``i``'s embeddings, as the criterion takes them."""
         return LayerMasks(self.pixels[i], self.queries[i], self.bias)
 
-    def logits(self, i: int) -> Tensor:
-        """Mask logits of every query of layer ``i``: ``(B, G*Q, Hm, Wm)``."""
-        return torch.einsum('bchw,bqc->bqhw', self.pixels[i], self.queries[i]) + self.bias
+    def logits(self, i: int, queries: Optional[Tensor] = None) -> Tensor:
+        """Mask logits of layer ``i``: of every query ``(B, G*Q, Hm, Wm)``, or of the
+        ``(B, k)`` ``queries`` only, ``(B, k, Hm, Wm)``."""
+        embed = self.queries[i] if queries is None else gather_rows(self.queries[i], queries)
+        return torch.einsum('bchw,bqc->bqhw', self.pixels[i], embed) + self.bias
 
 
 class MaskBranch(nn.Module):
@@ -105,7 +108,7 @@ class MaskBranch(nn.Module):
         self.bias = nn.Parameter(torch.zeros(1))
 
     def forward(self, feat: Tensor, hidden: Tensor, enc_hidden: Tensor,
-                batch_shape: Tuple[int, int]) -> MaskEmbeddings:
+                batch_shape: Shape) -> MaskEmbeddings:
         """``feat (B, C, h, w)`` covering the padded batch ``batch_shape``, every layer's
         queries ``hidden (L, B, G*Q, C)`` and the proposals' ``enc_hidden (B, G*Q, C)``."""
         size = (batch_shape[0] // self.downsample_ratio, batch_shape[1] // self.downsample_ratio)
@@ -191,10 +194,15 @@ class LWDETRSegHead(LWDETRHead):
         if not batch_img_metas:
             raise ValueError('LWDETRSegHead needs the image metas (batch_input_shape sets the '
                              'mask resolution); call it through loss / predict')
-        decoded = self.decode(feats, batch_img_metas)
-        masks = self.mask_branch(feats[0], decoded.hidden, decoded.proposals.hidden,
-                                 tuple(batch_img_metas[0]['batch_input_shape']))
-        return SegHeadOutputs(self.detections(decoded), masks)
+        img_hw, batch_shape = image_sizes(batch_img_metas, feats[0].shape[0], feats[0].device)
+        return self.forward_images(feats, img_hw, batch_shape)
+
+    def forward_images(self, feats: Sequence[Tensor], img_hw: Tensor,  # type: ignore[override]
+                       batch_shape: Shape) -> SegHeadOutputs:
+        """:meth:`LWDETRHead.forward_images` and the mask embeddings."""
+        decoded = self.decode(feats, img_hw, batch_shape)
+        masks = self.mask_branch(feats[0], decoded.hidden, decoded.proposals.hidden, batch_shape)
+        return SegHeadOutputs(self.outputs(decoded), masks)
 
     def loss_by_feat(self, outs: SegHeadOutputs,  # type: ignore[override]
                      batch_gt_instances: Sequence[InstanceData],
@@ -211,15 +219,13 @@ class LWDETRSegHead(LWDETRHead):
                         batch_img_metas: Sequence[dict],
                         rescale: bool = True) -> List[InstanceData]:
         """:class:`LWDETRHead`'s detections with their ``masks`` (bool, image size)."""
-        cls, boxes = outs.det.all_cls_scores[-1].float(), outs.det.all_bbox_preds[-1].float()
-        mask_logits = outs.masks.logits(-1)                                     # (B, Q, Hm, Wm)
-        max_per_img = int(self.test_cfg.get('max_per_img', self.default_max_per_img))
-        score_thr = float(self.test_cfg.get('score_thr', 0.0))
-        results = []
-        for i, meta in enumerate(batch_img_metas):
-            found = topk_detections(cls[i], boxes[i], meta, rescale, max_per_img, score_thr,
-                                    with_query_inds=True)
-            found.masks = masks_to_image(mask_logits[i, found.query_inds], meta, rescale)
-            del found.query_inds
-            results.append(found)
+        img_hw, _ = image_sizes(batch_img_metas, len(batch_img_metas),
+                                outs.det.all_cls_scores.device)
+        dets = self.detections(outs.det, img_hw)
+        logits = outs.masks.logits(-1, dets.queries)                           # (B, k, Hm, Wm)
+        results = instances(dets, batch_img_metas, rescale,
+                            float(self.test_cfg.get('score_thr', 0.0)))
+        for i, (found, meta) in enumerate(zip(results, batch_img_metas)):
+            # the scores above score_thr are the first of the descending top-k
+            found.masks = masks_to_image(logits[i, :len(found)], meta, rescale)
         return results

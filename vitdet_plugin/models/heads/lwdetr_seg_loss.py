@@ -132,7 +132,7 @@ class MaskGroupSetCriterion(GroupSetCriterion):
                                        masks, gt_masks, num_groups)
         losses = super().forward(cls_scores, boxes, batch_gt_instances, batch_img_metas,
                                  matches, num_groups)
-        avg = self.avg_factor(batch_gt_instances, num_groups, cls_scores)
+        avg = self.avg_factor(batch_gt_instances, num_groups, 0, cls_scores)
         losses.update(self.mask_losses(masks, gt_masks, matches, avg))
         return losses
 
