@@ -205,10 +205,17 @@ class SdpaDETRHead(SetPredictionHead):
         return self.forward_memory(self.memory(feats, batch_img_metas), batch_img_metas,
                                    batch_gt_instances)
 
+    def forward_images(self, feats: Sequence[Tensor], img_hw: Tensor,
+                       batch_shape: Tuple[int, int]) -> HeadOutputs:
+        """:meth:`forward` at test for maps covering the padded batch ``batch_shape`` of images
+        of ``img_hw`` ``(B, 2)`` (the exported graph's entry: its symbolic sizes)."""
+        return self.forward_memory(self.memory.flatten(self.memory.select(feats), batch_shape,
+                                                       img_hw.float()))
+
     def forward_memory(self, fm: FlatMemory, batch_img_metas: Optional[Sequence[dict]] = None,
                        batch_gt_instances: Optional[Sequence[InstanceData]] = None
                        ) -> HeadOutputs:
-        """:meth:`forward` from the flattened memory (the ONNX export builds it itself)."""
+        """:meth:`forward` from the flattened memory."""
         memory = self._encode(fm)
         proposals = self._initial_queries(fm, memory)
         query, ref = proposals.query, proposals.ref
