@@ -23,7 +23,7 @@ from mmengine.structures import InstanceData
 from torch import Tensor, nn
 
 from ..layers.mlp import Mlp
-from .detr_core import HeadOutputs, gather_rows, instances
+from .detr_core import HeadOutputs, instances
 from .detr_memory import Shape, image_sizes
 from .lwdetr_head import LWDETRHead
 from .lwdetr_seg_loss import POINT_SAMPLE_RATIO, LayerMasks, MaskGroupSetCriterion
@@ -69,23 +69,13 @@ class ResidualMlp(nn.Module):
 
 
 class MaskEmbeddings(NamedTuple):
-    """Per decoder layer: pixel embeddings ``(B, C, Hm, Wm)`` and query embeddings
-    ``(L, B, G*Q, C)``; the proposals' (``(B, C, Hm, Wm)``, ``(B, G*Q, C)``); the bias."""
-    pixels: Tuple[Tensor, ...]
-    queries: Tensor
-    enc_pixels: Tensor
-    enc_queries: Tensor
-    bias: Tensor
-
-    def layer(self, i: int) -> LayerMasks:
-        """Layer ``i``'s embeddings, as the criterion takes them."""
-        return LayerMasks(self.pixels[i], self.queries[i], self.bias)
+    """Every decoder layer's mask embeddings and the proposals'."""
+    layers: Tuple[LayerMasks, ...]
+    enc: LayerMasks
 
     def logits(self, i: int, queries: Optional[Tensor] = None) -> Tensor:
-        """Mask logits of layer ``i``: of every query ``(B, G*Q, Hm, Wm)``, or of the
-        ``(B, k)`` ``queries`` only, ``(B, k, Hm, Wm)``."""
-        embed = self.queries[i] if queries is None else gather_rows(self.queries[i], queries)
-        return torch.einsum('bchw,bqc->bqhw', self.pixels[i], embed) + self.bias
+        """Layer ``i``'s mask logits (:meth:`LayerMasks.logits`)."""
+        return self.layers[i].logits(queries)
 
 
 class MaskBranch(nn.Module):
@@ -113,13 +103,14 @@ class MaskBranch(nn.Module):
         queries ``hidden (L, B, G*Q, C)`` and the proposals' ``enc_hidden (B, G*Q, C)``."""
         size = (batch_shape[0] // self.downsample_ratio, batch_shape[1] // self.downsample_ratio)
         x = F.interpolate(feat, size=size, mode='bilinear', align_corners=False)  # (B,C,Hm,Wm)
-        enc_pixels = self.pixel_proj(x)
-        pixels = []
-        for block in self.blocks:
+        enc = LayerMasks(self.pixel_proj(x), self.query_proj(self.query_mlp(enc_hidden)),
+                         self.bias)
+        queries = self.query_proj(self.query_mlp(hidden))                      # (L, B, G*Q, C)
+        layers = []
+        for block, layer_queries in zip(self.blocks, queries):
             x = block(x)
-            pixels.append(self.pixel_proj(x))
-        return MaskEmbeddings(tuple(pixels), self.query_proj(self.query_mlp(hidden)), enc_pixels,
-                              self.query_proj(self.query_mlp(enc_hidden)), self.bias)
+            layers.append(LayerMasks(self.pixel_proj(x), layer_queries, self.bias))
+        return MaskEmbeddings(tuple(layers), enc)
 
 
 class SegHeadOutputs(NamedTuple):
@@ -209,11 +200,9 @@ class LWDETRSegHead(LWDETRHead):
                      batch_img_metas: Sequence[dict]) -> Dict[str, Tensor]:
         """:class:`LWDETRHead`'s losses with ``loss_mask`` / ``loss_dice`` on every decoder
         layer and the proposals, matches weighing the masks too."""
-        layers: List[Dict[str, Any]] = [dict(masks=outs.masks.layer(i))
-                                        for i in range(len(outs.masks.pixels))]
-        enc = LayerMasks(outs.masks.enc_pixels, outs.masks.enc_queries, outs.masks.bias)
+        layers: List[Dict[str, Any]] = [dict(masks=m) for m in outs.masks.layers]
         return self.group_losses(outs.det, batch_gt_instances, batch_img_metas, layers,
-                                 dict(masks=enc))
+                                 dict(masks=outs.masks.enc))
 
     def predict_by_feat(self, outs: SegHeadOutputs,  # type: ignore[override]
                         batch_img_metas: Sequence[dict],

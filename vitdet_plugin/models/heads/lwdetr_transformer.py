@@ -1,9 +1,10 @@
 """The LW-DETR / RF-DETR decoder: post-norm layers with multi-scale deformable cross-attention.
 
 Each layer: self-attention of the queries (within each query group: Group DETR trains
-``num_groups`` independent query sets in one batch), mmcv's ``MultiScaleDeformableAttention``
-to the memory (its parameter names; on CUDA it runs ``mmcv._ext``, i.e. compiled mmcv or our
-compile-free op; elsewhere mmcv's PyTorch form), a ReLU FFN, a LayerNorm after each. The query
+``num_groups`` independent query sets in one batch), deformable attention to the memory
+(:func:`deformable_attention` on mmcv's ``MultiScaleDeformableAttention``: its parameters, the
+levels' sizes given as ints so that the layer traces into an exported graph; on CUDA mmcv's op,
+``mmcv._ext``: compiled mmcv or our compile-free op), a ReLU FFN, a LayerNorm after each. The query
 position is an MLP of the sine encoding of the reference box. With RF-DETR's
 ``lite_refpoint_refine`` every layer attends around the same initial reference boxes (no
 layer-by-layer refinement) and the box of every layer is predicted relative to them.

@@ -59,6 +59,15 @@ def _factor(img_meta: dict, like: Tensor) -> Tensor:
     return like.new_tensor([img_w, img_h, img_w, img_h])[None]
 
 
+def _cost_inputs(cls_score: Tensor, boxes: Tensor, gt_instances: InstanceData,
+                 img_meta: dict) -> Tuple[InstanceData, InstanceData]:
+    """One image's predictions (``(Q, K)`` logits, ``(Q, 4)`` normalised cxcywh) and ground truth
+    as mmdet's match costs take them: fp32, boxes xyxy in pixels."""
+    pred = InstanceData(scores=cls_score.float(),
+                        bboxes=bbox_cxcywh_to_xyxy(boxes.float()) * _factor(img_meta, boxes))
+    return pred, InstanceData(bboxes=gt_instances.bboxes.float(), labels=gt_instances.labels)
+
+
 class SetCriterion(nn.Module):
     """One-to-one matched set loss of DETR-style predictions.
 
@@ -98,9 +107,7 @@ class SetCriterion(nn.Module):
         Returns:
             ``(query_inds, gt_inds)`` of the matched pairs.
         """
-        pred = InstanceData(scores=cls_score.float(),
-                            bboxes=bbox_cxcywh_to_xyxy(boxes.float()) * _factor(img_meta, boxes))
-        gt = InstanceData(bboxes=gt_instances.bboxes.float(), labels=gt_instances.labels)
+        pred, gt = _cost_inputs(cls_score, boxes, gt_instances, img_meta)
         if masks is not None:
             pred.masks, gt.masks = masks.float(), gt_instances.masks
         result = self.assigner.assign(pred_instances=pred, gt_instances=gt, img_meta=img_meta)
@@ -123,11 +130,13 @@ class SetCriterion(nn.Module):
         num_gts, num_preds = len(gt_instances), boxes.shape[0]
         if num_gts == 0 or num_preds == 0:
             return empty, empty
-        pred = InstanceData(scores=cls_score.float(),
-                            bboxes=bbox_cxcywh_to_xyxy(boxes.float()) * _factor(img_meta, boxes))
-        gt = InstanceData(bboxes=gt_instances.bboxes.float(), labels=gt_instances.labels)
+        costs = getattr(self.assigner, 'match_costs', None)
+        if not costs:
+            raise ValueError(f'one-to-many matching needs an assigner with match_costs (mmdet\'s '
+                             f'HungarianAssigner), got {type(self.assigner).__name__}')
+        pred, gt = _cost_inputs(cls_score, boxes, gt_instances, img_meta)
         cost = torch.stack([c(pred_instances=pred, gt_instances=gt, img_meta=img_meta)
-                            for c in self.match_costs]).sum(0)                   # (Q, G)
+                            for c in costs]).sum(0)                              # (Q, G)
         if invalid is not None:
             cost = cost.masked_fill(invalid[:, None], float('inf'))
         top = cost.topk(min(k, num_preds), dim=0, largest=False).indices        # (k, G)
@@ -135,15 +144,6 @@ class SetCriterion(nn.Module):
         best_cost, best_gt = cost.masked_fill(~taken, float('inf')).min(1)       # (Q,)
         query_inds = torch.nonzero(torch.isfinite(best_cost), as_tuple=False).squeeze(-1)
         return query_inds, best_gt[query_inds]
-
-    @property
-    def match_costs(self) -> List[nn.Module]:
-        """The assigner's weighted match costs (mmdet's ``HungarianAssigner.match_costs``)."""
-        costs = getattr(self.assigner, 'match_costs', None)
-        if not costs:
-            raise ValueError(f'one-to-many matching needs an assigner with match_costs (mmdet\'s '
-                             f'HungarianAssigner), got {type(self.assigner).__name__}')
-        return list(costs)
 
     @torch.no_grad()
     def match_groups(self, cls_score: Tensor, boxes: Tensor, gt_instances: InstanceData,
