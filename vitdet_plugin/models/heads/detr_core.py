@@ -12,7 +12,7 @@
   their best class logit), with the count taken from the tensor's shape so that an exported
   graph keeps it symbolic.
 """
-from typing import (Any, Callable, ClassVar, Dict, Iterable, List, NamedTuple, Optional, Sequence,
+from typing import (Any, ClassVar, Dict, Iterable, List, NamedTuple, Optional, Sequence,
                     Tuple, cast)
 
 import torch
@@ -22,7 +22,7 @@ from mmengine.structures import InstanceData
 from torch import Tensor, nn
 
 from .detr_memory import image_sizes
-from .set_criterion import cxcywh_to_xyxy
+from .set_criterion import SetCriterion, cxcywh_to_xyxy
 
 #: Prior probability of the classification logits at init (focal-loss init).
 CLS_PRIOR_PROB = 0.01
@@ -100,7 +100,7 @@ class SetPredictionHead(BaseModule):
 
     #: ``max_per_img`` when ``test_cfg`` does not set it.
     default_max_per_img: ClassVar[int] = 100
-    criterion: Callable[..., Dict[str, Tensor]]
+    criterion: SetCriterion
 
     def __init__(self, num_classes: int, num_queries: int, embed_dims: int, anchor_size: float,
                  train_cfg: Optional[dict], test_cfg: Optional[dict],

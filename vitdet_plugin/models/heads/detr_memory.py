@@ -68,7 +68,7 @@ def _size(value: Any, device: torch.device) -> Tensor:
     return torch.full((), value, dtype=torch.long, device=device)
 
 
-def valid_mask(counts: Tensor, hw: Shape) -> Tensor:
+def valid_mask(counts: Tensor, hw: Sequence[Any]) -> Tensor:
     """``(B, H, W)`` bool, True inside each image's ``counts (B, 2)`` valid rows / columns."""
     rows = torch.arange(hw[0], device=counts.device)[None, :, None] < counts[:, 0, None, None]
     cols = torch.arange(hw[1], device=counts.device)[None, None, :] < counts[:, 1, None, None]
