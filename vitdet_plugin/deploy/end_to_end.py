@@ -24,8 +24,8 @@ Exported: our set-prediction heads (:data:`SET_HEADS`: ``SdpaDETRHead``, RF-DETR
 ``forward_images`` on the maps, the padded input's size and each image's size as tensors, then
 its batched ``detections`` (top-k over queries x classes, no NMS) and, for RF-DETR-Seg, its
 ``masks_to_image``; nothing of them is repeated here. Graph forms of mmdet's heads, which
-read sizes as Python numbers: single-stage anchor heads decoded
-per level (RetinaNet: sigmoid scores, ``nms_pre`` per level, class-aware NMS), Faster / Mask
+read sizes as Python numbers: single-stage anchor heads decoded per level (RetinaNet: sigmoid
+scores, ``nms_pre`` per level, class-aware NMS), Faster / Mask
 R-CNN (RPN + ``StandardRoIHead``, :mod:`.two_stage`), Panoptic FPN (Mask R-CNN +
 ``PanopticFPNHead``; the heuristic fusion runs in the runner) and mmdet's DINO
 (:mod:`.deformable_detr`). Anything else is refused with the reason (:func:`check_exportable`).
@@ -104,7 +104,7 @@ def check_exportable(model: Any) -> str:
         raise ValueError(f'{name} has no bbox_head: nothing decodes detections; export --part '
                          'neck or --part backbone')
     if type(head).__name__ in SET_HEADS:
-        if getattr(model, 'roi_head', None) is not None or not hasattr(model, 'extract_feat'):
+        if not hasattr(model, 'extract_feat'):
             raise ValueError(f'{name} with {type(head).__name__}: no end-to-end export '
                              '(supported: a single-stage detector, extract_feat -> bbox_head)')
         return SET_HEADS[type(head).__name__]
