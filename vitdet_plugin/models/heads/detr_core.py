@@ -48,6 +48,27 @@ class HeadOutputs(NamedTuple):
     dn_matches: Optional[List[Tuple[Tensor, Tensor]]] = None
 
 
+class Proposals(NamedTuple):
+    """Two-stage proposals (query groups concatenated, ``P`` per group): the decoder's first
+    reference boxes ``(B, P, 4)`` (detached), the proposals' logits ``(B, P, K)`` and boxes
+    ``(B, P, 4)``, their tokens ``(B, P)`` and features ``(B, P, C)``; with a one-to-many loss
+    in training, every token's proposal too: logits ``(B, N, K)``, boxes ``(B, N, 4)`` and
+    ``(B, N)`` True where a token is never matched."""
+    ref: Tensor
+    cls: Tensor
+    boxes: Tensor
+    token_inds: Tensor
+    hidden: Tensor
+    dense_cls: Optional[Tensor] = None
+    dense_boxes: Optional[Tensor] = None
+    dense_unusable: Optional[Tensor] = None
+
+    def outputs(self, all_cls_scores: Tensor, all_bbox_preds: Tensor) -> 'HeadOutputs':
+        """:class:`HeadOutputs` of every decoder layer's predictions and these proposals."""
+        return HeadOutputs(all_cls_scores, all_bbox_preds, self.cls, self.boxes,
+                           self.dense_cls, self.dense_boxes, self.dense_unusable)
+
+
 class Detections(NamedTuple):
     """A batch's top-k detections by descending score: ``(B, k, 4)`` xyxy boxes in image
     pixels (clipped), ``(B, k)`` sigmoid scores, labels and the query of each."""

@@ -30,27 +30,11 @@ from mmdet.registry import MODELS
 from mmengine.structures import InstanceData
 from torch import Tensor, nn
 
-from .detr_core import HeadOutputs, SetPredictionHead, gather_rows, reg_mlp, top_proposals
+from .detr_core import (HeadOutputs, Proposals, SetPredictionHead, gather_rows, reg_mlp,
+                         top_proposals)
 from .detr_memory import Memory, Shape, flatten_levels, image_sizes
 from .lwdetr_loss import GroupSetCriterion
 from .lwdetr_transformer import LWDETRDecoder, LWDETRDecoderLayer, reparam_boxes, token_proposals
-
-
-class Proposals(NamedTuple):
-    """Two-stage proposals of every group, groups concatenated on queries (``P`` per group:
-    ``num_queries``, or every token when there are fewer): reference boxes ``(B, G*P, 4)``
-    (detached), class logits ``(B, G*P, K)``, boxes ``(B, G*P, 4)``, the chosen memory tokens
-    ``(B, G*P)`` and their projected features ``(B, G*P, C)``. With ``dense_one_to_many`` in
-    training, every token's proposal too: logits ``(B, G*N, K)``, boxes ``(B, G*N, 4)`` and
-    ``(B, G*N)`` True where a token is unusable."""
-    ref: Tensor
-    cls: Tensor
-    boxes: Tensor
-    token_inds: Tensor
-    hidden: Tensor
-    dense_cls: Optional[Tensor] = None
-    dense_boxes: Optional[Tensor] = None
-    dense_unusable: Optional[Tensor] = None
 
 
 class Decoded(NamedTuple):
@@ -151,7 +135,9 @@ class LWDETRHead(SetPredictionHead):
 
     # ------------------------------------------------------------------ forward
     def proposals(self, memory: Memory, num_groups: int) -> Proposals:
-        """Two-stage proposals of the first ``num_groups`` groups (see :class:`Proposals`)."""
+        """Two-stage proposals of the first ``num_groups`` groups (:class:`Proposals`: ``P``
+        per group, ``num_queries`` or every token when there are fewer; dense ones with
+        ``dense_one_to_many`` in training)."""
         anchors, usable = token_proposals(memory, self.anchor_size)            # (B, N, 4), (B, N)
         tokens = memory.tokens * usable[..., None].to(memory.tokens.dtype)
         dense = self.dense_one_to_many is not None and self.training
@@ -216,10 +202,7 @@ class LWDETRHead(SetPredictionHead):
     def outputs(self, decoded: Decoded) -> HeadOutputs:
         """Every layer's class logits and boxes, and the proposals' (see :meth:`forward`)."""
         boxes = reparam_boxes(self.reg_branch(decoded.hidden), decoded.ref)     # (L, B, G*Q, 4)
-        props = decoded.proposals
-        return HeadOutputs(self.cls_branch(decoded.hidden), boxes, props.cls, props.boxes,
-                           dense_cls_scores=props.dense_cls, dense_bbox_preds=props.dense_boxes,
-                           dense_unusable=props.dense_unusable)
+        return decoded.proposals.outputs(self.cls_branch(decoded.hidden), boxes)
 
     # ------------------------------------------------------------------ training
     def loss_by_feat(self, outs: HeadOutputs, batch_gt_instances: Sequence[InstanceData],

@@ -14,7 +14,7 @@ Pipeline (all in this head, so any backbone/neck feeding NCHW maps can use it th
 5. :class:`SetCriterion` on every decoder layer (auxiliary losses) and the encoder proposals;
    prediction = top-k over queries x classes, no NMS.
 """
-from typing import Dict, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 from mmdet.models.layers.transformer.utils import inverse_sigmoid
@@ -23,7 +23,8 @@ from mmengine.structures import InstanceData
 from torch import Tensor, nn
 
 from .denoising import DenoisingQueries, split_outputs
-from .detr_core import HeadOutputs, SetPredictionHead, gather_rows, reg_mlp, top_proposals
+from .detr_core import (HeadOutputs, Proposals, SetPredictionHead, gather_rows, reg_mlp,
+                         top_proposals)
 from .multiscale_memory import FlatMemory, MultiScaleMemory
 from .set_criterion import SetCriterion
 from .transformer import MemoryEncoder, RefineDecoder, padding_bias
@@ -32,18 +33,6 @@ from .transformer import MemoryEncoder, RefineDecoder, padding_bias
 #: partly valid row / column of a padded map has token centres beyond the image edge, whose
 #: ``inverse_sigmoid`` would saturate (logit 11.5) and pin their proposals to the border.
 ANCHOR_CENTRE_MAX = 0.99
-
-
-class Proposals(NamedTuple):
-    """The encoder's proposals: content queries ``(B, Q, C)`` and reference boxes
-    ``(B, Q, 4)`` for the decoder; with ``two_stage``, the selected proposals' logits and boxes
-    and every memory token's (``(B, N, ...)``, for one-to-many matching)."""
-    query: Tensor
-    ref: Tensor
-    top_cls: Optional[Tensor] = None
-    top_box: Optional[Tensor] = None
-    token_cls: Optional[Tensor] = None
-    token_box: Optional[Tensor] = None
 
 
 @MODELS.register_module()
@@ -171,15 +160,16 @@ class SdpaDETRHead(SetPredictionHead):
                                fm.padding_mask[:, idx] if fm.padded else None)
         return fm.memory.index_copy(1, idx, encoded.to(fm.memory.dtype))
 
-    def _initial_queries(self, fm: FlatMemory, memory: Tensor) -> Proposals:
-        """The decoder's initial queries and reference boxes (see :class:`Proposals`)."""
+    def _initial_queries(self, fm: FlatMemory, memory: Tensor
+                         ) -> Tuple[Tensor, Tensor, Optional[Proposals]]:
+        """The decoder's content queries ``(B, Q, C)``, reference boxes ``(B, Q, 4)`` and, with
+        ``two_stage``, the :class:`Proposals` they come from (every token's too)."""
         b, n, _ = memory.shape
         if not self.two_stage:
             if self.ref_logits is None:  # built in __init__ whenever two_stage is False
                 raise RuntimeError('two_stage=False but the head has no ref_logits')
             query = self.query_embedding.weight[None].expand(b, -1, -1)
-            ref = self.ref_logits.sigmoid()[None].expand(b, -1, -1)
-            return Proposals(query.to(memory.dtype), ref)
+            return query.to(memory.dtype), self.ref_logits.sigmoid()[None].expand(b, -1, -1), None
         valid = (~fm.padding_mask)[..., None]
         out = self.enc_output_norm(self.enc_output(memory)) * valid
         enc_cls = self.cls_branches[-1](out)                                     # (B, N, K)
@@ -190,10 +180,14 @@ class SdpaDETRHead(SetPredictionHead):
         score = enc_cls.detach().float().max(-1).values.masked_fill(fm.padding_mask,
                                                                     float('-inf'))
         top = top_proposals(score, self.num_queries)                            # (B, k)
-        top_cls, top_box = gather_rows(enc_cls, top), gather_rows(enc_box, top)
-        query = self.query_embedding.weight[None, :top.shape[1]].expand(b, -1, -1).to(
-            memory.dtype)
-        return Proposals(query, top_box.detach(), top_cls, top_box, enc_cls, enc_box)
+        top_box = gather_rows(enc_box, top)
+        props = Proposals(top_box.detach(), gather_rows(enc_cls, top), top_box, top,
+                          gather_rows(out, top))
+        if self.enc_one_to_many is not None and self.training:  # every token's, one-to-many
+            props = props._replace(dense_cls=enc_cls, dense_boxes=enc_box,
+                                   dense_unusable=fm.padding_mask)
+        query = self.query_embedding.weight[None, :top.shape[1]].expand(b, -1, -1)
+        return query.to(memory.dtype), props.ref, props
 
     def forward(self, feats: Sequence[Tensor], batch_img_metas: Optional[Sequence[dict]] = None,
                 batch_gt_instances: Optional[Sequence[InstanceData]] = None) -> HeadOutputs:
@@ -217,8 +211,7 @@ class SdpaDETRHead(SetPredictionHead):
                        ) -> HeadOutputs:
         """:meth:`forward` from the flattened memory."""
         memory = self._encode(fm)
-        proposals = self._initial_queries(fm, memory)
-        query, ref = proposals.query, proposals.ref
+        query, ref, proposals = self._initial_queries(fm, memory)
         dn = None
         if self.dn is not None and self.training and batch_gt_instances is not None:
             if batch_img_metas is None:
@@ -235,11 +228,7 @@ class SdpaDETRHead(SetPredictionHead):
                                      self.reg_branches, self_bias)
         cls = torch.stack([branch(h) for branch, h in zip(self.cls_branches, hidden)])
         boxes = torch.stack(boxes)
-        outs = HeadOutputs(cls, boxes, proposals.top_cls, proposals.top_box)
-        if self.enc_one_to_many is not None and self.training:
-            outs = outs._replace(dense_cls_scores=proposals.token_cls,
-                                 dense_bbox_preds=proposals.token_box,
-                                 dense_unusable=fm.padding_mask)
+        outs = HeadOutputs(cls, boxes) if proposals is None else proposals.outputs(cls, boxes)
         if dn is None:
             return outs
         dn_cls, cls = split_outputs(cls, dn.num_queries)
