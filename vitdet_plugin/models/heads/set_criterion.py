@@ -95,18 +95,10 @@ class SetCriterion(nn.Module):
     @torch.no_grad()
     def match(self, cls_score: Tensor, boxes: Tensor, gt_instances: InstanceData,
               img_meta: dict, masks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-        """Hungarian matching for one image.
-
-        Args:
-            cls_score: logits ``(Q, num_classes)``.
-            boxes: normalised cxcywh ``(Q, 4)``.
-            gt_instances: ``bboxes`` (xyxy, pixels of the ``img_shape`` frame) and ``labels``;
-                with ``masks``, also ``masks`` (the ground truth at the same points).
-            masks: mask logits ``(Q, P)`` at sampled points, for the assigner's mask costs.
-
-        Returns:
-            ``(query_inds, gt_inds)`` of the matched pairs.
-        """
+        """Hungarian matching for one image: ``(Q, num_classes)`` logits and ``(Q, 4)``
+        normalised cxcywh boxes against ``gt_instances`` (``bboxes`` xyxy in ``img_shape``
+        pixels, ``labels``; with ``masks``, the ``(Q, P)`` mask logits at sampled points, also
+        their ``masks`` at those points) -> ``(query_inds, gt_inds)`` of the matched pairs."""
         pred, gt = _cost_inputs(cls_score, boxes, gt_instances, img_meta)
         if masks is not None:
             pred.masks, gt.masks = masks.float(), gt_instances.masks
