@@ -145,7 +145,7 @@ class EndToEndDetector(nn.Module):
         self.two_stage = TwoStage(model) if self.kind == 'two_stage' else None
         self.panoptic = is_panoptic_fpn(model)
         self.dino = Dino(model) if self.kind == 'dino' else None
-        self.with_seg_masks = type(model.bbox_head).__name__ in SEG_HEADS
+        self.with_seg_masks = type(getattr(model, 'bbox_head', None)).__name__ in SEG_HEADS
         test_cfg = model.roi_head.test_cfg if self.two_stage else model.bbox_head.test_cfg
         self.max_per_img = int(test_cfg.get('max_per_img', 100))
         self.score_thr = float(test_cfg.get('score_thr', 0.0))
