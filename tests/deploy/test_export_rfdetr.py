@@ -1,9 +1,11 @@
-"""End-to-end ONNX export of RF-DETR (``deploy/lwdetr.py``): a tiny mmdet ``SingleStageDetector``
-(DINOv2 taps -> ``RFDETRProjector`` -> ``LWDETRHead``, seeded random weights) as a uint8 image ->
-detections graph: the graph's module in PyTorch vs mmdet's ``predict`` on a padded batch (default
-suite); exported through ``tools/export_onnx.py --part detector`` (slow: the export alone takes
-about 30 s of CPU): onnxruntime vs mmdet's ``predict`` at three sizes, a batch equal to its
-single images, the runner and ``tools/infer.py`` vs the PyTorch backend; the refusals."""
+"""End-to-end ONNX export of RF-DETR (the head's own test path traced): a tiny mmdet
+``SingleStageDetector`` (DINOv2 taps -> ``RFDETRProjector`` -> ``LWDETRHead``, seeded random
+weights) as a uint8 image -> detections graph: the graph's module in PyTorch vs mmdet's
+``predict`` on a padded batch (default suite); exported through ``tools/export_onnx.py --part
+detector`` (slow: the export alone takes about 30 s of CPU): onnxruntime vs mmdet's ``predict``
+at three sizes and at one with fewer tokens than queries, a batch equal to its single images,
+the runner and ``tools/infer.py`` vs the PyTorch backend, a change of the head's forward seen in
+the graph; the refusals."""
 import json
 import os.path as osp
 
@@ -14,15 +16,15 @@ import torch
 from helpers import REPO_ROOT, load_tool, randomize_
 
 import vitdet_plugin  # noqa: F401
-from vitdet_plugin.deploy.end_to_end import OUTPUT_NAMES, PAD_LABEL, EndToEndDetector
+from vitdet_plugin.deploy.end_to_end import (OUTPUT_NAMES, PAD_LABEL, EndToEndDetector,
+                                             check_exportable, export_end_to_end)
 from vitdet_plugin.deploy.end_to_end_check import (BOX_TOLERANCE, PROPOSAL_OUTPUT,
                                                    SCORE_TOLERANCE, Parity, compare, describe,
                                                    mmdet_predict, proposal_gap,
                                                    threshold_session, untied)
-from vitdet_plugin.deploy.lwdetr import check_lwdetr, token_meta
 from vitdet_plugin.deploy.onnx_export import DetectorPart, build_model
 from vitdet_plugin.deploy.ort_check import ort_session
-from vitdet_plugin.deploy.runner import OnnxDetector, check_tokens
+from vitdet_plugin.deploy.runner import OnnxDetector
 
 #: The shapes demo's data and pipelines (5 classes, test Resize to 192 keeping the ratio) with a
 #: tiny RF-DETR: a 2-block DINOv2 (patch 16, 4 registers, a 7 x 7 position table resized to
@@ -49,6 +51,9 @@ model = dict(
 """
 #: Check images: one a multiple of the pad divisor (32), two not (padded tokens masked).
 SIZES = ((96, 128), (75, 117), (130, 99))
+#: An input whose maps hold fewer tokens than the 12 queries: padded to 32 x 64, P4 2 x 4 and
+#: P5 1 x 2, 10 tokens (10 proposals; the other 2 queries keep their learned boxes).
+FEW_TOKENS = (20, 40)
 #: randomize_'s seed (spread-out scores and boxes; several labels among the detections).
 WEIGHT_SEED = 3
 MAX_PER_IMG = 10
@@ -115,33 +120,25 @@ def test_proposals_that_differ_only_between_near_tied_tokens_are_not_a_failure()
 
 
 def test_what_the_graph_does_not_repeat_is_refused(model):
-    class TwoStage:
+    class NoExtractFeat:
         bbox_head = model.bbox_head
-        roi_head = object()
 
-        def extract_feat(self):
-            pass
-
-    with pytest.raises(ValueError, match=r'^TwoStage with LWDETRHead: no LW-DETR end-to-end '
-                                         r'export \(supported: a single-stage detector, '
-                                         r'extract_feat -> bbox_head LWDETRHead/LWDETRSegHead\)$'):
-        check_lwdetr(TwoStage())
+    with pytest.raises(ValueError, match=r'^NoExtractFeat with LWDETRHead: no end-to-end export '
+                                         r'\(supported: a single-stage detector, extract_feat -> '
+                                         r'bbox_head\)$'):
+        check_exportable(NoExtractFeat())
 
 
-def test_runner_refuses_an_image_too_small_for_the_queries(model):
-    """The graph keeps ``num_queries`` proposals (a fixed TopK), so it cannot take an input
-    whose maps hold fewer tokens (PyTorch can: RF-DETR's rule, the rest of the queries on their
-    learned boxes): the runner refuses it, from the metadata the export stores."""
-    meta = token_meta(model, 32, 3)
-    assert meta == dict(num_queries=12, pad_size_divisor=32, strides=[16.0, 32.0])
-    check_tokens(meta, (33, 40), (66, 80))   # padded 64 x 64: 16 + 4 tokens
-    with pytest.raises(ValueError, match=r'^image of 40x80 \(the graph\'s input 20x40\) gives '
-                                         r'the head 10 tokens, fewer than its num_queries=12: '
-                                         r'give a larger image'):
-        check_tokens(meta, (20, 40), (40, 80))   # padded 32 x 64: 8 + 2 tokens
-    with torch.no_grad():  # 10 tokens: 10 proposals, 2 queries on their learned boxes
-        boxes, scores, labels = mmdet_predict(model, _images(0, [(20, 40)])[0])
-    assert len(boxes) == len(scores) == len(labels) == MAX_PER_IMG
+def test_fewer_tokens_than_queries_in_pytorch(model):
+    """10 tokens for 12 queries: the graph's module equals mmdet's predict (10 proposals, the
+    other 2 queries on their learned boxes, RF-DETR's rule)."""
+    image = _images(0, [FEW_TOKENS])[0]
+    with torch.no_grad():
+        boxes, scores, labels, num = EndToEndDetector(model).eval()(image[None])
+        ref_boxes, ref_scores, ref_labels = mmdet_predict(model, image)
+    assert int(num[0]) == len(ref_scores) == MAX_PER_IMG
+    np.testing.assert_allclose(scores[0].numpy(), ref_scores, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(boxes[0].numpy(), ref_boxes, atol=1e-4, rtol=0)
 
 
 def export_through_tool(config: str, model, folder, name: str):
@@ -170,7 +167,7 @@ def test_graph_matches_mmdet_predict(model, exported):
     # the check's session also outputs the graph's proposal tokens: PyTorch's top-k exactly
     checked, _ = threshold_session(exported[1], proposals=True)
     assert [o.name for o in checked.get_outputs()] == [*OUTPUT_NAMES, PROPOSAL_OUTPUT]
-    for p in compare(checked, model, _images()):
+    for p in compare(checked, model, _images() + _images(0, [FEW_TOKENS])):
         assert p.proposal_gap is None, p
         assert p.num_onnx == p.num_torch == MAX_PER_IMG, p
         assert p.box_error <= BOX_TOLERANCE and p.score_error <= SCORE_TOLERANCE, p
@@ -207,9 +204,10 @@ def test_runner_and_infer_equal_mmdet(config, model, exported, tmp_path):
     assert np.array_equal(got.labels[ranks], ref_labels[ranks])
     runner = OnnxDetector(path)
     runner.meta['resize'] = None   # (the test pipeline would resize it up to 96 x 192)
-    with pytest.raises(ValueError, match=r'^image of 20x40 \(the graph\'s input 20x40\) gives '
-                                         r'the head 10 tokens, fewer than its num_queries=12'):
-        runner(np.zeros((20, 40, 3), np.uint8))
+    small = _images(6, [FEW_TOKENS])[0]  # 10 tokens for 12 queries, as PyTorch
+    got = runner(np.ascontiguousarray(small.permute(1, 2, 0).numpy()))
+    np.testing.assert_allclose(got.scores, mmdet_predict(model, small)[1],
+                               atol=SCORE_TOLERANCE, rtol=0)
 
     folder = tmp_path / 'images'
     folder.mkdir()
@@ -235,6 +233,28 @@ def test_runner_and_infer_equal_mmdet(config, model, exported, tmp_path):
         np.testing.assert_allclose(np.array([d['bbox'] for d in a])[ranks],
                                    np.array([d['bbox'] for d in b])[ranks],
                                    atol=BOX_TOLERANCE * side, rtol=0)
+
+
+@pytest.mark.slow
+def test_a_change_of_the_heads_forward_reaches_the_graph(model, tmp_path, monkeypatch):
+    """The graph is the head's own forward: with its last decoder layer's FFN output doubled
+    (a monkeypatched forward) the exported graph gives the patched model's detections, not
+    the original's."""
+    image = _images(5, [(96, 128)])[0][None]
+    module = EndToEndDetector(model).eval()
+    with torch.no_grad():
+        before = module(image)
+    ffn = model.bbox_head.decoder.layers[-1].ffn
+    original = ffn.forward
+    monkeypatch.setattr(ffn, 'forward', lambda x: 2 * original(x))
+    with torch.no_grad():
+        after = module(image)
+    assert (after[1] - before[1]).abs().max() > 100 * SCORE_TOLERANCE
+    path = str(tmp_path / 'patched.onnx')
+    export_end_to_end(module, path)
+    boxes, scores = ort_session(path).run(None, {'image': image.numpy()})[:2]
+    np.testing.assert_allclose(scores, after[1].numpy(), atol=SCORE_TOLERANCE, rtol=0)
+    np.testing.assert_allclose(boxes, after[0].numpy(), atol=BOX_TOLERANCE * 128, rtol=0)
 
 
 def test_a_windowed_part_fits_sizes_to_its_tiles(model):

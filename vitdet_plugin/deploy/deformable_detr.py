@@ -19,28 +19,28 @@ input, which is every image of the graph's batch:
   (``coordinate_to_encoding`` + ``ref_point_head``), self-attention, norm, deformable
   cross-attention on the encoder output, norm, FFN, norm, then the references refined by that
   layer's ``reg_branches`` (box refinement);
-* ``DeformableDETRHead.predict_by_feat`` on the last layer (the caller's
-  :func:`~.graph_ops.query_class_top_k`): sigmoid scores, top-k over queries x classes, boxes
-  cxcywh -> xyxy in input pixels, clipped.
+* ``DeformableDETRHead.predict_by_feat`` on the last layer (the caller's, our heads'
+  ``query_class_top_k``: the same sigmoid top-k over queries x classes, boxes cxcywh -> xyxy in
+  input pixels, clipped).
 
-Multi-scale deformable attention is mmcv's own PyTorch form
-(``multi_scale_deformable_attn_pytorch``: one ``F.grid_sample`` per level, ONNX
-``GridSample``), which is what mmdet runs on the CPU, given the levels' sizes as the graph's
-symbolic ints instead of a tensor (whose values ``torch.export`` cannot read). The rest of
-``MultiScaleDeformableAttention.forward`` is repeated here on the module's own layers.
+Multi-scale deformable attention is our decoder's
+(:func:`~vitdet_plugin.models.heads.lwdetr_transformer.deformable_attention`: mmcv's module
+given the levels' sizes as the graph's symbolic ints instead of a tensor, whose values
+``torch.export`` cannot read; mmcv's PyTorch form, one ``F.grid_sample`` per level, ONNX
+``GridSample``), which is what mmdet runs on the CPU.
 
 Refused (:func:`check_dino`): other Deformable DETR detectors (DeformableDETR itself: its query
 selection and decoder differ), heads other than ``DINOHead`` with sigmoid scores, and a
 ``pad_size_divisor`` other than 1 (mmdet would then mask the padding of images whose size is not
 a multiple, which this graph does not repeat).
 """
-from typing import Any, List, NoReturn, Optional, Sequence, Tuple
+from typing import Any, List, NoReturn, Sequence, Tuple
 
 import torch
-from mmcv.ops.multi_scale_deform_attn import multi_scale_deformable_attn_pytorch
 from mmdet.models.layers.transformer.utils import coordinate_to_encoding, inverse_sigmoid
 from torch import Tensor
 
+from ..models.heads.lwdetr_transformer import deformable_attention
 from .graph_ops import BOX_DIM
 
 #: What the export repeats (type names).
@@ -91,36 +91,6 @@ def check_dino(model: Any) -> None:
         refuse(f'pad_size_divisor={divisor}: mmdet masks the padding of images whose size is '
                'not a multiple of it (padding masks, valid ratios), which the graph does not '
                'repeat')
-
-
-def deformable_attention(attn: Any, query: Tensor, query_pos: Tensor, value: Tensor,
-                         reference: Tensor, shapes: Shapes,
-                         padding_mask: Optional[Tensor] = None) -> Tensor:
-    """``MultiScaleDeformableAttention.forward`` (batch first) of ``attn``: ``query``
-    ``(B, Q, C)`` attends to ``value`` ``(B, N, C)``, the levels' maps of ``shapes`` flattened
-    (zeroed where the ``(B, N)`` bool ``padding_mask`` is True); ``reference`` ``(B, Q, L, 2)``
-    points or ``(B, Q, L, 4)`` boxes, normalised."""
-    b, q, _ = query.shape
-    heads, levels, points = attn.num_heads, attn.num_levels, attn.num_points
-    identity = query
-    query = query + query_pos
-    value = attn.value_proj(value)                                      # (B, N, C)
-    if padding_mask is not None:
-        value = value.masked_fill(padding_mask[..., None], 0.0)
-    value = value.view(b, value.shape[1], heads, -1)                    # (B, N, heads, d)
-    offsets = attn.sampling_offsets(query).view(b, q, heads, levels, points, 2)
-    weights = attn.attention_weights(query).view(b, q, heads, levels * points).softmax(-1)
-    weights = weights.view(b, q, heads, levels, points)
-    if reference.shape[-1] == 2:
-        normalizer = torch.tensor([[w, h] for h, w in shapes], dtype=offsets.dtype,
-                                  device=offsets.device)                 # (L, 2)
-        locations = reference[:, :, None, :, None, :] \
-            + offsets / normalizer[None, None, None, :, None, :]        # (B, Q, heads, L, P, 2)
-    else:  # offsets in units of half the box's width / height per point
-        locations = reference[:, :, None, :, None, :2] \
-            + offsets / points * reference[:, :, None, :, None, 2:] * 0.5
-    out = multi_scale_deformable_attn_pytorch(value, shapes, locations, weights)  # (B, Q, C)
-    return attn.dropout(attn.output_proj(out)) + identity
 
 
 def sine_embedding(encoding: Any, h, w, device: torch.device) -> Tensor:

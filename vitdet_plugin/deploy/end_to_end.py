@@ -14,14 +14,18 @@
   ``(B, K, H, W)`` uint8 0 / 1 at the input's size and ``mask_probs`` ``(B, K, S, S)`` float32,
   the mask head's probabilities they are pasted from (padding rows all 0); RF-DETR-Seg
   replaces ``mask_probs`` by ``mask_logits`` ``(B, K, Hp / 4, Wp / 4)`` float32, its mask
-  logits over the padded input they are resized from (:mod:`.lwdetr`); a Panoptic FPN
+  logits over the padded input they are resized from; a Panoptic FPN
   adds ``sem_logits`` ``(B, C, Hs, Ws)`` float32, its semantic head's logits at the head's
   stride of the padded input, which the runner resizes and fuses with the instances
   (:mod:`.panoptic`).
 
-Exported: :class:`~vitdet_plugin.models.detectors.SdpaDETR` (top-k over queries x classes, no
-NMS), RF-DETR / LW-DETR (:mod:`.lwdetr`; top-k, no NMS), single-stage anchor heads decoded
-per level (RetinaNet: sigmoid scores, ``nms_pre`` per level, class-aware NMS), Faster / Mask
+Exported: our set-prediction heads (:data:`SET_HEADS`: ``SdpaDETRHead``, RF-DETR's
+``LWDETRHead`` / ``LWDETRSegHead``) through their own test path, traced: the head's
+``forward_images`` on the maps, the padded input's size and each image's size as tensors, then
+its batched ``detections`` (top-k over queries x classes, no NMS) and, for RF-DETR-Seg, its
+``masks_to_image``; nothing of them is repeated here. Graph forms of mmdet's heads, which
+read sizes as Python numbers: single-stage anchor heads decoded per level (RetinaNet: sigmoid
+scores, ``nms_pre`` per level, class-aware NMS), Faster / Mask
 R-CNN (RPN + ``StandardRoIHead``, :mod:`.two_stage`), Panoptic FPN (Mask R-CNN +
 ``PanopticFPNHead``; the heuristic fusion runs in the runner) and mmdet's DINO
 (:mod:`.deformable_detr`). Anything else is refused with the reason (:func:`check_exportable`).
@@ -36,11 +40,11 @@ from torch import Tensor, nn
 
 from ..models.layers import eager_attention
 from .deformable_detr import Dino, check_dino, is_deformable_detr
+from ..models.heads.detr_core import query_class_top_k
+from ..models.heads.lwdetr_seg_head import masks_to_image
 from .graph_ops import (DROPPED_SCORE, NmsConfig, anchor_candidates, large_enough,
-                        nms_survivors, query_class_top_k, top_k_padded, translation_table)
+                        nms_survivors, top_k_padded, translation_table)
 from .graph_ops import PAD_LABEL  # (also the I/O contract's padding label, re-exported)
-from .lwdetr import (LWDetr, check_lwdetr, is_lwdetr, masks_at_input, token_meta,
-                     top_k_queries)
 from .onnx_export import EXPORT_SAMPLE_SIZE, OPSET, dynamic_shapes
 from .panoptic import SEMANTIC_OUTPUT
 from .runner import (INPUT_NAME, MASK_OUTPUTS, META_KEY, META_VERSION, OUTPUT_NAMES,
@@ -99,11 +103,11 @@ def check_exportable(model: Any) -> str:
     if head is None:
         raise ValueError(f'{name} has no bbox_head: nothing decodes detections; export --part '
                          'neck or --part backbone')
-    if type(head).__name__ == 'SdpaDETRHead':
-        return 'detr'
-    if is_lwdetr(model):
-        check_lwdetr(model)
-        return 'lwdetr'
+    if type(head).__name__ in SET_HEADS:
+        if not hasattr(model, 'extract_feat'):
+            raise ValueError(f'{name} with {type(head).__name__}: no end-to-end export '
+                             '(supported: a single-stage detector, extract_feat -> bbox_head)')
+        return SET_HEADS[type(head).__name__]
     if all(hasattr(head, a) for a in ('prior_generator', 'bbox_coder', 'cls_out_channels')) \
             and getattr(head, 'use_sigmoid_cls', False) and type(head).__name__ in DENSE_HEADS:
         return 'dense'
@@ -112,6 +116,11 @@ def check_exportable(model: Any) -> str:
                      f'sigmoid anchor heads {DENSE_HEADS}); export --part neck')
 
 
+#: Our set-prediction heads, traced as they are (their ``forward_images`` and ``detections``),
+#: and the kind of graph each makes.
+SET_HEADS = dict(SdpaDETRHead='detr', LWDETRHead='lwdetr', LWDETRSegHead='lwdetr')
+#: Of those, the heads with RF-DETR-Seg's mask branch (outputs :data:`SEG_MASK_OUTPUTS`).
+SEG_HEADS = ('LWDETRSegHead',)
 #: IoU threshold of an anchor head's NMS when its ``test_cfg`` gives none.
 DENSE_IOU = 0.5
 #: Anchor heads whose test-time path is ``AnchorHead.predict_by_feat`` unchanged.
@@ -136,7 +145,7 @@ class EndToEndDetector(nn.Module):
         self.two_stage = TwoStage(model) if self.kind == 'two_stage' else None
         self.panoptic = is_panoptic_fpn(model)
         self.dino = Dino(model) if self.kind == 'dino' else None
-        self.lwdetr = LWDetr(model) if self.kind == 'lwdetr' else None
+        self.with_seg_masks = type(getattr(model, 'bbox_head', None)).__name__ in SEG_HEADS
         test_cfg = model.roi_head.test_cfg if self.two_stage else model.bbox_head.test_cfg
         self.max_per_img = int(test_cfg.get('max_per_img', 100))
         self.score_thr = float(test_cfg.get('score_thr', 0.0))
@@ -189,7 +198,7 @@ class EndToEndDetector(nn.Module):
         mask head (RF-DETR-Seg: ``masks`` and ``mask_logits``), then ``sem_logits`` for a
         Panoptic FPN."""
         with_mask = self.two_stage is not None and self.two_stage.with_mask
-        seg = self.lwdetr is not None and self.lwdetr.with_mask
+        seg = self.with_seg_masks
         return list(OUTPUT_NAMES) + (list(MASK_OUTPUTS) if with_mask else []) + \
             (list(SEG_MASK_OUTPUTS) if seg else []) + ([SEMANTIC_OUTPUT] if self.panoptic else [])
 
@@ -201,60 +210,57 @@ class EndToEndDetector(nn.Module):
         x = self.preprocess(image)
         padded = (x.shape[-2], x.shape[-1])
         feats = self.model.extract_feat(x)
-        mask_logits: Optional[Tensor] = None
-        logit_count: Any = 1  # RF-DETR-Seg: its class logits per query
+        seg_outs: Any = None  # RF-DETR-Seg: its outputs, for the masks of the detections
         if self.two_stage is not None:
             proposals, real = self.two_stage.proposals(feats, h, w)
             boxes, scores, labels = self.two_stage.detections(feats, proposals, real, h, w,
                                                               thr)
-        elif self.kind == 'detr':
-            boxes, scores, labels = self._detr(feats, x, h, w, thr)
-        elif self.lwdetr is not None:  # LWDETRHead.predict_by_feat: SetPredictionHead's
-            cls, box, mask_logits = self.lwdetr.head_outputs(feats, padded, (h, w))
-            boxes, scores, labels = self._set_top_k(cls, box, h, w, thr)
-            if mask_logits is not None:  # each detection's query rides the top-k in its label
-                logit_count = cls.shape[-1]
-                labels = labels + logit_count * top_k_queries(cls, self.max_per_img)
+        elif self.kind in ('detr', 'lwdetr'):
+            boxes, scores, labels, seg_outs = self._set_prediction(feats, padded, h, w, thr)
         elif self.dino is not None:  # DeformableDETRHead.predict_by_feat: no score_thr
-            boxes, scores, labels = query_class_top_k(*self.dino.head_outputs(feats),
-                                                      self.max_per_img, h, w)
+            cls, box = self.dino.head_outputs(feats)
+            found = query_class_top_k(cls, box, self._image_sizes(x, h, w), self.max_per_img)
+            boxes, scores, labels = found.boxes, found.scores, found.labels
         else:
             boxes, scores, labels = self._dense(feats, h, w, thr)
         out: Tuple[Tensor, ...] = top_k_padded(boxes, scores, labels, self.max_per_img)
         if self.two_stage is not None and self.two_stage.with_mask:
             out = out + self.two_stage.masks(feats, out[0], out[2], h, w)
-        if mask_logits is not None:  # RF-DETR-Seg: label + classes * query -> label, masks
+        if seg_outs is not None:  # label + classes * query -> label, masks
+            classes = seg_outs.det.all_cls_scores.shape[-1]
             codes, keep = out[2], out[2] != PAD_LABEL
-            out = out[:2] + (torch.where(keep, codes % logit_count, PAD_LABEL), out[3]) + \
-                masks_at_input(mask_logits, codes.clamp(min=0) // logit_count, keep, padded,
-                               (h, w))
+            logits = seg_outs.masks.logits(-1, codes.clamp(min=0) // classes)  # (B, K, Hm, Wm)
+            out = out[:2] + (torch.where(keep, codes % classes, PAD_LABEL), out[3]) + \
+                masks_at_input(logits, keep, padded, (h, w))
         if self.panoptic:  # the semantic head's logits at its stride: (B, C, Hs, Ws)
             out = out + (self.model.semantic_head(feats)['seg_preds'].float(),)
         return out
 
     # ------------------------------------------------------------------ per kind
-    def _detr(self, feats: Tuple[Tensor, ...], x: Tensor, h, w, thr: Tensor
-              ) -> Tuple[Tensor, Tensor, Tensor]:
-        """SdpaDETRHead.predict_by_feat on the last decoder layer: top-k of sigmoid scores over
-        queries x classes, cxcywh -> xyxy in input pixels."""
-        head = self.model.bbox_head
+    @staticmethod
+    def _image_sizes(x: Tensor, h: Any, w: Any) -> Tensor:
+        """``(B, 2)`` int64 ``(h, w)`` of every image of the batch ``x`` (the input's size)."""
         b = x.shape[0]
-        img_hw = torch.stack([torch.full((b,), h, dtype=torch.float32, device=x.device),
-                              torch.full((b,), w, dtype=torch.float32, device=x.device)],
-                             1)                                          # (B, 2)
-        fm = head.memory.flatten(head.memory.select(feats), tuple(x.shape[-2:]), img_hw)
-        outs = head.forward_memory(fm)
-        return self._set_top_k(outs.all_cls_scores[-1], outs.all_bbox_preds[-1], h, w, thr)
+        return torch.stack((torch.full((b,), h, dtype=torch.long, device=x.device),
+                            torch.full((b,), w, dtype=torch.long, device=x.device)), 1)
 
-    def _set_top_k(self, cls: Tensor, box: Tensor, h, w, thr: Tensor
-                   ) -> Tuple[Tensor, Tensor, Tensor]:
-        """SetPredictionHead.predict_by_feat on the last layer's ``(B, Q, K)`` logits and
-        ``(B, Q, 4)`` normalised cxcywh boxes: the top-k, then ``score_thr``."""
-        boxes, scores, labels = query_class_top_k(cls.float(), box.float(), self.max_per_img,
-                                                  h, w)
+    def _set_prediction(self, feats: Tuple[Tensor, ...], padded: Tuple[Any, Any], h: Any,
+                        w: Any, thr: Tensor) -> Tuple[Tensor, Tensor, Tensor, Any]:
+        """Our set-prediction head's own test path: ``forward_images`` on the maps of the
+        padded batch, its batched ``detections`` (``predict_by_feat`` before ``score_thr``),
+        then ``score_thr``. RF-DETR-Seg: each detection's query rides in its label (label +
+        classes * query) through the padded top-k; also returns the head's outputs."""
+        head = self.model.bbox_head
+        img_hw = self._image_sizes(feats[0], h, w)
+        outs = head.forward_images(feats, img_hw, padded)
+        det = outs.det if self.with_seg_masks else outs
+        found = head.detections(det, img_hw)
+        labels = found.labels
+        if self.with_seg_masks:
+            labels = labels + det.all_cls_scores.shape[-1] * found.queries
         # (at score_thr 0 the head keeps every score; a sigmoid is 0 only below logit -100)
-        scores = torch.where(scores > thr, scores, DROPPED_SCORE)
-        return boxes, scores, labels
+        scores = torch.where(found.scores > thr, found.scores, DROPPED_SCORE)
+        return found.boxes, scores, labels, outs if self.with_seg_masks else None
 
     def _dense(self, feats: Tuple[Tensor, ...], h, w, thr: Tensor
                ) -> Tuple[Tensor, Tensor, Tensor]:
@@ -312,8 +318,21 @@ def pipeline_meta(cfg: Any, module: EndToEndDetector) -> Dict[str, Any]:
                 outputs=module.output_names,
                 mask_thr_binary=module.two_stage.mask_thr if module.two_stage else None,
                 panoptic=fusion_meta(module) if module.panoptic else None,
-                tokens=token_meta(module.model, module.pad_divisor, module.in_channels)
-                if module.lwdetr else None)
+                pad_size_divisor=module.pad_divisor)
+
+
+def masks_at_input(logits: Tensor, keep: Tensor, padded: Tuple[Any, Any], size: Tuple[Any, Any]
+                   ) -> Tuple[Tensor, Tensor]:
+    """RF-DETR-Seg's masks of the final detections: their ``(B, K, Hm, Wm)`` mask logits
+    (``keep`` False in padding rows) through the head's ``masks_to_image`` at the input's
+    ``size`` (the image's part of the ``padded`` batch): ``(B, K, h, w)`` uint8 0 / 1 and the
+    logits, 0 in padding rows (the runner resizes them to another image size)."""
+    b, k, hm, wm = logits.shape
+    logits = torch.where(keep[..., None, None], logits.float(), 0.0)
+    meta = dict(batch_input_shape=padded, img_shape=size, ori_shape=size)
+    masks = masks_to_image(logits.reshape(b * k, hm, wm), meta, False)          # (B*K, h, w)
+    masks = masks.reshape(b, k, size[0], size[1]) & keep[..., None, None]
+    return masks.to(torch.uint8), logits
 
 
 def fusion_meta(module: EndToEndDetector) -> Dict[str, Any]:

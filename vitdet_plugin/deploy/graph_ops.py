@@ -140,22 +140,6 @@ def anchor_candidates(head: Any, cls_scores: Sequence[Tensor], bbox_preds: Seque
             torch.cat(classes, 1), torch.cat(levels, 1))                 # (B, N), (B, N)
 
 
-def query_class_top_k(cls: Tensor, box: Tensor, k: int, h, w) -> Tuple[Tensor, Tensor, Tensor]:
-    """A DETR head's ``predict_by_feat`` with sigmoid scores (mmdet's ``DETRHead`` family and
-    ``SdpaDETRHead``) on ``(B, Q, C)`` logits and ``(B, Q, 4)`` normalised cxcywh boxes: the
-    ``k`` best sigmoid scores over queries x classes (at most ``Q * C``), their labels and
-    their query's box in ``h x w`` input pixels, clipped: ``(B, k, 4)``, ``(B, k)``, ``(B, k)``."""
-    num_classes = cls.shape[-1]
-    k = min(k, cls.shape[1] * num_classes)
-    scores, idx = cls.sigmoid().flatten(1).topk(k, dim=1)                    # (B, k)
-    labels = idx % num_classes
-    box = torch.gather(box, 1, (idx // num_classes)[..., None].expand(-1, -1, BOX_DIM))
-    cx, cy, bw, bh = box.unbind(-1)
-    boxes = torch.stack(((cx - bw / 2) * w, (cy - bh / 2) * h,
-                         (cx + bw / 2) * w, (cy + bh / 2) * h), -1)          # (B, k, 4)
-    return clip_boxes(boxes, h, w), scores, labels
-
-
 def large_enough(boxes: Tensor, min_size: float) -> Tensor:
     """``(B, N)`` True where a ``(B, N, 4)`` box is wider and higher than ``min_size`` (mmdet's
     ``min_bbox_size``; every box when it is negative)."""

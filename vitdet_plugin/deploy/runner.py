@@ -20,7 +20,7 @@ from .panoptic import SEMANTIC_OUTPUT, FusionConfig, panoptic_map
 #: Metadata key of the pipeline parameters inside the ONNX file.
 META_KEY = 'vitdet_plugin.deploy'
 #: Version of that metadata's layout.
-META_VERSION = 1
+META_VERSION = 2
 #: Input name of the end-to-end graph.
 INPUT_NAME = 'image'
 #: Image channels the graph takes.
@@ -93,26 +93,6 @@ def check_image(image: Any) -> np.ndarray:
     return image
 
 
-def check_tokens(tokens: Optional[Dict[str, Any]], size: Tuple[int, int],
-                 original: Tuple[int, int]) -> None:
-    """A ``ValueError`` when an RF-DETR graph's input of ``size`` ``(h, w)`` (resized from
-    ``original``) gives its head fewer tokens than its queries (the metadata ``tokens``: its
-    ``num_queries``, ``pad_size_divisor`` and map strides; None: nothing to check), which the
-    graph cannot refuse itself (onnxruntime would fail inside ``TopK``)."""
-    if not tokens:
-        return
-    div = int(tokens['pad_size_divisor'])
-    padded = [-(-side // div) * div for side in size]
-    count = sum(int(np.ceil(padded[0] / s)) * int(np.ceil(padded[1] / s))
-                for s in tokens['strides'])
-    queries = int(tokens['num_queries'])
-    if count < queries:
-        raise ValueError(f'image of {original[0]}x{original[1]} (the graph\'s input '
-                         f'{size[0]}x{size[1]}) gives the head {count} tokens, fewer than its '
-                         f'num_queries={queries}: give a larger image (resize it up), or export '
-                         'a model with fewer queries')
-
-
 class OnnxDetector:
     """An end-to-end graph in onnxruntime.
 
@@ -147,7 +127,6 @@ class OnnxDetector:
                 import cv2
                 image = cv2.resize(image, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
         new_h, new_w = image.shape[:2]
-        check_tokens(self.meta.get('tokens'), (new_h, new_w), (height, width))
         batch = np.ascontiguousarray(image.transpose(2, 0, 1)[None])    # (1, 3, h, w)
         return batch, (new_w / width, new_h / height)
 
@@ -166,9 +145,8 @@ class OnnxDetector:
         if self.with_masks and (sx, sy) == (1.0, 1.0):  # the graph's masks are the image's
             masks = outputs[MASK_OUTPUT][0, :n]
         elif MASK_LOGITS_OUTPUT in outputs:  # resized to the original size, as predict does
-            padded = tuple(-(-side // int(self.meta['tokens']['pad_size_divisor'])) *
-                           int(self.meta['tokens']['pad_size_divisor'])
-                           for side in batch.shape[-2:])
+            div = int(self.meta['pad_size_divisor'])
+            padded = tuple(-(-side // div) * div for side in batch.shape[-2:])
             masks = resize_logits(outputs[MASK_LOGITS_OUTPUT][0, :n], batch.shape[-2:], padded,
                                   image.shape[:2])
         elif self.with_masks:  # pasted at the original size, as mmdet's rescaled predict does

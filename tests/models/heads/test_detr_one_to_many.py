@@ -87,13 +87,13 @@ def test_head_trains_every_token_proposal_one_to_many():
     n = 12 * 16 + 6 * 8
     assert outs.dense_cls_scores.shape == (2, n, NUM_CLASSES)
     assert outs.dense_bbox_preds.shape == (2, n, 4)
-    assert outs.dense_padding_mask[1].sum() > 0 and not outs.dense_padding_mask[0].any()
+    assert outs.dense_unusable[1].sum() > 0 and not outs.dense_unusable[0].any()
     assert outs.enc_cls_scores.shape == (2, 10, NUM_CLASSES)  # the selected proposals
     losses = head.loss_by_feat(outs, gts, metas)
     # the enc_ losses are the dense ones: the criterion on every token with the matches
     matches = [head.criterion.match_one_to_many(outs.dense_cls_scores[i],
                                                 outs.dense_bbox_preds[i], gts[i], metas[i], 4,
-                                                outs.dense_padding_mask[i]) for i in range(2)]
+                                                outs.dense_unusable[i]) for i in range(2)]
     assert sum(len(m[0]) for m in matches) > 2 * 2  # more than one token per object
     ref = head.criterion(outs.dense_cls_scores, outs.dense_bbox_preds, gts, metas, matches)
     for key in ('loss_cls', 'loss_bbox', 'loss_iou'):

@@ -10,15 +10,25 @@ from rfdetr.models.postprocess import PostProcess
 from lwdetr_reference import (CLASSES, FFN, GROUPS, QUERIES, WIDTH, abs_err, build_pair, inputs,
                               loss_and_predict, random_targets, run_reference, tiny_batch,
                               tiny_detector)
+from vitdet_plugin.models.heads.detr_memory import flatten_levels, image_sizes
 from vitdet_plugin.models.heads.lwdetr_head import LWDETRHead
 from vitdet_plugin.weights.lwdetr_keys import rfdetr_head_key, rfdetr_head_state_dict
-from vitdet_plugin.models.heads.lwdetr_transformer import flatten_memory
 
 #: Issue 50's tolerance of ``pred_logits`` / ``pred_boxes`` (absolute).
 TOL = 1e-4
 #: Two map sizes of the P4 level (RF-DETR N 384 px: 24 x 24; here shrunk), one padded batch
 #: (image 2 smaller than the batch), one with a rectangular map.
 CASES = [((6, 6), [(96, 96), (96, 96)]), ((5, 8), [(80, 128), (64, 96)])]
+
+
+#: Largest logit difference of the bf16 head from the fp32 one (bf16 keeps 8 bits).
+BF16_TOL = 0.05
+
+
+def _memory(feats, metas):
+    """The head's memory of ``feats`` for images described by ``metas``."""
+    img_hw, batch_shape = image_sizes(metas, len(metas), feats[0].device)
+    return flatten_levels(feats, img_hw, batch_shape)
 
 
 def _compare(ours, ref, layers):
@@ -49,7 +59,7 @@ def test_head_matches_rfdetr_at_test(size, shape, img_shapes):
     with torch.no_grad():
         ref = run_reference(pair, feats, masks)
         ours = pair.ours(feats, metas)
-        top = pair.ours.proposals(flatten_memory(feats, metas), 1).token_inds
+        top = pair.ours.proposals(_memory(feats, metas), 1).token_inds
     hook.remove()
     # rfdetr's proposals: the top QUERIES tokens by the best class logit of its group-0 head
     expected_top = captured[0].max(-1).values.topk(QUERIES, dim=1).indices
@@ -182,9 +192,32 @@ def test_dense_one_to_many_adds_a_loss_on_every_usable_token():
     assert torch.equal(reached, usable)
     selected = torch.zeros(2, 36, dtype=torch.bool)
     with torch.no_grad():
-        selected.scatter_(1, plain.proposals(flatten_memory([x], metas), GROUPS).token_inds, True)
+        selected.scatter_(1, plain.proposals(_memory([x], metas), GROUPS).token_inds, True)
     selected &= usable.flatten(1)  # a selected padded token's memory is zeroed (RF-DETR's)
     assert torch.equal(top_k.abs().sum(1).flatten(1) > 0, selected)
     assert int(selected.sum()) < int(usable.sum())
     with pytest.raises(ValueError, match=r'dense_one_to_many must be >= 1 \(tokens per ground'):
         LWDETRHead(num_classes=CLASSES, embed_dims=WIDTH, dense_one_to_many=0)
+
+
+def test_bf16_parameters_without_autocast_run_as_fp32():
+    """FSDP2's bf16 ``MixedPrecisionPolicy`` casts the parameters and inputs, no autocast: the
+    decoder's reference-point encoding (fp32 boxes) must meet ``ref_point_head`` in its dtype
+    and deformable attention sample at fp32 positions. The bf16 head trains (loss, gradients)
+    and predicts what the fp32 head does within bf16 rounding, but for the queries whose
+    proposal changed (near-tied tokens ranked the other way)."""
+    pair = build_pair('N', seed=7)
+    head = pair.ours.eval()
+    feats, metas, _ = inputs([(6, 7)], [(96, 112), (80, 96)], seed=8)
+    with torch.no_grad():
+        reference = head(feats, metas)
+        low = head.to(torch.bfloat16)([f.bfloat16() for f in feats], metas)
+    assert low.all_cls_scores.dtype == torch.bfloat16
+    close = (low.all_cls_scores.float() - reference.all_cls_scores).abs() < BF16_TOL
+    assert close.float().mean() > 0.8, close.float().mean()
+    head.train()
+    _, gts = random_targets(9, [2, 1], (96, 112))
+    losses = head.loss_by_feat(head([f.bfloat16() for f in feats], metas), gts, metas)
+    sum(losses.values()).backward()
+    assert all(torch.isfinite(v) for v in losses.values())
+    assert head.decoder.ref_point_head.fc1.weight.grad.dtype == torch.bfloat16

@@ -1,10 +1,10 @@
 """``tools/benchmark.py --rfdetr-onnx [N | N-Seg]``: RF-DETR N (384 px) or RF-DETR-Seg N
-(312 px), CPU, batch 1, in one process: our end-to-end graph (``vitdet_plugin/deploy/lwdetr.py``)
-in onnxruntime, our model in PyTorch eager (mmdet's data preprocessor + ``predict``), rfdetr's
-own ONNX export of the same weights (``export``: torch's TorchScript exporter, opset 17, fixed
-at rfdetr's resolution) in onnxruntime and rfdetr's model in PyTorch eager; median wall seconds
-of ``repeats`` interleaved runs (all four see the same machine load) after ``warmup`` untimed
-ones.
+(312 px), CPU, batch 1, in one process: our end-to-end graph (the head's own test path traced,
+``vitdet_plugin/deploy/end_to_end.py``) in onnxruntime, our model in PyTorch eager (mmdet's
+data preprocessor + ``predict``), rfdetr's own ONNX export of the same weights (``export``:
+torch's TorchScript exporter, opset 17, fixed at rfdetr's resolution) in onnxruntime and
+rfdetr's model in PyTorch eager; median wall seconds of ``repeats`` interleaved runs (all four
+see the same machine load) after ``warmup`` untimed ones.
 
 Weights: rfdetr's model (``RFDETRNano`` / ``RFDETRSegNano``, ``pretrain_weights=None``, seeded
 init) saved in its own checkpoint format and loaded through the checkpoint layout table into

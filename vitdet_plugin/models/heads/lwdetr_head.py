@@ -2,8 +2,8 @@
 
 Pipeline (RF-DETR's ``two_stage``, ``bbox_reparam``, ``lite_refpoint_refine``):
 
-1. :func:`flatten_memory`: the projector's NCHW maps -> tokens, padding mask, valid ratios (no
-   encoder: the ViT and the projector are the encoder).
+1. :func:`~.detr_memory.flatten_levels`: the projector's NCHW maps -> tokens, padding mask,
+   valid cells (no encoder: the ViT and the projector are the encoder).
 2. Two-stage proposals, per query group: the memory (zeroed where unusable) -> Linear +
    LayerNorm -> class and box branches; the top ``P = min(num_queries, tokens)`` tokens by
    their best class logit give proposals, boxes reparameterised on each token's anchor (cell
@@ -30,27 +30,11 @@ from mmdet.registry import MODELS
 from mmengine.structures import InstanceData
 from torch import Tensor, nn
 
+from .detr_core import (HeadOutputs, Proposals, SetPredictionHead, gather_rows, reg_mlp,
+                         top_proposals)
+from .detr_memory import Memory, Shape, flatten_levels, image_sizes
 from .lwdetr_loss import GroupSetCriterion
-from .lwdetr_transformer import (LWDETRDecoder, LWDETRDecoderLayer, Memory, flatten_memory,
-                                 reparam_boxes, token_proposals)
-from .sdpa_detr_head import HeadOutputs, SetPredictionHead, reg_mlp
-
-
-class Proposals(NamedTuple):
-    """Two-stage proposals of every group, groups concatenated on queries (``P`` per group:
-    ``num_queries``, or every token when there are fewer): reference boxes ``(B, G*P, 4)``
-    (detached), class logits ``(B, G*P, K)``, boxes ``(B, G*P, 4)``, the chosen memory tokens
-    ``(B, G*P)`` and their projected features ``(B, G*P, C)``. With ``dense_one_to_many`` in
-    training, every token's proposal too: logits ``(B, G*N, K)``, boxes ``(B, G*N, 4)`` and
-    ``(B, G*N)`` True where a token is unusable."""
-    ref: Tensor
-    cls: Tensor
-    boxes: Tensor
-    token_inds: Tensor
-    hidden: Tensor
-    dense_cls: Optional[Tensor] = None
-    dense_boxes: Optional[Tensor] = None
-    dense_unusable: Optional[Tensor] = None
+from .lwdetr_transformer import LWDETRDecoder, LWDETRDecoderLayer, reparam_boxes, token_proposals
 
 
 class Decoded(NamedTuple):
@@ -151,9 +135,9 @@ class LWDETRHead(SetPredictionHead):
 
     # ------------------------------------------------------------------ forward
     def proposals(self, memory: Memory, num_groups: int) -> Proposals:
-        """Two-stage proposals of the first ``num_groups`` groups (see :class:`Proposals`)."""
-        b, n, c = memory.tokens.shape
-        num_proposals = min(self.num_queries, n)
+        """Two-stage proposals of the first ``num_groups`` groups (:class:`Proposals`: ``P``
+        per group, ``num_queries`` or every token when there are fewer; dense ones with
+        ``dense_one_to_many`` in training)."""
         anchors, usable = token_proposals(memory, self.anchor_size)            # (B, N, 4), (B, N)
         tokens = memory.tokens * usable[..., None].to(memory.tokens.dtype)
         dense = self.dense_one_to_many is not None and self.training
@@ -161,12 +145,11 @@ class LWDETRHead(SetPredictionHead):
         for g in range(num_groups):
             hidden = self.enc_output_norm[g](self.enc_output[g](tokens))         # (B, N, C)
             cls = self.enc_cls_branches[g](hidden)                               # (B, N, K)
-            top = cls.detach().max(-1).values.topk(num_proposals, dim=1).indices  # (B, P)
-            selected = hidden.gather(1, top[..., None].expand(-1, -1, c))        # (B, P, C)
-            box = reparam_boxes(self.enc_reg_branches[g](selected),
-                                anchors.gather(1, top[..., None].expand(-1, -1, 4)))
+            top = top_proposals(cls.detach().max(-1).values, self.num_queries)  # (B, P)
+            selected = gather_rows(hidden, top)                                  # (B, P, C)
+            box = reparam_boxes(self.enc_reg_branches[g](selected), gather_rows(anchors, top))
             refs.append(box.detach())
-            logits.append(cls.gather(1, top[..., None].expand(-1, -1, self.num_classes)))
+            logits.append(gather_rows(cls, top))
             boxes.append(box)
             inds.append(top)
             feats.append(selected)
@@ -184,38 +167,42 @@ class LWDETRHead(SetPredictionHead):
     def forward(self, feats: Sequence[Tensor], batch_img_metas: Optional[Sequence[dict]] = None,
                 batch_gt_instances: Optional[Sequence[InstanceData]] = None) -> HeadOutputs:
         """Predictions for the projector's maps ``feats`` (images described by mmdet
-        ``batch_img_metas``): every layer's ``(L, B, G*Q, K)`` logits and ``(L, B, G*Q, 4)``
-        cxcywh boxes, and the proposals' (``G`` groups in training, one at test). The ground
-        truth (:class:`SetPredictionHead`'s interface) is not used: no denoising queries."""
-        return self.detections(self.decode(feats, batch_img_metas))
+        ``batch_img_metas``; without them the batch is unpadded): :meth:`forward_images`. The
+        ground truth (:class:`SetPredictionHead`'s interface) is not used: no denoising."""
+        img_hw, batch_shape = image_sizes(batch_img_metas, feats[0].shape[0], feats[0].device,
+                                          (int(feats[0].shape[-2]), int(feats[0].shape[-1])))
+        return self.forward_images(feats, img_hw, batch_shape)
 
-    def decode(self, feats: Sequence[Tensor],
-               batch_img_metas: Optional[Sequence[dict]] = None) -> Decoded:
-        """Proposals and the decoder on the projector's maps (see :meth:`forward`)."""
+    def forward_images(self, feats: Sequence[Tensor], img_hw: Tensor,
+                       batch_shape: Shape) -> HeadOutputs:
+        """Every layer's ``(L, B, G*Q, K)`` logits and ``(L, B, G*Q, 4)`` cxcywh boxes and the
+        proposals' (``G`` groups in training, one at test), for maps covering the padded batch
+        ``batch_shape`` of images of ``img_hw`` ``(B, 2)`` (the exported graph's entry)."""
+        return self.outputs(self.decode(feats, img_hw, batch_shape))
+
+    def decode(self, feats: Sequence[Tensor], img_hw: Tensor, batch_shape: Shape) -> Decoded:
+        """Proposals and the decoder on the projector's maps (see :meth:`forward_images`)."""
         if len(feats) != self.num_levels or any(x.shape[1] != self.embed_dims for x in feats):
             raise ValueError(f'{type(self).__name__} expects {self.num_levels} maps of '
                              f'{self.embed_dims} channels (num_levels, embed_dims), got '
                              f'{[tuple(x.shape) for x in feats]}')
-        memory = flatten_memory(feats, batch_img_metas)
+        memory = flatten_levels(feats, img_hw, batch_shape)
         groups = self.num_groups if self.training else 1
         props = self.proposals(memory, groups)
         total = groups * self.num_queries
         proposed = props.ref.shape[1]                                           # G*P
-        ref = reparam_boxes(self.refpoint_embed.weight[:proposed], props.ref)  # (B, G*P, 4)
-        if proposed < total:  # fewer tokens than queries: the rest as learned (RF-DETR's rule)
-            rest = self.refpoint_embed.weight[proposed:total]                   # (G*Q - G*P, 4)
-            ref = torch.cat((ref, rest.expand(ref.shape[0], -1, -1)), 1)        # (B, G*Q, 4)
+        # fewer tokens than queries (P < Q): the rest keep their learned boxes (RF-DETR's rule)
+        rest = self.refpoint_embed.weight[proposed:total]                       # (G*Q - G*P, 4)
+        ref = torch.cat((reparam_boxes(self.refpoint_embed.weight[:proposed], props.ref),
+                         rest.expand(props.ref.shape[0], -1, -1)), 1)           # (B, G*Q, 4)
         query = self.query_feat.weight[:total].expand(ref.shape[0], -1, -1)     # (B, G*Q, C)
         hidden = self.decoder(query.to(memory.tokens.dtype), ref, memory, groups)
         return Decoded(hidden, ref, props)
 
-    def detections(self, decoded: Decoded) -> HeadOutputs:
+    def outputs(self, decoded: Decoded) -> HeadOutputs:
         """Every layer's class logits and boxes, and the proposals' (see :meth:`forward`)."""
         boxes = reparam_boxes(self.reg_branch(decoded.hidden), decoded.ref)     # (L, B, G*Q, 4)
-        props = decoded.proposals
-        return HeadOutputs(self.cls_branch(decoded.hidden), boxes, props.cls, props.boxes,
-                           dense_cls_scores=props.dense_cls, dense_bbox_preds=props.dense_boxes,
-                           dense_padding_mask=props.dense_unusable)
+        return decoded.proposals.outputs(self.cls_branch(decoded.hidden), boxes)
 
     # ------------------------------------------------------------------ training
     def loss_by_feat(self, outs: HeadOutputs, batch_gt_instances: Sequence[InstanceData],
@@ -239,23 +226,8 @@ class LWDETRHead(SetPredictionHead):
         enc = self.criterion(outs.enc_cls_scores, outs.enc_bbox_preds, batch_gt_instances,
                              batch_img_metas, num_groups=groups, **(enc_kwargs or {}))
         losses.update({'enc_' + k: v for k, v in enc.items()})
-        if outs.dense_cls_scores is not None:
-            losses.update({'enc_dense_' + k: v for k, v in self.dense_losses(
-                outs, batch_gt_instances, batch_img_metas, groups).items()})
+        if outs.dense_cls_scores is not None and self.dense_one_to_many is not None:
+            losses.update({'enc_dense_' + k: v for k, v in self.one_to_many_losses(
+                outs, batch_gt_instances, batch_img_metas, self.dense_one_to_many,
+                groups).items()})
         return losses
-
-    def dense_losses(self, outs: HeadOutputs, batch_gt_instances: Sequence[InstanceData],
-                     batch_img_metas: Sequence[dict], num_groups: int) -> Dict[str, Tensor]:
-        """Losses of every token's proposal, each group's ``N`` tokens matched one-to-many
-        (``dense_one_to_many`` per ground truth, unusable tokens never)."""
-        cls, boxes, unusable = (outs.dense_cls_scores, outs.dense_bbox_preds,
-                                outs.dense_padding_mask)
-        if cls is None or boxes is None or unusable is None or self.dense_one_to_many is None:
-            raise ValueError('dense losses need the dense proposals of a training forward with '
-                             'dense_one_to_many set')
-        matches = [self.criterion.match_groups(cls[i], boxes[i], gt, meta, num_groups,
-                                               one_to_many=self.dense_one_to_many,
-                                               invalid=unusable[i])
-                   for i, (gt, meta) in enumerate(zip(batch_gt_instances, batch_img_metas))]
-        return self.criterion(cls, boxes, batch_gt_instances, batch_img_metas, matches,
-                              num_groups)

@@ -23,9 +23,10 @@ from mmengine.structures import InstanceData
 from torch import Tensor, nn
 
 from ..layers.mlp import Mlp
+from .detr_core import HeadOutputs, instances
+from .detr_memory import Shape, image_sizes
 from .lwdetr_head import LWDETRHead
 from .lwdetr_seg_loss import POINT_SAMPLE_RATIO, LayerMasks, MaskGroupSetCriterion
-from .sdpa_detr_head import HeadOutputs, topk_detections
 
 #: Mask resolution: the padded batch divided by this (RF-DETR's ``mask_downsample_ratio``).
 MASK_DOWNSAMPLE_RATIO = 4
@@ -68,21 +69,13 @@ class ResidualMlp(nn.Module):
 
 
 class MaskEmbeddings(NamedTuple):
-    """Per decoder layer: pixel embeddings ``(B, C, Hm, Wm)`` and query embeddings
-    ``(L, B, G*Q, C)``; the proposals' (``(B, C, Hm, Wm)``, ``(B, G*Q, C)``); the bias."""
-    pixels: Tuple[Tensor, ...]
-    queries: Tensor
-    enc_pixels: Tensor
-    enc_queries: Tensor
-    bias: Tensor
+    """Every decoder layer's mask embeddings and the proposals'."""
+    layers: Tuple[LayerMasks, ...]
+    enc: LayerMasks
 
-    def layer(self, i: int) -> LayerMasks:
-        """Layer ``i``'s embeddings, as the criterion takes them."""
-        return LayerMasks(self.pixels[i], self.queries[i], self.bias)
-
-    def logits(self, i: int) -> Tensor:
-        """Mask logits of every query of layer ``i``: ``(B, G*Q, Hm, Wm)``."""
-        return torch.einsum('bchw,bqc->bqhw', self.pixels[i], self.queries[i]) + self.bias
+    def logits(self, i: int, queries: Optional[Tensor] = None) -> Tensor:
+        """Layer ``i``'s mask logits (:meth:`LayerMasks.logits`)."""
+        return self.layers[i].logits(queries)
 
 
 class MaskBranch(nn.Module):
@@ -105,18 +98,19 @@ class MaskBranch(nn.Module):
         self.bias = nn.Parameter(torch.zeros(1))
 
     def forward(self, feat: Tensor, hidden: Tensor, enc_hidden: Tensor,
-                batch_shape: Tuple[int, int]) -> MaskEmbeddings:
+                batch_shape: Shape) -> MaskEmbeddings:
         """``feat (B, C, h, w)`` covering the padded batch ``batch_shape``, every layer's
         queries ``hidden (L, B, G*Q, C)`` and the proposals' ``enc_hidden (B, G*Q, C)``."""
         size = (batch_shape[0] // self.downsample_ratio, batch_shape[1] // self.downsample_ratio)
         x = F.interpolate(feat, size=size, mode='bilinear', align_corners=False)  # (B,C,Hm,Wm)
-        enc_pixels = self.pixel_proj(x)
-        pixels = []
-        for block in self.blocks:
+        enc = LayerMasks(self.pixel_proj(x), self.query_proj(self.query_mlp(enc_hidden)),
+                         self.bias)
+        queries = self.query_proj(self.query_mlp(hidden))                      # (L, B, G*Q, C)
+        layers = []
+        for block, layer_queries in zip(self.blocks, queries):
             x = block(x)
-            pixels.append(self.pixel_proj(x))
-        return MaskEmbeddings(tuple(pixels), self.query_proj(self.query_mlp(hidden)), enc_pixels,
-                              self.query_proj(self.query_mlp(enc_hidden)), self.bias)
+            layers.append(LayerMasks(self.pixel_proj(x), layer_queries, self.bias))
+        return MaskEmbeddings(tuple(layers), enc)
 
 
 class SegHeadOutputs(NamedTuple):
@@ -191,35 +185,36 @@ class LWDETRSegHead(LWDETRHead):
         if not batch_img_metas:
             raise ValueError('LWDETRSegHead needs the image metas (batch_input_shape sets the '
                              'mask resolution); call it through loss / predict')
-        decoded = self.decode(feats, batch_img_metas)
-        masks = self.mask_branch(feats[0], decoded.hidden, decoded.proposals.hidden,
-                                 tuple(batch_img_metas[0]['batch_input_shape']))
-        return SegHeadOutputs(self.detections(decoded), masks)
+        img_hw, batch_shape = image_sizes(batch_img_metas, feats[0].shape[0], feats[0].device)
+        return self.forward_images(feats, img_hw, batch_shape)
+
+    def forward_images(self, feats: Sequence[Tensor], img_hw: Tensor,  # type: ignore[override]
+                       batch_shape: Shape) -> SegHeadOutputs:
+        """:meth:`LWDETRHead.forward_images` and the mask embeddings."""
+        decoded = self.decode(feats, img_hw, batch_shape)
+        masks = self.mask_branch(feats[0], decoded.hidden, decoded.proposals.hidden, batch_shape)
+        return SegHeadOutputs(self.outputs(decoded), masks)
 
     def loss_by_feat(self, outs: SegHeadOutputs,  # type: ignore[override]
                      batch_gt_instances: Sequence[InstanceData],
                      batch_img_metas: Sequence[dict]) -> Dict[str, Tensor]:
         """:class:`LWDETRHead`'s losses with ``loss_mask`` / ``loss_dice`` on every decoder
         layer and the proposals, matches weighing the masks too."""
-        layers: List[Dict[str, Any]] = [dict(masks=outs.masks.layer(i))
-                                        for i in range(len(outs.masks.pixels))]
-        enc = LayerMasks(outs.masks.enc_pixels, outs.masks.enc_queries, outs.masks.bias)
+        layers: List[Dict[str, Any]] = [dict(masks=m) for m in outs.masks.layers]
         return self.group_losses(outs.det, batch_gt_instances, batch_img_metas, layers,
-                                 dict(masks=enc))
+                                 dict(masks=outs.masks.enc))
 
     def predict_by_feat(self, outs: SegHeadOutputs,  # type: ignore[override]
                         batch_img_metas: Sequence[dict],
                         rescale: bool = True) -> List[InstanceData]:
         """:class:`LWDETRHead`'s detections with their ``masks`` (bool, image size)."""
-        cls, boxes = outs.det.all_cls_scores[-1].float(), outs.det.all_bbox_preds[-1].float()
-        mask_logits = outs.masks.logits(-1)                                     # (B, Q, Hm, Wm)
-        max_per_img = int(self.test_cfg.get('max_per_img', self.default_max_per_img))
-        score_thr = float(self.test_cfg.get('score_thr', 0.0))
-        results = []
-        for i, meta in enumerate(batch_img_metas):
-            found = topk_detections(cls[i], boxes[i], meta, rescale, max_per_img, score_thr,
-                                    with_query_inds=True)
-            found.masks = masks_to_image(mask_logits[i, found.query_inds], meta, rescale)
-            del found.query_inds
-            results.append(found)
+        img_hw, _ = image_sizes(batch_img_metas, len(batch_img_metas),
+                                outs.det.all_cls_scores.device)
+        dets = self.detections(outs.det, img_hw)
+        logits = outs.masks.logits(-1, dets.queries)                           # (B, k, Hm, Wm)
+        results = instances(dets, batch_img_metas, rescale,
+                            float(self.test_cfg.get('score_thr', 0.0)))
+        for i, (found, meta) in enumerate(zip(results, batch_img_metas)):
+            # the scores above score_thr are the first of the descending top-k
+            found.masks = masks_to_image(logits[i, :len(found)], meta, rescale)
         return results

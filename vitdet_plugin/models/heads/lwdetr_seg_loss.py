@@ -57,6 +57,13 @@ class LayerMasks(NamedTuple):
     queries: Tensor
     bias: Tensor
 
+    def logits(self, queries: Optional[Tensor] = None) -> Tensor:
+        """Mask logits of every query ``(B, G*Q, Hm, Wm)``, or of the ``(B, k)`` ``queries``
+        only, ``(B, k, Hm, Wm)``."""
+        embed = self.queries if queries is None else self.queries.gather(
+            1, queries[..., None].expand(-1, -1, self.queries.shape[-1]))
+        return torch.einsum('bchw,bqc->bqhw', self.pixels, embed) + self.bias
+
 
 def sample_points(x: Tensor, points: Tensor, mode: str = 'bilinear') -> Tensor:
     """``x (N, C, H, W)`` at ``points (N, P, 2)`` (``(x, y)`` in ``[0, 1]`` of the map) ->
@@ -132,7 +139,7 @@ class MaskGroupSetCriterion(GroupSetCriterion):
                                        masks, gt_masks, num_groups)
         losses = super().forward(cls_scores, boxes, batch_gt_instances, batch_img_metas,
                                  matches, num_groups)
-        avg = self.avg_factor(batch_gt_instances, num_groups, cls_scores)
+        avg = self.avg_factor(batch_gt_instances, num_groups, 0, cls_scores)
         losses.update(self.mask_losses(masks, gt_masks, matches, avg))
         return losses
 

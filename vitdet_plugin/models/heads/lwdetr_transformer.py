@@ -1,9 +1,10 @@
 """The LW-DETR / RF-DETR decoder: post-norm layers with multi-scale deformable cross-attention.
 
 Each layer: self-attention of the queries (within each query group: Group DETR trains
-``num_groups`` independent query sets in one batch), mmcv's ``MultiScaleDeformableAttention``
-to the memory (its parameter names; on CUDA it runs ``mmcv._ext``, i.e. compiled mmcv or our
-compile-free op; elsewhere mmcv's PyTorch form), a ReLU FFN, a LayerNorm after each. The query
+``num_groups`` independent query sets in one batch), deformable attention to the memory
+(:func:`deformable_attention` on mmcv's ``MultiScaleDeformableAttention``: its parameters, the
+levels' sizes given as ints so that the layer traces into an exported graph; on CUDA mmcv's op,
+``mmcv._ext``: compiled mmcv or our compile-free op), a ReLU FFN, a LayerNorm after each. The query
 position is an MLP of the sine encoding of the reference box. With RF-DETR's
 ``lite_refpoint_refine`` every layer attends around the same initial reference boxes (no
 layer-by-layer refinement) and the box of every layer is predicted relative to them.
@@ -11,69 +12,22 @@ layer-by-layer refinement) and the box of every layer is predicted relative to t
 Self-attention is our :class:`MultiheadCrossAttention` (fused SDPA) and the FFN our
 :class:`Mlp`; the sine encoding is mmdet's ``coordinate_to_encoding`` (DINO's).
 """
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 from mmcv.ops import MultiScaleDeformableAttention
+from mmcv.ops.multi_scale_deform_attn import (MultiScaleDeformableAttnFunction,
+                                              multi_scale_deformable_attn_pytorch)
 from mmdet.models.layers.transformer.utils import coordinate_to_encoding
 from torch import Tensor, nn
 
 from ..layers.cross_attention import MultiheadCrossAttention
 from ..layers.mlp import Mlp
-from .multiscale_memory import _valid_mask, image_shapes
+from .detr_memory import Memory, Shape
 
 #: Proposals whose normalised centre or size leaves ``(VALID_MIN, 1 - VALID_MIN)`` are dropped
 #: (zero memory, zero box), as RF-DETR's ``gen_encoder_output_proposals``.
 VALID_MIN = 0.01
-
-
-class Memory(NamedTuple):
-    """The decoder's view of the multi-scale maps.
-
-    Attributes:
-        tokens: ``(B, N, C)`` all levels flattened.
-        padding_mask: ``(B, N)`` bool, True outside each image (``img_shape``).
-        spatial_shapes: ``(L, 2)`` int64 ``(H, W)`` per level.
-        level_start_index: ``(L,)`` first token of each level.
-        valid_ratios: ``(B, L, 2)`` valid fraction ``(w, h)`` of each level.
-        valid_sizes: ``(B, L, 2)`` valid ``(w, h)`` in tokens of each level (float).
-        shapes: ``(H, W)`` per level as Python ints.
-    """
-    tokens: Tensor
-    padding_mask: Tensor
-    spatial_shapes: Tensor
-    level_start_index: Tensor
-    valid_ratios: Tensor
-    valid_sizes: Tensor
-    shapes: List[Tuple[int, int]]
-
-
-def flatten_memory(feats: Sequence[Tensor],
-                   batch_img_metas: Optional[Sequence[dict]] = None) -> Memory:
-    """NCHW maps (all at ``embed_dims``) -> :class:`Memory`. A token is valid when its cell
-    starts inside the image (nearest-resizing the pixel mask, as RF-DETR and mmdet's DETRs);
-    without metas the batch is unpadded."""
-    b, device = feats[0].shape[0], feats[0].device
-    frame = (int(feats[0].shape[-2]), int(feats[0].shape[-1]))
-    batch_shape, img_shapes = image_shapes(batch_img_metas, b, frame)
-    img_hw = torch.tensor(img_shapes, dtype=torch.float32, device=device)      # (B, 2)
-    tokens, masks, sizes, shapes = [], [], [], []
-    for x in feats:
-        h, w = int(x.shape[-2]), int(x.shape[-1])
-        size = torch.tensor((h, w), dtype=torch.float32, device=device)
-        stride = size.new_tensor((batch_shape[0] / h, batch_shape[1] / w))
-        counts = torch.minimum(torch.ceil(img_hw / stride), size)               # (B, 2) rows, cols
-        masks.append(~_valid_mask(counts, (h, w)).flatten(1))                  # (B, h*w)
-        sizes.append(counts.flip(-1))                                           # (B, 2) = (w, h)
-        tokens.append(x.flatten(2).transpose(1, 2))                             # (B, h*w, C)
-        shapes.append((h, w))
-    spatial_shapes = torch.tensor(shapes, dtype=torch.long, device=device)
-    level_start_index = torch.cat((spatial_shapes.new_zeros(1),
-                                   spatial_shapes.prod(1).cumsum(0)[:-1]))
-    valid_sizes = torch.stack(sizes, 1)                                         # (B, L, 2)
-    ratios = valid_sizes / spatial_shapes.flip(-1).to(valid_sizes.dtype)
-    return Memory(torch.cat(tokens, 1), torch.cat(masks, 1), spatial_shapes, level_start_index,
-                  ratios, valid_sizes, shapes)
 
 
 def token_proposals(memory: Memory, anchor_size: float) -> Tuple[Tensor, Tensor]:
@@ -84,18 +38,53 @@ def token_proposals(memory: Memory, anchor_size: float) -> Tuple[Tensor, Tensor]
         centre and ``anchor_size * 2**level`` sides (0 where unusable), and ``(B, N)`` bool,
         False at padded tokens and where the box leaves ``(VALID_MIN, 1 - VALID_MIN)``.
     """
-    boxes = []
-    for level, (h, w) in enumerate(memory.shapes):
-        ys = torch.arange(h, dtype=torch.float32, device=memory.tokens.device)
-        xs = torch.arange(w, dtype=torch.float32, device=memory.tokens.device)
-        gy, gx = torch.meshgrid(ys, xs, indexing='ij')
-        grid = torch.stack((gx, gy), -1).view(1, h * w, 2) + 0.5              # (1, hw, 2) x, y
-        centres = grid / memory.valid_sizes[:, level, None]                     # (B, hw, 2)
-        sides = torch.full_like(centres, anchor_size * 2.0 ** level)
-        boxes.append(torch.cat((centres, sides), -1))
-    anchors = torch.cat(boxes, 1)                                               # (B, N, 4)
+    centres = memory.cell_centres()                                             # (B, N, 2)
+    sides = memory.level_sides(anchor_size)[None, :, None].expand_as(centres)   # (B, N, 2)
+    anchors = torch.cat((centres, sides), -1)                                   # (B, N, 4)
     usable = ((anchors > VALID_MIN) & (anchors < 1 - VALID_MIN)).all(-1) & ~memory.padding_mask
     return anchors * usable[..., None], usable
+
+
+def deformable_attention(attn: MultiScaleDeformableAttention, query: Tensor, query_pos: Tensor,
+                         value: Tensor, reference: Tensor, shapes: Sequence[Shape],
+                         padding_mask: Optional[Tensor] = None,
+                         spatial_shapes: Optional[Tensor] = None,
+                         level_start_index: Optional[Tensor] = None) -> Tensor:
+    """``MultiScaleDeformableAttention.forward`` (batch first) of ``attn``, the levels' sizes
+    given as ``shapes`` (ints, or a traced graph's symbolic ints, which mmcv's module would read
+    from a tensor's values): ``query`` ``(B, Q, C)`` attends to ``value`` ``(B, N, C)`` (zeroed
+    where ``padding_mask`` is True) around ``reference`` ``(B, Q, L, 2)`` points or
+    ``(B, Q, L, 4)`` boxes, normalised. Sampling runs mmcv's op on CUDA (given
+    ``spatial_shapes`` / ``level_start_index``), else mmcv's PyTorch form (``F.grid_sample``
+    per level: ONNX ``GridSample`` in an exported graph), in the reference's precision."""
+    b, q, _ = query.shape
+    heads, levels, points = attn.num_heads, attn.num_levels, attn.num_points
+    identity = query
+    query = query + query_pos
+    value = attn.value_proj(value)                                      # (B, N, C)
+    if padding_mask is not None:
+        value = value.masked_fill(padding_mask[..., None], 0.0)
+    value = value.view(b, value.shape[1], heads, -1)                    # (B, N, heads, d)
+    offsets = attn.sampling_offsets(query).view(b, q, heads, levels, points, 2)
+    weights = attn.attention_weights(query).view(b, q, heads, levels * points).softmax(-1)
+    weights = weights.view(b, q, heads, levels, points)
+    if reference.shape[-1] == 2:
+        normalizer = torch.stack([torch.stack((torch.full((), w), torch.full((), h)))
+                                  for h, w in shapes]).to(offsets)       # (L, 2)
+        locations = reference[:, :, None, :, None, :] \
+            + offsets / normalizer[None, None, None, :, None, :]        # (B, Q, heads, L, P, 2)
+    else:  # offsets in units of half the box's width / height per point
+        locations = reference[:, :, None, :, None, :2] \
+            + offsets / points * reference[:, :, None, :, None, 2:] * 0.5
+    dtype = locations.dtype  # the reference's: sampling positions keep their precision
+    if value.is_cuda and spatial_shapes is not None and not torch.compiler.is_exporting():
+        out = MultiScaleDeformableAttnFunction.apply(
+            value.to(dtype), spatial_shapes, level_start_index, locations, weights.to(dtype),
+            attn.im2col_step)
+    else:
+        out = multi_scale_deformable_attn_pytorch(value.to(dtype), shapes, locations,
+                                                  weights.to(dtype))
+    return attn.dropout(attn.output_proj(out.to(identity.dtype))) + identity
 
 
 def reparam_boxes(delta: Tensor, ref: Tensor) -> Tensor:
@@ -136,11 +125,10 @@ class LWDETRDecoderLayer(nn.Module):
         q = (query + query_pos).unflatten(1, (num_groups, -1))                  # (B, G, Q, C)
         out = self.self_attn(q, q, query.unflatten(1, (num_groups, -1))).flatten(1, 2)
         query = self.norm1(query + out)
-        # mmcv adds the residual (query before query_pos) and its dropout
-        query = self.norm2(self.cross_attn(
-            query, value=memory.tokens, query_pos=query_pos,
-            key_padding_mask=memory.padding_mask, reference_points=ref_points,
-            spatial_shapes=memory.spatial_shapes, level_start_index=memory.level_start_index))
+        # mmcv's forward adds the residual (query before query_pos) and its dropout
+        query = self.norm2(deformable_attention(
+            self.cross_attn, query, query_pos, memory.tokens, ref_points, memory.shapes,
+            memory.padding_mask, memory.spatial_shapes, memory.level_start_index))
         return self.norm3(query + self.ffn(query))
 
 
@@ -171,8 +159,9 @@ class LWDETRDecoder(nn.Module):
         image's valid area) -> every layer's normed output ``(layers, B, G*Q, C)``."""
         scale = torch.cat((memory.valid_ratios, memory.valid_ratios), -1)        # (B, L, 4)
         ref_points = ref[:, :, None] * scale[:, None]                           # (B, G*Q, L, 4)
+        # the encoding in the queries' dtype: FSDP's bf16 parameters see no fp32 input
         query_pos = self.ref_point_head(
-            coordinate_to_encoding(ref_points[:, :, 0], self.embed_dims // 2))
+            coordinate_to_encoding(ref_points[:, :, 0], self.embed_dims // 2).to(query.dtype))
         hidden = []
         for layer in self.layers:
             query = layer(query, query_pos, memory, ref_points, num_groups)

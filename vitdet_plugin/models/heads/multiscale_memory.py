@@ -19,6 +19,7 @@ from mmdet.models.layers.transformer.utils import coordinate_to_encoding
 from torch import Tensor, nn
 
 from ..layers.norm import masked_group_norm
+from .detr_memory import image_shapes, valid_mask
 
 #: GroupNorm groups of the input projections (Deformable DETR / DINO).
 PROJ_NORM_GROUPS = 32
@@ -57,46 +58,10 @@ class FlatMemory(NamedTuple):
         return slices
 
 
-def _leading_hw(shape: Sequence[int]) -> Tuple[int, int]:
-    """The leading ``(h, w)`` of an mmdet shape (``img_shape``, ``batch_input_shape``)."""
-    h, w = shape[:2]
-    return int(h), int(w)
-
-
 def _conv_norm(proj: nn.Module) -> Tuple[nn.Conv2d, nn.GroupNorm]:
     """The ``(conv, GroupNorm)`` pair of one input / extra projection (an ``nn.Sequential``)."""
     conv, norm = cast(nn.Sequential, proj)
     return cast(nn.Conv2d, conv), cast(nn.GroupNorm, norm)
-
-
-def image_shapes(batch_img_metas: Optional[Sequence[dict]], batch_size: int,
-                 frame: Tuple[int, int]) -> Tuple[Tuple[int, int], List[Tuple[int, int]]]:
-    """``(batch_input_shape, [img_shape, ...])`` from mmdet image metas.
-
-    Without metas (``tensor`` mode) the batch is taken as unpadded, of size ``frame``.
-    """
-    if batch_img_metas is None:
-        return frame, [frame] * batch_size
-    if len(batch_img_metas) != batch_size:
-        raise ValueError(f'got {len(batch_img_metas)} image metas for a batch of {batch_size} '
-                         'feature maps; pass one meta dict per image')
-    shapes = []
-    for meta in batch_img_metas:
-        if 'img_shape' not in meta:
-            raise KeyError(f"image meta has no 'img_shape' (keys: {sorted(meta)}); the data "
-                           'preprocessor (DetDataPreprocessor) must set it')
-        shapes.append(_leading_hw(meta['img_shape']))
-    batch_shape = batch_img_metas[0].get('batch_input_shape')
-    if batch_shape is None:
-        batch_shape = (max(s[0] for s in shapes), max(s[1] for s in shapes))
-    return _leading_hw(batch_shape), shapes
-
-
-def _valid_mask(counts: Tensor, hw: Sequence[int]) -> Tensor:
-    """``(B, H, W)`` bool, True inside each image's ``counts (B, 2)`` valid rows / columns."""
-    rows = torch.arange(hw[0], device=counts.device)[None, :, None] < counts[:, 0, None, None]
-    cols = torch.arange(hw[1], device=counts.device)[None, None, :] < counts[:, 1, None, None]
-    return rows & cols
 
 
 class MultiScaleMemory(nn.Module):
@@ -225,17 +190,17 @@ class MultiScaleMemory(nn.Module):
             conv, norm = _conv_norm(proj)
             y = conv(x)
             maps.append(masked_group_norm(
-                y, _valid_mask(counts, y.shape[-2:]) if padded else None, norm))
+                y, valid_mask(counts, y.shape[-2:]) if padded else None, norm))
             valid_counts.append(counts)
             strides.append(stride)
         src, counts, stride = chosen[-1], valid_counts[-1], strides[-1]
         for proj in self.extra_proj:
             # zero the padded area so the stride-2 conv sees it as its own zero padding
             conv, norm = _conv_norm(proj)
-            y = conv(src * _valid_mask(counts, src.shape[-2:])[:, None].to(src.dtype))
+            y = conv(src * valid_mask(counts, src.shape[-2:])[:, None].to(src.dtype))
             counts = torch.ceil(counts / 2)
             stride = (stride[0] * 2, stride[1] * 2)
-            src = masked_group_norm(y, _valid_mask(counts, y.shape[-2:]) if padded else None,
+            src = masked_group_norm(y, valid_mask(counts, y.shape[-2:]) if padded else None,
                                     norm)
             maps.append(src)
             valid_counts.append(counts)
@@ -252,7 +217,7 @@ class MultiScaleMemory(nn.Module):
             gy, gx = torch.meshgrid(ys, xs, indexing='ij')
             grid = torch.stack((gx.flatten(), gy.flatten()), -1)                  # (HW, 2)
             xy.append(grid[None] / img_hw[:, None, [1, 0]])
-            pad.append(~_valid_mask(counts, (h, w)).flatten(1))
+            pad.append(~valid_mask(counts, (h, w)).flatten(1))
             lvl.append(torch.full((h * w,), level, dtype=torch.long, device=device))
         token_xy = torch.cat(xy, 1)
         level_ids = torch.cat(lvl)

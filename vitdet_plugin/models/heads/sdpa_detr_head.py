@@ -14,151 +14,25 @@ Pipeline (all in this head, so any backbone/neck feeding NCHW maps can use it th
 5. :class:`SetCriterion` on every decoder layer (auxiliary losses) and the encoder proposals;
    prediction = top-k over queries x classes, no NMS.
 """
-from typing import (Any, Callable, ClassVar, Dict, Iterable, List, NamedTuple, Optional, Sequence,
-                    Tuple, cast)
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 from mmdet.models.layers.transformer.utils import inverse_sigmoid
 from mmdet.registry import MODELS
-from mmdet.structures import SampleList
-from mmengine.model import BaseModule, bias_init_with_prob
 from mmengine.structures import InstanceData
 from torch import Tensor, nn
 
 from .denoising import DenoisingQueries, split_outputs
+from .detr_core import (HeadOutputs, Proposals, SetPredictionHead, gather_rows, reg_mlp,
+                         top_proposals)
 from .multiscale_memory import FlatMemory, MultiScaleMemory
-from .set_criterion import SetCriterion, cxcywh_to_xyxy
+from .set_criterion import SetCriterion
 from .transformer import MemoryEncoder, RefineDecoder, padding_bias
 
-#: Prior probability of the classification logits at init (focal-loss init).
-CLS_PRIOR_PROB = 0.01
 #: Anchor centres of ``two_stage`` are clipped to ``[1 - this, this]`` (normalised): the last,
 #: partly valid row / column of a padded map has token centres beyond the image edge, whose
 #: ``inverse_sigmoid`` would saturate (logit 11.5) and pin their proposals to the border.
 ANCHOR_CENTRE_MAX = 0.99
-#: Layers of the box-regression MLPs.
-REG_MLP_LAYERS = 3
-
-
-class HeadOutputs(NamedTuple):
-    """Raw predictions: per decoder layer ``(L, B, Q, num_classes)`` logits and ``(L, B, Q, 4)``
-    normalised cxcywh boxes; encoder proposals ``(B, Q, ...)`` (None without ``two_stage``);
-    denoising queries' ``(L, B, D, ...)`` outputs and their known matches (training only)."""
-    all_cls_scores: Tensor
-    all_bbox_preds: Tensor
-    enc_cls_scores: Optional[Tensor] = None
-    enc_bbox_preds: Optional[Tensor] = None
-    dn_cls_scores: Optional[Tensor] = None
-    dn_bbox_preds: Optional[Tensor] = None
-    dn_matches: Optional[List[Tuple[Tensor, Tensor]]] = None
-    dense_cls_scores: Optional[Tensor] = None
-    dense_bbox_preds: Optional[Tensor] = None
-    dense_padding_mask: Optional[Tensor] = None
-
-
-class Proposals(NamedTuple):
-    """The encoder's proposals: content queries ``(B, Q, C)`` and reference boxes
-    ``(B, Q, 4)`` for the decoder; with ``two_stage``, the selected proposals' logits and boxes
-    and every memory token's (``(B, N, ...)``, for one-to-many matching)."""
-    query: Tensor
-    ref: Tensor
-    top_cls: Optional[Tensor] = None
-    top_box: Optional[Tensor] = None
-    token_cls: Optional[Tensor] = None
-    token_box: Optional[Tensor] = None
-
-
-def reg_mlp(dims: int) -> nn.Sequential:
-    """The 3-layer ReLU MLP ``C -> C -> C -> 4`` of the box branches."""
-    layers: List[nn.Module] = []
-    for _ in range(REG_MLP_LAYERS - 1):
-        layers += [nn.Linear(dims, dims), nn.ReLU(inplace=True)]
-    layers.append(nn.Linear(dims, 4))
-    return nn.Sequential(*layers)
-
-
-class SetPredictionHead(BaseModule):
-    """mmdet's head interface of our set-prediction heads: ``loss`` / ``predict`` through
-    ``forward(feats, metas, gts)`` and ``loss_by_feat``; ``predict_by_feat`` is the top-k over
-    queries x classes of the last layer (no NMS); per-layer losses are prefixed ``d{i}.``
-    (auxiliary layers). Subclasses set ``num_classes``, ``test_cfg``, ``criterion``."""
-
-    #: ``max_per_img`` when ``test_cfg`` does not set it.
-    default_max_per_img: ClassVar[int] = 100
-    criterion: Callable[..., Dict[str, Tensor]]
-
-    def __init__(self, num_classes: int, num_queries: int, embed_dims: int, anchor_size: float,
-                 train_cfg: Optional[dict], test_cfg: Optional[dict],
-                 init_cfg: Optional[dict]) -> None:
-        """Check and keep what every set-prediction head has: classes, queries (per group),
-        channels, the side of its level-0 token anchors, and its train / test configs."""
-        super().__init__(init_cfg=init_cfg)
-        for name, value in (('num_classes', num_classes), ('num_queries', num_queries)):
-            if value < 1:
-                raise ValueError(f'{name} must be >= 1, got {value}')
-        if not 0 < anchor_size < 1:
-            raise ValueError(f'anchor_size must be in (0, 1), got {anchor_size}')
-        self.num_classes = num_classes
-        self.num_queries = num_queries
-        self.embed_dims = embed_dims
-        self.anchor_size = anchor_size
-        self.train_cfg = dict(train_cfg or {})
-        self.test_cfg = dict(test_cfg or {})
-
-    @staticmethod
-    def init_branches(cls_branches: Iterable[nn.Module], reg_branches: Iterable[nn.Module]
-                      ) -> None:
-        """Classification biases at the focal prior (:data:`CLS_PRIOR_PROB`), the last layer
-        of every box MLP (:func:`reg_mlp`) zero: the first boxes are the references."""
-        bias = bias_init_with_prob(CLS_PRIOR_PROB)
-        for cls in cls_branches:
-            nn.init.constant_(cast(nn.Linear, cls).bias, bias)
-        for reg in reg_branches:
-            last = cast(nn.Linear, cast(nn.Sequential, reg)[-1])
-            nn.init.zeros_(last.weight)
-            nn.init.zeros_(last.bias)
-
-    def layer_losses(self, all_cls_scores: Tensor, all_bbox_preds: Tensor,
-                     batch_gt_instances: Sequence[InstanceData],
-                     batch_img_metas: Sequence[dict], prefix: str = '',
-                     layer_kwargs: Optional[Sequence[Dict[str, Any]]] = None,
-                     **criterion_kwargs: Any) -> Dict[str, Tensor]:
-        """``criterion`` on every layer of ``(L, B, Q, ...)`` predictions (``layer_kwargs[i]``:
-        more arguments for layer ``i`` alone): the last layer's terms named ``prefix + term``,
-        the others ``d{i}.`` + that."""
-        losses: Dict[str, Tensor] = {}
-        num_layers = all_cls_scores.shape[0]
-        for i in range(num_layers):
-            name = prefix if i == num_layers - 1 else f'd{i}.{prefix}'
-            layer = self.criterion(all_cls_scores[i], all_bbox_preds[i], batch_gt_instances,
-                                   batch_img_metas, **criterion_kwargs,
-                                   **(layer_kwargs[i] if layer_kwargs else {}))
-            losses.update({name + k: v for k, v in layer.items()})
-        return losses
-
-    def loss_by_feat(self, outs: HeadOutputs, batch_gt_instances: Sequence[InstanceData],
-                     batch_img_metas: Sequence[dict]) -> Dict[str, Tensor]:
-        raise NotImplementedError(f'{type(self).__name__} must define loss_by_feat')
-
-    def loss(self, feats: Sequence[Tensor], batch_data_samples: SampleList) -> Dict[str, Tensor]:
-        metas = [s.metainfo for s in batch_data_samples]
-        gts = [s.gt_instances for s in batch_data_samples]
-        return self.loss_by_feat(self(feats, metas, gts), gts, metas)
-
-    def predict(self, feats: Sequence[Tensor], batch_data_samples: SampleList,
-                rescale: bool = True) -> List[InstanceData]:
-        metas = [s.metainfo for s in batch_data_samples]
-        return self.predict_by_feat(self(feats, metas), metas, rescale)
-
-    def predict_by_feat(self, outs: HeadOutputs, batch_img_metas: Sequence[dict],
-                        rescale: bool = True) -> List[InstanceData]:
-        """Last-layer predictions -> per-image ``InstanceData`` (xyxy boxes in the
-        ``img_shape`` frame, or the original image when ``rescale``)."""
-        cls, boxes = outs.all_cls_scores[-1].float(), outs.all_bbox_preds[-1].float()
-        max_per_img = int(self.test_cfg.get('max_per_img', self.default_max_per_img))
-        score_thr = float(self.test_cfg.get('score_thr', 0.0))
-        return [topk_detections(cls[i], boxes[i], meta, rescale, max_per_img, score_thr)
-                for i, meta in enumerate(batch_img_metas)]
 
 
 @MODELS.register_module()
@@ -286,15 +160,16 @@ class SdpaDETRHead(SetPredictionHead):
                                fm.padding_mask[:, idx] if fm.padded else None)
         return fm.memory.index_copy(1, idx, encoded.to(fm.memory.dtype))
 
-    def _initial_queries(self, fm: FlatMemory, memory: Tensor) -> Proposals:
-        """The decoder's initial queries and reference boxes (see :class:`Proposals`)."""
+    def _initial_queries(self, fm: FlatMemory, memory: Tensor
+                         ) -> Tuple[Tensor, Tensor, Optional[Proposals]]:
+        """The decoder's content queries ``(B, Q, C)``, reference boxes ``(B, Q, 4)`` and, with
+        ``two_stage``, the :class:`Proposals` they come from (every token's too)."""
         b, n, _ = memory.shape
         if not self.two_stage:
             if self.ref_logits is None:  # built in __init__ whenever two_stage is False
                 raise RuntimeError('two_stage=False but the head has no ref_logits')
             query = self.query_embedding.weight[None].expand(b, -1, -1)
-            ref = self.ref_logits.sigmoid()[None].expand(b, -1, -1)
-            return Proposals(query.to(memory.dtype), ref)
+            return query.to(memory.dtype), self.ref_logits.sigmoid()[None].expand(b, -1, -1), None
         valid = (~fm.padding_mask)[..., None]
         out = self.enc_output_norm(self.enc_output(memory)) * valid
         enc_cls = self.cls_branches[-1](out)                                     # (B, N, K)
@@ -302,14 +177,17 @@ class SdpaDETRHead(SetPredictionHead):
         centres = fm.token_xy.clamp(1 - ANCHOR_CENTRE_MAX, ANCHOR_CENTRE_MAX)
         anchors = torch.cat((centres, wh[None, :, None].expand(b, n, 2)), -1)
         enc_box = (self.reg_branches[-1](out).float() + inverse_sigmoid(anchors)).sigmoid()
-        k = min(self.num_queries, n)
         score = enc_cls.detach().float().max(-1).values.masked_fill(fm.padding_mask,
                                                                     float('-inf'))
-        top = score.topk(k, dim=1).indices                                      # (B, k)
-        top_cls = enc_cls.gather(1, top[..., None].expand(-1, -1, self.num_classes))
-        top_box = enc_box.gather(1, top[..., None].expand(-1, -1, 4))
-        query = self.query_embedding.weight[None, :k].expand(b, -1, -1).to(memory.dtype)
-        return Proposals(query, top_box.detach(), top_cls, top_box, enc_cls, enc_box)
+        top = top_proposals(score, self.num_queries)                            # (B, k)
+        top_box = gather_rows(enc_box, top)
+        props = Proposals(top_box.detach(), gather_rows(enc_cls, top), top_box, top,
+                          gather_rows(out, top))
+        if self.enc_one_to_many is not None and self.training:  # every token's, one-to-many
+            props = props._replace(dense_cls=enc_cls, dense_boxes=enc_box,
+                                   dense_unusable=fm.padding_mask)
+        query = self.query_embedding.weight[None, :top.shape[1]].expand(b, -1, -1)
+        return query.to(memory.dtype), props.ref, props
 
     def forward(self, feats: Sequence[Tensor], batch_img_metas: Optional[Sequence[dict]] = None,
                 batch_gt_instances: Optional[Sequence[InstanceData]] = None) -> HeadOutputs:
@@ -321,13 +199,19 @@ class SdpaDETRHead(SetPredictionHead):
         return self.forward_memory(self.memory(feats, batch_img_metas), batch_img_metas,
                                    batch_gt_instances)
 
+    def forward_images(self, feats: Sequence[Tensor], img_hw: Tensor,
+                       batch_shape: Tuple[int, int]) -> HeadOutputs:
+        """:meth:`forward` at test for maps covering the padded batch ``batch_shape`` of images
+        of ``img_hw`` ``(B, 2)`` (the exported graph's entry: its symbolic sizes)."""
+        return self.forward_memory(self.memory.flatten(self.memory.select(feats), batch_shape,
+                                                       img_hw.float()))
+
     def forward_memory(self, fm: FlatMemory, batch_img_metas: Optional[Sequence[dict]] = None,
                        batch_gt_instances: Optional[Sequence[InstanceData]] = None
                        ) -> HeadOutputs:
-        """:meth:`forward` from the flattened memory (the ONNX export builds it itself)."""
+        """:meth:`forward` from the flattened memory."""
         memory = self._encode(fm)
-        proposals = self._initial_queries(fm, memory)
-        query, ref = proposals.query, proposals.ref
+        query, ref, proposals = self._initial_queries(fm, memory)
         dn = None
         if self.dn is not None and self.training and batch_gt_instances is not None:
             if batch_img_metas is None:
@@ -344,11 +228,7 @@ class SdpaDETRHead(SetPredictionHead):
                                      self.reg_branches, self_bias)
         cls = torch.stack([branch(h) for branch, h in zip(self.cls_branches, hidden)])
         boxes = torch.stack(boxes)
-        outs = HeadOutputs(cls, boxes, proposals.top_cls, proposals.top_box)
-        if self.enc_one_to_many is not None and self.training:
-            outs = outs._replace(dense_cls_scores=proposals.token_cls,
-                                 dense_bbox_preds=proposals.token_box,
-                                 dense_padding_mask=fm.padding_mask)
+        outs = HeadOutputs(cls, boxes) if proposals is None else proposals.outputs(cls, boxes)
         if dn is None:
             return outs
         dn_cls, cls = split_outputs(cls, dn.num_queries)
@@ -363,8 +243,9 @@ class SdpaDETRHead(SetPredictionHead):
         the encoder proposals (``enc_`` prefix) and of the denoising queries (``dn_``)."""
         losses = self.layer_losses(outs.all_cls_scores, outs.all_bbox_preds,
                                    batch_gt_instances, batch_img_metas)
-        if outs.dense_cls_scores is not None:
-            enc = self._one_to_many_losses(outs, batch_gt_instances, batch_img_metas)
+        if outs.dense_cls_scores is not None and self.enc_one_to_many is not None:
+            enc = self.one_to_many_losses(outs, batch_gt_instances, batch_img_metas,
+                                          self.enc_one_to_many)
             losses.update({'enc_' + k: v for k, v in enc.items()})
         elif outs.enc_cls_scores is not None:
             enc = self.criterion(outs.enc_cls_scores, outs.enc_bbox_preds, batch_gt_instances,
@@ -377,46 +258,3 @@ class SdpaDETRHead(SetPredictionHead):
                                             batch_gt_instances, batch_img_metas, 'dn_',
                                             matches=outs.dn_matches))
         return losses
-
-    def _one_to_many_losses(self, outs: HeadOutputs, batch_gt_instances: Sequence[InstanceData],
-                            batch_img_metas: Sequence[dict]) -> Dict[str, Tensor]:
-        """Losses of every memory token's proposal, matched one-to-many (``enc_one_to_many``
-        tokens per ground truth; padded tokens never matched)."""
-        cls, boxes, padding = outs.dense_cls_scores, outs.dense_bbox_preds, outs.dense_padding_mask
-        if cls is None or boxes is None or padding is None or self.enc_one_to_many is None:
-            raise ValueError('one-to-many losses need the dense proposals of a training forward '
-                             'with enc_one_to_many set')
-        matches = [self.criterion.match_one_to_many(cls[i], boxes[i], gt, meta,
-                                                    self.enc_one_to_many, padding[i])
-                   for i, (gt, meta) in enumerate(zip(batch_gt_instances, batch_img_metas))]
-        return self.criterion(cls, boxes, batch_gt_instances, batch_img_metas, matches)
-
-
-def topk_detections(cls_score: Tensor, bbox_pred: Tensor, img_meta: dict, rescale: bool,
-                    max_per_img: int, score_thr: float = 0.0,
-                    with_query_inds: bool = False) -> InstanceData:
-    """One image's ``(Q, K)`` logits and ``(Q, 4)`` normalised cxcywh boxes -> the
-    ``max_per_img`` top (query, class) pairs by sigmoid score (no NMS) as ``InstanceData``:
-    xyxy boxes clipped to ``img_shape``, in the original image when ``rescale``; with
-    ``with_query_inds`` also each detection's query (``query_inds``, e.g. to pick its mask)."""
-    num_classes = cls_score.shape[-1]
-    max_per_img = min(max_per_img, cls_score.numel())
-    scores, idx = cls_score.sigmoid().flatten().topk(max_per_img)
-    labels = idx % num_classes
-    bboxes = cxcywh_to_xyxy(bbox_pred[idx // num_classes])
-    img_h, img_w = img_meta['img_shape'][:2]
-    bboxes[:, 0::2] = (bboxes[:, 0::2] * img_w).clamp(min=0, max=img_w)
-    bboxes[:, 1::2] = (bboxes[:, 1::2] * img_h).clamp(min=0, max=img_h)
-    if rescale:
-        if img_meta.get('scale_factor') is None:
-            raise KeyError("rescale=True needs 'scale_factor' in the image meta (set by "
-                           'the Resize transform); pass rescale=False otherwise')
-        bboxes /= bboxes.new_tensor(img_meta['scale_factor']).repeat((1, 2))
-    keep = scores > score_thr if score_thr > 0 else slice(None)
-    results = InstanceData()
-    results.bboxes = bboxes[keep]
-    results.scores = scores[keep]
-    results.labels = labels[keep]
-    if with_query_inds:
-        results.query_inds = (idx // num_classes)[keep]
-    return results

@@ -1,10 +1,16 @@
 """Set prediction loss: Hungarian matching, then focal classification + L1 / GIoU box losses.
 
+One criterion for every set-prediction head: query groups (Group DETR, one by default) are
+matched each on its own; one-to-many matching (:meth:`SetCriterion.match_one_to_many`) serves
+the dense losses of memory tokens; a subclass changes the classification target
+(:meth:`SetCriterion.classification_loss`) or the normaliser
+(:meth:`SetCriterion.avg_factor`), never the target loop or the box losses.
+
 Matching and losses are mmdet's (``HungarianAssigner`` with its match costs, ``FocalLoss``,
 ``L1Loss``, ``GIoULoss``), built from config dicts; this module only arranges targets. Losses
 are computed in fp32 whatever the autocast dtype of the predictions.
 """
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from mmdet.models.task_modules.assigners.match_cost import IoUCost
@@ -53,6 +59,15 @@ def _factor(img_meta: dict, like: Tensor) -> Tensor:
     return like.new_tensor([img_w, img_h, img_w, img_h])[None]
 
 
+def _cost_inputs(cls_score: Tensor, boxes: Tensor, gt_instances: InstanceData,
+                 img_meta: dict) -> Tuple[InstanceData, InstanceData]:
+    """One image's predictions (``(Q, K)`` logits, ``(Q, 4)`` normalised cxcywh) and ground truth
+    as mmdet's match costs take them: fp32, boxes xyxy in pixels."""
+    pred = InstanceData(scores=cls_score.float(),
+                        bboxes=bbox_cxcywh_to_xyxy(boxes.float()) * _factor(img_meta, boxes))
+    return pred, InstanceData(bboxes=gt_instances.bboxes.float(), labels=gt_instances.labels)
+
+
 class SetCriterion(nn.Module):
     """One-to-one matched set loss of DETR-style predictions.
 
@@ -80,21 +95,11 @@ class SetCriterion(nn.Module):
     @torch.no_grad()
     def match(self, cls_score: Tensor, boxes: Tensor, gt_instances: InstanceData,
               img_meta: dict, masks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-        """Hungarian matching for one image.
-
-        Args:
-            cls_score: logits ``(Q, num_classes)``.
-            boxes: normalised cxcywh ``(Q, 4)``.
-            gt_instances: ``bboxes`` (xyxy, pixels of the ``img_shape`` frame) and ``labels``;
-                with ``masks``, also ``masks`` (the ground truth at the same points).
-            masks: mask logits ``(Q, P)`` at sampled points, for the assigner's mask costs.
-
-        Returns:
-            ``(query_inds, gt_inds)`` of the matched pairs.
-        """
-        pred = InstanceData(scores=cls_score.float(),
-                            bboxes=bbox_cxcywh_to_xyxy(boxes.float()) * _factor(img_meta, boxes))
-        gt = InstanceData(bboxes=gt_instances.bboxes.float(), labels=gt_instances.labels)
+        """Hungarian matching for one image: ``(Q, num_classes)`` logits and ``(Q, 4)``
+        normalised cxcywh boxes against ``gt_instances`` (``bboxes`` xyxy in ``img_shape``
+        pixels, ``labels``; with ``masks``, the ``(Q, P)`` mask logits at sampled points, also
+        their ``masks`` at those points) -> ``(query_inds, gt_inds)`` of the matched pairs."""
+        pred, gt = _cost_inputs(cls_score, boxes, gt_instances, img_meta)
         if masks is not None:
             pred.masks, gt.masks = masks.float(), gt_instances.masks
         result = self.assigner.assign(pred_instances=pred, gt_instances=gt, img_meta=img_meta)
@@ -117,11 +122,13 @@ class SetCriterion(nn.Module):
         num_gts, num_preds = len(gt_instances), boxes.shape[0]
         if num_gts == 0 or num_preds == 0:
             return empty, empty
-        pred = InstanceData(scores=cls_score.float(),
-                            bboxes=bbox_cxcywh_to_xyxy(boxes.float()) * _factor(img_meta, boxes))
-        gt = InstanceData(bboxes=gt_instances.bboxes.float(), labels=gt_instances.labels)
+        costs = getattr(self.assigner, 'match_costs', None)
+        if not costs:
+            raise ValueError(f'one-to-many matching needs an assigner with match_costs (mmdet\'s '
+                             f'HungarianAssigner), got {type(self.assigner).__name__}')
+        pred, gt = _cost_inputs(cls_score, boxes, gt_instances, img_meta)
         cost = torch.stack([c(pred_instances=pred, gt_instances=gt, img_meta=img_meta)
-                            for c in self.match_costs]).sum(0)                   # (Q, G)
+                            for c in costs]).sum(0)                              # (Q, G)
         if invalid is not None:
             cost = cost.masked_fill(invalid[:, None], float('inf'))
         top = cost.topk(min(k, num_preds), dim=0, largest=False).indices        # (k, G)
@@ -130,56 +137,106 @@ class SetCriterion(nn.Module):
         query_inds = torch.nonzero(torch.isfinite(best_cost), as_tuple=False).squeeze(-1)
         return query_inds, best_gt[query_inds]
 
-    @property
-    def match_costs(self) -> List[nn.Module]:
-        """The assigner's weighted match costs (mmdet's ``HungarianAssigner.match_costs``)."""
-        costs = getattr(self.assigner, 'match_costs', None)
-        if not costs:
-            raise ValueError(f'one-to-many matching needs an assigner with match_costs (mmdet\'s '
-                             f'HungarianAssigner), got {type(self.assigner).__name__}')
-        return list(costs)
+    @torch.no_grad()
+    def match_groups(self, cls_score: Tensor, boxes: Tensor, gt_instances: InstanceData,
+                     img_meta: dict, num_groups: int = 1, masks: Optional[Tensor] = None,
+                     one_to_many: Optional[int] = None,
+                     invalid: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        """:meth:`match` of each of ``num_groups`` consecutive query groups of one image
+        (``cls_score (G*Q, K)``, ``boxes (G*Q, 4)``, optional mask logits at points
+        ``(G*Q, P)``) -> ``(query_inds, gt_inds)``; with ``one_to_many=k``,
+        :meth:`match_one_to_many` of each group instead (``invalid (G*Q,)`` never taken)."""
+        per_group = cls_score.shape[0] // num_groups
+        query_inds, gt_inds = [], []
+        for g in range(num_groups):
+            part = slice(g * per_group, (g + 1) * per_group)
+            if one_to_many is None:
+                q, gt = self.match(cls_score[part], boxes[part], gt_instances, img_meta,
+                                   None if masks is None else masks[part])
+            else:
+                q, gt = self.match_one_to_many(cls_score[part], boxes[part], gt_instances,
+                                               img_meta, one_to_many,
+                                               None if invalid is None else invalid[part])
+            query_inds.append(q + g * per_group)
+            gt_inds.append(gt)
+        return torch.cat(query_inds), torch.cat(gt_inds)
+
+    def avg_factor(self, batch_gt_instances: Sequence[InstanceData], num_groups: int,
+                   num_matched: int, like: Tensor) -> Tensor:
+        """The losses' normaliser: the matched predictions, averaged over ranks, >= 1."""
+        return reduce_mean(like.new_tensor(float(num_matched))).clamp(min=1)
+
+    def classification_loss(self, cls_scores: Tensor, boxes: Tensor, targets: 'Targets',
+                            avg: Tensor) -> Tensor:
+        """``loss_cls`` of ``cls_scores (B, Q, K)`` on hard labels: the matched class at matched
+        queries, background (``num_classes``) elsewhere (``boxes``: the predictions, for
+        targets that weigh them)."""
+        b, q, c = cls_scores.shape
+        labels = cls_scores.new_full((b, q), self.num_classes, dtype=torch.long)
+        labels[targets.image, targets.query] = targets.label
+        return self.loss_cls(cls_scores.reshape(-1, c), labels.reshape(-1), avg_factor=avg)
 
     def forward(self, cls_scores: Tensor, boxes: Tensor,
                 batch_gt_instances: Sequence[InstanceData], batch_img_metas: Sequence[dict],
-                matches: Optional[List[Tuple[Tensor, Tensor]]] = None) -> Dict[str, Tensor]:
+                matches: Optional[List[Tuple[Tensor, Tensor]]] = None,
+                num_groups: int = 1) -> Dict[str, Tensor]:
         """Losses of one prediction set.
 
         Args:
-            cls_scores: logits ``(B, Q, num_classes)``.
-            boxes: normalised cxcywh ``(B, Q, 4)``.
+            cls_scores: logits ``(B, G*Q, num_classes)``.
+            boxes: normalised cxcywh ``(B, G*Q, 4)``.
             batch_gt_instances, batch_img_metas: per image.
             matches: precomputed ``(query_inds, gt_inds)`` per image (e.g. denoising queries,
-                whose targets are known); Hungarian matching when None.
+                whose targets are known); Hungarian matching of each group when None.
+            num_groups: query groups (Group DETR), each matched to the ground truth alone.
 
         Returns:
             ``loss_cls``, ``loss_bbox``, ``loss_iou``.
         """
         cls_scores, boxes = cls_scores.float(), boxes.float()
-        b, q, c = cls_scores.shape
-        if c != self.num_classes:
-            raise ValueError(f'cls_scores have {c} classes, the criterion {self.num_classes}')
+        b, num_queries, c = cls_scores.shape
+        if c != self.num_classes or num_queries % num_groups:
+            raise ValueError(f'cls_scores {tuple(cls_scores.shape)} must have {self.num_classes}'
+                             f' classes and a query count divisible by num_groups={num_groups}')
         if matches is None:
-            matches = [self.match(cls_scores[i], boxes[i], batch_gt_instances[i],
-                                  batch_img_metas[i]) for i in range(b)]
-        labels = cls_scores.new_full((b, q), self.num_classes, dtype=torch.long)
-        pos_pred, pos_tgt, factors = [], [], []
-        for i, (q_inds, g_inds) in enumerate(matches):
-            gt = batch_gt_instances[i]
-            labels[i, q_inds] = gt.labels[g_inds].to(labels.device)
-            pos_pred.append(boxes[i, q_inds])
-            factor = _factor(batch_img_metas[i], boxes)
-            pos_tgt.append(gt.bboxes[g_inds].float() / factor)
-            factors.append(factor.expand(len(q_inds), 4))
-        num_pos = sum(len(m[0]) for m in matches)
-        avg = torch.clamp(reduce_mean(cls_scores.new_tensor([float(num_pos)])), min=1).item()
-        loss_cls = self.loss_cls(cls_scores.reshape(-1, c), labels.reshape(-1), avg_factor=avg)
-        pred = torch.cat(pos_pred)
-        if num_pos == 0:
+            matches = [self.match_groups(cls_scores[i], boxes[i], batch_gt_instances[i],
+                                         batch_img_metas[i], num_groups) for i in range(b)]
+        targets = Targets.of(matches, batch_gt_instances, batch_img_metas, boxes)
+        avg = self.avg_factor(batch_gt_instances, num_groups, len(targets.query), cls_scores)
+        loss_cls = self.classification_loss(cls_scores, boxes, targets, avg)
+        pred = boxes[targets.image, targets.query]                              # (P, 4)
+        if len(targets.query) == 0:
             zero = boxes.sum() * 0
             return dict(loss_cls=loss_cls, loss_bbox=zero, loss_iou=zero)
-        target_xyxy = torch.cat(pos_tgt)
-        factor = torch.cat(factors)
-        loss_bbox = self.loss_bbox(pred, bbox_xyxy_to_cxcywh(target_xyxy), avg_factor=avg)
-        loss_iou = self.loss_iou(cxcywh_to_xyxy(pred) * factor, target_xyxy * factor,
-                                 avg_factor=avg)
+        loss_bbox = self.loss_bbox(pred, bbox_xyxy_to_cxcywh(targets.boxes), avg_factor=avg)
+        loss_iou = self.loss_iou(cxcywh_to_xyxy(pred) * targets.factor,
+                                 targets.boxes * targets.factor, avg_factor=avg)
         return dict(loss_cls=loss_cls, loss_bbox=loss_bbox, loss_iou=loss_iou)
+
+
+class Targets(NamedTuple):
+    """The matched pairs of a batch, flattened: each pair's image, query and label ``(P,)``,
+    its ground-truth box ``(P, 4)`` xyxy normalised by its image and the image's
+    ``[w, h, w, h]`` ``(P, 4)``."""
+    image: Tensor
+    query: Tensor
+    label: Tensor
+    boxes: Tensor
+    factor: Tensor
+
+    @classmethod
+    def of(cls, matches: Sequence[Tuple[Tensor, Tensor]],
+           batch_gt_instances: Sequence[InstanceData], batch_img_metas: Sequence[dict],
+           like: Tensor) -> 'Targets':
+        """Per image ``(query_inds, gt_inds)`` -> :class:`Targets`."""
+        images, queries, labels, boxes, factors = [], [], [], [], []
+        for i, (q_inds, g_inds) in enumerate(matches):
+            gt = batch_gt_instances[i]
+            factor = _factor(batch_img_metas[i], like).expand(len(q_inds), 4)
+            images.append(torch.full_like(q_inds, i))
+            queries.append(q_inds)
+            labels.append(gt.labels[g_inds].to(q_inds.device))
+            boxes.append(gt.bboxes[g_inds].float().to(like.device) / factor)
+            factors.append(factor)
+        return cls(torch.cat(images), torch.cat(queries), torch.cat(labels), torch.cat(boxes),
+                   torch.cat(factors))

@@ -5,9 +5,9 @@ stride). Per output level, every tap is resampled (P3: a 2x deconvolution; P4: a
 stride-2 3x3 conv + norm + ReLU), the resampled taps are concatenated on channels and fused by a
 C2f block (YOLOv8's CSP bottleneck with two convs: conv + norm + SiLU everywhere, channel
 LayerNorm in RF-DETR) and a final channel LayerNorm. P6 is a stride-2 1x1 max-pool of the last
-level. The deconvolution is :class:`ViTSimpleFPN`'s (shared); the norm is :func:`build_norm2d`'s
-``LN2d`` (RF-DETR's channel LayerNorm, eps 1e-6) or any mmcv norm (RF-DETR's ``layer_norm=False``
-is BatchNorm).
+level. The deconvolution is ViTDet's (:func:`~..layers.pyramid.scale_resampler`, shared with
+:class:`ViTSimpleFPN`); the norm is :func:`build_norm2d`'s ``LN2d`` (RF-DETR's channel
+LayerNorm, eps 1e-6) or any mmcv norm (RF-DETR's ``layer_norm=False`` is BatchNorm).
 
 Checkpoint keys of RF-DETR (``backbone.0.projector.*``) map onto this module through
 :func:`~vitdet_plugin.weights.rfdetr_keys.rfdetr_projector_key`.
@@ -23,7 +23,7 @@ from mmengine.model import BaseModule
 from torch import Tensor, nn
 
 from ...functional.checkpoint_target import checkpoint_loader
-from .simple_fpn import DEFAULT_NORM_CFG, _resampler, build_norm2d
+from ..layers.pyramid import DEFAULT_NORM_CFG, build_norm2d, scale_resampler
 
 #: Pyramid level -> resampling scale of the patch-stride taps (P6 is a max-pool of the last).
 LEVEL_SCALES: Mapping[str, float] = MappingProxyType({'P3': 2.0, 'P4': 1.0, 'P5': 0.5})
@@ -82,7 +82,7 @@ def _sampler(scale: float, dim: int, norm_cfg: Optional[Mapping[str, Any]]
     """The resampling of one tap to one level and its output channels."""
     if scale == 0.5:
         return nn.Sequential(ConvNormAct(dim, dim, 3, 2, norm_cfg, DOWN_ACT)), dim
-    return _resampler(scale, dim, DEFAULT_NORM_CFG, dict(DECONV_ACT))  # P3 / P4: ViTDet's
+    return scale_resampler(scale, dim, DEFAULT_NORM_CFG, dict(DECONV_ACT))  # P3 / P4: ViTDet's
 
 
 @MODELS.register_module()

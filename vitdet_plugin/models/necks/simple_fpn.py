@@ -19,42 +19,16 @@ and declares its outputs (``out_channels`` / ``out_strides``) for the heads. Pre
 ``init_cfg=dict(type='Pretrained', checkpoint=...)`` (see :meth:`ViTSimpleFPN.init_weights`).
 """
 import math
-from types import MappingProxyType
 from typing import Any, ClassVar, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch.nn.functional as F
-from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmdet.registry import MODELS
 from mmengine.model import BaseModule
 from torch import Tensor, nn
 
 from ...functional.checkpoint_target import CheckpointTarget, checkpoint_loader
 from ..layers.arguments import int_arg
-from ..layers.norm import LayerNorm2d
-
-#: Scale factors with a defined resampling (output stride = ``in_stride / scale``).
-SUPPORTED_SCALES = (4.0, 2.0, 1.0, 0.5)
-#: detectron2's channels-first LayerNorm epsilon.
-LN2D_EPS = 1e-6
-#: :class:`ViTSimpleFPN`'s default ``norm_cfg`` (read-only: every use copies it).
-DEFAULT_NORM_CFG: Mapping[str, Any] = MappingProxyType(dict(type='LN2d', eps=LN2D_EPS))
-
-
-def build_norm2d(norm_cfg: Optional[Mapping[str, Any]], channels: int) -> nn.Module:
-    """Norm for NCHW maps: ``type='LN2d'`` is a channel LayerNorm (detectron2 ``"LN"``), any
-    other type goes through mmcv's ``build_norm_layer`` (``BN``, ``SyncBN``, ``GN``, ...);
-    ``None`` gives no norm."""
-    if norm_cfg is None:
-        return nn.Identity()
-    cfg = dict(norm_cfg)
-    if 'type' not in cfg:
-        raise ValueError(f"norm_cfg={norm_cfg!r} needs a 'type', e.g. dict(type='LN2d')")
-    if cfg['type'] == 'LN2d':
-        cfg.pop('type')
-        cfg.pop('requires_grad', None)
-        return LayerNorm2d(channels, eps=cfg.pop('eps', LN2D_EPS), **cfg)
-    return build_norm_layer(cfg, channels)[1]
-
+from ..layers.pyramid import DEFAULT_NORM_CFG, SUPPORTED_SCALES, build_norm2d, scale_resampler
 
 class ConvNorm(nn.Module):
     """``conv -> norm`` on NCHW maps; the conv has a bias only when there is no norm."""
@@ -71,22 +45,6 @@ class ConvNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.norm(self.conv(x))
-
-
-def _resampler(scale: float, dim: int, norm_cfg: Optional[Mapping[str, Any]],
-               act_cfg: dict) -> Tuple[nn.Module, int]:
-    """The resampling layers of one level and their output channels (detectron2 layout)."""
-    if scale == 4.0:
-        return nn.Sequential(
-            nn.ConvTranspose2d(dim, dim // 2, kernel_size=2, stride=2),
-            build_norm2d(norm_cfg, dim // 2),
-            build_activation_layer(act_cfg),
-            nn.ConvTranspose2d(dim // 2, dim // 4, kernel_size=2, stride=2)), dim // 4
-    if scale == 2.0:
-        return nn.Sequential(nn.ConvTranspose2d(dim, dim // 2, kernel_size=2, stride=2)), dim // 2
-    if scale == 1.0:
-        return nn.Sequential(), dim
-    return nn.Sequential(nn.MaxPool2d(kernel_size=2, stride=2)), dim  # scale 0.5
 
 
 @MODELS.register_module()
@@ -164,7 +122,7 @@ class ViTSimpleFPN(BaseModule):
         self.lateral_convs = nn.ModuleList()
         self.output_convs = nn.ModuleList()
         for scale in scales:
-            resample, dim = _resampler(scale, in_channels, norm_cfg, act_cfg)
+            resample, dim = scale_resampler(scale, in_channels, norm_cfg, act_cfg)
             self.scales.append(resample)
             self.lateral_convs.append(ConvNorm(dim, out_channels, 1, norm_cfg))
             self.output_convs.append(ConvNorm(out_channels, out_channels, 3, norm_cfg))
