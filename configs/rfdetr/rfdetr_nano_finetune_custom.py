@@ -4,12 +4,10 @@
 # annotations/instances_train.json, annotations/instances_val.json, train/ and val/), then:
 #   tools/train.py configs/rfdetr/rfdetr_nano_finetune_custom.py
 # or on 4 GPUs: tools/dist_train.sh configs/rfdetr/rfdetr_nano_finetune_custom.py 4.
-# The ViT and the projector load from RF-DETR's own .pth (read through vitdet_plugin.weights,
-# docs/rfdetr.md); the decoder and the class head of your classes train from their init (a
-# checkpoint's classifier loads only into a head of its own classes, or of mmdet's 80 COCO
-# ones). The recipe is rfdetr_nano.py's (RF-DETR's: lr 1e-4, backbone layer decay 0.8, EMA,
-# batch 4 x 4), for fewer epochs. The data check before training refuses a name in `classes`
-# that the annotation files lack, listing their categories.
+# The whole detector starts from RF-DETR's own .pth (the detector's init_cfg, as rfdetr's
+# load_pretrain_weights: ViT, projector, decoder, queries, box branches; the class branches of
+# your classes as its reinitialize_detection_head sets them; docs/rfdetr.md). The recipe is
+# rfdetr_nano.py's (RF-DETR's: lr 1e-4, layer decay 0.8, EMA, batch 4 x 4), for fewer epochs.
 _base_ = ['./rfdetr_nano.py']
 
 classes = ('square', 'circle', 'triangle', 'star', 'cross')  # <- your classes (category order)
@@ -19,8 +17,7 @@ max_epochs = 50
 data_help = ('Expected: {data_root}annotations/instances_train.json, annotations/instances_val.json, '
              'train/ and val/ (the shapes set: python tools/make_shapes.py --out {data_root})')
 
-model = dict(backbone=dict(init_cfg=dict(type='Pretrained', checkpoint=rfdetr_nano)),
-             neck=dict(init_cfg=dict(type='Pretrained', checkpoint=rfdetr_nano)),
+model = dict(init_cfg=dict(type='Pretrained', checkpoint=rfdetr_nano),
              bbox_head=dict(num_classes=len(classes)))
 metainfo = dict(classes=classes)
 train_dataloader = dict(dataset=dict(
