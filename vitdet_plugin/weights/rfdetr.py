@@ -182,13 +182,15 @@ def size_name(size: Mapping[str, int], seg: bool = False) -> str:
     return f'an {exact[0].name}' if len(exact) == 1 else f"an RF-DETR{'-Seg' if seg else ''}"
 
 
-def _describe(size: Mapping[str, int]) -> str:
-    """The fields of ``size`` as a message reads them; the grid with its image size."""
+def _describe(size: Mapping[str, int], patch: Optional[int] = None) -> str:
+    """The fields of ``size`` as a message reads them; the grid with its image size (of
+    ``size``'s patch, else ``patch``)."""
+    patch = size.get('patch', patch)
     parts = []
     for k, v in size.items():
         text = _FIELDS[k][0].format(v)
-        if k == 'grid' and 'patch' in size:
-            text += f" ({v * size['patch']} px)"
+        if k == 'grid' and patch:
+            text += f' ({v * patch} px)'
         parts.append(text)
     return ', '.join(parts)
 
@@ -202,7 +204,8 @@ def size_refusal(have: Mapping[str, int], want: Mapping[str, int], owner: str,
     if not diff:
         return None
     return (f'the checkpoint is {size_name(have, seg)} of {_describe(have)}; {owner} was built '
-            f'with {_describe({k: want[k] for k in diff})}: {config_fix(have, seg)}')
+            f"with {_describe({k: want[k] for k in diff}, want.get('patch'))}: "
+            f'{config_fix(have, seg)}')
 
 
 def is_rfdetr_detector(names: Iterable[str]) -> bool:
@@ -366,12 +369,14 @@ def check_backbone_size(sd: Mapping[str, Tensor], target: CheckpointTarget) -> N
         return
     want = read_size({BACKBONE + k: s for k, s in target.expected.items()})
     have = _checkpoint_size(sd)
-    refusal = size_refusal({k: v for k, v in have.items() if k in ('patch', 'grid')}, want,
+    refusal = size_refusal({k: v for k, v in have.items() if k in _BACKBONE_FIELDS}, want,
                            target.owner, any(k.startswith(RFDETR_SEG_PREFIX) for k in sd))
     if refusal:
         raise CheckpointError(refusal)
 
 
+#: The size fields of the backbone part alone.
+_BACKBONE_FIELDS = ('patch', 'width', 'grid')
 #: Where an RF-DETR file keeps its model: ``model`` (every file), ``state_dict`` (a Lightning copy).
 _FILE_PARTS = ('model', 'state_dict')
 #: Where :func:`as_detector_checkpoint` keeps the file's classifier as saved (our names): a
