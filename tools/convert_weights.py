@@ -28,7 +28,7 @@ logits as mmdet's 80 COCO classes).
 import argparse
 import os
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 import torch
 
@@ -107,7 +107,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 raise CheckpointError(_classes_refusal(classes, args.num_classes))
             converted, dropped = rfdetr_to_detector(sd, None, 'tools/convert_weights.py',
                                                     args.num_classes, names=names)
-            return _save(args.src, args.dst, converted, dropped, layout, family, model, names)
+            return _save(args.src, args.dst, converted, dropped, layout, family, model, classes)
         if args.num_classes is not None:
             p.error('--num-classes applies to RF-DETR checkpoints only')
         target = CheckpointTarget(
@@ -132,16 +132,16 @@ def _classes_refusal(classes: FileClasses, num_classes: int) -> str:
 
 def _save(src: str, dst: str, converted: Dict[str, torch.Tensor], dropped: List[str],
           layout: Layout, family: str, model: Optional[str],
-          names: Optional[Sequence[str]] = None) -> int:
-    """Write ``{'state_dict': converted, 'meta': ...}`` to ``dst`` (atomically; ``names``: an
-    RF-DETR file's class names, as ``meta['dataset_meta']['classes']``) and say how to load
-    it."""
+          classes: Optional[FileClasses] = None) -> int:
+    """Write ``{'state_dict': converted, 'meta': ...}`` to ``dst`` (atomically; ``classes``:
+    an RF-DETR file's, its class names as ``meta['dataset_meta']['classes']``) and say how to
+    load it."""
     os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
     tmp = dst + '.tmp'
     meta = {'converted_from': layout.name, 'family': family, 'model': model,
             'backbone': FAMILY_BACKBONES[family], 'source': src}
-    if names:
-        meta['dataset_meta'] = {'classes': tuple(names)}
+    if classes is not None and classes.names:
+        meta['dataset_meta'] = {'classes': classes.names}
     torch.save({'state_dict': converted, 'meta': meta}, tmp)
     os.replace(tmp, dst)
     how = f"type='{FAMILY_BACKBONES[family]}'"
@@ -150,16 +150,18 @@ def _save(src: str, dst: str, converted: Dict[str, torch.Tensor], dropped: List[
                                        seg=has_mask_branch(converted))
         configs = ' or '.join(f'configs/rfdetr/{c.config}' for c in exact or near)
         how = (f"load_from='{dst}' in {configs or 'an RF-DETR detector config'}"
-               f"{_head_fix(int(converted['bbox_head.cls_branch.bias'].shape[0]), names)}")
+               f"{_head_fix(int(converted['bbox_head.cls_branch.bias'].shape[0]), classes)}")
     print(f'{src}: {layout.describe()} -> {dst} ({len(converted)} tensors, '
           f'{len(dropped)} keys dropped); load it with {how}')
     return 0
 
 
-def _head_fix(num_classes: int, names: Optional[Sequence[str]]) -> str:
-    """How the config's head takes ``num_classes`` (the configs build mmdet's 80 COCO ones)."""
-    if num_classes == COCO_CLASSES and not names:
+def _head_fix(num_classes: int, classes: Optional[FileClasses]) -> str:
+    """How the config's head takes ``num_classes`` of a file of ``classes`` (the configs
+    build mmdet's 80 COCO classes)."""
+    if num_classes == COCO_CLASSES and (classes is None or classes.coco):
         return " (its head: mmdet's 80 COCO classes, as the configs build it)"
+    names = classes.names if classes is not None and num_classes == classes.own else None
     listed = f": {', '.join(map(repr, names))}" if names else ''
     return (f' with --cfg-options model.bbox_head.num_classes={num_classes} (the '
             f"checkpoint's classes, in rfdetr's order{listed})")

@@ -131,6 +131,23 @@ SMALL = ('the checkpoint is an RF-DETR S of patch 16, ViT width 384, position gr
          '(512 px)')
 
 
+#: What the N config's detector says of a converted RF-DETR S file.
+SMALL_INTO_NANO = (f'{SMALL}, 1536 projector input channels, 3 decoder layers, decoder width '
+                   '256, 3900 query rows (queries x groups); SingleStageDetector was built with '
+                   'position grid 24x24 (384 px), 2 decoder layers: build it from '
+                   'configs/rfdetr/rfdetr_small.py')
+
+
+def test_load_from_refuses_another_size_naming_its_config(files, tmp_path):
+    """The S file converted, then given to the N config's detector (mmengine's
+    load_checkpoint, as load_from): refused, not loaded with size-mismatch lines."""
+    small = str(tmp_path / 'small_ours.pth')
+    assert run_tool('convert_weights.py', [files['small'], small]).returncode == 0
+    for path in (small, files['small']):
+        with pytest.raises(CheckpointError, match='^' + re.escape(SMALL_INTO_NANO) + '$'):
+            mmengine_load_checkpoint(_finetune_model('unused.pth', 80), path)
+
+
 def test_the_backbone_init_refuses_another_size_naming_its_config(files):
     cfg = Config.fromfile(str(REPO_ROOT / FINETUNE))
     backbone = MODELS.build(dict(cfg.model.backbone, init_cfg=dict(
@@ -187,6 +204,7 @@ def test_tools_test_evaluates_a_fine_tuned_file_as_rfdetr_wrote_it(files, tiny_s
     assert '"coco/bbox_mAP"' in res.stdout
 
 
+@pytest.mark.slow  # two tools/test.py runs (~60 s); the refusals in-process: the tests above
 def test_tools_test_refuses_other_classes_and_another_size(files, tiny_shapes, tmp_path):
     res = _test_tool(files['fruit'], tiny_shapes, str(tmp_path / 'fruit'))
     assert res.returncode == 1
@@ -200,8 +218,4 @@ def test_tools_test_refuses_other_classes_and_another_size(files, tiny_shapes, t
     assert run_tool('convert_weights.py', [files['small'], small]).returncode == 0
     res = _test_tool(small, tiny_shapes, str(tmp_path / 'small'))
     assert res.returncode == 1
-    assert res.stderr.strip().endswith(
-        f'CheckpointError: {SMALL}, 1536 projector input channels, 3 decoder layers, decoder '
-        'width 256, 3900 query rows (queries x groups); SingleStageDetector was built with '
-        'position grid 24x24 (384 px), 2 decoder layers: build it from '
-        'configs/rfdetr/rfdetr_small.py')
+    assert res.stderr.strip().endswith(f'CheckpointError: {SMALL_INTO_NANO}')
