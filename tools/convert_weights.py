@@ -28,7 +28,7 @@ logits as mmdet's 80 COCO classes).
 import argparse
 import os
 import sys
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -138,7 +138,7 @@ def _save(src: str, dst: str, converted: Dict[str, torch.Tensor], dropped: List[
     load it."""
     os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
     tmp = dst + '.tmp'
-    meta = {'converted_from': layout.name, 'family': family, 'model': model,
+    meta: Dict[str, Any] = {'converted_from': layout.name, 'family': family, 'model': model,
             'backbone': FAMILY_BACKBONES[family], 'source': src}
     if classes is not None and classes.names:
         meta['dataset_meta'] = {'classes': classes.names}

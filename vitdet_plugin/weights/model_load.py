@@ -159,7 +159,7 @@ def install() -> None:
     load = checkpoint_module._load_checkpoint_to_model
     checked = _checked(getattr(load, '__wrapped__', load))
     checkpoint_module._load_checkpoint_to_model = checked
-    runner_module._load_checkpoint_to_model = checked  # type: ignore[attr-defined]
+    runner_module._load_checkpoint_to_model = checked
     call = PretrainedInit.__call__
-    PretrainedInit.__call__ = _as_fine_tuning(  # type: ignore[method-assign]
+    PretrainedInit.__call__ = _as_fine_tuning(
         getattr(call, '__wrapped__', call))
