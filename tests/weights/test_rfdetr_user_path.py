@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 from typing import Dict
 
 import pytest
@@ -26,6 +27,8 @@ from helpers import REPO_ROOT, randomize_, run_tool, subprocess_env
 from mmdet.registry import MODELS
 from mmdet.utils import register_all_modules
 from mmengine.config import Config
+from mmengine.logging import MMLogger
+from mmengine.runner import Runner
 from mmengine.runner.checkpoint import load_checkpoint as mmengine_load_checkpoint
 
 import rfdetr
@@ -116,14 +119,36 @@ def test_load_from_takes_rfdetrs_files_with_their_own_classes(files):
             assert torch.equal(value, want), key
 
 
+def _runner_load(model: torch.nn.Module, path: str) -> None:
+    """mmengine's ``Runner.load_checkpoint`` (what ``load_from`` and ``tools/test.py`` run)
+    on a stand-in runner holding ``model`` (its hooks: none)."""
+    runner = types.SimpleNamespace(model=model, logger=MMLogger.get_current_instance(),
+                                   call_hook=lambda *args, **kwargs: None)
+    Runner.load_checkpoint(runner, path)  # type: ignore[arg-type]
+
+
+def test_runner_load_checkpoint_loads_a_fine_tuned_file_and_refuses_other_classes(files):
+    model = _finetune_model('unused.pth', len(SHAPES))
+    _runner_load(model, files['shapes'])
+    file = _saved(files['shapes'])
+    assert torch.equal(model.bbox_head.cls_branch.weight,
+                       file['bbox_head.cls_branch.weight'][:len(SHAPES)])
+    with pytest.raises(CheckpointError, match='^' + re.escape(FRUIT_INTO_FIVE) + '$'):
+        _runner_load(model, files['fruit'])
+
+
+#: What a head of 5 classes says of the 3-class file.
+FRUIT_INTO_FIVE = (
+    "the checkpoint's head has 3 classes ('apple', 'banana', 'cherry'); the head of "
+    'SingleStageDetector was built with num_classes=5: build it with num_classes=3 '
+    '(--cfg-options model.bbox_head.num_classes=3), or, to fine-tune a head of other '
+    "classes from it, give it as the detector's init_cfg=dict(type='Pretrained', "
+    'checkpoint=...) (configs/rfdetr/rfdetr_nano_finetune_custom.py)')
+
+
 def test_load_from_refuses_a_head_of_other_classes_naming_num_classes(files):
     model = _finetune_model('unused.pth', 5)
-    want = ("the checkpoint's head has 3 classes ('apple', 'banana', 'cherry'); the head of "
-            'SingleStageDetector was built with num_classes=5: build it with num_classes=3 '
-            '(--cfg-options model.bbox_head.num_classes=3), or, to fine-tune a head of other '
-            "classes from it, give it as the detector's init_cfg=dict(type='Pretrained', "
-            'checkpoint=...) (configs/rfdetr/rfdetr_nano_finetune_custom.py)')
-    with pytest.raises(CheckpointError, match='^' + re.escape(want) + '$'):
+    with pytest.raises(CheckpointError, match='^' + re.escape(FRUIT_INTO_FIVE) + '$'):
         mmengine_load_checkpoint(model, files['fruit'])
 
 
@@ -196,6 +221,7 @@ def _test_tool(checkpoint: str, data_root: str, work_dir: str) -> subprocess.Com
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # a tools/test.py run (~35 s); in-process: the Runner.load_checkpoint test
 def test_tools_test_evaluates_a_fine_tuned_file_as_rfdetr_wrote_it(files, tiny_shapes,
                                                                    tmp_path):
     res = _test_tool(files['shapes'], tiny_shapes, str(tmp_path))
@@ -204,16 +230,11 @@ def test_tools_test_evaluates_a_fine_tuned_file_as_rfdetr_wrote_it(files, tiny_s
     assert '"coco/bbox_mAP"' in res.stdout
 
 
-@pytest.mark.slow  # two tools/test.py runs (~60 s); the refusals in-process: the tests above
+@pytest.mark.slow  # two tools/test.py runs (~60 s); in-process: the refusal tests above
 def test_tools_test_refuses_other_classes_and_another_size(files, tiny_shapes, tmp_path):
     res = _test_tool(files['fruit'], tiny_shapes, str(tmp_path / 'fruit'))
     assert res.returncode == 1
-    assert res.stderr.strip().endswith(
-        "CheckpointError: the checkpoint's head has 3 classes ('apple', 'banana', 'cherry'); "
-        'the head of SingleStageDetector was built with num_classes=5: build it with '
-        'num_classes=3 (--cfg-options model.bbox_head.num_classes=3), or, to fine-tune a head '
-        "of other classes from it, give it as the detector's init_cfg=dict(type='Pretrained', "
-        'checkpoint=...) (configs/rfdetr/rfdetr_nano_finetune_custom.py)')
+    assert res.stderr.strip().endswith(f'CheckpointError: {FRUIT_INTO_FIVE}')
     small = str(tmp_path / 'small_ours.pth')
     assert run_tool('convert_weights.py', [files['small'], small]).returncode == 0
     res = _test_tool(small, tiny_shapes, str(tmp_path / 'small'))
