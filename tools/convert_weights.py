@@ -8,7 +8,8 @@
     python tools/convert_weights.py dinov2_vitb14_reg4_pretrain.pth dinov2_b_ours.pth
     python tools/convert_weights.py eva02_B_pt_in21k_p14.pt eva02_b16_ours.pth --patch-size 16
     python tools/convert_weights.py path/to/dinov2-base dinov2_b_ours.pth   # transformers folder
-    python tools/convert_weights.py rf-detr-nano.pth rfdetr_n_coco80.pth --num-classes 80
+    python tools/convert_weights.py rf-detr-nano.pth rfdetr_n_coco80.pth
+    python tools/convert_weights.py output/checkpoint_best_ema.pth rfdetr_n_mine.pth  # fine-tuned
 
 The source layout is detected by the one table of ``vitdet_plugin.weights.layouts`` (official
 Microsoft Swin, Swin detection repo, timm, mmdet / mmpretrain for Swin; official, timm,
@@ -22,8 +23,10 @@ transformers model folder (``config.json`` + ``model.safetensors``, or its shard
 or ``pytorch_model.bin``) is read like a file. Files are read with
 ``torch.load(weights_only=True)``; the output is ``{'state_dict': sd, 'meta': {...}}``,
 loadable with ``init_cfg=dict(type='Pretrained', checkpoint=OUT)``; an RF-DETR detector's with
-``load_from=OUT`` in its ``configs/rfdetr/`` config (``--num-classes 80``: RF-DETR's 91 COCO
-logits as mmdet's 80 COCO classes).
+``load_from=OUT`` in its ``configs/rfdetr/`` config, with the file's own classes (RF-DETR's 91
+COCO logits as mmdet's 80 COCO classes; a file fine-tuned on K classes, K + 1 logits, as its K
+in rfdetr's order, the no-object slot dropped): the tool prints the config, ``num_classes`` and
+the class names. ``load_from`` and ``tools/test.py`` also read the rfdetr files themselves.
 """
 import argparse
 import os
