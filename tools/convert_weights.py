@@ -31,7 +31,7 @@ the class names. ``load_from`` and ``tools/test.py`` also read the rfdetr files 
 import argparse
 import os
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -42,7 +42,9 @@ from vitdet_plugin.weights import (FAMILY_BACKBONES, CheckpointError, Checkpoint
 from vitdet_plugin.weights.layout import Layout
 from vitdet_plugin.weights.rfdetr import (RFDETR, has_mask_branch, matching_configs, read_size,
                                           rfdetr_to_detector)
-from vitdet_plugin.weights.rfdetr_classes import FileClasses, args_class_names, file_classes
+from vitdet_plugin.weights.rfdetr_classes import (FileClasses, args_class_names, file_classes,
+                                                  transformers_labels)
+from vitdet_plugin.weights.transformers_folder import read_transformers_config
 
 #: The classes of the configs of ``configs/rfdetr/`` (mmdet's COCO classes).
 COCO_CLASSES = 80
@@ -105,12 +107,20 @@ def main(argv: Optional[List[str]] = None) -> int:
             if window or args.src_window_size or pos_grid or args.patch_size:
                 p.error('an RF-DETR checkpoint converts as saved: its config builds its sizes')
             names = args_class_names(ckpt.get('args')) if isinstance(ckpt, dict) else None
-            classes = file_classes(int(sd['class_embed.bias'].shape[0]), names)
-            if args.num_classes not in (None, classes.own, classes.logits):
-                raise CheckpointError(_classes_refusal(classes, args.num_classes))
+            num_classes = args.num_classes
+            classes: Optional[FileClasses] = None
+            labels = transformers_labels(read_transformers_config(args.src))
+            if labels is not None:  # num_labels logits, each a class: no no-object slot
+                names = labels
+                num_classes = num_classes or len(labels)
+            else:
+                classes = file_classes(int(sd['class_embed.bias'].shape[0]), names)
+                if num_classes not in (None, classes.own, classes.logits):
+                    raise CheckpointError(_classes_refusal(classes, num_classes))
             converted, dropped = rfdetr_to_detector(sd, None, 'tools/convert_weights.py',
-                                                    args.num_classes, names=names)
-            return _save(args.src, args.dst, converted, dropped, layout, family, model, classes)
+                                                    num_classes, names=names)
+            return _save(args.src, args.dst, converted, dropped, layout, family, model, classes,
+                         names)
         if args.num_classes is not None:
             p.error('--num-classes applies to RF-DETR checkpoints only')
         target = CheckpointTarget(
@@ -135,16 +145,17 @@ def _classes_refusal(classes: FileClasses, num_classes: int) -> str:
 
 def _save(src: str, dst: str, converted: Dict[str, torch.Tensor], dropped: List[str],
           layout: Layout, family: str, model: Optional[str],
-          classes: Optional[FileClasses] = None) -> int:
+          classes: Optional[FileClasses] = None,
+          names: Optional[Tuple[str, ...]] = None) -> int:
     """Write ``{'state_dict': converted, 'meta': ...}`` to ``dst`` (atomically; ``classes``:
-    an RF-DETR file's, its class names as ``meta['dataset_meta']['classes']``) and say how to
-    load it."""
+    an rfdetr file's classifier, ``names``: an RF-DETR's class names, as
+    ``meta['dataset_meta']['classes']``) and say how to load it."""
     os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
     tmp = dst + '.tmp'
     meta: Dict[str, Any] = {'converted_from': layout.name, 'family': family, 'model': model,
             'backbone': FAMILY_BACKBONES[family], 'source': src}
-    if classes is not None and classes.names:
-        meta['dataset_meta'] = {'classes': classes.names}
+    if names:
+        meta['dataset_meta'] = {'classes': names}
     torch.save({'state_dict': converted, 'meta': meta}, tmp)
     os.replace(tmp, dst)
     how = f"type='{FAMILY_BACKBONES[family]}'"
@@ -153,18 +164,20 @@ def _save(src: str, dst: str, converted: Dict[str, torch.Tensor], dropped: List[
                                        seg=has_mask_branch(converted))
         configs = ' or '.join(f'configs/rfdetr/{c.config}' for c in exact or near)
         how = (f"load_from='{dst}' in {configs or 'an RF-DETR detector config'}"
-               f"{_head_fix(int(converted['bbox_head.cls_branch.bias'].shape[0]), classes)}")
+               f"{_head_fix(int(converted['bbox_head.cls_branch.bias'].shape[0]), classes, names)}")
     print(f'{src}: {layout.describe()} -> {dst} ({len(converted)} tensors, '
           f'{len(dropped)} keys dropped); load it with {how}')
     return 0
 
 
-def _head_fix(num_classes: int, classes: Optional[FileClasses]) -> str:
-    """How the config's head takes ``num_classes`` of a file of ``classes`` (the configs
-    build mmdet's 80 COCO classes)."""
-    if num_classes == COCO_CLASSES and (classes is None or classes.coco):
+def _head_fix(num_classes: int, classes: Optional[FileClasses],
+              names: Optional[Tuple[str, ...]]) -> str:
+    """How the config's head takes ``num_classes`` of a file of ``classes`` (an rfdetr file's;
+    None: a transformers folder's, of ``names``; the configs build mmdet's 80 COCO classes)."""
+    if classes is not None and classes.coco and num_classes == COCO_CLASSES:
         return " (its head: mmdet's 80 COCO classes, as the configs build it)"
-    names = classes.names if classes is not None and num_classes == classes.own else None
+    if classes is not None and num_classes != classes.own:
+        names = None
     listed = f": {', '.join(map(repr, names))}" if names else ''
     return (f' with --cfg-options model.bbox_head.num_classes={num_classes} (the '
             f"checkpoint's classes, in rfdetr's order{listed})")

@@ -31,6 +31,8 @@ COCO_CATEGORY_IDS: Tuple[int, ...] = (
     81, 82, 84, 85, 86, 87, 88, 89, 90)
 #: RF-DETR's COCO classifier: ``num_classes=90`` plus one logit, indexed by category id.
 COCO_LOGITS = 91
+#: transformers' ``model_type`` of ``RfDetrForObjectDetection`` / ``RfDetrForInstanceSegmentation``.
+TRANSFORMERS_RFDETR = 'rf_detr'
 #: How many names the class list of a file shows in a message before '...'.
 SHOWN_NAMES = 10
 #: The classifier rows of our head (every layer's shared branch, each group's proposals'), in
@@ -75,6 +77,16 @@ def args_class_names(args: Any) -> Optional[Tuple[str, ...]]:
     if isinstance(names, (list, tuple)) and names and all(isinstance(n, str) for n in names):
         return tuple(names)
     return None
+
+
+def transformers_labels(config: Optional[Mapping[str, Any]]) -> Optional[Tuple[str, ...]]:
+    """The class names of a transformers RF-DETR folder's ``config.json`` (``id2label`` in
+    logit order: its ``num_labels`` logits are each a class, no no-object slot), or None when
+    ``config`` is not one."""
+    if not config or config.get('model_type') != TRANSFORMERS_RFDETR:
+        return None
+    labels = config.get('id2label') or {}
+    return tuple(labels[k] for k in sorted(labels, key=int))
 
 
 def file_classes(logits: int, names: Optional[Sequence[str]]) -> FileClasses:
