@@ -20,7 +20,8 @@ from mmdet.structures import DetDataSample
 from mmdet.utils import register_all_modules
 from mmengine.config import Config
 from safetensors.torch import load_file
-from transformers import RfDetrConfig, RfDetrForObjectDetection, RfDetrImageProcessor
+from transformers import (RfDetrConfig, RfDetrForInstanceSegmentation, RfDetrForObjectDetection,
+                          RfDetrImageProcessor)
 from transformers.models.rf_detr.configuration_rf_detr import RfDetrDinov2Config
 
 import rfdetr
@@ -138,3 +139,26 @@ def test_a_folder_of_another_size_is_refused_naming_its_config(folders, tmp_path
             'from configs/rfdetr/rfdetr_small.py')
     with pytest.raises(CheckpointError, match='^' + re.escape(want) + '$'):
         backbone.init_weights()
+
+
+def test_an_instance_segmentation_folder_loads_into_the_seg_config(tmp_path):
+    """``RfDetrForInstanceSegmentation`` of RF-DETR-Seg N's sizes (patch 12, 312 px, 4 decoder
+    layers, 100 queries): every tensor loads strictly into configs/rfdetr/rfdetr_seg_nano.py's
+    detector, the mask head's included."""
+    backbone = RfDetrDinov2Config(hidden_size=384, num_hidden_layers=12, num_attention_heads=6,
+                                  image_size=312, patch_size=12, num_windows=2,
+                                  out_indices=[3, 6, 9, 12])
+    theirs = randomize_(RfDetrForInstanceSegmentation(RfDetrConfig(
+        backbone_config=backbone, decoder_layers=4, decoder_n_points=2, num_queries=100,
+        num_labels=LABELS)))
+    folder, out = str(tmp_path / 'seg'), str(tmp_path / 'seg_ours.pth')
+    theirs.save_pretrained(folder)
+    res = run_tool('convert_weights.py', [folder, out])
+    assert res.returncode == 0, res.stderr
+    assert "in configs/rfdetr/rfdetr_seg_nano.py with --cfg-options" in res.stdout
+    cfg = Config.fromfile(str(REPO_ROOT / 'configs/rfdetr/rfdetr_seg_nano.py'))
+    cfg.model.bbox_head.num_classes = LABELS
+    ours = MODELS.build(cfg.model)
+    ours.load_state_dict(torch.load(out, weights_only=True)['state_dict'], strict=True)
+    saved = load_file(os.path.join(folder, 'model.safetensors'))
+    assert torch.equal(ours.bbox_head.cls_branch.weight, saved['class_embed.weight'])
