@@ -203,6 +203,16 @@ def test_fine_tuning_starts_where_rfdetrs_load_pretrain_weights_does(files, name
         assert torch.equal(value, want), key
 
 
+def test_the_fine_tune_configs_init_lines_name_the_file():
+    """The pre-flight summary of the fine-tune config: every part starts from the file."""
+    from vitdet_plugin.checks.init_sources import planned_init_lines
+    cfg = Config.fromfile(str(REPO_ROOT / FINETUNE))
+    assert planned_init_lines(cfg) == [
+        f'init {part}: loads checkpoints/rf-detr-nano.pth (init_cfg Pretrained)'
+        for part in ('backbone (DINOv2Backbone)', 'neck (RFDETRProjector)',
+                     'bbox_head (LWDETRHead)')]
+
+
 # ----------------------------------------------------------------------------- tools/test.py
 @pytest.fixture(scope='module')
 def tiny_shapes(tmp_path_factory) -> str:
