@@ -46,6 +46,8 @@ from vitdet_plugin.weights.rfdetr_classes import (FileClasses, args_class_names,
                                                   transformers_labels)
 from vitdet_plugin.weights.transformers_folder import read_transformers_config
 
+#: transformers' ``model_type`` of ``LwDetrForObjectDetection`` (LW-DETR, not loadable).
+LW_DETR = 'lw_detr'
 #: The classes of the configs of ``configs/rfdetr/`` (mmdet's COCO classes).
 COCO_CLASSES = 80
 #: ``--model``: the checkpoint families each choice converts (``auto``: every family).
@@ -88,6 +90,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         p.error('--patch-size applies to DINOv2 / DINOv3 / EVA-02 checkpoints only')
 
     try:
+        if (read_transformers_config(args.src) or {}).get('model_type') == LW_DETR:
+            raise CheckpointError(
+                f'{args.src} is a transformers LwDetrForObjectDetection folder: LW-DETR, whose '
+                "backbone is LW-DETR's own ViT, which no backbone of ours builds (configs/rfdetr "
+                "build RF-DETR's DINOv2); convert an RF-DETR folder (RfDetrForObjectDetection) "
+                "or rfdetr's .pth")
         ckpt = load_checkpoint_file(args.src)
         sd = checkpoint_state_dict(ckpt, args.prefix)
         layout = detect_layout(sd)

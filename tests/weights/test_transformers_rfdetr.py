@@ -20,7 +20,8 @@ from mmdet.structures import DetDataSample
 from mmdet.utils import register_all_modules
 from mmengine.config import Config
 from safetensors.torch import load_file
-from transformers import (RfDetrConfig, RfDetrForInstanceSegmentation, RfDetrForObjectDetection,
+from transformers import (LwDetrConfig, LwDetrForObjectDetection, RfDetrConfig,
+                          RfDetrForInstanceSegmentation, RfDetrForObjectDetection,
                           RfDetrImageProcessor)
 from transformers.models.rf_detr.configuration_rf_detr import RfDetrDinov2Config
 
@@ -166,3 +167,17 @@ def test_an_instance_segmentation_folder_loads_into_the_seg_config(tmp_path):
     ours.load_state_dict(torch.load(out, weights_only=True)['state_dict'], strict=True)
     saved = load_file(os.path.join(folder, 'model.safetensors'))
     assert torch.equal(ours.bbox_head.cls_branch.weight, saved['class_embed.weight'])
+
+
+def test_an_lw_detr_folder_is_refused_naming_what_converts(tmp_path):
+    """LW-DETR (``LwDetrForObjectDetection``): its own ViT backbone, which no backbone of ours
+    builds."""
+    folder = str(tmp_path / 'lw_detr')
+    LwDetrForObjectDetection(LwDetrConfig()).save_pretrained(folder)
+    res = run_tool('convert_weights.py', [folder, str(tmp_path / 'out.pth')])
+    assert res.returncode == 1
+    assert res.stderr.strip() == (
+        f'error: {folder} is a transformers LwDetrForObjectDetection folder: LW-DETR, whose '
+        "backbone is LW-DETR's own ViT, which no backbone of ours builds (configs/rfdetr build "
+        "RF-DETR's DINOv2); convert an RF-DETR folder (RfDetrForObjectDetection) or rfdetr's "
+        '.pth')
