@@ -8,7 +8,8 @@
     python tools/convert_weights.py dinov2_vitb14_reg4_pretrain.pth dinov2_b_ours.pth
     python tools/convert_weights.py eva02_B_pt_in21k_p14.pt eva02_b16_ours.pth --patch-size 16
     python tools/convert_weights.py path/to/dinov2-base dinov2_b_ours.pth   # transformers folder
-    python tools/convert_weights.py rf-detr-nano.pth rfdetr_n_coco80.pth --num-classes 80
+    python tools/convert_weights.py rf-detr-nano.pth rfdetr_n_coco80.pth
+    python tools/convert_weights.py output/checkpoint_best_ema.pth rfdetr_n_mine.pth  # fine-tuned
 
 The source layout is detected by the one table of ``vitdet_plugin.weights.layouts`` (official
 Microsoft Swin, Swin detection repo, timm, mmdet / mmpretrain for Swin; official, timm,
@@ -22,13 +23,15 @@ transformers model folder (``config.json`` + ``model.safetensors``, or its shard
 or ``pytorch_model.bin``) is read like a file. Files are read with
 ``torch.load(weights_only=True)``; the output is ``{'state_dict': sd, 'meta': {...}}``,
 loadable with ``init_cfg=dict(type='Pretrained', checkpoint=OUT)``; an RF-DETR detector's with
-``load_from=OUT`` in its ``configs/rfdetr/`` config (``--num-classes 80``: RF-DETR's 91 COCO
-logits as mmdet's 80 COCO classes).
+``load_from=OUT`` in its ``configs/rfdetr/`` config, with the file's own classes (RF-DETR's 91
+COCO logits as mmdet's 80 COCO classes; a file fine-tuned on K classes, K + 1 logits, as its K
+in rfdetr's order, the no-object slot dropped): the tool prints the config, ``num_classes`` and
+the class names. ``load_from`` and ``tools/test.py`` also read the rfdetr files themselves.
 """
 import argparse
 import os
 import sys
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -39,7 +42,14 @@ from vitdet_plugin.weights import (FAMILY_BACKBONES, CheckpointError, Checkpoint
 from vitdet_plugin.weights.layout import Layout
 from vitdet_plugin.weights.rfdetr import (RFDETR, has_mask_branch, matching_configs, read_size,
                                           rfdetr_to_detector)
+from vitdet_plugin.weights.rfdetr_classes import (FileClasses, args_class_names, file_classes,
+                                                  transformers_labels)
+from vitdet_plugin.weights.transformers_folder import read_transformers_config
 
+#: transformers' ``model_type`` of ``LwDetrForObjectDetection`` (LW-DETR, not loadable).
+LW_DETR = 'lw_detr'
+#: The classes of the configs of ``configs/rfdetr/`` (mmdet's COCO classes).
+COCO_CLASSES = 80
 #: ``--model``: the checkpoint families each choice converts (``auto``: every family).
 MODEL_FAMILIES = {'swin': ('Swin',), 'swinv2': ('Swin V2',), 'vit': ('ViT',),
                   'vit_family': ('DINOv2', 'DINOv3', 'EVA-02'), 'simple_fpn': ('simple FPN',),
@@ -66,8 +76,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help='DINOv2 / DINOv3 / EVA-02: resample the patch kernel to P x P '
                         '(FlexiViT; e.g. 14 -> 16 for a stride-16 pyramid)')
     p.add_argument('--num-classes', type=int, default=None, metavar='K',
-                   help="RF-DETR: the head's classes (80: the 91 COCO logits as mmdet's 80 COCO "
-                        "classes); default the checkpoint's")
+                   help="RF-DETR: the head's classes: the checkpoint's own (the default: a COCO "
+                        "file's 91 logits as mmdet's 80 classes, a fine-tuned file's K + 1 "
+                        "logits as its K classes) or its logits as saved")
     args = p.parse_args(argv)
     window = None
     if args.window_size:
@@ -79,7 +90,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         p.error('--patch-size applies to DINOv2 / DINOv3 / EVA-02 checkpoints only')
 
     try:
-        sd = checkpoint_state_dict(load_checkpoint_file(args.src), args.prefix)
+        if (read_transformers_config(args.src) or {}).get('model_type') == LW_DETR:
+            raise CheckpointError(
+                f'{args.src} is a transformers LwDetrForObjectDetection folder: LW-DETR, whose '
+                "backbone is LW-DETR's own ViT, which no backbone of ours builds (configs/rfdetr "
+                "build RF-DETR's DINOv2); convert an RF-DETR folder (RfDetrForObjectDetection) "
+                "or rfdetr's .pth")
+        ckpt = load_checkpoint_file(args.src)
+        sd = checkpoint_state_dict(ckpt, args.prefix)
         layout = detect_layout(sd)
         family = layout.family
         model = next((m for m, families in MODEL_FAMILIES.items() if family in families), None)
@@ -96,9 +114,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         if family == RFDETR:
             if window or args.src_window_size or pos_grid or args.patch_size:
                 p.error('an RF-DETR checkpoint converts as saved: its config builds its sizes')
+            names = args_class_names(ckpt.get('args')) if isinstance(ckpt, dict) else None
+            num_classes = args.num_classes
+            classes: Optional[FileClasses] = None
+            labels = transformers_labels(read_transformers_config(args.src))
+            if labels is not None:  # num_labels logits, each a class: no no-object slot
+                names = labels
+                num_classes = num_classes or len(labels)
+            else:
+                classes = file_classes(int(sd['class_embed.bias'].shape[0]), names)
+                if num_classes not in (None, classes.own, classes.logits):
+                    raise CheckpointError(_classes_refusal(classes, num_classes))
             converted, dropped = rfdetr_to_detector(sd, None, 'tools/convert_weights.py',
-                                                    args.num_classes)
-            return _save(args.src, args.dst, converted, dropped, layout, family, model)
+                                                    num_classes, names=names)
+            return _save(args.src, args.dst, converted, dropped, layout, family, model, classes,
+                         names)
         if args.num_classes is not None:
             p.error('--num-classes applies to RF-DETR checkpoints only')
         target = CheckpointTarget(
@@ -112,25 +142,53 @@ def main(argv: Optional[List[str]] = None) -> int:
     return _save(args.src, args.dst, converted, dropped, layout, family, model)
 
 
+def _classes_refusal(classes: FileClasses, num_classes: int) -> str:
+    """Why ``--num-classes`` does not fit the checkpoint's classifier, and the fix."""
+    return (f"the checkpoint's classifier has {classes.describe()}; --num-classes "
+            f'{num_classes} fits neither: give --num-classes {classes.own} (its own classes; '
+            f'the default) or {classes.logits} (its logits as saved). To fine-tune a head of '
+            "other classes from it, give the file itself as the detector's init_cfg=dict(type="
+            "'Pretrained', checkpoint=...) (configs/rfdetr/rfdetr_nano_finetune_custom.py)")
+
+
 def _save(src: str, dst: str, converted: Dict[str, torch.Tensor], dropped: List[str],
-          layout: Layout, family: str, model: Optional[str]) -> int:
-    """Write ``{'state_dict': converted, 'meta': ...}`` to ``dst`` (atomically) and say how to
-    load it."""
+          layout: Layout, family: str, model: Optional[str],
+          classes: Optional[FileClasses] = None,
+          names: Optional[Tuple[str, ...]] = None) -> int:
+    """Write ``{'state_dict': converted, 'meta': ...}`` to ``dst`` (atomically; ``classes``:
+    an rfdetr file's classifier, ``names``: an RF-DETR's class names, as
+    ``meta['dataset_meta']['classes']``) and say how to load it."""
     os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
     tmp = dst + '.tmp'
-    torch.save({'state_dict': converted,
-                'meta': {'converted_from': layout.name, 'family': family, 'model': model,
-                         'backbone': FAMILY_BACKBONES[family], 'source': src}}, tmp)
+    meta: Dict[str, Any] = {'converted_from': layout.name, 'family': family, 'model': model,
+            'backbone': FAMILY_BACKBONES[family], 'source': src}
+    if names:
+        meta['dataset_meta'] = {'classes': names}
+    torch.save({'state_dict': converted, 'meta': meta}, tmp)
     os.replace(tmp, dst)
     how = f"type='{FAMILY_BACKBONES[family]}'"
     if family == RFDETR:
         exact, near = matching_configs(read_size({k: v.shape for k, v in converted.items()}),
                                        seg=has_mask_branch(converted))
         configs = ' or '.join(f'configs/rfdetr/{c.config}' for c in exact or near)
-        how = f"load_from='{dst}' in {configs or 'an RF-DETR detector config'}"
+        how = (f"load_from='{dst}' in {configs or 'an RF-DETR detector config'}"
+               f"{_head_fix(int(converted['bbox_head.cls_branch.bias'].shape[0]), classes, names)}")
     print(f'{src}: {layout.describe()} -> {dst} ({len(converted)} tensors, '
           f'{len(dropped)} keys dropped); load it with {how}')
     return 0
+
+
+def _head_fix(num_classes: int, classes: Optional[FileClasses],
+              names: Optional[Tuple[str, ...]]) -> str:
+    """How the config's head takes ``num_classes`` of a file of ``classes`` (an rfdetr file's;
+    None: a transformers folder's, of ``names``; the configs build mmdet's 80 COCO classes)."""
+    if classes is not None and classes.coco and num_classes == COCO_CLASSES:
+        return " (its head: mmdet's 80 COCO classes, as the configs build it)"
+    if classes is not None and num_classes != classes.own:
+        names = None
+    listed = f": {', '.join(map(repr, names))}" if names else ''
+    return (f' with --cfg-options model.bbox_head.num_classes={num_classes} (the '
+            f"checkpoint's classes, in rfdetr's order{listed})")
 
 
 if __name__ == '__main__':

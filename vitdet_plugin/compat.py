@@ -24,7 +24,8 @@ changes nothing. In order:
      (``tools/train.py --resume``), ``load_from`` and ``load_checkpoint``, read through
      :func:`~vitdet_plugin.weights.checkpoint_io.load_trusted_or_weights_only` with its trust
      list (mmengine's own URL loader goes through torch hub's ``load_state_dict_from_url``,
-     which unpickles anything).
+     which unpickles anything); an RF-DETR file reads as our detector's checkpoint, and what
+     they load is checked against the model first (:mod:`vitdet_plugin.weights.model_load`).
 4. mmcv 2.1's compiled ``nms`` and ``roi_align`` have no bfloat16 kernels (CPU: float only;
    CUDA: float and half), so bf16 autocast (``AmpOptimWrapper(dtype='bfloat16')``, and CPU
    autocast, which is bf16) fails in two-stage detectors' RPN NMS and RoI feature extraction.
@@ -46,7 +47,8 @@ import torch
 
 from .ops import startup as ops_startup
 from .weights.checkpoint_io import load_trusted_or_weights_only, resolve_checkpoint_path
-from .weights.rfdetr import refuse_unconverted
+from .weights import model_load
+from .weights.rfdetr import as_detector_checkpoint
 
 MMCV_RANGE = ('2.0.0rc4', '2.2.0')
 MMENGINE_RANGE = ('0.10.0', '0.11.0')
@@ -243,8 +245,7 @@ def safe_load_from_local(filename: str, map_location: Any = None) -> Any:
     """mmengine's local-file checkpoint loader, through :func:`load_trusted_or_weights_only`."""
     path = resolve_checkpoint_path(filename, source='--resume / load_from / the checkpoint path')
     ckpt = load_trusted_or_weights_only(path, map_location, filename)
-    refuse_unconverted(ckpt, filename)  # an RF-DETR file would load nothing: convert it first
-    return ckpt
+    return as_detector_checkpoint(ckpt)  # an RF-DETR file: in our detector's names
 
 
 def safe_load_from_http(filename: str, map_location: Any = None,
@@ -264,8 +265,7 @@ def safe_load_from_http(filename: str, map_location: Any = None,
             path = resolve_checkpoint_path(filename, model_dir)
     assert path is not None  # every rank resolved it
     ckpt = load_trusted_or_weights_only(path, map_location, filename)
-    refuse_unconverted(ckpt, filename)
-    return ckpt
+    return as_detector_checkpoint(ckpt)
 
 
 def install_safe_checkpoint_loader() -> None:
@@ -280,6 +280,7 @@ def install_safe_checkpoint_loader() -> None:
     # modelzoo://, torchvision://, open-mmlab:// and mmcls:// resolve to a URL and call the
     # module-level load_from_http directly, not through the registry
     mmengine_checkpoint.load_from_http = safe_load_from_http
+    model_load.install()  # what they read is checked against the model before it loads
 
 
 def apply() -> None:

@@ -1,11 +1,11 @@
-# Fine-tune RF-DETR N on your own COCO-format data from RF-DETR's COCO checkpoint (`rfdetr_nano`):
+# Fine-tune RF-DETR N on your own COCO-format data from RF-DETR's checkpoint (`rfdetr_nano`):
 #   tools/train.py configs/rfdetr/rfdetr_nano_finetune_custom.py --data /path/to/your/data/
 # (4 GPUs: tools/dist_train.sh CONFIG 4 --data DIR). --data takes a Roboflow COCO export
 # (train/_annotations.coco.json, valid/, test/) or annotations/instances_{train,val}.json with
-# train/ and val/, and sets the splits, the classes and num_classes from it; without it the config
-# trains on the shapes set (python tools/make_shapes.py --out data/shapes/). The ViT and the
-# projector load from RF-DETR's .pth (docs/rfdetr.md); the decoder and your classes' head train
-# from their init. The recipe is rfdetr_nano.py's (RF-DETR's), for fewer epochs.
+# train/ and val/ and sets the splits, classes and num_classes; without it: the shapes set
+# (python tools/make_shapes.py --out data/shapes/). The whole detector starts from the .pth as
+# rfdetr's load_pretrain_weights (the class branches of your classes as its
+# reinitialize_detection_head sets them; docs/rfdetr.md); rfdetr_nano.py's recipe, fewer epochs.
 _base_ = ['./rfdetr_nano.py']
 
 classes = ('square', 'circle', 'triangle', 'star', 'cross')  # the shapes set's (--data: yours)
@@ -13,8 +13,7 @@ data_root = 'data/shapes/'                                   # --data DIR replac
 rfdetr_nano = 'checkpoints/rf-detr-nano.pth'                 # <- RF-DETR's N checkpoint
 max_epochs = 50
 
-model = dict(backbone=dict(init_cfg=dict(type='Pretrained', checkpoint=rfdetr_nano)),
-             neck=dict(init_cfg=dict(type='Pretrained', checkpoint=rfdetr_nano)),
+model = dict(init_cfg=dict(type='Pretrained', checkpoint=rfdetr_nano),
              bbox_head=dict(num_classes=len(classes)))
 metainfo = dict(classes=classes)
 train_dataloader = dict(dataset=dict(

@@ -105,6 +105,10 @@ def _shrink(model_cfg):
         # a neck from another detector's checkpoint (make demo-detr's): loading it is
         # tests/models/detectors/test_detr_pretrained_parts.py's, on a real checkpoint
         neck.init_cfg = None
+    if (model_cfg.get('init_cfg') or {}).get('type') == 'Pretrained':
+        # the whole detector from a file (the RF-DETR fine-tune config's): loading it is
+        # tests/weights/test_rfdetr_user_path.py's, on rfdetr's own files
+        model_cfg.init_cfg = None
     new = getattr(MODELS.build(copy.deepcopy(bb)), 'out_channels', None)
     if old is not None and new is not None:
         _replace_in_channels(model_cfg, list(old), list(new))

@@ -33,8 +33,8 @@ from vitdet_plugin.models.backbones.base import state_shapes
 from vitdet_plugin.weights import CheckpointError, CheckpointTarget, detect_layout, load_checkpoint
 from vitdet_plugin.weights.checkpoint_io import TRUST_ENV
 from vitdet_plugin.weights.common import checkpoint_state_dict
-from vitdet_plugin.weights.rfdetr import (COCO_CATEGORY_IDS, RFDETR, RFDETR_CONFIGS, config_fix,
-                                          matching_configs)
+from vitdet_plugin.weights.rfdetr import RFDETR, RFDETR_CONFIGS, config_fix, matching_configs
+from vitdet_plugin.weights.rfdetr_classes import COCO_CATEGORY_IDS
 
 register_all_modules()
 #: RF-DETR N: ViT-S taps of 384 channels, patch 16 at 384 px (grid 24), 2 decoder layers.
@@ -177,22 +177,25 @@ def test_tools_convert_weights_writes_the_detector(nano, files, tmp_path):
     assert res.stdout.strip() == (
         f'{files["SimpleNamespace"]}: an RF-DETR checkpoint (rfdetr layout) -> {out} (424 '
         f"tensors, 1 keys dropped); load it with load_from='{out}' in "
-        'configs/rfdetr/rfdetr_nano.py')
+        "configs/rfdetr/rfdetr_nano.py (its head: mmdet's 80 COCO classes, as the configs build "
+        'it)')
     model = detector(num_classes=80)
     model.load_state_dict(torch.load(out, weights_only=True)['state_dict'], strict=True)
     assert torch.equal(model.bbox_head.cls_branch.bias[0], net.class_embed.bias[1])
 
 
-def test_load_from_of_an_unconverted_file_is_refused_naming_the_conversion(files):
-    """mmengine's load_checkpoint (load_from, tools/test.py) would load nothing from it."""
+def test_load_from_of_an_unconverted_file_loads_mmdets_80_coco_classes(nano, files):
+    """mmengine's load_checkpoint (load_from, tools/test.py) reads the file as rfdetr wrote
+    it: every tensor, its 91 COCO logits as mmdet's 80 classes (more of the user's path:
+    tests/weights/test_rfdetr_user_path.py)."""
+    _, net = nano
     for path in (files['Namespace'], files['dict']):
-        want = (f"{path!r} is an RF-DETR checkpoint (the rfdetr package's names): load_from and "
-                "mmengine's load_checkpoint read our detector's names and would load nothing "
-                f'from it. Convert it first: python tools/convert_weights.py {path} OUT.pth '
-                "--num-classes 80 (80: mmdet's COCO classes; or the head's num_classes), then "
-                'load_from=OUT.pth')
-        with pytest.raises(CheckpointError, match='^' + re.escape(want) + '$'):
-            mmengine_load_checkpoint(torch.nn.Linear(1, 1), path)
+        model = detector(num_classes=80)
+        mmengine_load_checkpoint(model, path)
+        rows = torch.tensor(COCO_CATEGORY_IDS)
+        assert torch.equal(model.bbox_head.cls_branch.bias, net.class_embed.bias[rows])
+        assert torch.equal(model.backbone.blocks[3].mlp.fc1.weight,
+                           net.backbone[0].encoder.encoder.encoder.layer[3].mlp.fc1.weight)
 
 
 def _refusal(model: torch.nn.Module, path: str, message: str) -> None:
@@ -200,8 +203,8 @@ def _refusal(model: torch.nn.Module, path: str, message: str) -> None:
         load_checkpoint(path, target(model))
 
 
-NANO = ('the checkpoint is an RF-DETR of patch 16, ViT width 384, position grid 24x24, 1536 '
-        'projector input channels, 2 decoder layers, decoder width 256, 3900 query rows '
+NANO = ('the checkpoint is an RF-DETR N of patch 16, ViT width 384, position grid 24x24 (384 '
+        'px), 1536 projector input channels, 2 decoder layers, decoder width 256, 3900 query rows '
         '(queries x groups)')
 
 
@@ -217,11 +220,12 @@ def test_a_checkpoint_of_another_size_is_refused_naming_its_config(files):
 
 def test_a_head_of_other_classes_is_refused_naming_num_classes(files):
     _refusal(detector(num_classes=12), files['Namespace'],
-             "the checkpoint's classifier has 91 logits (rfdetr's args.num_classes=90 plus "
-             f'one); the head of {OWNER} was built with num_classes=12: build it with '
-             "num_classes=91 (or num_classes=80: the 91 COCO logits map to mmdet's 80 COCO "
-             "classes), or load the checkpoint's backbone alone (the backbone's init_cfg) to "
-             'train a head of other classes')
+             "the checkpoint's classifier has 91 logits, rfdetr's COCO classifier (COCO category "
+             f"ids; mmdet's 80 COCO classes); the head of {OWNER} was built with num_classes=12: "
+             'build it with num_classes=80 (--cfg-options model.bbox_head.num_classes=80), or, '
+             "to fine-tune a head of other classes from it, give it as the detector's init_cfg="
+             "dict(type='Pretrained', checkpoint=...) (configs/rfdetr/rfdetr_nano_finetune_custom"
+             ".py): the class branches start as rfdetr's reinitialize_detection_head sets them")
 
 
 def test_a_seg_checkpoint_is_refused_for_a_detection_head_naming_its_config(tmp_path):

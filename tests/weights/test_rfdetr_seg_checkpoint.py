@@ -23,7 +23,8 @@ import vitdet_plugin  # noqa: F401
 from vitdet_plugin.config import load_config
 from vitdet_plugin.models.backbones.base import state_shapes
 from vitdet_plugin.weights import CheckpointError, CheckpointTarget, load_checkpoint
-from vitdet_plugin.weights.rfdetr import COCO_CATEGORY_IDS, RFDETR
+from vitdet_plugin.weights.rfdetr import RFDETR
+from vitdet_plugin.weights.rfdetr_classes import COCO_CATEGORY_IDS
 
 register_all_modules()
 OWNER = 'SingleStageDetector'
@@ -135,7 +136,8 @@ def _refusal(model: torch.nn.Module, path: str, message: str) -> None:
         load_checkpoint(path, target(model))
 
 
-SEG_NANO = ('the checkpoint is an RF-DETR of patch 12, ViT width 384, position grid 26x26, '
+SEG_NANO = ('the checkpoint is an RF-DETR-Seg N of patch 12, ViT width 384, position grid '
+            '26x26 (312 px), '
             '1536 projector input channels, 4 decoder layers, decoder width 256, 1300 query rows '
             '(queries x groups)')
 
@@ -184,7 +186,8 @@ def test_tools_convert_weights_writes_the_seg_detector(nano, tmp_path):
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == (
         f'{path}: an RF-DETR checkpoint (rfdetr layout) -> {out} (511 tensors, 1 keys dropped); '
-        f"load it with load_from='{out}' in configs/rfdetr/rfdetr_seg_nano.py")
+        f"load it with load_from='{out}' in configs/rfdetr/rfdetr_seg_nano.py (its head: "
+        "mmdet's 80 COCO classes, as the configs build it)")
     model = seg_nano()
     model.load_state_dict(torch.load(out, weights_only=True)['state_dict'], strict=True)
     assert torch.equal(model.bbox_head.mask_branch.bias, net.segmentation_head.bias)

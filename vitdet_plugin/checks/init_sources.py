@@ -66,7 +66,8 @@ def planned_init_lines(cfg: Any) -> List[str]:
         return []
     lines = []
     for key, part in model_parts(model):
-        pre = pretrained_of(part.get('init_cfg'))
+        # the detector's own Pretrained init_cfg loads every part (after the parts' inits)
+        pre = pretrained_of(model.get('init_cfg')) or pretrained_of(part.get('init_cfg'))
         what = (f'loads {_source(pre)} (init_cfg Pretrained)' if pre else
                 'random init (no Pretrained init_cfg)')
         lines.append(f'init {key} ({_type_name(part)}): {what}')
@@ -114,8 +115,8 @@ def loaded_init_lines(model: Any, cfg: Any) -> List[str]:
         if module is None:
             continue
         name = type(module).__name__
-        pre = pretrained_of(part.get('init_cfg')) or pretrained_of(
-            getattr(module, 'init_cfg', None))
+        pre = (pretrained_of(model_cfg.get('init_cfg')) or pretrained_of(part.get('init_cfg'))
+               or pretrained_of(getattr(module, 'init_cfg', None)))
         if load_from:
             what = f'{"resumed" if resume else "loaded"} from load_from={load_from}'
         elif pre:

@@ -12,13 +12,19 @@ detected by RF-DETR's projector (``backbone.0.projector.``) and decoder
   :func:`~.rfdetr_keys.rfdetr_projector_state_dict`; the head through
   :func:`~.lwdetr_keys.rfdetr_head_state_dict`; RF-DETR-Seg's mask head through
   :func:`~.lwdetr_seg_keys.split_mask_branch`;
-* the 91-logit COCO classifier (indexed by COCO category id) becomes mmdet's 80 COCO classes
-  (:data:`COCO_CATEGORY_IDS`) when the head has 80; a head of the checkpoint's own logits
-  keeps them; any other count is refused naming ``num_classes``;
+* the classifier (:mod:`.rfdetr_classes`): a head of the file's own classes takes them as
+  rfdetr's ``predict`` names them (a COCO file's 91 logits as mmdet's 80 COCO classes, a
+  fine-tuned file's ``K + 1`` logits as its ``K`` classes, the no-object slot dropped); a head
+  fine-tuned from the file on other classes starts from rfdetr's re-initialised rows; any other
+  count is refused naming ``num_classes``;
 * a checkpoint of another size than the model (patch, position grid, decoder layers, widths,
   queries) is refused naming the config of ``configs/rfdetr/`` that builds it
-  (:data:`RFDETR_CONFIGS`); so is a seg checkpoint for a head without a mask branch, or a
-  detection checkpoint for one with it.
+  (:data:`RFDETR_CONFIGS`), for the whole detector and for the backbone part alone; so is a
+  seg checkpoint for a head without a mask branch, or a detection checkpoint for one with it.
+
+mmengine's loaders (``load_from``, ``tools/test.py``, a detector's ``init_cfg``) read an
+RF-DETR file as our detector's checkpoint (:func:`as_detector_checkpoint`); the model-aware
+check of what they load is :mod:`.model_load`'s.
 
 The files are read by :mod:`.checkpoint_io` (``weights_only``, RF-DETR's ``args`` namespace
 allowed for that read only); a Lightning copy (``state_dict`` keys under ``model.``) reads
@@ -39,6 +45,8 @@ from .lwdetr_keys import rfdetr_head_state_dict
 from .lwdetr_seg_keys import OUR_PREFIX as MASK_BRANCH_PREFIX
 from .lwdetr_seg_keys import SEG_PREFIX as RFDETR_SEG_PREFIX
 from .lwdetr_seg_keys import split_mask_branch
+from .rfdetr_classes import (FileClasses, args_class_names, class_entries, file_classes,
+                             finetune_rows, own_rows, select_rows)
 from .rfdetr_keys import RFDETR_PROJECTOR_PREFIX, rfdetr_projector_state_dict
 from .transformers_layouts import LAYOUTS as TRANSFORMERS_LAYOUTS
 from .transformers_layouts import transformers_layout
@@ -57,18 +65,6 @@ BACKBONE, NECK, HEAD = 'backbone.', 'neck.', 'bbox_head.'
 #: LWDETRSegHead's mask branch, in our detector's names.
 MASK_BRANCH = HEAD + MASK_BRANCH_PREFIX
 
-#: mmdet's 80 COCO classes (``CocoDataset.METAINFO['classes']``, in this order) as the COCO
-#: category ids (1..90 with gaps) that index RF-DETR's 91 COCO logits.
-COCO_CATEGORY_IDS: Tuple[int, ...] = (
-    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 27,
-    28, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 46, 47, 48, 49, 50, 51, 52, 53,
-    54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 67, 70, 72, 73, 74, 75, 76, 77, 78, 79, 80,
-    81, 82, 84, 85, 86, 87, 88, 89, 90)
-#: RF-DETR's COCO classifier: ``num_classes=90`` plus one logit, indexed by category id.
-COCO_LOGITS = 91
-#: The classifier rows of our head (every layer's shared branch, each group's proposals').
-CLASS_ROWS = re.compile(r'^(cls_branch|enc_cls_branches\.\d+)\.(weight|bias)$')
-
 _DECODER_LAYER = re.compile(r'^bbox_head\.decoder\.layers\.(\d+)\.')
 #: Shapes the size of an RF-DETR is read from, in our detector's names.
 _PATCH = BACKBONE + 'patch_embed.proj.weight'
@@ -80,8 +76,9 @@ _CLASSES = HEAD + 'cls_branch.bias'
 
 
 class RFDETRConfig(NamedTuple):
-    """A config of ``configs/rfdetr/`` and the size it builds."""
+    """A config of ``configs/rfdetr/``, the rfdetr model it builds and that model's size."""
     config: str
+    name: str
     patch: int
     grid: int
     layers: int
@@ -91,12 +88,12 @@ class RFDETRConfig(NamedTuple):
 #: The configs of ``configs/rfdetr/`` (rfdetr's ``config.py`` sizes: patch, position grid =
 #: resolution / patch, decoder layers).
 RFDETR_CONFIGS: Tuple[RFDETRConfig, ...] = (
-    RFDETRConfig('rfdetr_nano.py', 16, 24, 2, False),
-    RFDETRConfig('rfdetr_small.py', 16, 32, 3, False),
-    RFDETRConfig('rfdetr_medium.py', 16, 36, 4, False),
-    RFDETRConfig('rfdetr_large.py', 16, 44, 4, False),
-    RFDETRConfig('rfdetr_seg_nano.py', 12, 26, 4, True),
-    RFDETRConfig('rfdetr_seg_small.py', 12, 32, 4, True),
+    RFDETRConfig('rfdetr_nano.py', 'RF-DETR N', 16, 24, 2, False),
+    RFDETRConfig('rfdetr_small.py', 'RF-DETR S', 16, 32, 3, False),
+    RFDETRConfig('rfdetr_medium.py', 'RF-DETR M', 16, 36, 4, False),
+    RFDETRConfig('rfdetr_large.py', 'RF-DETR L', 16, 44, 4, False),
+    RFDETRConfig('rfdetr_seg_nano.py', 'RF-DETR-Seg N', 12, 26, 4, True),
+    RFDETRConfig('rfdetr_seg_small.py', 'RF-DETR-Seg S', 12, 32, 4, True),
 )
 #: The patch of RF-DETR's detection sizes (a grid's image size when the patch is not known).
 PATCH_OF_RFDETR = 16
@@ -179,8 +176,42 @@ def _argument(field: str, size: Mapping[str, int]) -> str:
     return _FIELDS[field][1].format(size[field])
 
 
-def _describe(size: Mapping[str, int]) -> str:
-    return ', '.join(_FIELDS[k][0].format(v) for k, v in size.items())
+def size_name(size: Mapping[str, int], seg: bool = False) -> str:
+    """``an RF-DETR S`` when ``size`` is exactly one config's, else ``an RF-DETR``."""
+    exact, _ = matching_configs(size, seg)
+    return f'an {exact[0].name}' if len(exact) == 1 else f"an RF-DETR{'-Seg' if seg else ''}"
+
+
+def _describe(size: Mapping[str, int], patch: Optional[int] = None) -> str:
+    """The fields of ``size`` as a message reads them; the grid with its image size (of
+    ``size``'s patch, else ``patch``)."""
+    patch = size.get('patch', patch)
+    parts = []
+    for k, v in size.items():
+        text = _FIELDS[k][0].format(v)
+        if k == 'grid' and patch:
+            text += f' ({v * patch} px)'
+        parts.append(text)
+    return ', '.join(parts)
+
+
+def size_refusal(have: Mapping[str, int], want: Mapping[str, int], owner: str,
+                 seg: bool = False) -> Optional[str]:
+    """The message refusing an RF-DETR checkpoint of size ``have`` for a model of ``want``
+    (naming the config that builds the checkpoint), or None when every field both have
+    agrees."""
+    diff = [k for k in have if k in want and have[k] != want[k]]
+    if not diff:
+        return None
+    return (f'the checkpoint is {size_name(have, seg)} of {_describe(have)}; {owner} was built '
+            f"with {_describe({k: want[k] for k in diff}, want.get('patch'))}: "
+            f'{config_fix(have, seg)}')
+
+
+def is_rfdetr_detector(names: Iterable[str]) -> bool:
+    """Whether our detector's ``names`` are an RF-DETR's (RFDETRProjector and LWDETRHead)."""
+    names = set(names)
+    return _TAPS in names and _QUERIES in names
 
 
 def has_mask_branch(names: Iterable[str]) -> bool:
@@ -212,34 +243,39 @@ def check_size(converted: Mapping[str, Tensor], expected: Mapping[str, Sequence[
                owner: str, seg: bool = False) -> None:
     """Refuse (naming the config that builds the checkpoint) a converted RF-DETR checkpoint
     whose size differs from the model's on any field both have."""
-    have = read_size({k: v.shape for k, v in converted.items()})
-    want = read_size(expected)
-    diff = [k for k in have if k in want and have[k] != want[k]]
-    if diff:
-        raise CheckpointError(
-            f'the checkpoint is an RF-DETR of {_describe(have)}; {owner} was built with '
-            f'{_describe({k: want[k] for k in diff})}: {config_fix(have, seg)}')
+    refusal = size_refusal(read_size({k: v.shape for k, v in converted.items()}),
+                           read_size(expected), owner, seg)
+    if refusal:
+        raise CheckpointError(refusal)
 
 
-def map_classes(head: StateDict, num_classes: Optional[int], owner: str) -> StateDict:
-    """``head`` (our LWDETRHead keys) for a head of ``num_classes`` (None: as saved): the
-    checkpoint's own logits kept, 91 COCO logits taken to mmdet's 80 COCO classes
-    (:data:`COCO_CATEGORY_IDS`), any other count refused naming ``num_classes``."""
-    logits = int(head['cls_branch.bias'].shape[0])
-    if num_classes is None or num_classes == logits:
+def map_classes(head: StateDict, num_classes: Optional[int], owner: str,
+                names: Optional[Sequence[str]] = None, finetune: bool = False) -> StateDict:
+    """``head`` (our LWDETRHead keys, the checkpoint's classifier as saved; ``names``: rfdetr's
+    class names from its ``args``) for a head of ``num_classes``. None or the file's own
+    classes: rfdetr's label space (:func:`~.rfdetr_classes.own_rows`: COCO's 80, or the
+    fine-tuned ``K`` without the no-object slot); the saved logits: as saved. Any other count
+    is refused naming ``num_classes``, but with ``finetune`` (a head of classes of your own
+    starting from the file) it gets rfdetr's re-initialised rows
+    (:func:`~.rfdetr_classes.finetune_rows`)."""
+    classes = file_classes(int(head['cls_branch.bias'].shape[0]), names)
+    if num_classes == classes.logits:
         return head
-    coco = len(COCO_CATEGORY_IDS)
-    if logits == COCO_LOGITS and num_classes == coco:
-        rows = torch.tensor(COCO_CATEGORY_IDS)
-        return {k: v.index_select(0, rows) if CLASS_ROWS.match(k) else v
-                for k, v in head.items()}
-    also = (f" (or num_classes={coco}: the {COCO_LOGITS} COCO logits map to mmdet's {coco} "
-            'COCO classes)' if logits == COCO_LOGITS else '')
-    raise CheckpointError(
-        f"the checkpoint's classifier has {logits} logits (rfdetr's args.num_classes="
-        f'{logits - 1} plus one); the head of {owner} was built with num_classes={num_classes}:'
-        f' build it with num_classes={logits}{also}, or load the checkpoint\'s backbone alone '
-        "(the backbone's init_cfg) to train a head of other classes")
+    if num_classes is None or num_classes == classes.own:
+        return select_rows(head, own_rows(classes))
+    if finetune:
+        return select_rows(head, finetune_rows(classes.logits, num_classes))
+    raise CheckpointError(class_refusal(classes, num_classes, owner))
+
+
+def class_refusal(classes: FileClasses, num_classes: int, owner: str) -> str:
+    """The message refusing a checkpoint of ``classes`` for a head of ``num_classes``."""
+    return (f"the checkpoint's classifier has {classes.describe()}; the head of {owner} was "
+            f'built with num_classes={num_classes}: build it with num_classes={classes.own} '
+            f'(--cfg-options model.bbox_head.num_classes={classes.own}), or, to fine-tune a head '
+            "of other classes from it, give it as the detector's init_cfg=dict(type="
+            "'Pretrained', checkpoint=...) (configs/rfdetr/rfdetr_nano_finetune_custom.py): "
+            "the class branches start as rfdetr's reinitialize_detection_head sets them")
 
 
 def rfdetr_backbone(sd: Mapping[str, Tensor], target: CheckpointTarget,
@@ -262,11 +298,14 @@ def rfdetr_backbone(sd: Mapping[str, Tensor], target: CheckpointTarget,
 def rfdetr_to_detector(sd: Mapping[str, Tensor],
                        expected: Optional[Mapping[str, Sequence[int]]] = None,
                        owner: str = 'the detector', num_classes: Optional[int] = None,
-                       resampled: Optional[List[str]] = None) -> Tuple[StateDict, List[str]]:
+                       resampled: Optional[List[str]] = None,
+                       names: Optional[Sequence[str]] = None, finetune: bool = False,
+                       as_saved: bool = False) -> Tuple[StateDict, List[str]]:
     """An RF-DETR state dict -> our detector's (``backbone.`` / ``neck.`` / ``bbox_head.``)
     and the dropped keys. ``expected``: the detector's ``{name: shape}`` (or a part of it):
     its task (:func:`check_task`) and size (:func:`check_size`) are checked and its head's
-    classes chosen (:func:`map_classes`; ``num_classes`` when it has no head)."""
+    classes chosen (:func:`map_classes` with rfdetr's class ``names`` and ``finetune``;
+    ``num_classes`` when it has no head); ``as_saved``: the classifier as the file has it."""
     sd = model_state(sd)
     seg = any(k.startswith(RFDETR_SEG_PREFIX) for k in sd)
     expected = expected or {}
@@ -287,7 +326,9 @@ def rfdetr_to_detector(sd: Mapping[str, Tensor],
                  **{NECK + k: v for k, v in neck.items()}}
     check_size({**converted, **{HEAD + k: v for k, v in head.items()}}, expected, owner, seg)
     classes = int(expected[_CLASSES][0]) if _CLASSES in expected else num_classes
-    head = {**map_classes(head, classes, owner), **mask_branch}
+    if not as_saved:
+        head = map_classes(head, classes, owner, names, finetune)
+    head.update(mask_branch)
     converted.update({HEAD + k: v for k, v in head.items()})
     return converted, dropped
 
@@ -315,27 +356,55 @@ def convert_rfdetr_layout(sd: StateDict, layout: Layout, target: CheckpointTarge
     backbone part alone for a DINOv2 one (the rest dropped, reported)."""
     del layout  # one layout
     if target.family == BACKBONE_FAMILY:
+        check_backbone_size(model_state(sd), target)
         return rfdetr_backbone(sd, target, resampled)
     return rfdetr_to_detector(sd, target.expected, target.owner, resampled=resampled)
 
 
+def check_backbone_size(sd: Mapping[str, Tensor], target: CheckpointTarget) -> None:
+    """Refuse the ViT of an RF-DETR of another patch or position grid than ``target``'s
+    (whose tensors the DINOv2 layout would resample), naming the config of the checkpoint's
+    size."""
+    if not target.expected:
+        return
+    want = read_size({BACKBONE + k: s for k, s in target.expected.items()})
+    have = _checkpoint_size(sd)
+    refusal = size_refusal({k: v for k, v in have.items() if k in _BACKBONE_FIELDS}, want,
+                           target.owner, any(k.startswith(RFDETR_SEG_PREFIX) for k in sd))
+    if refusal:
+        raise CheckpointError(refusal)
+
+
+#: The size fields of the backbone part alone.
+_BACKBONE_FIELDS = ('patch', 'width', 'grid')
 #: Where an RF-DETR file keeps its model: ``model`` (every file), ``state_dict`` (a Lightning copy).
 _FILE_PARTS = ('model', 'state_dict')
+#: Where :func:`as_detector_checkpoint` keeps the file's classifier as saved (our names): a
+#: fine-tuning start re-initialises a head of other classes from it (:mod:`.model_load`).
+SAVED_CLASSIFIER = 'rfdetr_classifier'
 
 
-def refuse_unconverted(ckpt: Any, name: str) -> None:
-    """mmengine's ``load_from`` / ``load_checkpoint`` read a file's ``state_dict`` in our
-    names, non-strictly: an RF-DETR file would load nothing (a warning only). Refuse it
-    (:class:`CheckpointError`) naming the conversion that makes it loadable."""
-    if not isinstance(ckpt, Mapping) or not any(
-            isinstance(ckpt.get(part), Mapping) and rfdetr_layout(ckpt[part])
-            for part in _FILE_PARTS):
-        return
-    raise CheckpointError(
-        f'{name!r} is an RF-DETR checkpoint (the rfdetr package\'s names): load_from and '
-        "mmengine's load_checkpoint read our detector's names and would load nothing from it. "
-        f'Convert it first: python tools/convert_weights.py {name} OUT.pth --num-classes 80 '
-        "(80: mmdet's COCO classes; or the head's num_classes), then load_from=OUT.pth")
+def as_detector_checkpoint(ckpt: Any) -> Any:
+    """An RF-DETR file (rfdetr's names, as mmengine's loaders read it) as our detector's
+    checkpoint: ``{'state_dict': ..., 'meta': ..., SAVED_CLASSIFIER: ...}`` with the file's
+    own classes (:func:`map_classes`: COCO's 80 or the fine-tuned ``K``, rfdetr's class names
+    in ``meta['dataset_meta']['classes']``); any other checkpoint unchanged."""
+    if not isinstance(ckpt, Mapping):
+        return ckpt
+    part = next((ckpt[p] for p in _FILE_PARTS
+                 if isinstance(ckpt.get(p), Mapping) and rfdetr_layout(ckpt[p])), None)
+    if part is None:
+        return ckpt
+    sd = model_state(part)
+    names = args_class_names(ckpt.get('args'))
+    saved, _ = rfdetr_to_detector(sd, as_saved=True)
+    logits = int(saved[_CLASSES].shape[0])
+    classes = file_classes(logits, names)
+    meta: Dict[str, Any] = {'rfdetr': {'logits': logits, 'coco': classes.coco}}
+    if names:
+        meta['dataset_meta'] = {'classes': names}
+    return {'state_dict': select_rows(saved, own_rows(classes)), 'meta': meta,
+            SAVED_CLASSIFIER: class_entries(saved)}
 
 
 #: RF-DETR's layout: a detector checkpoint whose backbone part DINOv2Backbone loads.
