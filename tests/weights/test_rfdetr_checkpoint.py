@@ -286,7 +286,11 @@ RFDETR_CONFIG_CLASSES = {'rfdetr_nano.py': 'RFDETRNanoConfig', 'rfdetr_small.py'
                          'RFDETRSmallConfig', 'rfdetr_medium.py': 'RFDETRMediumConfig',
                          'rfdetr_large.py': 'RFDETRLargeConfig',
                          'rfdetr_seg_nano.py': 'RFDETRSegNanoConfig',
-                         'rfdetr_seg_small.py': 'RFDETRSegSmallConfig'}
+                         'rfdetr_seg_small.py': 'RFDETRSegSmallConfig',
+                         'rfdetr_seg_medium.py': 'RFDETRSegMediumConfig',
+                         'rfdetr_seg_large.py': 'RFDETRSegLargeConfig',
+                         'rfdetr_seg_xlarge.py': 'RFDETRSegXLargeConfig',
+                         'rfdetr_seg_2xlarge.py': 'RFDETRSeg2XLargeConfig'}
 
 
 def test_the_configs_are_told_apart_by_rfdetrs_own_sizes():

@@ -94,6 +94,10 @@ RFDETR_CONFIGS: Tuple[RFDETRConfig, ...] = (
     RFDETRConfig('rfdetr_large.py', 'RF-DETR L', 16, 44, 4, False),
     RFDETRConfig('rfdetr_seg_nano.py', 'RF-DETR-Seg N', 12, 26, 4, True),
     RFDETRConfig('rfdetr_seg_small.py', 'RF-DETR-Seg S', 12, 32, 4, True),
+    RFDETRConfig('rfdetr_seg_medium.py', 'RF-DETR-Seg M', 12, 36, 5, True),
+    RFDETRConfig('rfdetr_seg_large.py', 'RF-DETR-Seg L', 12, 42, 5, True),
+    RFDETRConfig('rfdetr_seg_xlarge.py', 'RF-DETR-Seg XL', 12, 52, 6, True),
+    RFDETRConfig('rfdetr_seg_2xlarge.py', 'RF-DETR-Seg 2XL', 12, 64, 6, True),
 )
 #: The patch of RF-DETR's detection sizes (a grid's image size when the patch is not known).
 PATCH_OF_RFDETR = 16
