@@ -3,7 +3,7 @@ the renamed reference state dicts are in tests/models/heads/test_dfine_decoder.p
 import pytest
 import torch
 
-from tests.models.heads.dfine_reference import reference_model
+from dfine_reference import reference_model
 from vitdet_plugin.weights.dfine_keys import check_bins, dfine_decoder_key, dfine_head_state_dict
 
 

@@ -5,7 +5,7 @@ import torch
 from transformers.models.d_fine.modeling_d_fine import (
     DFineModel, get_contrastive_denoising_training_group)
 
-from tests.models.heads.dfine_reference import (NUM_CLASSES, NUM_QUERIES, capture_decoder_inputs,
+from dfine_reference import (NUM_CLASSES, NUM_QUERIES, capture_decoder_inputs,
                                                 our_modules, reference_model, targets)
 from vitdet_plugin.models.heads.dfine_decoder import (ANCHOR_GRID_SIZE, DFineDecoder,
                                                       contrastive_denoising_group, grid_anchors)

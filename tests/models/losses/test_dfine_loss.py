@@ -9,7 +9,7 @@ from torch import Tensor
 from transformers.loss.loss_d_fine import DFineForObjectDetectionLoss
 from transformers.loss.loss_deimv2 import Deimv2ForObjectDetectionLoss
 
-from tests.models.heads.dfine_reference import NUM_CLASSES, reference_model, targets
+from dfine_reference import NUM_CLASSES, reference_model, targets
 from vitdet_plugin.models.heads.dfine_decoder import (DFineDecoder, DFineQuerySelector,
                                                       contrastive_denoising_group)
 from vitdet_plugin.models.losses import (DFineCriterion, PredictionSet, dense_one_to_one,
