@@ -25,7 +25,7 @@ from vitdet_plugin.models.necks.hybrid_encoder import HybridEncoder
 from vitdet_plugin.models.necks.lite_encoder import LiteEncoder
 from vitdet_plugin.weights.checkpoint_io import CheckpointError
 from vitdet_plugin.weights.deimv2 import encoder_part as transformers_encoder_part
-from vitdet_plugin.weights.dfine_keys import dfine_head_state_dict
+from vitdet_plugin.weights.dfine_keys import check_bins, dfine_head_state_dict
 from vitdet_plugin.weights.dfine_official import (encoder_part, head_part, official_parts,
                                                   official_size, read_official_checkpoint)
 from vitdet_plugin.weights.layouts import find_layout, load_checkpoint
@@ -208,6 +208,14 @@ def test_the_ema_weights_are_read_before_the_model_weights():
     read = read_official_checkpoint({'model': sd, 'ema': {'module': ema}, 'optimizer': {}})
     key = 'decoder.enc_score_head.bias'
     assert torch.equal(read[key], ema[key])
+
+
+def test_the_official_bins_are_compared_with_the_decoder_arguments():
+    sd, _ = official('dfine_n')
+    check_bins(sd, up=0.5, reg_scale=4.0, prefix='decoder.decoder.')
+    with pytest.raises(ValueError, match=r'the checkpoint has reg_scale=\[4\.0\] but the decoder '
+                                         r'was built with reg_scale=8\.0; set reg_scale=4'):
+        check_bins(sd, up=0.5, reg_scale=8.0, prefix='decoder.decoder.')
 
 
 def test_a_part_of_another_size_is_refused_naming_the_config_of_the_checkpoint():

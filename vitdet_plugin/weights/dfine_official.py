@@ -18,8 +18,9 @@ detector's ``backbone.`` / ``encoder.`` / ``decoder.`` modules:
   projections (``input_proj``, D-FINE X) become ``decoder_input_proj.*``.
 
 Every tensor is accounted for: a part's unknown keys are refused naming them; buffers rebuilt
-from arguments (``anchors``, ``valid_mask``, ``num_points_scale``, ``up`` / ``reg_scale``:
-:func:`~.dfine_keys.check_bins`, the ViT's rope periods: checked) are dropped and reported. A
+from arguments (``anchors``, ``valid_mask``, ``num_points_scale``, the ViT's rope periods:
+checked; ``up`` / ``reg_scale``: compare them with the decoder's through
+:func:`~.dfine_keys.check_bins` with ``prefix='decoder.decoder.'``) are dropped and reported. A
 checkpoint of another size than the part is refused naming the config of its size.
 """
 import functools
