@@ -24,6 +24,7 @@ from test_swin_v2 import _timm as _timm_swin_v2
 from test_swin_weights import _official_from
 from test_swin_weights import _ours as _swin
 from test_checkpoint_transformers import HF_MODELS, saved_state_dict
+from test_dfine_official import official as dfine_official
 from test_dinov3_sta import deimv2_dinov3_reference
 from test_hgnetv2 import TINY, TINY_HF, dfine_reference, perturb_
 from test_hybrid_encoder import deimv2_hgnetv2_reference
@@ -166,6 +167,10 @@ CHECKPOINTS: Dict[Tuple[str, str], Callable[[], dict]] = {
     ('DEIMv2', 'transformers Deimv2'): lambda: deimv2_hgnetv2_reference(False).state_dict(),
     ('DEIMv2 DINOv3', 'transformers Deimv2 DINOv3'): lambda: deimv2_dinov3_reference(
         True).state_dict(),
+    # the official repositories' files (tests/weights/test_dfine_official.py)
+    ('D-FINE', 'official'): lambda: {'model': dfine_official('dfine_n')[0]},
+    ('DEIMv2', 'official'): lambda: {'model': dfine_official('deimv2_atto')[0]},
+    ('DEIMv2 DINOv3', 'official'): lambda: {'model': dfine_official('deimv2_s')[0]},
 }
 CASES = [(family, layout, receiver) for family, layout in CHECKPOINTS
          for receiver in BACKBONES if receiver != family
@@ -176,7 +181,8 @@ def test_the_cross_product_covers_every_layout_of_the_table():
     assert set(CHECKPOINTS) == {(layout.family, layout.name) for layout in LAYOUTS}
     assert {layout.family for layout in LAYOUTS} == (set(BACKBONES) | {NECK[0], RFDETR[0]}
                                                      | set(DETR_PARTS))
-    assert len(CASES) == 142 + 5 * len(HF_MODELS) + 5 + len(BACKBONES) * len(DETR_PARTS) + 6
+    assert len(CASES) == (142 + 5 * len(HF_MODELS) + 5 + len(BACKBONES) * len(DETR_PARTS) + 6
+                          + 3 * len(BACKBONES))
 
 
 @pytest.fixture(scope='module')
@@ -224,7 +230,9 @@ ALSO_FITS = {('Swin V2', 'transformers Swinv2Model'): {('Swin V2', 'official')},
              ('DINOv3', 'timm'): {('ViT', 'timm_vit')}, ('DINOv3', 'ours'): {('ViT', 'timm_vit')},
              ('EVA-02', 'eva02 official'): {('ViT', 'mae')},
              ('EVA-02', 'eva02_det official'): {('ViT', 'detectron2')},
-             ('EVA-02', 'timm'): {('ViT', 'timm_vit')}, ('EVA-02', 'ours'): {('ViT', 'timm_vit')}}
+             ('EVA-02', 'timm'): {('ViT', 'timm_vit')}, ('EVA-02', 'ours'): {('ViT', 'timm_vit')},
+             ('D-FINE', 'official'): {('HGNetV2', 'official')},
+             ('DEIMv2', 'official'): {('HGNetV2', 'official')}}
 
 
 def test_detection_asks_every_layout_and_the_stated_priority_decides(checkpoints):

@@ -26,36 +26,47 @@ from .rfdetr_keys import Replacement, rename
 
 #: prefix of the decoder in a transformers detection checkpoint.
 DECODER_PREFIX = 'model.decoder.'
-#: ``(transformers pattern inside the decoder, our DFineDecoder key)``, tried in order.
+#: ``(pattern inside the decoder, our DFineDecoder key)``, tried in order. One table for both
+#: spellings: transformers' (``o_proj``, ``encoder_attn``, ``mlp.*``, ``class_embed``) and the
+#: official repositories' (``out_proj``, ``cross_attn``, ``linear1`` / ``swish_ffn.w3``,
+#: ``dec_score_head``; their fused ``in_proj`` / ``w12`` are split into the transformers names
+#: first, :mod:`.dfine_official`).
 DECODER_RULES: Tuple[Tuple[str, Replacement], ...] = (
-    (r'^layers\.(\d+)\.self_attn\.o_proj\.', r'layers.\1.self_attn.out_proj.'),
+    (r'^layers\.(\d+)\.self_attn\.(?:o|out)_proj\.', r'layers.\1.self_attn.out_proj.'),
     (r'^layers\.(\d+)\.self_attn\.([qkv]_proj)\.', r'layers.\1.self_attn.\2.'),
-    (r'^layers\.(\d+)\.self_attn_layer_norm\.', r'layers.\1.norm1.'),
-    (r'^layers\.(\d+)\.encoder_attn\.(sampling_offsets|attention_weights)\.',
+    (r'^layers\.(\d+)\.(?:self_attn_layer_norm|norm1)\.', r'layers.\1.norm1.'),
+    (r'^layers\.(\d+)\.(?:encoder|cross)_attn\.(sampling_offsets|attention_weights)\.',
      r'layers.\1.cross_attn.\2.'),
-    (r'^layers\.(\d+)\.encoder_attn_layer_norm\.', r'layers.\1.norm2.'),
+    (r'^layers\.(\d+)\.(?:encoder_attn_layer_norm|norm2)\.', r'layers.\1.norm2.'),
     (r'^layers\.(\d+)\.gateway\.(gate|norm)\.', r'layers.\1.gateway.\2.'),
-    (r'^layers\.(\d+)\.mlp\.layers\.0\.', r'layers.\1.ffn.fc1.'),
-    (r'^layers\.(\d+)\.mlp\.layers\.1\.', r'layers.\1.ffn.fc2.'),
+    (r'^layers\.(\d+)\.(?:mlp\.layers\.0|linear1)\.', r'layers.\1.ffn.fc1.'),
+    (r'^layers\.(\d+)\.(?:mlp\.layers\.1|linear2)\.', r'layers.\1.ffn.fc2.'),
     (r'^layers\.(\d+)\.mlp\.gate_proj\.', r'layers.\1.ffn.fc1_g.'),
     (r'^layers\.(\d+)\.mlp\.up_proj\.', r'layers.\1.ffn.fc1_x.'),
-    (r'^layers\.(\d+)\.mlp\.down_proj\.', r'layers.\1.ffn.fc2.'),
-    (r'^layers\.(\d+)\.final_layer_norm\.', r'layers.\1.norm3.'),
+    (r'^layers\.(\d+)\.(?:mlp\.down_proj|swish_ffn\.w3)\.', r'layers.\1.ffn.fc2.'),
+    (r'^layers\.(\d+)\.(?:final_layer_norm|norm3)\.', r'layers.\1.norm3.'),
     (r'^(query_pos_head|pre_bbox_head)\.layers\.(\d+)\.', r'\1.layers.\2.'),
     (r'^lqe_layers\.(\d+)\.reg_conf\.layers\.(\d+)\.', r'lqe_layers.\1.reg_conf.layers.\2.'),
-    (r'^class_embed\.(\d+)\.', r'cls_branches.\1.'),
-    (r'^bbox_embed\.(\d+)\.layers\.(\d+)\.', r'reg_branches.\1.layers.\2.'),
+    (r'^(?:class_embed|dec_score_head)\.(\d+)\.', r'cls_branches.\1.'),
+    (r'^(?:bbox_embed|dec_bbox_head)\.(\d+)\.layers\.(\d+)\.',
+     r'reg_branches.\1.layers.\2.'),
 )
 #: decoder entries our decoder derives from its arguments.
 DECODER_CONSTANTS = ('up', 'reg_scale')
-#: ``(transformers pattern, our key)`` for the two-stage selection and the denoising embedding.
+#: ``(pattern, our key)`` for the two-stage selection and the denoising embedding, on the key
+#: without its model prefix (transformers' ``model.``, the official decoder's ``decoder.``);
+#: both spellings (``enc_output.{0,1}`` / ``enc_output.{proj,norm}``, ``weight_embedding`` /
+#: ``tgt_embed``).
 SELECTOR_RULES: Tuple[Tuple[str, Replacement], ...] = (
-    (r'^model\.enc_output\.(\d+)\.', r'selector.enc_output.\1.'),
-    (r'^model\.enc_score_head\.', r'selector.enc_score_head.'),
-    (r'^model\.enc_bbox_head\.layers\.(\d+)\.', r'selector.enc_bbox_head.layers.\1.'),
-    (r'^model\.weight_embedding\.', r'selector.weight_embedding.'),
-    (r'^model\.denoising_class_embed\.', r'dn_label_embed.'),
+    (r'^enc_output\.(?:0|proj)\.', r'selector.enc_output.0.'),
+    (r'^enc_output\.(?:1|norm)\.', r'selector.enc_output.1.'),
+    (r'^enc_score_head\.', r'selector.enc_score_head.'),
+    (r'^enc_bbox_head\.layers\.(\d+)\.', r'selector.enc_bbox_head.layers.\1.'),
+    (r'^(?:weight_embedding|tgt_embed)\.', r'selector.weight_embedding.'),
+    (r'^denoising_class_embed\.', r'dn_label_embed.'),
 )
+#: prefix of the selector and denoising embedding in a transformers detection checkpoint.
+MODEL_PREFIX = 'model.'
 
 
 def dfine_decoder_key(key: str) -> Optional[str]:
@@ -83,7 +94,8 @@ def dfine_head_state_dict(state: Mapping[str, Tensor]) -> Dict[str, Tensor]:
             if new is not None:
                 out['decoder.' + new] = value
             continue
-        new = rename(key, SELECTOR_RULES)
+        new = (rename(key[len(MODEL_PREFIX):], SELECTOR_RULES)
+               if key.startswith(MODEL_PREFIX) else None)
         if new is not None:
             out[new] = value
     return out

@@ -24,7 +24,7 @@ from typing import List, Mapping, Optional, Tuple, Union
 from torch import Size, Tensor
 
 from ..functional.checkpoint_target import CheckpointTarget, LoadReport
-from . import deimv2, rfdetr, swin, swin_v2, transformers_layouts, vit, vit_families
+from . import deimv2, dfine_official, rfdetr, swin, swin_v2, transformers_layouts, vit, vit_families
 from .arch_read import arch_mismatch, read_arch
 from .checkpoint_io import CheckpointError
 from .common import StateDict, check_state_dict, checkpoint_state_dict, read_as_saved
@@ -53,7 +53,7 @@ _OUTPUT_NORMS = (r'^norm\d+\.',)
 #: Every layout we load: each converter module declares its own (``LAYOUTS``).
 LAYOUTS: Tuple[Layout, ...] = (transformers_layouts.LAYOUTS + vit_families.LAYOUTS
                                + swin_v2.LAYOUTS + swin.LAYOUTS + vit.LAYOUTS + rfdetr.LAYOUTS
-                               + deimv2.LAYOUTS)
+                               + deimv2.LAYOUTS + dfine_official.LAYOUTS)
 
 
 def matching_layouts(sd: Mapping[str, Tensor]) -> List[Layout]:
