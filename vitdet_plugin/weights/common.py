@@ -24,8 +24,9 @@ logger = logging.getLogger('vitdet_plugin')
 #: Keys under which checkpoints keep their model weights, tried in this order at each level.
 _WRAPPERS = ('state_dict', 'model', 'module')
 #: Where checkpoints that hold *only* averaged (EMA) weights keep them: the official Swin /
-#: DeiT ``model_ema``, timm's ``state_dict_ema``, mmengine's ``ema_state_dict``.
-_EMA_WRAPPERS = ('model_ema', 'state_dict_ema', 'ema_state_dict')
+#: DeiT ``model_ema``, timm's ``state_dict_ema``, mmengine's ``ema_state_dict``, D-FINE's /
+#: DEIMv2's ``ema`` (``{'ema': {'module': ...}}``).
+_EMA_WRAPPERS = ('model_ema', 'state_dict_ema', 'ema_state_dict', 'ema')
 
 
 def _tensors_of(sd: Mapping) -> StateDict:
@@ -42,7 +43,8 @@ def _tensors_of(sd: Mapping) -> StateDict:
 
 def unwrap_state_dict(ckpt: Mapping) -> StateDict:
     """Find the tensor dict inside common wrappers (``state_dict``, ``model``, ``module``; the
-    EMA weights ``model_ema`` / ``state_dict_ema`` / ``ema_state_dict`` when nothing else)."""
+    EMA weights ``model_ema`` / ``state_dict_ema`` / ``ema_state_dict`` / ``ema`` when nothing
+    else)."""
     if not isinstance(ckpt, Mapping):
         raise CheckpointError(f'a checkpoint must be a dict, got {type(ckpt).__name__}')
     tensors = _tensors_of(ckpt)
