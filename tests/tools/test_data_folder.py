@@ -227,7 +227,7 @@ def test_train_on_a_roboflow_export_test_on_the_mmdet_layout(folders, tmp_path):
 
 def test_rfdetr_finetune_config_reads_the_export(folders, tmp_path, monkeypatch, capsys):
     """The fine-tune config with --data alone: the data and the class count pass the checks
-    (only the checkpoint, not downloaded here, is reported), and without --data the report
+    (only the detector's checkpoint, not downloaded here, is reported), and without --data the report
     names the paths the config reads and offers --data."""
     monkeypatch.chdir(tmp_path)
     train = load_tool('train.py')
@@ -236,13 +236,10 @@ def test_rfdetr_finetune_config_reads_the_export(folders, tmp_path, monkeypatch,
     assert capsys.readouterr().out.splitlines()[0] == find_data_folder(folders['roboflow']).line()
     report = str(e.value.code).splitlines()
     assert report == [
-        f'error: {FINETUNE}: 2 problems found before training',
-        f"  model.backbone.init_cfg.checkpoint='checkpoints/rf-detr-nano.pth' does not exist "
+        f'error: {FINETUNE}: 1 problem found before training',
+        f"  model.init_cfg.checkpoint='checkpoints/rf-detr-nano.pth' does not exist "
         f'(relative paths are read from {tmp_path}); download the weights there or point the '
-        'key at your copy (random init instead: model.backbone.init_cfg=None)',
-        f"  model.neck.init_cfg.checkpoint='checkpoints/rf-detr-nano.pth' does not exist "
-        f'(relative paths are read from {tmp_path}); download the weights there or point the '
-        'key at your copy (random init instead: model.neck.init_cfg=None)']
+        'key at your copy (random init instead: model.init_cfg=None)']
 
     with pytest.raises(SystemExit) as e:
         train.main([FINETUNE])
