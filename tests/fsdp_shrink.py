@@ -1,7 +1,8 @@
 """A shipped FSDP config shrunk to a 1-iteration 2-rank CPU run on the shapes data: the
 config's model (backbone shrunk as tests/configs/test_configs.py shrinks it, same layout), optimizer
-(layer decay) and runner / wrapper, fp32 (bf16 mixed precision is the GPU check kit's). A config
-without FSDP runs the same way under DDP (tests/engine/test_rfdetr_distributed.py)."""
+(layer decay) and runner / wrapper; RF-DETR's with the shipped bf16 FSDP2 policy, the large
+configs fp32 (their bf16 runs are the GPU check kit's). A config without FSDP runs the same way
+under DDP (tests/engine/test_rfdetr_distributed.py)."""
 import copy
 import os.path as osp
 import sys
@@ -42,6 +43,10 @@ def shrunk_fsdp_cfg(path: str, data_root: str, work_dir: str) -> dict:
     # a config without FSDP (RF-DETR's) runs under mmengine's Runner: DDP
     out['runner_type'] = cfg.get('runner_type', 'Runner')
     if 'model_wrapper_cfg' in cfg:
-        out['model_wrapper_cfg'] = dict(cfg.model_wrapper_cfg, mixed_precision=None)
+        # RF-DETR's keeps the shipped bf16 policy (bf16 parameters, no autocast: the dtype seam
+        # a user's FSDP2 run crosses); the large configs run fp32 here
+        keep = 'rfdetr' in osp.basename(path)
+        out['model_wrapper_cfg'] = dict(cfg.model_wrapper_cfg, **(
+            {} if keep else dict(mixed_precision=None)))
     out['custom_hooks'] = list(out['custom_hooks']) + [dict(type='FsdpRecorder')]
     return out

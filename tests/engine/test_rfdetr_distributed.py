@@ -1,7 +1,8 @@
 """RF-DETR N (configs/rfdetr/rfdetr_nano.py, shrunk as tests/configs/test_configs.py shrinks it)
 trains a step on 2 gloo ranks with DDP (mmengine's MMDistributedDataParallel: every parameter
-gets a gradient, or DDP waits for it) and with FSDP2 (rfdetr_nano_fsdp.py: FSDP2Runner, every
-ViT block sharded): one torchrun job of tests/fsdp_worker.py's ``configs`` mode."""
+gets a gradient, or DDP waits for it) and with FSDP2 (rfdetr_nano_fsdp.py as shipped: FSDP2Runner,
+every ViT block sharded, bf16 parameters with fp32 reductions): one torchrun job of
+tests/fsdp_worker.py's ``configs`` mode."""
 import json
 import math
 import os

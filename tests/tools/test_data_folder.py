@@ -227,8 +227,8 @@ def test_train_on_a_roboflow_export_test_on_the_mmdet_layout(folders, tmp_path):
 
 def test_rfdetr_finetune_config_reads_the_export(folders, tmp_path, monkeypatch, capsys):
     """The fine-tune config with --data alone: the data and the class count pass the checks
-    (only the detector's checkpoint, not downloaded here, is reported), and without --data the report
-    names the paths the config reads and offers --data."""
+    (only the detector's checkpoint, not downloaded here, is reported), and without --data the
+    report names the paths the config reads and offers --data."""
     monkeypatch.chdir(tmp_path)
     train = load_tool('train.py')
     with pytest.raises(SystemExit) as e:
