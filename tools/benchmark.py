@@ -2,12 +2,10 @@
 """Command line of ``tools/benchmark.py``: ours vs the reference implementations, as ratios.
 
 Same config, same weights, the models interleaved on every repeat; results as ratios
-(ours / reference, < 1 is better). Ours is the one plain forward of every device: what deleting
-the CPU-only kernels cost on the CPU (issue 48: forward, training step, saved activations,
-before and after, back to back) is in docs/speed.md#cpu-inference, the one place for those
-figures; CPU inference goes through the end-to-end ONNX graph in onnxruntime
-(``tools/export_onnx.py --part detector``, then ``tools/infer.py --backend onnxruntime``,
-docs/deploy.md), timed against PyTorch by ``--end-to-end`` below.
+(ours / reference, < 1 is better). Ours is the one plain forward of every device (its CPU
+figures: docs/speed.md#cpu-inference); CPU inference goes through the end-to-end ONNX graph in
+onnxruntime (``tools/export_onnx.py --part detector``, then ``tools/infer.py --backend
+onnxruntime``, docs/deploy.md), timed against PyTorch by ``--end-to-end`` below.
 
     python tools/benchmark.py                       # Swin-T vs mmdet and timm, CPU
     python tools/benchmark.py --model vit           # ViT-B vs timm samvit_base_patch16
