@@ -98,7 +98,9 @@ def head_config(cfg, style: str) -> dict:
 
 def detector_config(name: str, cfg) -> dict:
     """Our mmdet detector for the reference ``name`` built from its config."""
-    hgnet = dict(type='HGNetV2Backbone', arch=TINY, out_indices=(1, 2, 3), use_lab=True)
+    # transformers' HGNetV2 holds frozen BatchNorms: ours keeps its statistics in training too
+    hgnet = dict(type='HGNetV2Backbone', arch=TINY, out_indices=(1, 2, 3), use_lab=True,
+                 norm_eval=True)
     if name.startswith('dfine'):
         parts = (DFINE_PRE, hgnet, dict(HYBRID, in_channels=(24, 32, 48), fuse_op='cat',
                                         version='dfine', csp_type='csp'), 'dfine')
