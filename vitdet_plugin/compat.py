@@ -49,6 +49,7 @@ from .ops import startup as ops_startup
 from .weights.checkpoint_io import load_trusted_or_weights_only, resolve_checkpoint_path
 from .weights import model_load
 from .weights.rfdetr import as_detector_checkpoint
+from .weights.transformers_folder import is_transformers_folder, load_transformers_folder
 
 MMCV_RANGE = ('2.0.0rc4', '2.2.0')
 MMENGINE_RANGE = ('0.10.0', '0.11.0')
@@ -242,7 +243,11 @@ def register_safe_globals() -> Tuple[str, ...]:
 
 # ----------------------------------------------------------------------------- mmengine's loaders
 def safe_load_from_local(filename: str, map_location: Any = None) -> Any:
-    """mmengine's local-file checkpoint loader, through :func:`load_trusted_or_weights_only`."""
+    """mmengine's local-file checkpoint loader, through :func:`load_trusted_or_weights_only`;
+    a transformers model folder (``save_pretrained``) is read as its state dict (the model
+    check converts a D-FINE / DEIMv2 detector's, :mod:`.weights.model_load`)."""
+    if is_transformers_folder(filename):
+        return {'state_dict': load_transformers_folder(filename, map_location or 'cpu')}
     path = resolve_checkpoint_path(filename, source='--resume / load_from / the checkpoint path')
     ckpt = load_trusted_or_weights_only(path, map_location, filename)
     return as_detector_checkpoint(ckpt)  # an RF-DETR file: in our detector's names

@@ -27,6 +27,7 @@ from transformers import (DFineConfig, DFineForObjectDetection, Deimv2Config,
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.models.heads.dfine_decoder import DFineDecoderOutput
 from vitdet_plugin.models.losses import DFineCriterion, dfine_prediction_sets
+from vitdet_plugin.weights import CheckpointError
 from vitdet_plugin.weights.dfine_detector import dfine_to_detector
 
 #: decoder outputs (fp32) agree to this; backbone / encoder maps to 1e-5 relative.
@@ -294,3 +295,26 @@ def test_training_losses_and_gradients_match_transformers(built, name):
         ours.eval()
         ref.zero_grad()
         ours.zero_grad()
+
+
+def test_detector_init_cfg_loads_the_folder(built):
+    """``init_cfg=dict(type='Pretrained', checkpoint=FOLDER)`` on the detector loads the whole
+    transformers detector (backbone, encoder, head) as the direct conversion does."""
+    ref, ours, folder = built('dfine')
+    cfg = detector_config('dfine', ref.config)
+    cfg['init_cfg'] = dict(type='Pretrained', checkpoint=folder)
+    loaded = MODELS.build(cfg)
+    loaded.init_weights()
+    want = ours.state_dict()
+    for k, v in loaded.state_dict().items():
+        assert torch.equal(v, want[k]), k
+
+
+def test_a_detector_of_another_size_is_refused(built):
+    ref, _, folder = built('dfine')
+    cfg = detector_config('dfine', ref.config)
+    cfg['bbox_head']['num_classes'] = 5
+    cfg['init_cfg'] = dict(type='Pretrained', checkpoint=folder)
+    with pytest.raises(CheckpointError, match=r'the transformers DFine checkpoint does not '
+                                              r'match SingleStageDetector: shape mismatch'):
+        MODELS.build(cfg).init_weights()
