@@ -115,8 +115,8 @@ def detector_config(name: str, cfg) -> dict:
                  dict(HYBRID, in_channels=(32, 32, 32), fuse_op='sum', version='deim',
                       csp_type='csp2', input_proj=False), 'deimv2')
     pre, backbone, neck, style = parts
-    return dict(_scope_='mmdet', type='SingleStageDetector', data_preprocessor=pre, backbone=backbone,
-                neck=neck, bbox_head=head_config(cfg, style),
+    return dict(_scope_='mmdet', type='SingleStageDetector', data_preprocessor=pre,
+                backbone=backbone, neck=neck, bbox_head=head_config(cfg, style),
                 test_cfg=dict(max_per_img=cfg.num_queries))  # D-FINE's num_top_queries
 
 
@@ -209,8 +209,9 @@ def test_detector_matches_transformers(built, name, shape):
     for i in range(layers):
         errors['logits'] = max(errors['logits'], float(
             (decoded.decoder.logits[i] - layered.intermediate_logits[:, i + 1]).abs().max()))
-        errors['boxes'] = max(errors['boxes'], float(
-            (decoded.decoder.boxes[i] - layered.intermediate_reference_points[:, i + 1]).abs().max()))
+        errors['boxes'] = max(errors['boxes'], float((
+            decoded.decoder.boxes[i] - layered.intermediate_reference_points[:, i + 1]
+        ).abs().max()))
     assert errors['logits'] <= LAYER_TOL and errors['boxes'] <= LAYER_TOL, errors
     want = RTDetrImageProcessor().post_process_object_detection(
         out, threshold=0.0, target_sizes=[shape] * len(images))

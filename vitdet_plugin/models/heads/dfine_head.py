@@ -20,7 +20,7 @@ sigmoid scores, top ``max_per_img`` over queries x classes, no NMS). Losses:
 (:func:`~vitdet_plugin.models.losses.dfine_prediction_sets`).
 """
 from collections import OrderedDict
-from typing import ClassVar, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import ClassVar, cast, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from mmdet.registry import MODELS
@@ -138,9 +138,9 @@ class DFineHead(SetPredictionHead):
             last = mlp.layers[-1]
             nn.init.zeros_(last.weight)
             nn.init.zeros_(last.bias)
-        nn.init.xavier_uniform_(self.selector.enc_output[0].weight)
+        nn.init.xavier_uniform_(cast(nn.Linear, self.selector.enc_output[0]).weight)
         for layer in self.decoder.query_pos_head.layers:
-            nn.init.xavier_uniform_(layer.weight)
+            nn.init.xavier_uniform_(cast(nn.Linear, layer).weight)
 
     # ------------------------------------------------------------------ forward
     def forward(self, feats: Sequence[Tensor], batch_img_metas: Optional[Sequence[dict]] = None,
@@ -169,6 +169,7 @@ class DFineHead(SetPredictionHead):
         cxcywh boxes normalised by each image's ``img_hw`` ``(B, 2)`` (maps covering the padded
         ``batch_shape``), and the selection's; the exported graph's entry."""
         out = self.decode(feats, img_hw, batch_shape, None)
+        assert out.head.enc_bbox_preds is not None  # the selection's boxes are always there
         scale = (size_tensor(batch_shape, img_hw.device) / img_hw).flip(-1).to(
             out.head.all_bbox_preds.dtype).repeat(1, 2)[:, None]             # (B, 1, 4) wh wh
         return out.head._replace(all_bbox_preds=out.head.all_bbox_preds * scale,
