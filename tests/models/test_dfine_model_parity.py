@@ -10,11 +10,12 @@ scores <= 1e-4, boxes <= 1e-3 of the side, transformers' boxes clipped to the im
 are). One training step: our head's losses equal :class:`DFineCriterion` on the authors'
 prediction sets of transformers' outputs (same denoising draws), and so do the gradients.
 """
+import copy
 from typing import Dict, List, Tuple
 
 import pytest
 import torch
-from helpers import assert_close_rel
+from helpers import assert_close_rel, load_tool
 from mmdet.registry import MODELS
 from mmdet.structures import DetDataSample
 from mmengine.structures import InstanceData
@@ -29,6 +30,7 @@ from vitdet_plugin.models.heads.dfine_decoder import DFineDecoderOutput
 from vitdet_plugin.models.losses import DFineCriterion, dfine_prediction_sets
 from vitdet_plugin.weights import CheckpointError
 from vitdet_plugin.weights.dfine_detector import dfine_to_detector
+from vitdet_plugin.weights.dfine_keys import dfine_head_state_dict
 
 #: decoder outputs (fp32) agree to this; backbone / encoder maps to 1e-5 relative.
 LAYER_TOL = 1e-4
@@ -259,43 +261,39 @@ def _their_losses(ours, ref, out) -> Dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize('name', ['dfine', 'deimv2'])
 def test_training_losses_and_gradients_match_transformers(built, name):
-    ref, ours, _ = built(name)
+    ref, ours = (copy.deepcopy(m) for m in built(name)[:2])  # training moves BN statistics
     shape = (64, 96)
     images = _images(shape)
     gts = _gts(ref.config.num_labels, shape)
     ref.train()
     ours.train()
-    try:
-        data = _batch(ours, shape, images, gts)
-        wh = torch.tensor([shape[1], shape[0]] * 2, dtype=torch.float32)
-        labels = [{'class_labels': g.labels,
-                   'boxes': torch.cat([(g.bboxes[:, :2] + g.bboxes[:, 2:]) / 2,
-                                       g.bboxes[:, 2:] - g.bboxes[:, :2]], -1) / wh}
-                  for g in gts]
-        torch.manual_seed(5)
-        out = ref(pixel_values=_their_pixels(name, images), labels=labels)
-        criterion, (final, aux, dn, meta) = _their_losses(ours, ref, out)
-        targets = [(t['boxes'], t['class_labels']) for t in labels]
-        want = criterion(final, aux, targets, dn, meta['dn_positive_idx'],
-                         meta['dn_num_group'])
-        torch.manual_seed(5)
-        got = ours.loss(data['inputs'], data['data_samples'])
-        assert sorted(got) == sorted(want)
-        for k in want:
-            assert torch.allclose(got[k], want[k], atol=1e-5, rtol=1e-4), (k, got[k], want[k])
-        sum(want.values()).backward()
-        sum(got.values()).backward()
-        theirs = ref.model.decoder.layers[0].encoder_attn.sampling_offsets.weight.grad
-        mine = ours.bbox_head.decoder.layers[0].cross_attn.sampling_offsets.weight.grad
-        assert torch.allclose(mine, theirs, atol=1e-5, rtol=1e-3)
-        theirs = ref.model.enc_score_head.weight.grad
-        mine = ours.bbox_head.selector.enc_score_head.weight.grad
-        assert torch.allclose(mine, theirs, atol=1e-5, rtol=1e-3)
-    finally:
-        ref.eval()
-        ours.eval()
-        ref.zero_grad()
-        ours.zero_grad()
+    data = _batch(ours, shape, images, gts)
+    wh = torch.tensor([shape[1], shape[0]] * 2, dtype=torch.float32)
+    labels = [{'class_labels': g.labels,
+               'boxes': torch.cat([(g.bboxes[:, :2] + g.bboxes[:, 2:]) / 2,
+                                   g.bboxes[:, 2:] - g.bboxes[:, :2]], -1) / wh}
+              for g in gts]
+    torch.manual_seed(5)
+    out = ref(pixel_values=_their_pixels(name, images), labels=labels)
+    criterion, (final, aux, dn, meta) = _their_losses(ours, ref, out)
+    targets = [(t['boxes'], t['class_labels']) for t in labels]
+    want = criterion(final, aux, targets, dn, meta['dn_positive_idx'],
+                     meta['dn_num_group'])
+    torch.manual_seed(5)
+    got = ours.loss(data['inputs'], data['data_samples'])
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert torch.allclose(got[k], want[k], atol=1e-5, rtol=1e-4), (k, got[k], want[k])
+    sum(want.values()).backward()
+    sum(got.values()).backward()
+    # every head parameter's gradient, through the key map
+    grads = {k: v.grad for k, v in ref.state_dict(keep_vars=True).items()
+             if isinstance(v, torch.nn.Parameter) and v.grad is not None}
+    theirs = dfine_head_state_dict(grads)
+    mine = {k: p.grad for k, p in ours.bbox_head.named_parameters() if p.grad is not None}
+    assert sorted(mine) == sorted(theirs)
+    for k, g in mine.items():
+        assert torch.allclose(g, theirs[k], atol=1e-5, rtol=1e-3), k
 
 
 def test_detector_init_cfg_loads_the_folder(built):
@@ -319,3 +317,28 @@ def test_a_detector_of_another_size_is_refused(built):
     with pytest.raises(CheckpointError, match=r'the transformers DFine checkpoint does not '
                                               r'match SingleStageDetector: shape mismatch'):
         MODELS.build(cfg).init_weights()
+
+
+@pytest.mark.parametrize('name', ['dfine', 'deimv2'])
+def test_convert_weights_tool_writes_the_detector(built, name, tmp_path, capsys):
+    """``tools/convert_weights.py FOLDER OUT.pth``: the detector's tensors as the direct
+    conversion gives them (the BatchNorm counters, which transformers does not save, aside)."""
+    _, ours, folder = built(name)
+    out = str(tmp_path / 'ours.pth')
+    assert load_tool('convert_weights.py').main([folder, out]) == 0
+    assert 'a D-FINE / DEIMv2 detector config' in capsys.readouterr().out
+    saved = torch.load(out, weights_only=True)['state_dict']
+    want = ours.state_dict()
+    missing = set(want) - set(saved)
+    assert missing and all(k.startswith('backbone.') and k.endswith('.num_batches_tracked')
+                           for k in missing)
+    for k, v in saved.items():
+        assert torch.equal(v, want[k]), k
+
+
+def test_convert_weights_tool_refuses_a_dinov3_detector(built, capsys):
+    _, _, folder = built('deimv2_dinov3')
+    assert load_tool('convert_weights.py').main([folder, 'unused.pth']) == 1
+    assert ("its DINOv3 converts for a given model (LayerScale, k bias): load the folder with "
+            "the detector's init_cfg=dict(type='Pretrained', checkpoint=FOLDER)"
+            in capsys.readouterr().err)

@@ -68,21 +68,24 @@ def dfine_detector_layout(sd: Mapping[str, Tensor]) -> Optional[str]:
     return name
 
 
-def _family(expected: Mapping[str, Size], families: Tuple[str, ...]) -> str:
-    """Which of ``families`` the part of ``expected`` is (by its keys)."""
-    markers = {deimv2.DINOV3_STA: 'sta.', deimv2.LITE: 'fpn_block.'}
+def _family(sd: Mapping[str, Tensor], families: Tuple[str, ...]) -> str:
+    """Which of ``families`` a detector checkpoint's part is (by its keys)."""
+    markers = {deimv2.DINOV3_STA: 'model.conv_encoder.spatial_tuning_adapter.',
+               deimv2.LITE: 'model.encoder.fpn_block.'}
     for family in families:
-        if family in markers and any(k.startswith(markers[family]) for k in expected):
+        if family in markers and any(k.startswith(markers[family]) for k in sd):
             return family
     return families[0]
 
 
-def dfine_to_detector(sd: Mapping[str, Tensor], expected: Mapping[str, Size],
+def dfine_to_detector(sd: Mapping[str, Tensor], expected: Optional[Mapping[str, Size]],
                       owner: str = 'the detector') -> Tuple[StateDict, List[str]]:
     """A transformers D-FINE / DEIMv2 detector state dict in our detector's names, checked
     strictly against ``expected`` (the detector's ``{name: shape}``); also the checkpoint keys
     not loaded (the known copies and constants). A :class:`CheckpointError` names what does
-    not fit and the fix."""
+    not fit and the fix. ``expected=None`` converts names only (``tools/convert_weights.py``):
+    an HGNetV2 detector as saved; a DINOv3 one is refused (its ViT's LayerScale and k bias
+    follow the model)."""
     name = dfine_detector_layout(sd)
     if name is None:
         raise CheckpointError(
@@ -90,11 +93,17 @@ def dfine_to_detector(sd: Mapping[str, Tensor], expected: Mapping[str, Size],
             f'(first keys: {list(sd)[:3]}): give a save_pretrained folder of one of them; a '
             'backbone-only checkpoint loads through the backbone\'s own init_cfg')
     layout = next(lay for lay in deimv2.LAYOUTS if lay.name == name)
+    if expected is None and layout.family == deimv2.DEIMV2_DINOV3:
+        raise CheckpointError(
+            f'{layout.describe()}: its DINOv3 converts for a given model (LayerScale, k bias): '
+            "load the folder with the detector's init_cfg=dict(type='Pretrained', "
+            'checkpoint=FOLDER) in its config, or save that model\'s state_dict')
     out: StateDict = {}
     used = set()
     for prefix, families in PARTS:
-        part_expected = {k[len(prefix):]: s for k, s in expected.items() if k.startswith(prefix)}
-        family = _family(part_expected, families)
+        part_expected = (None if expected is None else
+                         {k[len(prefix):]: s for k, s in expected.items() if k.startswith(prefix)})
+        family = _family(sd, families)
         target = CheckpointTarget(family=family, owner=f'{owner} ({prefix[:-1]})',
                                   expected=part_expected)
         part, dropped = deimv2.convert_deimv2_layout(dict(sd), layout, target)
@@ -110,14 +119,16 @@ def dfine_to_detector(sd: Mapping[str, Tensor], expected: Mapping[str, Size],
         if m:
             out[f'bbox_head.input_proj.{m.group(1)}.{_PROJ_NAMES[m.group(2)]}.{k[m.end():]}'] = v
             used.add(k)
-    out = deimv2._with_bn_counters(out, expected)
+    if expected is not None:
+        out = deimv2._with_bn_counters(out, expected)
     left = [k for k in sd if k not in used]
     unknown = [k for k in left if not _NOT_LOADED.search(k)]
     if unknown:
         raise CheckpointError(f'{len(unknown)} tensors of the {name} checkpoint belong to no '
                               f'part of {owner} (e.g. {unknown[:3]}): is it a detector of this '
                               'family (DFineForObjectDetection / Deimv2ForObjectDetection)?')
-    check_state_dict(out, expected, source=f'{name} checkpoint', owner=owner, dropped=left)
+    if expected is not None:
+        check_state_dict(out, expected, source=f'{name} checkpoint', owner=owner, dropped=left)
     return out, left
 
 
