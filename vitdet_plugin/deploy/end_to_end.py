@@ -20,9 +20,9 @@
   (:mod:`.panoptic`).
 
 Exported: our set-prediction heads (:data:`SET_HEADS`: ``SdpaDETRHead``, RF-DETR's
-``LWDETRHead`` / ``LWDETRSegHead``, D-FINE / DEIMv2's ``DFineHead``) through their own test path, traced: the head's
-``forward_images`` on the maps, the padded input's size and each image's size as tensors, then
-its batched ``detections`` (top-k over queries x classes, no NMS) and, for RF-DETR-Seg, its
+``LWDETRHead`` / ``LWDETRSegHead``, D-FINE / DEIMv2's ``DFineHead``) through their own test
+path, traced: the head's ``forward_images`` on the maps, the padded input's size and each
+image's size as tensors, then its batched ``detections`` (top-k over queries x classes, no NMS) and, for RF-DETR-Seg, its
 ``masks_to_image``; nothing of them is repeated here. Graph forms of mmdet's heads, which
 read sizes as Python numbers: single-stage anchor heads decoded per level (RetinaNet: sigmoid
 scores, ``nms_pre`` per level, class-aware NMS), Faster / Mask
@@ -112,8 +112,8 @@ def check_exportable(model: Any) -> str:
             and getattr(head, 'use_sigmoid_cls', False) and type(head).__name__ in DENSE_HEADS:
         return 'dense'
     raise ValueError(f'{name} with {type(head).__name__}: no end-to-end export (supported: '
-                     'SdpaDETR with SdpaDETRHead, LWDETRHead (RF-DETR), DFineHead (D-FINE / DEIMv2), '
-                     'mmdet\'s DINO and the '
+                     'SdpaDETR with SdpaDETRHead, LWDETRHead (RF-DETR), DFineHead (D-FINE / '
+                     'DEIMv2), mmdet\'s DINO and the '
                      f'sigmoid anchor heads {DENSE_HEADS}); export --part neck')
 
 
