@@ -22,13 +22,13 @@
 Exported: our set-prediction heads (:data:`SET_HEADS`: ``SdpaDETRHead``, RF-DETR's
 ``LWDETRHead`` / ``LWDETRSegHead``, D-FINE / DEIMv2's ``DFineHead``) through their own test
 path, traced: the head's ``forward_images`` on the maps, the padded input's size and each
-image's size as tensors, then its batched ``detections`` (top-k over queries x classes, no
-NMS) and, for RF-DETR-Seg, its ``masks_to_image``; nothing of them is repeated here. Graph forms of mmdet's heads, which
-read sizes as Python numbers: single-stage anchor heads decoded per level (RetinaNet: sigmoid
-scores, ``nms_pre`` per level, class-aware NMS), Faster / Mask
-R-CNN (RPN + ``StandardRoIHead``, :mod:`.two_stage`), Panoptic FPN (Mask R-CNN +
-``PanopticFPNHead``; the heuristic fusion runs in the runner) and mmdet's DINO
-(:mod:`.deformable_detr`). Anything else is refused with the reason (:func:`check_exportable`).
+image's size as tensors, then its batched ``detections`` (top-k over queries x classes, no NMS)
+and, for RF-DETR-Seg, its ``masks_to_image``; nothing of them is repeated here. Graph forms of
+mmdet's heads, which read sizes as Python numbers: single-stage anchor heads decoded per level
+(RetinaNet: sigmoid scores, ``nms_pre`` per level, class-aware NMS), Faster / Mask R-CNN (RPN +
+``StandardRoIHead``, :mod:`.two_stage`), Panoptic FPN (Mask R-CNN + ``PanopticFPNHead``; the
+heuristic fusion runs in the runner) and mmdet's DINO (:mod:`.deformable_detr`). Anything else
+is refused with the reason (:func:`check_exportable`).
 """
 import json
 from typing import Any, Dict, List, Optional, Tuple
