@@ -342,3 +342,16 @@ def test_convert_weights_tool_refuses_a_dinov3_detector(built, capsys):
     assert ("its DINOv3 converts for a given model (LayerScale, k bias): load the folder with "
             "the detector's init_cfg=dict(type='Pretrained', checkpoint=FOLDER)"
             in capsys.readouterr().err)
+
+
+def test_another_transformers_folder_is_refused_as_a_detector(built, tmp_path):
+    """A backbone's folder (transformers HGNetV2) given as the detector's checkpoint."""
+    ref, _, _ = built('dfine')
+    folder = tmp_path / 'hgnetv2'
+    ref.model.backbone.model.save_pretrained(folder)
+    cfg = detector_config('dfine', ref.config)
+    cfg['init_cfg'] = dict(type='Pretrained', checkpoint=str(folder))
+    with pytest.raises(CheckpointError, match=r'is a transformers folder but no '
+                                              r'DFineForObjectDetection / '
+                                              r'Deimv2ForObjectDetection: only those load'):
+        MODELS.build(cfg).init_weights()
