@@ -355,3 +355,15 @@ def test_another_transformers_folder_is_refused_as_a_detector(built, tmp_path):
                                               r'DFineForObjectDetection / '
                                               r'Deimv2ForObjectDetection: only those load'):
         MODELS.build(cfg).init_weights()
+
+
+def test_a_head_of_other_bins_is_refused(built):
+    """D-FINE X's reg_scale 8 in the config of a reg_scale-4 checkpoint: the boxes would be
+    decoded on other bins."""
+    ref, _, folder = built('dfine')
+    cfg = detector_config('dfine', ref.config)
+    cfg['bbox_head']['reg_scale'] = 8.0
+    cfg['init_cfg'] = dict(type='Pretrained', checkpoint=folder)
+    with pytest.raises(ValueError, match=r'the checkpoint has reg_scale=\[4\.0\] but the decoder '
+                                         r'was built with reg_scale=8\.0; set reg_scale=4'):
+        MODELS.build(cfg).init_weights()

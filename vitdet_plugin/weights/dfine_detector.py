@@ -25,7 +25,7 @@ from ..functional.checkpoint_target import CheckpointTarget
 from . import deimv2
 from .checkpoint_io import CheckpointError
 from .common import StateDict, check_state_dict
-from .dfine_keys import DECODER_PREFIX, dfine_head_state_dict
+from .dfine_keys import DECODER_PREFIX, check_bins, dfine_head_state_dict
 
 #: The detector's parts: (prefix in our detector, families its module may load).
 PARTS = (('backbone.', (deimv2.HGNETV2, deimv2.DINOV3_STA)),
@@ -79,13 +79,15 @@ def _family(sd: Mapping[str, Tensor], families: Tuple[str, ...]) -> str:
 
 
 def dfine_to_detector(sd: Mapping[str, Tensor], expected: Optional[Mapping[str, Size]],
-                      owner: str = 'the detector') -> Tuple[StateDict, List[str]]:
+                      owner: str = 'the detector',
+                      bins: Optional[Tuple[float, float]] = None) -> Tuple[StateDict, List[str]]:
     """A transformers D-FINE / DEIMv2 detector state dict in our detector's names, checked
     strictly against ``expected`` (the detector's ``{name: shape}``); also the checkpoint keys
     not loaded (the known copies and constants). A :class:`CheckpointError` names what does
     not fit and the fix. ``expected=None`` converts names only (``tools/convert_weights.py``):
     an HGNetV2 detector as saved; a DINOv3 one is refused (its ViT's LayerScale and k bias
-    follow the model)."""
+    follow the model). ``bins``: the head's ``(up, reg_scale)``, which must be the
+    checkpoint's (they set the distribution bins)."""
     name = dfine_detector_layout(sd)
     if name is None:
         raise CheckpointError(
@@ -109,6 +111,8 @@ def dfine_to_detector(sd: Mapping[str, Tensor], expected: Optional[Mapping[str, 
         part, dropped = deimv2.convert_deimv2_layout(dict(sd), layout, target)
         out.update({prefix + k: v for k, v in part.items()})
         used |= set(sd) - set(dropped)
+    if bins is not None:
+        check_bins(sd, *bins)
     names = _in_memory_names(sd)
     head = dfine_head_state_dict({new: sd[old] for new, old in names.items()})
     used |= {k for k in sd if k.startswith(('model.decoder.', 'model.enc_', 'model.weight_emb',
@@ -131,9 +135,3 @@ def dfine_to_detector(sd: Mapping[str, Tensor], expected: Optional[Mapping[str, 
         check_state_dict(out, expected, source=f'{name} checkpoint', owner=owner, dropped=left)
     return out, left
 
-
-def up_and_scale(sd: Mapping[str, Tensor]) -> Dict[str, float]:
-    """The decoder's ``up`` / ``reg_scale`` a checkpoint holds (the head's ``up`` /
-    ``reg_scale`` arguments)."""
-    return {n: float(sd[DECODER_PREFIX + n].flatten()[0]) for n in ('up', 'reg_scale')
-            if DECODER_PREFIX + n in sd}

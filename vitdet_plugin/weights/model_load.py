@@ -67,7 +67,8 @@ def fit_checkpoint(model: nn.Module, checkpoint: Mapping[str, Any],
     if dfine_detector_layout(state) is not None:  # a transformers D-FINE / DEIMv2 detector
         converted, _ = dfine_to_detector(state, {k: v.shape for k, v in
                                                  model.state_dict().items()},
-                                         type(model).__name__)
+                                         type(model).__name__,
+                                         getattr(getattr(model, 'bbox_head', None), 'bins', None))
         state.clear()
         state.update(converted)
     ours = {_revise(k, revise_keys): k for k in state if isinstance(state[k], Tensor)}

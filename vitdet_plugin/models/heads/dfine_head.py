@@ -106,6 +106,8 @@ class DFineHead(SetPredictionHead):
                              f'in_channels={list(in_channels)} has {len(in_channels)}: give '
                              'one point count per encoder map')
         self.in_channels = tuple(in_channels)
+        #: the distribution bins' ``(up, reg_scale)`` (a checkpoint's must be the same)
+        self.bins = (up, reg_scale)
         self.num_denoising = num_denoising
         self.label_noise_ratio = label_noise_ratio
         self.box_noise_scale = box_noise_scale
