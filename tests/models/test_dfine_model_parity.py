@@ -296,11 +296,12 @@ def test_training_losses_and_gradients_match_transformers(built, name):
         assert torch.allclose(g, theirs[k], atol=1e-5, rtol=1e-3), k
 
 
-def test_detector_init_cfg_loads_the_folder(built):
+@pytest.mark.parametrize('name', ['dfine', 'deimv2_dinov3'])
+def test_detector_init_cfg_loads_the_folder(built, name):
     """``init_cfg=dict(type='Pretrained', checkpoint=FOLDER)`` on the detector loads the whole
     transformers detector (backbone, encoder, head) as the direct conversion does."""
-    ref, ours, folder = built('dfine')
-    cfg = detector_config('dfine', ref.config)
+    ref, ours, folder = built(name)
+    cfg = detector_config(name, ref.config)
     cfg['init_cfg'] = dict(type='Pretrained', checkpoint=folder)
     loaded = MODELS.build(cfg)
     loaded.init_weights()
