@@ -10,6 +10,7 @@
     python tools/convert_weights.py path/to/dinov2-base dinov2_b_ours.pth   # transformers folder
     python tools/convert_weights.py rf-detr-nano.pth rfdetr_n_coco80.pth
     python tools/convert_weights.py output/checkpoint_best_ema.pth rfdetr_n_mine.pth  # fine-tuned
+    python tools/convert_weights.py path/to/dfine-small-coco dfine_s_ours.pth  # transformers
 
 The source layout is detected by the one table of ``vitdet_plugin.weights.layouts`` (official
 Microsoft Swin, Swin detection repo, timm, mmdet / mmpretrain for Swin; official, timm,
@@ -18,7 +19,9 @@ official facebookresearch / baaivision files and timm's for DINOv2, DINOv3, EVA-
 EVA-02/det's detectors, ``--model vit_family``; Hugging Face transformers ``Dinov2Model``,
 ``Dinov2WithRegistersModel``, ``DINOv3ViTModel``, ``SwinModel``, ``Swinv2Model``, ``ViTModel``,
 ``ViTMAEModel`` and their task wrappers; a bare simple-FPN neck; the ``rfdetr`` package's
-``.pth`` files, whole detectors, RF-DETR-Seg with its mask head: ``--model rfdetr``). A
+``.pth`` files, whole detectors, RF-DETR-Seg with its mask head: ``--model rfdetr``;
+transformers ``DFineForObjectDetection`` / ``Deimv2ForObjectDetection`` folders over HGNetV2,
+whole detectors: backbone, encoder and ``DFineHead``). A
 transformers model folder (``config.json`` + ``model.safetensors``, or its shards and index,
 or ``pytorch_model.bin``) is read like a file. Files are read with
 ``torch.load(weights_only=True)``; the output is ``{'state_dict': sd, 'meta': {...}}``,
@@ -39,6 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from vitdet_plugin.weights import (FAMILY_BACKBONES, CheckpointError, CheckpointTarget,
                                    checkpoint_state_dict, detect_layout, load_checkpoint_file)
+from vitdet_plugin.weights.dfine_detector import dfine_detector_layout, dfine_to_detector
 from vitdet_plugin.weights.layout import Layout
 from vitdet_plugin.weights.rfdetr import (RFDETR, has_mask_branch, matching_configs, read_size,
                                           rfdetr_to_detector)
@@ -129,6 +133,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                                                     num_classes, names=names)
             return _save(args.src, args.dst, converted, dropped, layout, family, model, classes,
                          names)
+        if dfine_detector_layout(sd) is not None:  # a whole D-FINE / DEIMv2 detector
+            if window or args.src_window_size or pos_grid or args.patch_size or \
+                    args.num_classes is not None:
+                p.error('a D-FINE / DEIMv2 detector converts as saved: its config builds its '
+                        'sizes and classes')
+            converted, dropped = dfine_to_detector(sd, None, 'tools/convert_weights.py')
+            return _save(args.src, args.dst, converted, dropped, layout, family, model)
         if args.num_classes is not None:
             p.error('--num-classes applies to RF-DETR checkpoints only')
         target = CheckpointTarget(
@@ -167,6 +178,9 @@ def _save(src: str, dst: str, converted: Dict[str, torch.Tensor], dropped: List[
     torch.save({'state_dict': converted, 'meta': meta}, tmp)
     os.replace(tmp, dst)
     how = f"type='{FAMILY_BACKBONES[family]}'"
+    if any(k.startswith('bbox_head.decoder.') for k in converted):
+        how = (f"load_from='{dst}' in a D-FINE / DEIMv2 detector config (configs/dfine, "
+               'configs/deimv2) of its sizes and classes')
     if family == RFDETR:
         exact, near = matching_configs(read_size({k: v.shape for k, v in converted.items()}),
                                        seg=has_mask_branch(converted))

@@ -63,6 +63,11 @@ TINY_BACKBONE = {
     **{family: lambda full: dict(embed_dims=64, depth=2, num_heads=2, global_attn_indexes=(1,),
                                  window_size=4, init_cfg=None)
        for family in ('DINOv2Backbone', 'DINOv3Backbone', 'EVA02Backbone')},
+    'HGNetV2Backbone': lambda full: dict(init_cfg=None, arch=dict(
+        stem_channels=(3, 8, 8), in_channels=(8, 16, 24, 32), mid_channels=(8, 8, 8, 16),
+        out_channels=(16, 24, 32, 48), num_blocks=(1, 1, 1, 1), num_layers=(1, 1, 1, 1),
+        downsample=(False, True, True, True), light_block=(False, False, True, True),
+        kernel_size=(3, 3, 5, 5))),
 }
 
 
@@ -117,6 +122,8 @@ def _shrink(model_cfg):
             aug.size = TINY_PAD
         if aug.type == 'RFDETRBatchScale':  # the batch at a tiny RF-DETR training scale
             aug.resolution = TINY_RFDETR_BLOCKS * aug.block
+        if aug.type == 'DEIMBatchScale':  # D-FINE / DEIMv2's multi-scale around the tiny pad
+            aug.base_size = TINY_PAD[0]
     if 'rpn_head' in model_cfg:
         _narrow_heads(model_cfg, model_cfg.neck.out_channels)
     # query-based detectors pick top-k encoder tokens: a tiny input has fewer than 900
@@ -126,6 +133,9 @@ def _shrink(model_cfg):
     if isinstance(head, dict) and 'num_groups' in head:  # LW-DETR: top-k tokens per group
         head.update(num_queries=min(head.num_queries, TINY_GROUP_QUERIES),
                     num_groups=min(head.num_groups, TINY_GROUPS))
+    if isinstance(head, dict) and head.get('type') == 'DFineHead':  # its top-k tokens, depth
+        head.update(num_queries=min(head.num_queries, TINY_GROUP_QUERIES),
+                    num_layers=min(head.num_layers, TINY_LAYERS))
     for part, key in (('encoder', 'num_layers'), ('decoder', 'num_layers'),
                       ('bbox_head', 'num_encoder_layers'), ('bbox_head', 'num_decoder_layers')):
         node = model_cfg.get(part)

@@ -20,15 +20,15 @@
   (:mod:`.panoptic`).
 
 Exported: our set-prediction heads (:data:`SET_HEADS`: ``SdpaDETRHead``, RF-DETR's
-``LWDETRHead`` / ``LWDETRSegHead``) through their own test path, traced: the head's
-``forward_images`` on the maps, the padded input's size and each image's size as tensors, then
-its batched ``detections`` (top-k over queries x classes, no NMS) and, for RF-DETR-Seg, its
-``masks_to_image``; nothing of them is repeated here. Graph forms of mmdet's heads, which
-read sizes as Python numbers: single-stage anchor heads decoded per level (RetinaNet: sigmoid
-scores, ``nms_pre`` per level, class-aware NMS), Faster / Mask
-R-CNN (RPN + ``StandardRoIHead``, :mod:`.two_stage`), Panoptic FPN (Mask R-CNN +
-``PanopticFPNHead``; the heuristic fusion runs in the runner) and mmdet's DINO
-(:mod:`.deformable_detr`). Anything else is refused with the reason (:func:`check_exportable`).
+``LWDETRHead`` / ``LWDETRSegHead``, D-FINE / DEIMv2's ``DFineHead``) through their own test
+path, traced: the head's ``forward_images`` on the maps, the padded input's size and each
+image's size as tensors, then its batched ``detections`` (top-k over queries x classes, no NMS)
+and, for RF-DETR-Seg, its ``masks_to_image``; nothing of them is repeated here. Graph forms of
+mmdet's heads, which read sizes as Python numbers: single-stage anchor heads decoded per level
+(RetinaNet: sigmoid scores, ``nms_pre`` per level, class-aware NMS), Faster / Mask R-CNN (RPN +
+``StandardRoIHead``, :mod:`.two_stage`), Panoptic FPN (Mask R-CNN + ``PanopticFPNHead``; the
+heuristic fusion runs in the runner) and mmdet's DINO (:mod:`.deformable_detr`). Anything else
+is refused with the reason (:func:`check_exportable`).
 """
 import json
 from typing import Any, Dict, List, Optional, Tuple
@@ -89,7 +89,7 @@ def is_panoptic_fpn(model: Any) -> bool:
 
 def check_exportable(model: Any) -> str:
     """The kind of end-to-end graph ``model`` exports to (``'detr'``, ``'dense'``,
-    ``'two_stage'``, which includes Panoptic FPN, ``'dino'`` or ``'lwdetr'``), or a
+    ``'two_stage'``, which includes Panoptic FPN, ``'dino'``, ``'lwdetr'`` or ``'dfine'``), or a
     ``ValueError`` saying why it cannot."""
     name = type(model).__name__
     is_panoptic_fpn(model)  # refuses the segmentation heads it does not repeat
@@ -112,13 +112,15 @@ def check_exportable(model: Any) -> str:
             and getattr(head, 'use_sigmoid_cls', False) and type(head).__name__ in DENSE_HEADS:
         return 'dense'
     raise ValueError(f'{name} with {type(head).__name__}: no end-to-end export (supported: '
-                     'SdpaDETR with SdpaDETRHead, LWDETRHead (RF-DETR), mmdet\'s DINO and the '
+                     'SdpaDETR with SdpaDETRHead, LWDETRHead (RF-DETR), DFineHead (D-FINE / '
+                     'DEIMv2), mmdet\'s DINO and the '
                      f'sigmoid anchor heads {DENSE_HEADS}); export --part neck')
 
 
 #: Our set-prediction heads, traced as they are (their ``forward_images`` and ``detections``),
 #: and the kind of graph each makes.
-SET_HEADS = dict(SdpaDETRHead='detr', LWDETRHead='lwdetr', LWDETRSegHead='lwdetr')
+SET_HEADS = dict(SdpaDETRHead='detr', LWDETRHead='lwdetr', LWDETRSegHead='lwdetr',
+                 DFineHead='dfine')
 #: Of those, the heads with RF-DETR-Seg's mask branch (outputs :data:`SEG_MASK_OUTPUTS`).
 SEG_HEADS = ('LWDETRSegHead',)
 #: IoU threshold of an anchor head's NMS when its ``test_cfg`` gives none.
@@ -215,7 +217,7 @@ class EndToEndDetector(nn.Module):
             proposals, real = self.two_stage.proposals(feats, h, w)
             boxes, scores, labels = self.two_stage.detections(feats, proposals, real, h, w,
                                                               thr)
-        elif self.kind in ('detr', 'lwdetr'):
+        elif self.kind in ('detr', 'lwdetr', 'dfine'):
             boxes, scores, labels, seg_outs = self._set_prediction(feats, padded, h, w, thr)
         elif self.dino is not None:  # DeformableDETRHead.predict_by_feat: no score_thr
             cls, box = self.dino.head_outputs(feats)

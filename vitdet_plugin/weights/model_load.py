@@ -29,6 +29,7 @@ from mmengine.logging import print_log
 from torch import Tensor, nn
 
 from .checkpoint_io import CheckpointError
+from .dfine_detector import dfine_detector_layout, dfine_to_detector
 from .rfdetr import (SAVED_CLASSIFIER, has_mask_branch, is_rfdetr_detector, read_size,
                      size_refusal)
 from .rfdetr_classes import CLASS_ROWS, class_entries, finetune_rows, select_rows, show_names
@@ -63,6 +64,13 @@ def fit_checkpoint(model: nn.Module, checkpoint: Mapping[str, Any],
     state = checkpoint['state_dict'] if 'state_dict' in checkpoint else checkpoint
     if not isinstance(state, dict):
         return
+    if dfine_detector_layout(state) is not None:  # a transformers D-FINE / DEIMv2 detector
+        converted, _ = dfine_to_detector(state, {k: v.shape for k, v in
+                                                 model.state_dict().items()},
+                                         type(model).__name__,
+                                         getattr(getattr(model, 'bbox_head', None), 'bins', None))
+        state.clear()
+        state.update(converted)
     ours = {_revise(k, revise_keys): k for k in state if isinstance(state[k], Tensor)}
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     owner = type(model).__name__

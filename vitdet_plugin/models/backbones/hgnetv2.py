@@ -103,7 +103,8 @@ class HGNetV2Arch(ArchSpec):
 
 
 class LearnableAffine(nn.Module):
-    """``scale * x + bias`` with one learnable scalar each (HGNetV2's LAB)."""
+    """``scale * x + bias`` with one learnable scalar each (HGNetV2's LAB), in ``x``'s dtype
+    (under autocast the float32 scalars would otherwise promote bfloat16 maps to float32)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -111,7 +112,7 @@ class LearnableAffine(nn.Module):
         self.bias = nn.Parameter(torch.zeros(1))
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.scale * x + self.bias
+        return self.scale.to(x.dtype) * x + self.bias.to(x.dtype)
 
 
 class ConvBNAct(nn.Module):

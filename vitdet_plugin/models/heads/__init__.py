@@ -6,6 +6,8 @@ from .maskformer_semantic import SemanticMaskFormerFusionHead, semantic_inferenc
 from .multiscale_memory import FlatMemory, MultiScaleMemory
 from .detr_core import HeadOutputs, SetPredictionHead
 from .detr_memory import Memory
+from .dfine_decoder import DFineDecoder, DFineQuerySelector
+from .dfine_head import DFineHead
 from .sdpa_detr_head import SdpaDETRHead
 from .set_criterion import SetCriterion
 from .transformer import BoxAttentionPrior, MemoryEncoder, RefineDecoder, TransformerLayer
@@ -15,5 +17,5 @@ __all__ = [
     'SetPredictionHead', 'Memory',
     'SdpaDETRHead', 'SetCriterion', 'BoxAttentionPrior', 'MemoryEncoder', 'RefineDecoder',
     'TransformerLayer', 'SemanticMaskFormerFusionHead', 'semantic_inference', 'LWDETRHead',
-    'LWDETRSegHead'
+    'LWDETRSegHead', 'DFineHead', 'DFineDecoder', 'DFineQuerySelector'
 ]

@@ -68,6 +68,11 @@ def _size(value: Any, device: torch.device) -> Tensor:
     return torch.full((), value, dtype=torch.long, device=device)
 
 
+def size_tensor(hw: Shape, device: torch.device) -> Tensor:
+    """``(2,)`` int64 of a (symbolic) ``(h, w)`` (a padded batch's size in a traced graph)."""
+    return torch.stack((_size(hw[0], device), _size(hw[1], device)))
+
+
 def valid_mask(counts: Tensor, hw: Sequence[Any]) -> Tensor:
     """``(B, H, W)`` bool, True inside each image's ``counts (B, 2)`` valid rows / columns."""
     rows = torch.arange(hw[0], device=counts.device)[None, :, None] < counts[:, 0, None, None]
@@ -80,7 +85,7 @@ def valid_cells(img_hw: Tensor, batch_shape: Shape, hw: Shape) -> Tensor:
     for images of ``img_hw`` ``(B, 2)``: ``ceil(img * n / padded)`` (module docstring)."""
     device = img_hw.device
     cells = torch.stack((_size(hw[0], device), _size(hw[1], device)))          # (2,)
-    padded = torch.stack((_size(batch_shape[0], device), _size(batch_shape[1], device)))
+    padded = size_tensor(batch_shape, device)
     counts = (img_hw.long() * cells + padded - 1) // padded
     return torch.minimum(counts, cells)
 
