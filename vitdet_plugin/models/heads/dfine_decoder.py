@@ -16,11 +16,12 @@ selection and its contrastive denoising groups.
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
+from mmdet.models.layers.transformer.utils import inverse_sigmoid
 from mmdet.registry import MODELS
 from torch import Tensor, nn
 
 from .dfine_layers import (MLP, STYLES, DFineDecoderLayer, QualityEstimator, distance_to_box,
-                           integral, inverse_sigmoid, weighting_function)
+                           integral, weighting_function)
 
 #: query position embeddings are clamped to this range (D-FINE).
 POS_CLAMP = 10.0

@@ -65,12 +65,6 @@ def distance_to_box(ref: Tensor, distance: Tensor, reg_scale: float) -> Tensor:
     return torch.cat([(x0y0 + x1y1) / 2, x1y1 - x0y0], dim=-1)
 
 
-def inverse_sigmoid(x: Tensor, eps: float = 1e-5) -> Tensor:
-    """``log(x / (1 - x))`` with ``x`` clamped to ``[0, 1]`` and both terms to ``>= eps``."""
-    x = x.clamp(0, 1)
-    return torch.log(x.clamp(min=eps) / (1 - x).clamp(min=eps))
-
-
 class MLP(nn.Module):
     """``num_layers`` linear layers with an activation between them (``layers.<i>``)."""
 
