@@ -95,11 +95,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def export_detector(args: argparse.Namespace) -> int:
     """``--part detector``: export, then onnxruntime vs mmdet's predict per check size."""
     from vitdet_plugin.deploy.end_to_end import (EndToEndDetector, export_end_to_end,
-                                                 pipeline_meta)
+                                                 graph_resize, pipeline_meta)
     from vitdet_plugin.deploy.end_to_end_check import report
     try:
         cfg, model = build_model(args.config, args.checkpoint, args.cfg_options)
-        module = EndToEndDetector(model)
+        module = EndToEndDetector(model, graph_resize(cfg))
         meta = pipeline_meta(cfg, module)
     except ValueError as e:  # a detector / pipeline the graph cannot hold: one line
         print(f'error: {e}', file=sys.stderr)
@@ -108,10 +108,12 @@ def export_detector(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     export_end_to_end(module, args.out)
     add_metadata(args.out, meta)
+    inside = f' (resized to {module.resize_to[0]}x{module.resize_to[1]} inside the graph)' \
+        if module.resize_to else ''
     print(f'exported the {module.kind} detector of {args.config} to {args.out} '
           f'({osp.getsize(args.out) / 2**20:.1f} MiB, {time.perf_counter() - start:.0f} s); '
-          f'input image (B, 3, H, W) uint8 dynamic; outputs {", ".join(module.output_names)} '
-          f'(max_per_img {module.max_per_img})', flush=True)
+          f'input image (B, 3, H, W) uint8 dynamic{inside}; outputs '
+          f'{", ".join(module.output_names)} (max_per_img {module.max_per_img})', flush=True)
     if args.no_check:
         return 0
     g = torch.Generator().manual_seed(0)

@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 import torch
 from helpers import REPO_ROOT, load_tool, randomize_
+from mmengine.config import Config
 
 import vitdet_plugin  # noqa: F401
 from vitdet_plugin.deploy.end_to_end import (OUTPUT_NAMES, PAD_LABEL, EndToEndDetector,
-                                             check_exportable, export_end_to_end)
+                                             check_exportable, export_end_to_end,
+                                             graph_resize)
 from vitdet_plugin.deploy.end_to_end_check import (BOX_TOLERANCE, PROPOSAL_OUTPUT,
                                                    SCORE_TOLERANCE, Parity, compare, describe,
                                                    mmdet_predict, proposal_gap,
@@ -233,6 +235,86 @@ def test_runner_and_infer_equal_mmdet(config, model, exported, tmp_path):
         np.testing.assert_allclose(np.array([d['bbox'] for d in a])[ranks],
                                    np.array([d['bbox'] for d in b])[ranks],
                                    atol=BOX_TOLERANCE * side, rtol=0)
+
+
+#: A test pipeline resizing as RF-DETR's predict (RFDETRResize to a square, keep_ratio=False):
+#: the graph takes the image as it is and resizes inside.
+IN_GRAPH_SIDE = 96
+IN_GRAPH_PIPELINE = f"""
+test_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='RFDETRResize', scale=({IN_GRAPH_SIDE}, {IN_GRAPH_SIDE}), keep_ratio=False),
+    dict(type='PackDetInputs', meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape',
+                                          'scale_factor')),
+]
+val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
+test_dataloader = val_dataloader
+"""
+
+
+def test_graph_resize_follows_the_test_pipeline(config, tmp_path):
+    """RFDETRResize to a fixed square resizes inside the graph; mmdet's Resize (the shapes
+    demo's, keeping the ratio) does not; the shipped RF-DETR configs resize inside."""
+    assert graph_resize(Config.fromfile(config)) is None
+    path = tmp_path / 'in_graph.py'
+    path.write_text(CONFIG + IN_GRAPH_PIPELINE)
+    assert graph_resize(Config.fromfile(str(path))) == (IN_GRAPH_SIDE, IN_GRAPH_SIDE)
+    nano = Config.fromfile(osp.join(REPO_ROOT, 'configs', 'rfdetr', 'rfdetr_nano.py'))
+    assert graph_resize(nano) == (384, 384)
+
+
+def test_module_resizing_inside_matches_mmdet_predict_through_rfdetr_resize(model):
+    """The graph's module resizing inside (to 96 x 96) on images of two other sizes vs mmdet's
+    predict on RFDETRResize's pixels, rescaled to the image (boxes in its pixels)."""
+    module = EndToEndDetector(model, (IN_GRAPH_SIDE, IN_GRAPH_SIDE)).eval()
+    for image in _images(7, [(75, 117), (130, 99)]):
+        with torch.no_grad():
+            boxes, scores, labels, num = module(image[None])
+        ref_boxes, ref_scores, ref_labels = mmdet_predict(model, image,
+                                                          (IN_GRAPH_SIDE, IN_GRAPH_SIDE))
+        assert int(num[0]) == len(ref_scores) == MAX_PER_IMG
+        np.testing.assert_allclose(scores[0].numpy(), ref_scores, atol=1e-6, rtol=0)
+        ranks = untied(ref_scores)
+        np.testing.assert_allclose(boxes[0].numpy()[ranks], ref_boxes[ranks], atol=1e-4, rtol=0)
+        assert np.array_equal(labels[0].numpy()[ranks], ref_labels[ranks])
+        # the boxes are in the image's pixels: some reach past the 96 px of the network's
+        assert boxes[0, :, 2].max() > IN_GRAPH_SIDE or boxes[0, :, 3].max() > IN_GRAPH_SIDE
+
+
+@pytest.mark.slow
+def test_infer_onnxruntime_resizing_inside_equals_mmdet_inference(model, tmp_path):
+    """Exported through the tool with the RFDETRResize pipeline: the graph takes a 480 x 640
+    file as it is (no OpenCV resize in the runner) and tools/infer.py's onnxruntime backend
+    equals mmdet's ``inference_detector`` (the config's test pipeline) on it."""
+    from mmdet.apis import inference_detector, init_detector
+
+    config = tmp_path / 'in_graph.py'
+    config.write_text(CONFIG + IN_GRAPH_PIPELINE)
+    ckpt, path = export_through_tool(str(config), model, tmp_path, 'in_graph')
+    meta = OnnxDetector(path).meta
+    assert meta['resize'] == dict(scale=[IN_GRAPH_SIDE, IN_GRAPH_SIDE], keep_ratio=False,
+                                  in_graph=True)
+    folder = tmp_path / 'images'
+    folder.mkdir()
+    image = np.random.default_rng(1).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    cv2.imwrite(str(folder / 'a.png'), image)
+    assert load_tool('infer.py').main([str(folder), '--out-dir', str(tmp_path / 'ort'),
+                                       '--backend', 'onnxruntime', '--onnx', path,
+                                       '--no-draw']) == 0
+    found = json.loads((tmp_path / 'ort' / 'predictions.json').read_text())['annotations']
+    detector = init_detector(str(config), ckpt, device='cpu')
+    ref = inference_detector(detector, str(folder / 'a.png')).pred_instances
+    order = torch.argsort(ref.scores, descending=True, stable=True)
+    ref_scores, ref_boxes = ref.scores[order].numpy(), ref.bboxes[order].numpy()
+    assert len(found) == len(ref_scores) == MAX_PER_IMG
+    np.testing.assert_allclose([d['score'] for d in found], ref_scores, atol=SCORE_TOLERANCE,
+                               rtol=0)
+    ranks = untied(ref_scores)
+    xywh = np.array([d['bbox'] for d in found])
+    xyxy = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], 1)
+    np.testing.assert_allclose(xyxy[ranks], ref_boxes[ranks], atol=BOX_TOLERANCE * 640, rtol=0)
+    assert np.array_equal(np.array([d['category_id'] for d in found])[ranks],
+                          ref.labels[order].numpy()[ranks])
 
 
 @pytest.mark.slow

@@ -92,6 +92,21 @@ def test_module_matches_mmdet_predict_in_pytorch(model):
         assert_masks_match(masks[b].numpy(), logits[b].numpy(), ref[3], (70, 90))
 
 
+
+def test_module_resizing_inside_matches_mmdet_predict_in_pytorch(model):
+    """The graph's module resizing inside (to 96 x 96, as RFDETRResize) on a 75 x 117 image vs
+    mmdet's predict on RFDETRResize's pixels, rescaled: boxes and masks at the image's size."""
+    side = 96
+    module = EndToEndDetector(model, (side, side)).eval()
+    image = _images(6, [(75, 117)])[0]
+    with torch.no_grad():
+        boxes, scores, labels, num, masks, logits = module(image[None])
+    assert masks.shape == (1, MAX_PER_IMG, 75, 117)
+    assert logits.shape == (1, MAX_PER_IMG, side // 4, side // 4)
+    ref = mmdet_instances(model, image, (side, side))
+    assert_detections_match(boxes[0].numpy(), scores[0].numpy(), labels[0].numpy(), ref, 1e-4)
+    assert_masks_match(masks[0].numpy(), logits[0].numpy(), ref[3], (side, side), (75, 117))
+
 @pytest.fixture(scope='module')
 def exported(config, model, tmp_path_factory):
     """Exported through the tool, which checks onnxruntime against predict (mask IoU too)."""

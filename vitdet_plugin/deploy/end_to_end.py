@@ -3,7 +3,10 @@
 :class:`EndToEndDetector` wraps a built mmdet detector. Its graph (see ``docs/deploy.md``):
 
 * input ``image`` ``(B, 3, H, W)`` uint8 in the channel order the test pipeline loads
-  (``LoadImageFromFile``: BGR), already resized as the test pipeline resizes; B, H, W dynamic;
+  (``LoadImageFromFile``: BGR), already resized as the test pipeline resizes; B, H, W dynamic.
+  A test pipeline that resizes with ``RFDETRResize`` to a fixed size (``keep_ratio=False``,
+  RF-DETR's ``predict``) resizes inside the graph instead (:func:`graph_resize`): the graph
+  takes the image as it is and its boxes and masks are in the input's pixels;
 * inside: the data preprocessor (channel flip, mean / std, zero padding of the normalised image
   to ``pad_size_divisor``), the network, box decoding and the config's ``test_cfg``
   (``score_thr``, ``max_per_img``, NMS IoU through ONNX ``NonMaxSuppression``);
@@ -135,9 +138,15 @@ class EndToEndDetector(nn.Module):
     model: Any  # an mmdet detector (its parts are untyped)
     default_score_thr: Tensor  # () float32: test_cfg's score_thr, forward's default
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, resize_to: Optional[Tuple[int, int]] = None) -> None:
         super().__init__()
         self.kind = check_exportable(model)
+        if resize_to is not None and self.kind not in ('detr', 'lwdetr'):
+            raise ValueError(f'a resize inside the graph (RFDETRResize with keep_ratio=False) '
+                             f'is for the set-prediction heads {list(SET_HEADS)}, not a '
+                             f'{self.kind} detector: use mmdet\'s Resize in its test pipeline')
+        #: ``(h, w)`` the graph resizes its input to (:func:`graph_resize`), or None
+        self.resize_to = None if resize_to is None else (int(resize_to[0]), int(resize_to[1]))
         self.model = model
         pre = model.data_preprocessor
         self.flip_channels = bool(getattr(pre, '_channel_conversion', False))
@@ -182,8 +191,13 @@ class EndToEndDetector(nn.Module):
         return int(getattr(self.model.backbone, 'in_channels', 3))
 
     def preprocess(self, image: Tensor) -> Tensor:
-        """``(B, 3, H, W)`` uint8 -> normalised, padded ``(B, 3, Hp, Wp)`` float32."""
+        """``(B, 3, H, W)`` uint8 -> normalised, padded ``(B, 3, Hp, Wp)`` float32; resized
+        first to :attr:`resize_to` as ``RFDETRResize`` does (torch's bilinear on the float
+        pixels, ``align_corners=False``, no antialiasing: ONNX ``Resize`` linear, half pixel)."""
         x = image.float()
+        if self.resize_to is not None:
+            x = F.interpolate(x, size=self.resize_to, mode='bilinear', align_corners=False,
+                              antialias=False)                               # (B, 3, h, w)
         if self.flip_channels:
             x = x.flip(1)
         if self.normalize:
@@ -208,7 +222,8 @@ class EndToEndDetector(nn.Module):
         """Detections of a ``(B, 3, H, W)`` uint8 batch; ``score_thr``: a ``()`` float32
         threshold (default: ``test_cfg``'s; :data:`SCORE_THRESHOLD`)."""
         thr = self.default_score_thr if score_thr is None else score_thr
-        h, w = image.shape[-2:]
+        out_h, out_w = image.shape[-2:]                  # the frame of the boxes and masks
+        h, w = self.resize_to or (out_h, out_w)          # the network's image
         x = self.preprocess(image)
         padded = (x.shape[-2], x.shape[-1])
         feats = self.model.extract_feat(x)
@@ -225,6 +240,8 @@ class EndToEndDetector(nn.Module):
             boxes, scores, labels = found.boxes, found.scores, found.labels
         else:
             boxes, scores, labels = self._dense(feats, h, w, thr)
+        if self.resize_to is not None:  # to the input's pixels, as mmdet's rescale
+            boxes = boxes / self._scale_factor(boxes, self.resize_to, out_h, out_w)
         out: Tuple[Tensor, ...] = top_k_padded(boxes, scores, labels, self.max_per_img)
         if self.two_stage is not None and self.two_stage.with_mask:
             out = out + self.two_stage.masks(feats, out[0], out[2], h, w)
@@ -233,10 +250,20 @@ class EndToEndDetector(nn.Module):
             codes, keep = out[2], out[2] != PAD_LABEL
             logits = seg_outs.masks.logits(-1, codes.clamp(min=0) // classes)  # (B, K, Hm, Wm)
             out = out[:2] + (torch.where(keep, codes % classes, PAD_LABEL), out[3]) + \
-                masks_at_input(logits, keep, padded, (h, w))
+                masks_at_input(logits, keep, padded, (h, w), (out_h, out_w))
         if self.panoptic:  # the semantic head's logits at its stride: (B, C, Hs, Ws)
             out = out + (self.model.semantic_head(feats)['seg_preds'].float(),)
         return out
+
+    @staticmethod
+    def _scale_factor(like: Tensor, size: Tuple[int, int], out_h: Any, out_w: Any) -> Tensor:
+        """``(4,)`` float32 ``(w / W, h / H, w / W, h / H)``: ``RFDETRResize``'s
+        ``scale_factor`` from the input ``(H, W)`` to ``size`` ``(h, w)``, per box coordinate."""
+        h, w = size
+        sides = torch.stack([torch.full((), v, dtype=torch.float32, device=like.device)
+                             for v in (out_w, out_h)])                       # (2,) W, H
+        factor = torch.tensor([w, h], dtype=torch.float32, device=like.device) / sides
+        return factor.repeat(2)                                             # (4,)
 
     # ------------------------------------------------------------------ per kind
     @staticmethod
@@ -286,10 +313,25 @@ class EndToEndDetector(nn.Module):
 IMAGE_FREE_TRANSFORMS = ('LoadAnnotations', 'LoadPanopticAnnotations', 'PackDetInputs')
 
 
+def graph_resize(cfg: Any) -> Optional[Tuple[int, int]]:
+    """The ``(h, w)`` the graph resizes its input to: the fixed size of the test pipeline's
+    ``RFDETRResize`` with ``keep_ratio=False`` (RF-DETR's ``predict``: torch's bilinear on the
+    float pixels, which the graph repeats exactly), else None (the runner resizes the uint8
+    image with OpenCV as mmdet's ``Resize`` does)."""
+    for t in cfg.test_dataloader.dataset.pipeline:
+        if t['type'] == 'RFDETRResize' and not t.get('keep_ratio', False) and \
+                not t.get('antialias', False) and t.get('scale') is not None:
+            scale = t['scale']
+            width, height = (scale, scale) if isinstance(scale, int) else scale  # mmdet: (w, h)
+            return int(height), int(width)
+    return None
+
+
 def pipeline_meta(cfg: Any, module: EndToEndDetector) -> Dict[str, Any]:
     """What the runner repeats outside the graph (JSON, stored in the ONNX file): how the
-    config's test pipeline loads and resizes an image, the classes and ``test_cfg``; a pipeline
-    step the runner does not repeat is refused with its name."""
+    config's test pipeline loads and resizes an image (``resize.in_graph``: the graph resizes,
+    :func:`graph_resize`), the classes and ``test_cfg``; a pipeline step the runner does not
+    repeat is refused with its name."""
     dataset = cfg.test_dataloader.dataset
     resize = None
     for t in dataset.pipeline:
@@ -300,12 +342,13 @@ def pipeline_meta(cfg: Any, module: EndToEndDetector) -> Dict[str, Any]:
                 raise ValueError(f'test pipeline {t}: the runner loads colour images with '
                                  'OpenCV as uint8 (color_type="color", imdecode_backend="cv2", '
                                  'to_float32=False) only')
-        elif kind in ('Resize', 'RFDETRResize'):  # RFDETRResize too: OpenCV on uint8 here
+        elif kind in ('Resize', 'RFDETRResize'):  # RFDETRResize keeping the ratio: OpenCV
             if t.get('scale') is None or t.get('interpolation', 'bilinear') != 'bilinear':
                 raise ValueError(f'test pipeline {t}: the runner repeats Resize with a fixed '
                                  'scale and bilinear interpolation only')
             resize = dict(scale=[int(v) for v in t['scale']],
-                          keep_ratio=bool(t.get('keep_ratio', False)))
+                          keep_ratio=bool(t.get('keep_ratio', False)),
+                          in_graph=module.resize_to is not None)
         elif kind not in IMAGE_FREE_TRANSFORMS:
             raise ValueError(f'test pipeline step {kind!r}: the runner does not repeat it (it '
                              'repeats LoadImageFromFile and Resize); drop it from the config\'s '
@@ -323,17 +366,18 @@ def pipeline_meta(cfg: Any, module: EndToEndDetector) -> Dict[str, Any]:
                 pad_size_divisor=module.pad_divisor)
 
 
-def masks_at_input(logits: Tensor, keep: Tensor, padded: Tuple[Any, Any], size: Tuple[Any, Any]
-                   ) -> Tuple[Tensor, Tensor]:
+def masks_at_input(logits: Tensor, keep: Tensor, padded: Tuple[Any, Any], size: Tuple[Any, Any],
+                   out: Tuple[Any, Any]) -> Tuple[Tensor, Tensor]:
     """RF-DETR-Seg's masks of the final detections: their ``(B, K, Hm, Wm)`` mask logits
-    (``keep`` False in padding rows) through the head's ``masks_to_image`` at the input's
-    ``size`` (the image's part of the ``padded`` batch): ``(B, K, h, w)`` uint8 0 / 1 and the
-    logits, 0 in padding rows (the runner resizes them to another image size)."""
+    (``keep`` False in padding rows) through the head's ``masks_to_image`` from the network's
+    image ``size`` (its part of the ``padded`` batch) to the input's size ``out`` (the same
+    unless the graph resizes): ``(B, K, H, W)`` uint8 0 / 1 and the logits, 0 in padding rows
+    (the runner resizes them to another image size)."""
     b, k, hm, wm = logits.shape
     logits = torch.where(keep[..., None, None], logits.float(), 0.0)
-    meta = dict(batch_input_shape=padded, img_shape=size, ori_shape=size)
-    masks = masks_to_image(logits.reshape(b * k, hm, wm), meta, False)          # (B*K, h, w)
-    masks = masks.reshape(b, k, size[0], size[1]) & keep[..., None, None]
+    meta = dict(batch_input_shape=padded, img_shape=size, ori_shape=out)
+    masks = masks_to_image(logits.reshape(b * k, hm, wm), meta, True)           # (B*K, H, W)
+    masks = masks.reshape(b, k, out[0], out[1]) & keep[..., None, None]
     return masks.to(torch.uint8), logits
 
 

@@ -86,24 +86,35 @@ class Parity:
 Instances = Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray], Optional[np.ndarray]]
 
 
-def mmdet_predict(model: Any, image: torch.Tensor
+def mmdet_predict(model: Any, image: torch.Tensor,
+                  resize_to: Optional[Tuple[int, int]] = None
                   ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """mmdet's ``predict`` of ``model`` on one ``(3, H, W)`` uint8 image already at the
     graph's input size (its data preprocessor: channel flip, mean / std, padding):
-    ``(boxes, scores, labels)`` by descending score."""
-    return mmdet_instances(model, image)[:3]
+    ``(boxes, scores, labels)`` by descending score. ``resize_to``: the ``(h, w)`` of a graph
+    that resizes inside (``resize.in_graph``): the image goes through ``RFDETRResize`` first
+    and the detections are rescaled to it, as the test pipeline and ``predict`` do."""
+    return mmdet_instances(model, image, resize_to)[:3]
 
 
-def mmdet_instances(model: Any, image: torch.Tensor) -> Instances:
+def mmdet_instances(model: Any, image: torch.Tensor,
+                    resize_to: Optional[Tuple[int, int]] = None) -> Instances:
     """:func:`mmdet_predict`, the ``(N, H, W)`` bool masks (None without a mask head) and the
     panoptic map (None without one)."""
     from mmdet.structures import DetDataSample
 
-    h, w = image.shape[-2:]
-    sample = DetDataSample(metainfo=dict(img_shape=(h, w), ori_shape=(h, w),
-                                         scale_factor=(1.0, 1.0)))
+    from ..datasets.rfdetr_transforms import resize_pixels
+
+    ori_h, ori_w = image.shape[-2:]
+    h, w = resize_to or (ori_h, ori_w)
+    pixels: torch.Tensor = image
+    if resize_to is not None:  # RFDETRResize: float32 pixels (H, W, 3) -> (3, h, w)
+        hwc = image.permute(1, 2, 0).numpy()
+        pixels = torch.from_numpy(resize_pixels(hwc, (h, w), antialias=False)).permute(2, 0, 1)
+    sample = DetDataSample(metainfo=dict(img_shape=(h, w), ori_shape=(ori_h, ori_w),
+                                         scale_factor=(w / ori_w, h / ori_h)))
     with torch.no_grad():
-        data = model.data_preprocessor(dict(inputs=[image], data_samples=[sample]), False)
+        data = model.data_preprocessor(dict(inputs=[pixels], data_samples=[sample]), False)
         sample = model.predict(data['inputs'], data['data_samples'])[0]
     pred = sample.pred_instances
     order = torch.argsort(pred.scores, descending=True, stable=True)
@@ -237,9 +248,10 @@ def compare(session: Any, model: Any, images: Sequence[torch.Tensor],
     and the panoptic map too when the graph has them); ``score_thr``: the threshold of both
     (a :func:`threshold_session`; None: the graph's and the config's)."""
     fusion = None
+    meta = json.loads(session.get_modelmeta().custom_metadata_map.get(META_KEY, '{}'))
     if SEMANTIC_OUTPUT in [o.name for o in session.get_outputs()]:
-        meta = json.loads(session.get_modelmeta().custom_metadata_map[META_KEY])
         fusion = FusionConfig.from_meta(meta['panoptic'])
+    resize_to = graph_resize_of(meta)
     feed: Dict[str, np.ndarray] = {} if score_thr is None else \
         {SCORE_THRESHOLD: np.array(score_thr, dtype=np.float32)}
     names = [o.name for o in session.get_outputs()]
@@ -250,13 +262,23 @@ def compare(session: Any, model: Any, images: Sequence[torch.Tensor],
             checks: ContextManager[List[torch.Tensor]] = (
                 proposal_scores(model) if PROPOSAL_OUTPUT in names else nullcontext([]))
             with checks as scores:
-                reference = mmdet_instances(model, image)
+                reference = mmdet_instances(model, image, resize_to)
             p = parity(outputs, reference, (int(image.shape[-2]), int(image.shape[-1])), fusion)
             if scores:
                 p = dataclasses.replace(p, proposal_gap=proposal_gap(
                     outputs[names.index(PROPOSAL_OUTPUT)][0], scores[0][0]))
             found.append(p)
     return found
+
+
+def graph_resize_of(meta: Dict[str, Any]) -> Optional[Tuple[int, int]]:
+    """The ``(h, w)`` a graph with metadata ``meta`` resizes its input to inside
+    (``resize.in_graph``), else None."""
+    resize = meta.get('resize') or {}
+    if not resize.get('in_graph', False):
+        return None
+    width, height = resize['scale']
+    return int(height), int(width)
 
 
 def describe(p: Parity, masks: bool, panoptic: bool) -> str:

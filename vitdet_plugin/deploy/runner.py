@@ -3,8 +3,9 @@ onnxruntime only: no torch, no mmdet (the deployment side imports nothing else o
 
 The graph's own metadata (ONNX ``metadata_props`` key :data:`META_KEY`, JSON written at export)
 says how the config's test pipeline loads and resizes an image; :class:`OnnxDetector` repeats
-that (OpenCV, as mmcv does: ``cv2.imread`` BGR, ``cv2.resize`` bilinear), runs the graph and maps
-the boxes (and a Mask R-CNN graph's masks) back to the original image; a Panoptic FPN graph's
+that (OpenCV, as mmcv does: ``cv2.imread`` BGR, ``cv2.resize`` bilinear; a graph that resizes
+inside, ``resize.in_graph``: RF-DETR's ``RFDETRResize``, takes the image as it is), runs the
+graph and maps the boxes (and a Mask R-CNN graph's masks) back to the original image; a Panoptic FPN graph's
 semantic logits are fused with the instances into mmdet's panoptic map (:mod:`.panoptic`).
 OpenCV is needed for :func:`load_image` and resizing only (``opencv-python``, which mmcv
 requires too); arrays already at the graph's input size need none.
@@ -117,11 +118,11 @@ class OnnxDetector:
 
     def preprocess(self, image: np.ndarray) -> Tuple[np.ndarray, Tuple[float, float]]:
         """``(H, W, 3)`` uint8 -> the graph input ``(1, 3, h, w)`` and the ``(sx, sy)`` factors
-        from the original to the resized image."""
+        from the original image to it (1 when the graph resizes inside)."""
         image = check_image(image)
         height, width = image.shape[:2]
         resize: Optional[Dict[str, Any]] = self.meta.get('resize')
-        if resize is not None:
+        if resize is not None and not resize.get('in_graph', False):
             new_w, new_h = rescale_size(width, height, resize['scale'], resize['keep_ratio'])
             if (new_w, new_h) != (width, height):
                 import cv2

@@ -8,8 +8,8 @@ import torch
 from rfdetr.models.postprocess import PostProcess
 
 from lwdetr_reference import (CLASSES, FFN, GROUPS, QUERIES, WIDTH, abs_err, build_pair, inputs,
-                              loss_and_predict, random_targets, run_reference, tiny_batch,
-                              tiny_detector)
+                              loss_and_predict, random_targets, rel_err, run_reference,
+                              tiny_batch, tiny_detector)
 from vitdet_plugin.models.heads.detr_memory import flatten_levels, image_sizes
 from vitdet_plugin.models.heads.lwdetr_head import LWDETRHead
 from vitdet_plugin.weights.lwdetr_keys import rfdetr_head_key, rfdetr_head_state_dict
@@ -20,6 +20,9 @@ TOL = 1e-4
 #: (image 2 smaller than the batch), one with a rectangular map.
 CASES = [((6, 6), [(96, 96), (96, 96)]), ((5, 8), [(80, 128), (64, 96)])]
 
+
+#: Largest gradient difference from rfdetr's, relative to its largest value.
+GRAD_TOL = 1e-4
 
 #: Largest logit difference of the bf16 head from the fp32 one (bf16 keeps 8 bits).
 BF16_TOL = 0.05
@@ -81,6 +84,31 @@ def test_head_matches_rfdetr_in_training_with_groups():
     assert ours.all_cls_scores.shape == (2, 2, GROUPS * QUERIES, CLASSES)
     assert ours.enc_bbox_preds.shape == (2, GROUPS * QUERIES, 4)
     _compare(ours, ref, 2)
+
+
+def test_grouped_self_attention_gradients_match_rfdetr():
+    """Group DETR's self-attention (the groups folded into the batch, SDPA's kernel) passes
+    rfdetr's gradients (its ``nn.MultiheadAttention``) back to every decoder layer's
+    projections."""
+    pair = build_pair('N', seed=3)
+    pair.ref.train()
+    pair.ours.train()
+    feats, metas, masks = inputs([(6, 7)], [(96, 112), (80, 96)], seed=4)
+    ref = run_reference(pair, feats, masks)
+    ours = pair.ours(feats, metas)
+    gen = torch.Generator().manual_seed(5)
+    weights = torch.randn(ours.all_cls_scores[-1].shape, generator=gen)
+    (ref['pred_logits'] * weights).sum().backward()
+    (ours.all_cls_scores[-1] * weights).sum().backward()
+    theirs = pair.ref.transformer.decoder.layers
+    for i, layer in enumerate(pair.ours.decoder.layers):
+        attn = layer.self_attn
+        ours_in = torch.cat([attn.q_proj.weight.grad, attn.k_proj.weight.grad,
+                             attn.v_proj.weight.grad])
+        expected = theirs[i].self_attn.in_proj_weight.grad
+        assert rel_err(ours_in, expected) < GRAD_TOL, i
+        assert rel_err(attn.out_proj.weight.grad,
+                       theirs[i].self_attn.out_proj.weight.grad) < GRAD_TOL, i
 
 
 def test_head_matches_rfdetr_on_two_levels():

@@ -79,6 +79,10 @@ def _ours(model: Any, config: str, images, labels, boxes, masks
         sample.gt_instances = gt
         samples.append(sample)
     data = dict(inputs=list(images), data_samples=samples)
+    # the batch's own size on both sides: rfdetr's step runs without its multi-scale
+    # (MultiScale.OFF), so ours without the config's RFDETRBatchScale (which would resize the
+    # batch to the scale it draws for step 0, 416 px for RF-DETR N)
+    model.data_preprocessor.batch_augments = None
     wrapper = build_optim_wrapper(model, load_config(config).optim_wrapper)
 
     def train_step() -> object:

@@ -122,8 +122,12 @@ class LWDETRDecoderLayer(nn.Module):
                 num_groups: int) -> Tensor:
         """``query (B, G*Q, C)`` with ``query_pos``, reference boxes ``(B, G*Q, L, 4)``;
         the ``num_groups`` query groups do not attend to each other."""
-        q = (query + query_pos).unflatten(1, (num_groups, -1))                  # (B, G, Q, C)
-        out = self.self_attn(q, q, query.unflatten(1, (num_groups, -1))).flatten(1, 2)
+        # the groups fold into the batch: 4-D attention inputs keep SDPA on its fused kernels
+        # (a 5-D (B, G, heads, Q, d) input runs the unfused formula on CPU)
+        b, gq, c = query.shape
+        q = (query + query_pos).reshape(b * num_groups, -1, c)                # (B*G, Q, C)
+        v = query.reshape(b * num_groups, -1, c)                              # (B*G, Q, C)
+        out = self.self_attn(q, q, v).reshape(b, gq, c)                       # (B, G*Q, C)
         query = self.norm1(query + out)
         # mmcv's forward adds the residual (query before query_pos) and its dropout
         query = self.norm2(deformable_attention(
