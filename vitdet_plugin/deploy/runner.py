@@ -5,8 +5,9 @@ The graph's own metadata (ONNX ``metadata_props`` key :data:`META_KEY`, JSON wri
 says how the config's test pipeline loads and resizes an image; :class:`OnnxDetector` repeats
 that (OpenCV, as mmcv does: ``cv2.imread`` BGR, ``cv2.resize`` bilinear; a graph that resizes
 inside, ``resize.in_graph``: RF-DETR's ``RFDETRResize``, takes the image as it is), runs the
-graph and maps the boxes (and a Mask R-CNN graph's masks) back to the original image; a Panoptic FPN graph's
-semantic logits are fused with the instances into mmdet's panoptic map (:mod:`.panoptic`).
+graph and maps the boxes (and a Mask R-CNN graph's masks) back to the original image; a
+Panoptic FPN graph's semantic logits are fused with the instances into mmdet's panoptic map
+(:mod:`.panoptic`).
 OpenCV is needed for :func:`load_image` and resizing only (``opencv-python``, which mmcv
 requires too); arrays already at the graph's input size need none.
 """

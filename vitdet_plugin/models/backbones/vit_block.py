@@ -11,12 +11,29 @@ from ...functional.attention import attend
 from ...functional.rope import apply_rope
 from ...functional.window import from_windows, to_windows
 from ..layers.attention import Attention
-from ..layers.mlp import DropPath, LayerScale, Mlp, SwiGLU, SwiGLUPacked
+from ..layers.mlp import DropPath, Mlp
+from ..layers.swiglu import SwiGLU, SwiGLUPacked
 from .vit_archs import PlainViTArch
 
 #: ``(sin, cos)`` rotary tables, each ``(G, N, head_dim)``: one table for every window / image
 #: (``G = 1``) or one per window of an image (``G = nW``).
 RopeTables = Tuple[Tensor, Tensor]
+
+
+class LayerScale(nn.Module):
+    """``x * gamma`` with ``gamma`` ``(C,)`` initialised to ``init_value`` (DINOv2 / DINOv3:
+    ``1e-5``, so every block starts close to the identity)."""
+
+    def __init__(self, dim: int, init_value: float) -> None:
+        super().__init__()
+        self.init_value = float(init_value)
+        self.gamma = nn.Parameter(torch.full((dim,), self.init_value))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gamma
+
+    def extra_repr(self) -> str:
+        return f'{self.gamma.shape[0]}, init_value={self.init_value:g}'
 
 
 class TokenLayout(NamedTuple):

@@ -20,7 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..layers import Mlp, MultiheadCrossAttention, SwiGLU
+from ..layers.cross_attention import MultiheadCrossAttention
+from ..layers.mlp import Mlp
+from ..layers.swiglu import SwiGLU
 
 #: the float16 range: D-FINE clamps the FFN residual to it before the last norm.
 FP16_MAX = 65504.0

@@ -2,14 +2,15 @@
 :mod:`vitdet_plugin.functional`, argument checks in :mod:`.arguments`)."""
 from .attention import Attention, eager_attention
 from .cross_attention import MultiheadCrossAttention
-from .mlp import DropPath, LayerScale, Mlp, SwiGLU, SwiGLUPacked, linear_drop_path_rates
+from .mlp import DropPath, Mlp, linear_drop_path_rates
 from .norm import LayerNorm2d, masked_group_norm
 from .patch_embed import ConvStem, PatchEmbed
 from .patch_merging import PatchMerging
 from .res_bottleneck import ResBottleneckBlock
+from .swiglu import SwiGLU, SwiGLUPacked
 
 __all__ = [
-    'Attention', 'eager_attention', 'ConvStem', 'MultiheadCrossAttention', 'LayerScale',
+    'Attention', 'eager_attention', 'ConvStem', 'MultiheadCrossAttention',
     'DropPath', 'Mlp', 'linear_drop_path_rates', 'LayerNorm2d', 'masked_group_norm',
     'PatchEmbed', 'PatchMerging', 'ResBottleneckBlock', 'SwiGLU', 'SwiGLUPacked',
 ]
