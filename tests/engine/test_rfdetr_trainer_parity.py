@@ -12,8 +12,8 @@ the weights and the EMA weights, rfdetr's converted through our checkpoint conve
 relative). Shrunk where both sides take the same change: 64 px (``resolution`` and our
 ``pretrain_img_size``), 2 images a batch, 20 queries; gradient accumulation over 2 batches
 (``grad_accum_steps`` and our ``accumulative_counts`` with the EMA hook's ``interval`` /
-``begin_iter``) is ``slow`` (``make test-all``), and so is RF-DETR-Seg N (72 px; lr and weight
-decay only: its mask losses sample random points, each side in its own order). Only the
+``begin_iter``) is ``slow`` (``make test-all``), and so is RF-DETR-Seg N (72 px, no multi-scale;
+its random mask points drawn by rfdetr and replayed to ours in our order). Only the
 training callbacks that touch the weights are kept on rfdetr's side (its COCO evaluation and
 checkpoint writers are dropped; validation is off on both)."""
 import copy
@@ -22,6 +22,7 @@ from typing import Any, Dict, List, NamedTuple, Tuple
 import pytest
 import torch
 from helpers import max_rel_err, randomize_
+from test_lwdetr_seg import RandReplay
 from mmengine.dataset import pseudo_collate
 from mmengine.registry import DefaultScope
 from mmengine.runner import Runner
@@ -150,7 +151,9 @@ def _run_rfdetr(case: Case, tmp_path, batches
     train_config = train_class(
         dataset_dir=str(tmp_path), output_dir=str(tmp_path / 'rfdetr'), epochs=EPOCHS,
         lr_scheduler_kwargs={'lr_drop': LR_DROP}, grad_accum_steps=case.accumulate,
-        tensorboard=False, batch_size=BATCH)  # multi_scale: its default, per batch
+        tensorboard=False, batch_size=BATCH,
+        # its default per-batch multi-scale; off for the seg size (see _our_runner)
+        multi_scale='off' if case.seg else 'per-batch')
     module = RFDETRModelModule(model_config, train_config)
     randomize_(module.model, seed=1)
     start = {k: v.detach().clone() for k, v in module.model.state_dict().items()}
@@ -177,7 +180,10 @@ def _our_runner(case: Case, tmp_path, start: Dict[str, Tensor], batches) -> Runn
     cfg.model.backbone.pretrain_img_size = case.side
     # rfdetr's per-batch scales, drawn from its resolution once per optimizer step: the batch
     # augment's (the config's grad_accum_steps sets its interval as it sets the accumulation)
-    cfg.model.data_preprocessor.batch_augments = [
+    # Seg: off on both sides. rfdetr resizes the images of the batch and samples the ground-truth
+    # masks at their own size (points in normalised coordinates); RFDETRBatchScale resizes the
+    # masks with the images (nearest), a difference in the mask targets (docs/rfdetr.md)
+    cfg.model.data_preprocessor.batch_augments = [] if case.seg else [
         dict(a, resolution=case.side, interval=case.accumulate)
         for a in cfg.model.data_preprocessor.batch_augments]
     model = cfg.model
@@ -221,13 +227,18 @@ def _worst(errors: Dict[str, float]) -> list:
 
 
 @pytest.mark.parametrize('case', CASES)
-def test_training_steps_match_rfdetrs_trainer(case, tmp_path):
+def test_training_steps_match_rfdetrs_trainer(case, tmp_path, monkeypatch):
     # one thread for both sides (mmengine's runner sets one for ours): the same summation order;
     # rfdetr alone differs by 1e-5 between 1 and 2 threads after these steps
     torch.set_num_threads(1)
     batches = _batches(STEPS * case.accumulate, case.side)
+    # RF-DETR-Seg's matching and mask losses draw random points (torch.rand): rfdetr's draws are
+    # recorded and served to ours in our order (tests/models/heads/test_lwdetr_seg.py)
+    rand = RandReplay(monkeypatch) if case.seg else None
     theirs, trainer, start, trained = _run_rfdetr(case, tmp_path, batches)
     assert trainer.global_step == STEPS * EPOCHS
+    if rand is not None:
+        rand.reorder(theirs.model_config.dec_layers)
     runner = _our_runner(case, tmp_path, start, batches)
     # rfdetr's decoder self-attention (nn.MultiheadAttention, training) computes the explicit
     # formula; SDPA's fused kernel sums in another order, which AdamW carries to 2e-4 over the
@@ -235,6 +246,7 @@ def test_training_steps_match_rfdetrs_trainer(case, tmp_path):
     with eager_attention(runner.model.bbox_head.decoder):
         runner.train()
     assert runner.iter == STEPS * EPOCHS * case.accumulate
+    assert rand is None or not rand.queue  # every draw of rfdetr's used, in the same sizes
     model = runner.model
     shapes = state_shapes(model)
     named = list(model.named_parameters())
@@ -249,8 +261,6 @@ def test_training_steps_match_rfdetrs_trainer(case, tmp_path):
         errors = _errors(ours, expected)
         assert max(errors.values()) <= REL_TOL, (key, _worst(errors))
 
-    if case.seg:  # the mask losses sample random points, each side in its own order
-        return
     weights, _ = rfdetr_to_detector(trained, shapes)
     weight_errors = _errors(dict(model.state_dict()), weights)
     assert max(weight_errors.values()) <= REL_TOL, _worst(weight_errors)

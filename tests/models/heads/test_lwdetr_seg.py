@@ -152,12 +152,18 @@ class RandReplay:
         return value
 
     def reorder(self, layers: int) -> None:
-        """rfdetr: the matcher of layers [last, aux 0.., enc], then two loss draws per layer
-        in that order; ours per layer [aux 0.., last, enc]: matcher, then the loss draws."""
-        match, losses = self.drawn[:layers + 1], self.drawn[layers + 1:]
-        assert len(losses) == 2 * (layers + 1)
+        """For each loss computation recorded (``3 (layers + 1)`` draws): rfdetr draws the
+        matcher's of layers [last, aux 0.., enc], then two loss draws per layer in that order;
+        ours per layer [aux 0.., last, enc]: matcher, then the loss draws."""
+        per_loss = 3 * (layers + 1)
+        assert self.drawn and len(self.drawn) % per_loss == 0, (len(self.drawn), per_loss)
         order = [*range(1, layers), 0, layers]
-        self.queue = [d for pos in order for d in (match[pos], *losses[2 * pos:2 * pos + 2])]
+        self.queue = []
+        for start in range(0, len(self.drawn), per_loss):
+            match = self.drawn[start:start + layers + 1]
+            losses = self.drawn[start + layers + 1:start + per_loss]
+            self.queue += [d for pos in order for d in (match[pos], *losses[2 * pos:2 * pos + 2])]
+        self.drawn = []
 
 
 def _reference_losses(criterion: RefCriterion, ref_out: Dict, targets) -> Dict[str, Tensor]:
