@@ -163,8 +163,9 @@ def _batch(side: int):
 
 def test_batch_scale_is_rfdetrs_per_batch_multi_scale():
     """Accumulating 4 iterations per optimizer step, on steps 0-7: the batch side and pixels of
-    rfdetr's on_train_batch_start (global_step = optimizer steps) on the same batch; boxes,
-    masks and shape metas scaled with it."""
+    rfdetr's on_train_batch_start (global_step = optimizer steps) on the same batch; boxes and
+    shape metas scaled with it; the masks kept at their resolution, as rfdetr keeps its targets'
+    (their padded frame recorded as mask_batch_shape)."""
     from rfdetr.config import MultiScale
     hook = _rfdetr_on_train_batch_start()
     resolution, patch, windows, accumulate = 384, 16, 2, 4
@@ -193,7 +194,8 @@ def test_batch_scale_is_rfdetrs_per_batch_multi_scale():
         for sample, orig in zip(scaled, samples):
             assert sample.img_shape == sample.pad_shape == sample.batch_input_shape == (side, side)
             assert torch.allclose(sample.gt_instances.bboxes, orig.gt_instances.bboxes * f)
-            assert sample.gt_instances.masks.masks.shape == (1, side, side)
+            assert np.array_equal(sample.gt_instances.masks.masks, orig.gt_instances.masks.masks)
+            assert sample.mask_batch_shape == (largest, largest)
     assert len(sides) > 2
 
 

@@ -12,8 +12,9 @@ the weights and the EMA weights, rfdetr's converted through our checkpoint conve
 relative). Shrunk where both sides take the same change: 64 px (``resolution`` and our
 ``pretrain_img_size``), 2 images a batch, 20 queries; gradient accumulation over 2 batches
 (``grad_accum_steps`` and our ``accumulative_counts`` with the EMA hook's ``interval`` /
-``begin_iter``) is ``slow`` (``make test-all``), and so is RF-DETR-Seg N (72 px, no multi-scale;
-its random mask points drawn by rfdetr and replayed to ours in our order). Only the
+``begin_iter``) is ``slow`` (``make test-all``), and so is RF-DETR-Seg N (72 px; its random mask
+points drawn by rfdetr and replayed to ours in our order; the per-batch scale keeps the
+ground-truth masks at their resolution on both sides). Only the
 training callbacks that touch the weights are kept on rfdetr's side (its COCO evaluation and
 checkpoint writers are dropped; validation is off on both)."""
 import copy
@@ -151,9 +152,7 @@ def _run_rfdetr(case: Case, tmp_path, batches
     train_config = train_class(
         dataset_dir=str(tmp_path), output_dir=str(tmp_path / 'rfdetr'), epochs=EPOCHS,
         lr_scheduler_kwargs={'lr_drop': LR_DROP}, grad_accum_steps=case.accumulate,
-        tensorboard=False, batch_size=BATCH,
-        # its default per-batch multi-scale; off for the seg size (see _our_runner)
-        multi_scale='off' if case.seg else 'per-batch')
+        tensorboard=False, batch_size=BATCH)  # multi_scale: its default, per batch
     module = RFDETRModelModule(model_config, train_config)
     randomize_(module.model, seed=1)
     start = {k: v.detach().clone() for k, v in module.model.state_dict().items()}
@@ -180,10 +179,7 @@ def _our_runner(case: Case, tmp_path, start: Dict[str, Tensor], batches) -> Runn
     cfg.model.backbone.pretrain_img_size = case.side
     # rfdetr's per-batch scales, drawn from its resolution once per optimizer step: the batch
     # augment's (the config's grad_accum_steps sets its interval as it sets the accumulation)
-    # Seg: off on both sides. rfdetr resizes the images of the batch and samples the ground-truth
-    # masks at their own size (points in normalised coordinates); RFDETRBatchScale resizes the
-    # masks with the images (nearest), a difference in the mask targets (docs/rfdetr.md)
-    cfg.model.data_preprocessor.batch_augments = [] if case.seg else [
+    cfg.model.data_preprocessor.batch_augments = [
         dict(a, resolution=case.side, interval=case.accumulate)
         for a in cfg.model.data_preprocessor.batch_augments]
     model = cfg.model

@@ -183,13 +183,17 @@ class RFDETRBatchScale(BatchSquareResize):
     augment: the padded batch resized (bilinear, ``align_corners=False``) to one square training
     scale, drawn as rfdetr draws it: ``random.Random(step).choice(scales)`` for optimizer step
     ``step`` (the runner's iteration // ``interval``), the same on every rank without a
-    broadcast. Boxes, masks and the shape metas follow.
+    broadcast. Boxes and the shape metas follow; the ground-truth masks keep their resolution,
+    as rfdetr samples them at normalised points (RF-DETR-Seg's losses read them through
+    ``mask_batch_shape``).
 
     Args:
         resolution, block, expanded_scales: the scales (:func:`rfdetr_scales`).
         interval: iterations per optimizer step (the optimizer wrapper's
             ``accumulative_counts``): rfdetr draws per optimizer step.
     """
+
+    resize_masks = False
 
     def __init__(self, resolution: int, block: int, expanded_scales: bool = True,
                  interval: int = 1) -> None:

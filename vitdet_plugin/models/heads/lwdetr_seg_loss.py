@@ -88,12 +88,14 @@ def uncertain_points(logits: Tensor, num_points: int) -> Tensor:
 
 def gt_mask_tensor(gt_instances: InstanceData, img_meta: dict, like: Tensor) -> Tensor:
     """One image's ground-truth masks (mmdet ``BitmapMasks`` or a tensor, in the image or the
-    padded frame) -> ``(n, H, W)`` float in the padded batch frame (``batch_input_shape``)."""
+    padded frame) -> ``(n, H, W)`` float in the padded batch frame: ``batch_input_shape``, or
+    ``mask_batch_shape`` where a batch resize left the masks at their resolution (the losses
+    sample them at normalised points, which the uniform resize does not move)."""
     masks = gt_instances.masks
     if hasattr(masks, 'to_tensor'):
         masks = masks.to_tensor(dtype=like.dtype, device=like.device)
     masks = masks.to(like)
-    batch_h, batch_w = img_meta['batch_input_shape']
+    batch_h, batch_w = img_meta.get('mask_batch_shape', img_meta['batch_input_shape'])
     h, w = masks.shape[-2:]
     if h > batch_h or w > batch_w:
         raise ValueError(f'ground-truth masks of {h}x{w} exceed the batch input '
