@@ -5,15 +5,14 @@ graph's module in PyTorch vs mmdet's ``predict`` on a padded batch; slow: export
 non-square, padded)."""
 import os.path as osp
 
-import numpy as np
 import pytest
 import torch
 from helpers import REPO_ROOT, load_tool, randomize_
+from test_export_rfdetr import _images, check_module_matches_predict
 
 import vitdet_plugin  # noqa: F401
-from vitdet_plugin.deploy.end_to_end import EndToEndDetector
 from vitdet_plugin.deploy.end_to_end_check import (BOX_TOLERANCE, SCORE_TOLERANCE, compare,
-                                                   mmdet_predict, threshold_session, untied)
+                                                   threshold_session)
 from vitdet_plugin.deploy.onnx_export import build_model
 
 #: The shapes demo's data and pipelines (5 classes) with a tiny D-FINE: a 4-stage HGNetV2
@@ -57,26 +56,8 @@ def model(config):
     return randomize_(build_model(config)[1], seed=WEIGHT_SEED).eval()
 
 
-def _images(seed: int, sizes):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g) for h, w in sizes]
-
-
 def test_module_matches_mmdet_predict_in_pytorch(model):
-    """The graph's module before export on a padded batch of two (70 x 90 -> 96 x 96) vs
-    mmdet's predict per image."""
-    module = EndToEndDetector(model).eval()
-    assert module.kind == 'dfine'
-    images = _images(2, [(70, 90), (70, 90)])
-    with torch.no_grad():
-        boxes, scores, labels, num = module(torch.stack(images))
-    for b, image in enumerate(images):
-        ref_boxes, ref_scores, ref_labels = mmdet_predict(model, image)
-        assert int(num[b]) == len(ref_scores) == MAX_PER_IMG
-        np.testing.assert_allclose(scores[b].numpy(), ref_scores, atol=1e-6, rtol=0)
-        ranks = untied(ref_scores)
-        np.testing.assert_allclose(boxes[b].numpy()[ranks], ref_boxes[ranks], atol=1e-4, rtol=0)
-        assert np.array_equal(labels[b].numpy()[ranks], ref_labels[ranks])
+    check_module_matches_predict(model, 'dfine', MAX_PER_IMG)
 
 
 @pytest.mark.slow

@@ -78,22 +78,29 @@ def _images(seed: int = 0, sizes=SIZES):
     return [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g) for h, w in sizes]
 
 
-def test_module_matches_mmdet_predict_in_pytorch(model):
-    """The graph's module before export on a padded batch of two (70 x 90 -> 96 x 96) vs
-    mmdet's predict per image."""
+def check_module_matches_predict(model, kind: str, max_per_img: int) -> list:
+    """The graph's module (``kind``) before export on a padded batch of two (70 x 90 -> 96 x 96)
+    vs mmdet's predict per image (each full: ``max_per_img`` detections); mmdet's labels."""
     module = EndToEndDetector(model).eval()
-    assert module.kind == 'lwdetr'
+    assert module.kind == kind
     images = _images(2, [(70, 90), (70, 90)])
     with torch.no_grad():
         boxes, scores, labels, num = module(torch.stack(images))
+    predicted = []
     for b, image in enumerate(images):
         ref_boxes, ref_scores, ref_labels = mmdet_predict(model, image)
-        assert int(num[b]) == len(ref_scores) == MAX_PER_IMG
+        assert int(num[b]) == len(ref_scores) == max_per_img
         np.testing.assert_allclose(scores[b].numpy(), ref_scores, atol=1e-6, rtol=0)
         ranks = untied(ref_scores)
         np.testing.assert_allclose(boxes[b].numpy()[ranks], ref_boxes[ranks], atol=1e-4, rtol=0)
         assert np.array_equal(labels[b].numpy()[ranks], ref_labels[ranks])
-        assert len(set(ref_labels.tolist())) > 1
+        predicted.append(ref_labels)
+    return predicted
+
+
+def test_module_matches_mmdet_predict_in_pytorch(model):
+    for labels in check_module_matches_predict(model, 'lwdetr', MAX_PER_IMG):
+        assert len(set(labels.tolist())) > 1
 
 
 def test_proposals_that_differ_only_between_near_tied_tokens_are_not_a_failure():
