@@ -14,21 +14,15 @@ from typing import Callable, Dict, Tuple
 import numpy as np
 import pytest
 import torch
-from helpers import REPO_ROOT, random_rfdetr, save_rfdetr_checkpoint
-from mmdet.registry import MODELS
+from helpers import REPO_ROOT
+from test_rfdetr_model_parity import rfdetr_pair
 from torch import nn
 
 import vitdet_plugin.datasets  # noqa: F401  (RF-DETR's transforms)
-from vitdet_plugin.config import load_config
-from vitdet_plugin.models.backbones.base import state_shapes
-from vitdet_plugin.weights import CheckpointTarget, load_checkpoint
-from vitdet_plugin.weights.rfdetr import RFDETR
 
 SCORE_TOL, BOX_SIDE_TOL = 1e-4, 1e-3
 #: scores closer than this tie (300 x 91 sigmoid scores of random weights crowd together)
 TIE_TOL = 1e-5
-#: the checkpoint's classifier: rfdetr's num_classes=90 plus one
-LOGITS = 91
 #: original image sizes (height, width): COCO's most common, and one of another aspect
 SHAPES = ((480, 640), (427, 500))
 
@@ -46,17 +40,8 @@ def built(tmp_path_factory) -> Callable[[str], Tuple[object, nn.Module]]:
     def build(size: str) -> Tuple[object, nn.Module]:
         if size not in cache:
             name, config = SIZES[size]
-            theirs = random_rfdetr(name)
-            path = str(tmp_path_factory.mktemp('rfdetr') / f'{name}.pth')
-            save_rfdetr_checkpoint(theirs, path)
-            cfg = load_config(str(REPO_ROOT / 'configs' / 'rfdetr' / config))
-            cfg.model.bbox_head.num_classes = LOGITS
-            ours = MODELS.build(copy.deepcopy(cfg.model)).eval()
-            state, _ = load_checkpoint(path, CheckpointTarget(RFDETR, 'SingleStageDetector',
-                                                              state_shapes(ours)))
-            ours.load_state_dict(state, strict=True)
-            ours.cfg = cfg  # what inference_detector builds the test pipeline from
-            cache[size] = (theirs, ours)
+            cache[size] = rfdetr_pair(name, str(REPO_ROOT / 'configs' / 'rfdetr' / config),
+                                      str(tmp_path_factory.mktemp('rfdetr')))
         return cache[size]
 
     return build

@@ -21,6 +21,7 @@ the remaining queries keep their learned reference boxes, on both sides. RF-DETR
 real sizes are ``slow`` (``make test-all``); docs/rfdetr.md "Whole-model parity" has the
 measured errors.
 """
+import copy
 from typing import Callable, Dict, List, Tuple
 
 import pytest
@@ -83,20 +84,28 @@ def built(tmp_path_factory) -> Callable[[str], Tuple[object, nn.Module]]:
     def build(size: str) -> Tuple[object, nn.Module]:
         if size not in cache:
             name, config = SIZES[size]
-            theirs = random_rfdetr(name)
-            path = str(tmp_path_factory.mktemp('rfdetr') / f'{name}.pth')
-            save_rfdetr_checkpoint(theirs, path)
-            cfg = load_config(config)
-            cfg.model.bbox_head.num_classes = LOGITS
-            ours = MODELS.build(cfg.model).eval()
-            state, report = load_checkpoint(path, CheckpointTarget(
-                RFDETR, 'SingleStageDetector', state_shapes(ours)))
-            ours.load_state_dict(state, strict=True)
-            assert report.layout == 'RF-DETR rfdetr'
-            cache[size] = (theirs, ours)
+            cache[size] = rfdetr_pair(name, config, str(tmp_path_factory.mktemp('rfdetr')))
         return cache[size]
 
     return build
+
+
+def rfdetr_pair(name: str, config: str, folder: str) -> Tuple[object, nn.Module]:
+    """rfdetr's model ``name`` (random), saved in its own format in ``folder``, and our detector
+    from ``config``'s model with the file's :data:`LOGITS` classes, loaded strictly from that
+    file through the layout table (``ours.cfg``: the config)."""
+    theirs = random_rfdetr(name)
+    path = f'{folder}/{name}.pth'
+    save_rfdetr_checkpoint(theirs, path)
+    cfg = load_config(config)
+    cfg.model.bbox_head.num_classes = LOGITS
+    ours = MODELS.build(copy.deepcopy(cfg.model)).eval()
+    state, report = load_checkpoint(path, CheckpointTarget(
+        RFDETR, 'SingleStageDetector', state_shapes(ours)))
+    ours.load_state_dict(state, strict=True)
+    assert report.layout == 'RF-DETR rfdetr'
+    ours.cfg = cfg  # what inference_detector builds the test pipeline from
+    return theirs, ours
 
 
 def _record(module: nn.Module, store: list):
