@@ -143,6 +143,7 @@ class MaskGroupSetCriterion(GroupSetCriterion):
                 h, w = masks.pixels.shape[-2:]
                 points = torch.rand(1, h * w // self.point_sample_ratio, 2,
                                     device=masks.pixels.device)
+                # every query's logits at the points: their pixel embeddings as a (P, 1) map
                 pixels = sample_points(masks.pixels, points.expand(len(gt_masks), -1, -1))
                 logits = masks._replace(pixels=pixels[..., None]).logits()[..., 0]  # (B,GQ,P)
                 gts = [InstanceData(bboxes=gt.bboxes, labels=gt.labels, masks=sample_points(
