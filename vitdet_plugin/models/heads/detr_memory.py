@@ -83,10 +83,8 @@ def valid_mask(counts: Tensor, hw: Sequence[Any]) -> Tensor:
 def valid_cells(img_hw: Tensor, batch_shape: Shape, hw: Shape) -> Tensor:
     """``(B, 2)`` int64 valid rows / columns of an ``hw`` map over the padded ``batch_shape``
     for images of ``img_hw`` ``(B, 2)``: ``ceil(img * n / padded)`` (module docstring)."""
-    device = img_hw.device
-    cells = torch.stack((_size(hw[0], device), _size(hw[1], device)))          # (2,)
-    padded = size_tensor(batch_shape, device)
-    counts = (img_hw.long() * cells + padded - 1) // padded
+    cells, padded = size_tensor(hw, img_hw.device), size_tensor(batch_shape, img_hw.device)
+    counts = (img_hw.long() * cells + padded - 1) // padded                     # (B, 2)
     return torch.minimum(counts, cells)
 
 
@@ -105,8 +103,7 @@ def flatten_levels(feats: Sequence[Tensor], img_hw: Tensor, batch_shape: Shape) 
         shapes.append((h, w))
         starts.append(_size(start, device))
         start = start + h * w
-    spatial_shapes = torch.stack([torch.stack((_size(h, device), _size(w, device)))
-                                  for h, w in shapes])                          # (L, 2)
+    spatial_shapes = torch.stack([size_tensor(hw, device) for hw in shapes])   # (L, 2)
     return Memory(torch.cat(tokens, 1), torch.cat(masks, 1), torch.stack(counts, 1), shapes,
                   spatial_shapes, torch.stack(starts))
 

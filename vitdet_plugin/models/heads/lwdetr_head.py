@@ -206,17 +206,12 @@ class LWDETRHead(SetPredictionHead):
 
     # ------------------------------------------------------------------ training
     def loss_by_feat(self, outs: HeadOutputs, batch_gt_instances: Sequence[InstanceData],
-                     batch_img_metas: Sequence[dict]) -> Dict[str, Tensor]:
-        """Group losses of every decoder layer (``d{i}.`` prefixes for the earlier layers)
-        and of the proposals (``enc_`` prefix)."""
-        return self.group_losses(outs, batch_gt_instances, batch_img_metas)
-
-    def group_losses(self, outs: HeadOutputs, batch_gt_instances: Sequence[InstanceData],
                      batch_img_metas: Sequence[dict],
                      layer_kwargs: Optional[Sequence[Dict[str, Any]]] = None,
                      enc_kwargs: Optional[Dict[str, Any]] = None) -> Dict[str, Tensor]:
-        """:meth:`loss_by_feat` with more criterion arguments per decoder layer
-        (``layer_kwargs[i]``) and for the proposals (``enc_kwargs``)."""
+        """Group losses of every decoder layer (``d{i}.`` prefixes for the earlier layers)
+        and of the proposals (``enc_`` prefix); ``layer_kwargs[i]`` / ``enc_kwargs``: more
+        criterion arguments for decoder layer ``i`` / the proposals (a subclass's)."""
         if outs.enc_cls_scores is None or outs.enc_bbox_preds is None:
             raise ValueError('LWDETRHead outputs carry the two-stage proposals; got none')
         groups = outs.all_cls_scores.shape[2] // self.num_queries

@@ -185,8 +185,7 @@ class LWDETRSegHead(LWDETRHead):
         if not batch_img_metas:
             raise ValueError('LWDETRSegHead needs the image metas (batch_input_shape sets the '
                              'mask resolution); call it through loss / predict')
-        img_hw, batch_shape = image_sizes(batch_img_metas, feats[0].shape[0], feats[0].device)
-        return self.forward_images(feats, img_hw, batch_shape)
+        return super().forward(feats, batch_img_metas)  # type: ignore[return-value]
 
     def forward_images(self, feats: Sequence[Tensor], img_hw: Tensor,  # type: ignore[override]
                        batch_shape: Shape) -> SegHeadOutputs:
@@ -201,8 +200,8 @@ class LWDETRSegHead(LWDETRHead):
         """:class:`LWDETRHead`'s losses with ``loss_mask`` / ``loss_dice`` on every decoder
         layer and the proposals, matches weighing the masks too."""
         layers: List[Dict[str, Any]] = [dict(masks=m) for m in outs.masks.layers]
-        return self.group_losses(outs.det, batch_gt_instances, batch_img_metas, layers,
-                                 dict(masks=outs.masks.enc))
+        return super().loss_by_feat(outs.det, batch_gt_instances, batch_img_metas, layers,
+                                    dict(masks=outs.masks.enc))
 
     def predict_by_feat(self, outs: SegHeadOutputs,  # type: ignore[override]
                         batch_img_metas: Sequence[dict],

@@ -23,7 +23,9 @@ from mmcv.ops import point_sample
 from mmdet.registry import MODELS
 from mmengine.structures import InstanceData
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 
+from .detr_core import gather_rows
 from .lwdetr_loss import GroupSetCriterion
 from .set_criterion import DEFAULT_ASSIGNER
 
@@ -60,8 +62,7 @@ class LayerMasks(NamedTuple):
     def logits(self, queries: Optional[Tensor] = None) -> Tensor:
         """Mask logits of every query ``(B, G*Q, Hm, Wm)``, or of the ``(B, k)`` ``queries``
         only, ``(B, k, Hm, Wm)``."""
-        embed = self.queries if queries is None else self.queries.gather(
-            1, queries[..., None].expand(-1, -1, self.queries.shape[-1]))
+        embed = self.queries if queries is None else gather_rows(self.queries, queries)
         return torch.einsum('bchw,bqc->bqhw', self.pixels, embed) + self.bias
 
 
@@ -129,47 +130,40 @@ class MaskGroupSetCriterion(GroupSetCriterion):
                 matches: Optional[List[Tuple[Tensor, Tensor]]] = None, num_groups: int = 1,
                 masks: Optional[LayerMasks] = None) -> Dict[str, Tensor]:
         """Losses of one prediction set with its mask embeddings ``masks``:
-        :class:`GroupSetCriterion`'s on matches that also weigh the masks (or the given
-        ``matches``), plus ``loss_mask`` and ``loss_dice``."""
+        :class:`GroupSetCriterion`'s on matches that also weigh the masks at one set of random
+        points for every image and group (or the given ``matches``), plus ``loss_mask`` and
+        ``loss_dice``."""
         if masks is None:
             raise ValueError(f'{type(self).__name__} needs the mask embeddings (masks=...)')
         masks = LayerMasks(*(t.float() for t in masks))  # losses in fp32 under autocast
         gt_masks = [gt_mask_tensor(gt, meta, masks.pixels)
                     for gt, meta in zip(batch_gt_instances, batch_img_metas)]
         if matches is None:
-            matches = self.match_masks(cls_scores, boxes, batch_gt_instances, batch_img_metas,
-                                       masks, gt_masks, num_groups)
+            with torch.no_grad():
+                h, w = masks.pixels.shape[-2:]
+                points = torch.rand(1, h * w // self.point_sample_ratio, 2,
+                                    device=masks.pixels.device)
+                # every query's logits at the points: their pixel embeddings as a (P, 1) map
+                pixels = sample_points(masks.pixels, points.expand(len(gt_masks), -1, -1))
+                logits = masks._replace(pixels=pixels[..., None]).logits()[..., 0]  # (B,GQ,P)
+                gts = [InstanceData(bboxes=gt.bboxes, labels=gt.labels, masks=sample_points(
+                    m[:, None], points.expand(len(m), -1, -1), mode='nearest')[:, 0])  # (n, P)
+                    for gt, m in zip(batch_gt_instances, gt_masks)]
+            matches = [self.match_groups(cls_scores[i], boxes[i], gt, meta, num_groups,
+                                         masks=logits[i])
+                       for i, (gt, meta) in enumerate(zip(gts, batch_img_metas))]
         losses = super().forward(cls_scores, boxes, batch_gt_instances, batch_img_metas,
                                  matches, num_groups)
         avg = self.avg_factor(batch_gt_instances, num_groups, 0, cls_scores)
         losses.update(self.mask_losses(masks, gt_masks, matches, avg))
         return losses
 
-    @torch.no_grad()
-    def match_masks(self, cls_scores: Tensor, boxes: Tensor,
-                    batch_gt_instances: Sequence[InstanceData], batch_img_metas: Sequence[dict],
-                    masks: LayerMasks, gt_masks: List[Tensor],
-                    num_groups: int) -> List[Tuple[Tensor, Tensor]]:
-        """Per-image, per-group matches with box and mask costs (one point set for all)."""
-        h, w = masks.pixels.shape[-2:]
-        points = torch.rand(1, h * w // self.point_sample_ratio, 2, device=masks.pixels.device)
-        pixels = sample_points(masks.pixels, points.expand(len(gt_masks), -1, -1))  # (B,C,P)
-        logits = torch.einsum('bcp,bqc->bqp', pixels, masks.queries) + masks.bias   # (B,GQ,P)
-        matches = []
-        for i, (gt, meta) in enumerate(zip(batch_gt_instances, batch_img_metas)):
-            gt_points = sample_points(gt_masks[i][:, None], points.expand(len(gt), -1, -1),
-                                      mode='nearest')[:, 0]                 # (n, P)
-            gt = InstanceData(bboxes=gt.bboxes, labels=gt.labels, masks=gt_points)
-            matches.append(self.match_groups(cls_scores[i], boxes[i], gt, meta, num_groups,
-                                             masks=logits[i]))
-        return matches
-
     def mask_losses(self, masks: LayerMasks, gt_masks: List[Tensor],
                     matches: List[Tuple[Tensor, Tensor]], avg: Tensor) -> Dict[str, Tensor]:
-        """Point BCE and Dice of the matched queries' full masks against their ground truth."""
-        preds = [torch.einsum('chw,nc->nhw', masks.pixels[i], masks.queries[i, q]) + masks.bias
-                 for i, (q, _) in enumerate(matches)]                           # (n_i, Hm, Wm)
-        pred = torch.cat(preds)[:, None]                                        # (N, 1, Hm, Wm)
+        """Point BCE and Dice of the matched queries' full masks against their ground truth
+        (the masks of each image's matched queries at once, padded to the most matches)."""
+        queries = pad_sequence([q for q, _ in matches], batch_first=True, padding_value=-1)
+        pred = masks.logits(queries.clamp(min=0))[queries >= 0][:, None]      # (N, 1, Hm, Wm)
         if pred.shape[0] == 0:  # zero losses that still reach every mask parameter (DDP)
             zero = (masks.pixels.sum() + masks.queries.sum() + masks.bias.sum()) * 0.0
             return dict(loss_mask=zero, loss_dice=zero)
