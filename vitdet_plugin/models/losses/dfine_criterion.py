@@ -15,7 +15,7 @@ DEIMv2's recipes change the matching cost late in training (``matcher_change_epo
 then on the cost is ``-(p * IoU^iou_order_alpha)`` (:class:`HungarianMatcher`'s
 ``iou_order``); :class:`DEIMMatcherSwitchHook` sets it by epoch.
 """
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from mmdet.registry import HOOKS, MODELS
@@ -258,7 +258,7 @@ class DEIMMatcherSwitchHook(Hook):
     def __init__(self, switch_epoch: int) -> None:
         self.switch_epoch = switch_epoch
 
-    def before_train_epoch(self, runner) -> None:  # type: ignore[no-untyped-def]
+    def before_train_epoch(self, runner: Any) -> None:
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model
         matchers = [m for m in model.modules() if isinstance(m, HungarianMatcher)]
         if not matchers or any(m.iou_order_alpha is None for m in matchers):
