@@ -113,11 +113,7 @@ def _load(model, path: str) -> None:
 
 @pytest.mark.parametrize('name', ['atto', 's'])
 def test_the_official_checkpoint_loads_strictly_into_its_config(name, tmp_path):
-    cfg = _config(name.split('_')[-1])
-    if name == 's':
-        # the recorded S model has the decoder's plain norm where the code's default
-        # (use_gateway=True, which the published parameter counts follow) has the gate
-        cfg.model.bbox_head.decoder.use_gateway = False
+    cfg = _config(name)
     torch.manual_seed(0)
     model = MODELS.build(cfg.model)
     path = _official_file(f'deimv2_{name}', tmp_path)
