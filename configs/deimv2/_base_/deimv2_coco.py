@@ -1,13 +1,13 @@
-# DEIMv2 on COCO (Intellindust-AI-Lab/DEIMv2 configs/base/deimv2.yml, whose numbers are the X
-# size's); the sizes (deimv2_{atto,femto,pico,n,s,m,l,x}.py) state only what differs. DINOv3 +
-# STA -> HybridEncoder -> DFineHead(style='deimv2'); data: the 4-stage policy (plain, Mosaic or
-# zoom-out + IoU crop, zoom-out + IoU crop, plain; PipelineSwitchHook), MixUp / Copy-Blend and
-# multi-scale batches; MAL + boxes + FGL / DDF, the IoU-order matcher from matcher_change_epoch
-# (DEIMMatcherSwitchHook); lr: quadratic warm-up, flat, cosine to lr_gamma x lr, flat (no-aug
-# epochs); AdamW, the ViT at its own lr; EMA 0.9999 with 1000 warm-up steps.
+# DEIMv2 on COCO (Intellindust-AI-Lab/DEIMv2 configs/base/deimv2.yml: the X size's numbers);
+# sizes (deimv2_{atto,femto,pico,n,s,m,l,x}.py) state what differs. DINOv3 + STA ->
+# HybridEncoder -> DFineHead(style='deimv2'); the 4-stage augmentation policy
+# (PipelineSwitchHook), MixUp / Copy-Blend, multi-scale; MAL + boxes + FGL / DDF, IoU-order
+# matching from matcher_change_epoch (DEIMMatcherSwitchHook); lr: quadratic warm-up, flat,
+# cosine to lr_gamma x lr, flat; AdamW, the ViT at its own lr; EMA 0.9999 (1000 warm-up steps).
 # Train: tools/train.py configs/deimv2/deimv2_x.py --cfg-options data_root=/path/to/coco/
-# Official .pth: weights.dfine_official.official_to_detector; transformers' folders: the sizes'
-# heads need enc_output=True (model.init_cfg=dict(type='Pretrained', checkpoint=FOLDER)).
+# Official .pth: vitdet_plugin.weights.dfine_official.official_to_detector (strict).
+# transformers' folders have an enc_output and ReLU box MLPs: load them into a head with
+# enc_output=True, decoder=dict(mlp_act='relu') (init_cfg=dict(type='Pretrained', ...)).
 _base_ = ['../../_base_/datasets/coco_detection.py', '../../_base_/default_runtime.py']
 
 num_classes = 80
