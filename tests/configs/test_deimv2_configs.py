@@ -5,7 +5,7 @@
   :func:`~vitdet_plugin.weights.dfine_detector.dfine_to_detector`) once the query selection's
   ``enc_output`` is added (transformers' conversion inserts one; the official decoder has none).
 * The official key lists recorded from the official code (``tests/fixtures/
-  dfine_official_deimv2_{atto,s}.json``) load strictly into the configs' models from a
+  dfine_official_deimv2_{atto,s,l}.json``) load strictly into the configs' models from a
   ``torch.save``'d ``{'model': sd}`` file; another size's file is refused naming its config.
 * The recipe: the lr at chosen iterations against DEIMv2's ``flat_cosine_schedule`` written
   out here from its published numbers, the EMA decay against ``ModelEMA``'s, and the matcher
@@ -111,7 +111,7 @@ def _load(model, path: str) -> None:
     model.load_state_dict(converted)  # strict
 
 
-@pytest.mark.parametrize('name', ['atto', 's'])
+@pytest.mark.parametrize('name', ['atto', 's', 'l'])
 def test_the_official_checkpoint_loads_strictly_into_its_config(name, tmp_path):
     cfg = _config(name)
     torch.manual_seed(0)
@@ -122,6 +122,11 @@ def test_the_official_checkpoint_loads_strictly_into_its_config(name, tmp_path):
     state = model.state_dict()
     key = 'decoder.enc_score_head.weight'
     assert torch.equal(state['bbox_head.selector.enc_score_head.weight'], sd[key])
+    if name != 'atto':  # the distilled ViT-Tiny (ours already) or Meta's DINOv3 layout
+        vit = 'backbone.dinov3.' + ('_model.' if name == 's' else '')
+        assert torch.equal(state['backbone.vit.cls_token'], sd[vit + 'cls_token'])
+        assert torch.equal(state['backbone.vit.blocks.4.mlp.fc2.weight'],
+                           sd[vit + 'blocks.4.mlp.fc2.weight'])
     assert torch.equal(state['neck.' + ('fpn_block.conv_out.conv.weight' if name == 'atto' else
                                         'pan_blocks.1.conv_out.conv.weight')],
                        sd['encoder.' + ('fpn_block.cv4.conv.weight' if name == 'atto' else
