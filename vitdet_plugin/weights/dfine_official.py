@@ -22,6 +22,12 @@ from arguments (``anchors``, ``valid_mask``, ``num_points_scale``, the ViT's rop
 checked; ``up`` / ``reg_scale``: compare them with the decoder's through
 :func:`~.dfine_keys.check_bins` with ``prefix='decoder.decoder.'``) are dropped and reported. A
 checkpoint of another size than the part is refused naming the config of its size.
+
+:func:`official_to_detector` maps a whole official detector onto our mmdet detector
+(``SingleStageDetector`` with ``DFineHead``: ``backbone.`` / ``neck.`` / ``bbox_head.``), e.g.
+``configs/deimv2/deimv2_*.py`` (their heads have ``enc_output=False``: the official DEIMv2
+decoder scores the memory as it is), strictly: every official tensor used or one of the
+rebuilt buffers, every tensor of the detector given.
 """
 import functools
 import os
@@ -33,10 +39,10 @@ from torch import Tensor
 
 from ..functional.checkpoint_target import CheckpointTarget
 from .checkpoint_io import CheckpointError
-from .common import StateDict, load_checkpoint_file, unwrap_state_dict
+from .common import StateDict, check_state_dict, load_checkpoint_file, unwrap_state_dict
 from .deimv2 import (DEIMV2, DEIMV2_DINOV3, DFINE, DINOV3_STA, FAMILY_MODULES, HGNETV2, HYBRID,
                      LITE, PartsLayout)
-from .dfine_keys import DECODER_CONSTANTS, DECODER_RULES, SELECTOR_RULES
+from .dfine_keys import DECODER_CONSTANTS, DECODER_RULES, SELECTOR_RULES, check_bins
 from .layout import CLASS_NAMED, Layout
 from .official_vit import DINOV3_ROPE_BASE, dinov3_periods
 from .rfdetr_keys import rename
@@ -322,6 +328,36 @@ def convert_official_layout(sd: StateDict, layout: Layout, target: CheckpointTar
         if refusal:
             raise CheckpointError(refusal)
     return part, [k for k in sd if not k.startswith(roots)]
+
+
+def official_to_detector(sd: Mapping[str, Tensor], expected: Mapping[str, torch.Size],
+                         owner: str = 'the detector',
+                         bins: Optional[Tuple[float, float]] = None
+                         ) -> Tuple[StateDict, List[str]]:
+    """An official detector state dict (:func:`read_official_checkpoint`) in our detector's
+    names, checked strictly against ``expected`` (the detector's ``{name: shape}``), and the
+    buffers dropped (rebuilt by our modules). A detector of another size is refused naming the
+    config of the checkpoint's size; ``bins``: the head's ``(up, reg_scale)``, compared with
+    the checkpoint's."""
+    vit_expected = {k[len('backbone.vit.'):]: s for k, s in expected.items()
+                    if k.startswith('backbone.vit.')}
+    parts, dropped = official_parts(sd, vit_expected or None)
+    out = {'backbone.' + k: v for k, v in parts['backbone'].items()}
+    out.update({'neck.' + k: v for k, v in parts['neck'].items()})
+    for key, value in parts['head'].items():
+        name = ('input_proj.' + key[len('decoder_input_proj.'):]
+                if key.startswith('decoder_input_proj.') else key)
+        out['bbox_head.' + name] = value
+    out = _with_bn_counters(out, expected)
+    refusal = _size_refusal(sd, owner, out, expected)
+    if refusal:
+        raise CheckpointError(refusal)
+    if bins is not None:
+        check_bins(sd, *bins, prefix='decoder.decoder.')
+    family = official_family(sd)
+    check_state_dict(out, expected, source=f'{family} official checkpoint', owner=owner,
+                     dropped=dropped)
+    return out, dropped
 
 
 def _with_bn_counters(part: StateDict, expected: Mapping[str, torch.Size]) -> StateDict:

@@ -8,6 +8,7 @@ from transformers.models.d_fine.modeling_d_fine import (
 from dfine_reference import (NUM_CLASSES, NUM_QUERIES, capture_decoder_inputs,
                                                 our_modules, reference_model, targets)
 from vitdet_plugin.models.heads.dfine_decoder import (ANCHOR_GRID_SIZE, DFineDecoder,
+                                                      DFineQuerySelector,
                                                       contrastive_denoising_group, grid_anchors)
 
 #: decoder outputs must agree with the reference to this (fp32).
@@ -141,3 +142,37 @@ def test_bad_arguments_name_the_fix():
         DFineDecoder(NUM_CLASSES, use_gateway=False)
     with pytest.raises(ValueError, match="sampling='nearest' is not one of"):
         DFineDecoder(NUM_CLASSES, sampling='nearest')
+
+
+def test_selection_without_enc_output_scores_the_memory_as_it_is():
+    """``enc_output=False`` (official DEIMv2): no parameters there; the top-k of the score head
+    on the valid-masked memory, boxes from the box MLP on those tokens plus their anchors, the
+    queries those tokens (DEIMv2's ``_get_decoder_input``, written out here)."""
+    torch.manual_seed(0)
+    selector = DFineQuerySelector(NUM_CLASSES, NUM_QUERIES, 32, enc_output=False,
+                                  mlp_act='silu')
+    assert not any(n.startswith('enc_output') for n, _ in selector.named_parameters())
+    shapes = [(4, 6), (2, 3)]
+    memory = torch.randn(2, 30, 32)
+    out = selector(memory, shapes)
+    anchors, valid = grid_anchors(shapes, ANCHOR_GRID_SIZE, memory.device, memory.dtype)
+    masked = valid * memory
+    logits = selector.enc_score_head(masked)
+    index = logits.max(-1).values.topk(NUM_QUERIES, dim=1).indices
+    picked = torch.stack([masked[b, index[b]] for b in range(2)])
+    layers = selector.enc_bbox_head.layers
+    hidden = torch.nn.functional.silu(layers[1](torch.nn.functional.silu(layers[0](picked))))
+    boxes = layers[2](hidden) + torch.stack([anchors[0, index[b]] for b in range(2)])
+    assert torch.equal(out.query, picked)
+    torch.testing.assert_close(out.ref_logits, boxes)
+    torch.testing.assert_close(out.topk_logits,
+                               torch.stack([logits[b, index[b]] for b in range(2)]))
+
+
+def test_mlp_act_sets_every_box_mlp_and_quality_estimator():
+    decoder = DFineDecoder(NUM_CLASSES, 32, 4, 64, 2, (2, 2), style='deimv2', mlp_act='silu')
+    mlps = [decoder.pre_bbox_head, *decoder.reg_branches,
+            *(q.reg_conf for q in decoder.lqe_layers)]
+    assert all(isinstance(m.act, torch.nn.SiLU) for m in mlps)
+    assert all(isinstance(m.act, torch.nn.ReLU) for m in
+               DFineDecoder(NUM_CLASSES, 32, 4, 64, 2, (2, 2), style='deimv2').reg_branches)

@@ -67,6 +67,9 @@ class DFineDecoder(nn.Module):
         use_gateway: DEIMv2's gate after cross-attention (D-FINE always has it).
         ffn_act: D-FINE FFN activation; ``query_pos_act``: activation of DEIMv2's 3-layer query
             position MLP (D-FINE's has 2 layers, ``2 C`` hidden, ReLU).
+        mlp_act: activation of the box MLPs (pre-head, distribution heads) and the quality
+            estimators: ReLU in D-FINE and transformers' DEIMv2; SiLU in the official DEIMv2
+            configs (``mlp_act`` / ``activation``).
         lqe_top_k, lqe_hidden_dims, lqe_layers: the quality estimator.
         share_reg_branch: one distribution head for all layers (DEIMv2's ``share_bbox_head``).
         sampling: ``'bilinear'`` or ``'discrete'`` deformable sampling (D-FINE's
@@ -80,7 +83,7 @@ class DFineDecoder(nn.Module):
                  num_points: Union[int, Sequence[int]] = (4, 4, 4), offset_scale: float = 0.5,
                  reg_max: int = 32, reg_scale: float = 4.0, up: float = 0.5, eval_idx: int = -1,
                  layer_scale: float = 1.0, style: str = 'dfine', use_gateway: bool = True,
-                 ffn_act: str = 'relu', query_pos_act: str = 'relu',
+                 ffn_act: str = 'relu', query_pos_act: str = 'relu', mlp_act: str = 'relu',
                  layer_norm_eps: float = 1e-5, lqe_top_k: int = 4, lqe_hidden_dims: int = 64,
                  lqe_layers: int = 2, share_reg_branch: bool = False, dropout: float = 0.0,
                  attn_drop: float = 0.0, sampling: str = 'bilinear') -> None:
@@ -111,14 +114,15 @@ class DFineDecoder(nn.Module):
             for _ in range(num_layers))
         self.query_pos_head = (MLP(4, 2 * embed_dims, embed_dims, 2) if style == 'dfine' else
                                MLP(4, embed_dims, embed_dims, 3, query_pos_act))
-        self.pre_bbox_head = MLP(embed_dims, embed_dims, 4, 3)
+        self.pre_bbox_head = MLP(embed_dims, embed_dims, 4, 3, mlp_act)
         self.cls_branches = nn.ModuleList(nn.Linear(embed_dims, num_classes)
                                           for _ in range(num_layers))
         num_reg = 1 if share_reg_branch else num_layers
-        reg = [MLP(embed_dims, embed_dims, 4 * (reg_max + 1), 3) for _ in range(num_reg)]
+        reg = [MLP(embed_dims, embed_dims, 4 * (reg_max + 1), 3, mlp_act)
+               for _ in range(num_reg)]
         self.reg_branches = nn.ModuleList(reg * num_layers if share_reg_branch else reg)
         self.lqe_layers = nn.ModuleList(
-            QualityEstimator(reg_max, lqe_top_k, lqe_hidden_dims, lqe_layers)
+            QualityEstimator(reg_max, lqe_top_k, lqe_hidden_dims, lqe_layers, mlp_act)
             for _ in range(num_layers))
 
     def forward(self, query: Tensor, ref_logits: Tensor, memory: Tensor, spatial_shapes: Shapes,
@@ -176,19 +180,25 @@ class DFineQuerySelector(nn.Module):
     Every token of level ``l`` has an anchor at its cell centre of side ``grid_size 2^l``; tokens
     whose anchor is not inside ``(eps, 1 - eps)`` are zeroed and their box logits are the dtype's
     maximum. ``learn_initial_query``: the decoder starts from learnt embeddings instead of the
-    selected tokens' features.
+    selected tokens' features. ``enc_output``: the tokens pass a Linear + LayerNorm before the
+    score and box heads (D-FINE, and transformers' DEIMv2); False: they are scored as they are
+    (an Identity, no parameters: the official DEIMv2 decoder). ``mlp_act``: the box MLP's
+    activation (the decoder's ``mlp_act``).
     """
 
     def __init__(self, num_classes: int, num_queries: int = 300, embed_dims: int = 256,
                  learn_initial_query: bool = False, grid_size: float = ANCHOR_GRID_SIZE,
-                 layer_norm_eps: float = 1e-5) -> None:
+                 layer_norm_eps: float = 1e-5, enc_output: bool = True,
+                 mlp_act: str = 'relu') -> None:
         super().__init__()
         self.num_queries = num_queries
         self.grid_size = grid_size
-        self.enc_output = nn.Sequential(nn.Linear(embed_dims, embed_dims),
-                                        nn.LayerNorm(embed_dims, eps=layer_norm_eps))
+        self.enc_output: nn.Module = (
+            nn.Sequential(nn.Linear(embed_dims, embed_dims),
+                          nn.LayerNorm(embed_dims, eps=layer_norm_eps))
+            if enc_output else nn.Identity())
         self.enc_score_head = nn.Linear(embed_dims, num_classes)
-        self.enc_bbox_head = MLP(embed_dims, embed_dims, 4, 3)
+        self.enc_bbox_head = MLP(embed_dims, embed_dims, 4, 3, mlp_act)
         self.weight_embedding = (nn.Embedding(num_queries, embed_dims) if learn_initial_query
                                  else None)
         self._anchors: Dict[Tuple[object, ...], Tuple[Tensor, Tensor]] = {}

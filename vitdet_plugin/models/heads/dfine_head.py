@@ -68,9 +68,13 @@ class DFineHead(SetPredictionHead):
         num_heads, ffn_dims, num_layers, num_points: decoder sizes (``num_points``: per level).
         style: ``'dfine'`` or ``'deimv2'`` (decoder layer form).
         decoder: more :class:`DFineDecoder` arguments (``eval_idx``, ``use_gateway``,
-            ``query_pos_act``, ``share_reg_branch``, ``lqe_hidden_dims``, ``sampling``, ...).
+            ``query_pos_act``, ``mlp_act`` (also the query selection's box MLP),
+            ``share_reg_branch``, ``lqe_hidden_dims``, ``sampling``, ...).
         reg_max, reg_scale, up: the edge distributions' bins (decoder and criterion).
         learn_initial_query: start the decoder from learnt query embeddings.
+        enc_output: the query selection's Linear + LayerNorm on the memory (D-FINE,
+            transformers' DEIMv2 folders); False for the official DEIMv2 checkpoints, which
+            score the memory as it is.
         num_denoising, label_noise_ratio, box_noise_scale: contrastive denoising (training).
         class_loss: ``'vfl'`` (D-FINE) or ``'mal'`` (DEIMv2).
         dense_one_to_one: DEIMv2's union of the layers' matchings for the box terms.
@@ -89,7 +93,8 @@ class DFineHead(SetPredictionHead):
                  ffn_dims: int = 1024, num_layers: int = 6,
                  num_points: Union[int, Sequence[int]] = (4, 4, 4), style: str = 'dfine',
                  decoder: Optional[dict] = None, reg_max: int = 32, reg_scale: float = 4.0,
-                 up: float = 0.5, learn_initial_query: bool = False, num_denoising: int = 100,
+                 up: float = 0.5, learn_initial_query: bool = False, enc_output: bool = True,
+                 num_denoising: int = 100,
                  label_noise_ratio: float = 0.5, box_noise_scale: float = 1.0,
                  class_loss: str = 'vfl', dense_one_to_one: bool = False,
                  criterion: Optional[dict] = None, batch_norm_eps: float = 1e-5,
@@ -114,8 +119,9 @@ class DFineHead(SetPredictionHead):
         self.input_proj = nn.ModuleList(
             nn.Identity() if c == embed_dims else _conv_norm(c, embed_dims, batch_norm_eps)
             for c in in_channels)
-        self.selector = DFineQuerySelector(num_classes, num_queries, embed_dims,
-                                           learn_initial_query)
+        self.selector = DFineQuerySelector(
+            num_classes, num_queries, embed_dims, learn_initial_query, enc_output=enc_output,
+            mlp_act=(decoder or {}).get('mlp_act', 'relu'))
         self.decoder = DFineDecoder(num_classes, embed_dims, num_heads, ffn_dims, num_layers,
                                     num_points, reg_max=reg_max, reg_scale=reg_scale, up=up,
                                     style=style, **(decoder or {}))
@@ -140,7 +146,8 @@ class DFineHead(SetPredictionHead):
             last = mlp.layers[-1]
             nn.init.zeros_(last.weight)
             nn.init.zeros_(last.bias)
-        nn.init.xavier_uniform_(cast(nn.Linear, self.selector.enc_output[0]).weight)
+        if isinstance(self.selector.enc_output, nn.Sequential):
+            nn.init.xavier_uniform_(cast(nn.Linear, self.selector.enc_output[0]).weight)
         for layer in self.decoder.query_pos_head.layers:
             nn.init.xavier_uniform_(cast(nn.Linear, layer).weight)
 

@@ -89,11 +89,11 @@ class QualityEstimator(nn.Module):
     """LQE: ``logits + MLP([top-k probs, their mean] of the 4 edge distributions)``."""
 
     def __init__(self, reg_max: int, top_k: int = 4, hidden_dims: int = 64,
-                 num_layers: int = 2) -> None:
+                 num_layers: int = 2, act: str = 'relu') -> None:
         super().__init__()
         self.reg_max = reg_max
         self.top_k = top_k
-        self.reg_conf = MLP(4 * (top_k + 1), hidden_dims, 1, num_layers)
+        self.reg_conf = MLP(4 * (top_k + 1), hidden_dims, 1, num_layers, act)
 
     def forward(self, logits: Tensor, corners: Tensor) -> Tensor:
         probs = corners.unflatten(-1, (4, self.reg_max + 1)).softmax(-1)  # (B, Q, 4, R + 1)

@@ -10,13 +10,19 @@ names them ``loss_<term>``, ``loss_<term>_aux_<i>``, ``loss_<term>_dn_<i>``. Wit
 ``dense_one_to_one`` (DEIMv2) the box and distribution terms of the final and auxiliary sets
 use the union of all their matchings (GO-LSD), each query kept with its most frequent target.
 The normalisers (ground-truth count, union size) are averaged over the processes.
+
+DEIMv2's recipes change the matching cost late in training (``matcher_change_epoch``): from
+then on the cost is ``-(p * IoU^iou_order_alpha)`` (:class:`HungarianMatcher`'s
+``iou_order``); :class:`DEIMMatcherSwitchHook` sets it by epoch.
 """
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
-from mmdet.registry import MODELS
+from mmdet.registry import HOOKS, MODELS
 from mmdet.structures.bbox import bbox_overlaps
 from mmdet.utils import reduce_mean
+from mmengine.hooks import Hook
+from mmengine.model import is_model_wrapper
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 
@@ -58,17 +64,22 @@ class HungarianMatcher(nn.Module):
 
     The focal cost is ``alpha (1 - p)^gamma (-log p) - (1 - alpha) p^gamma (-log(1 - p))`` of the
     target class; non-finite costs become the dtype's maximum. The assignment runs on the CPU
-    (scipy), one image at a time.
+    (scipy), one image at a time. With ``iou_order`` set (DEIMv2 after its
+    ``matcher_change_epoch``; needs ``iou_order_alpha``) the cost is
+    ``-(p * IoU^iou_order_alpha)`` instead: the class probability times a power of the IoU.
     """
 
     def __init__(self, costs: Optional[Dict[str, float]] = None, alpha: float = 0.25,
-                 gamma: float = 2.0) -> None:
+                 gamma: float = 2.0, iou_order_alpha: Optional[float] = None) -> None:
         super().__init__()
         self.costs = dict(DEFAULT_COSTS if costs is None else costs)
         if sorted(self.costs) != sorted(DEFAULT_COSTS):
             raise ValueError(f'costs has keys {sorted(self.costs)}; give exactly '
                              f'{sorted(DEFAULT_COSTS)}')
         self.alpha, self.gamma = alpha, gamma
+        self.iou_order_alpha = iou_order_alpha
+        #: use the IoU-order cost (set by :class:`DEIMMatcherSwitchHook`)
+        self.iou_order = False
 
     @torch.no_grad()
     def forward(self, logits: Tensor, boxes: Tensor, targets: Targets) -> Indices:
@@ -79,9 +90,13 @@ class HungarianMatcher(nn.Module):
         pos = self.alpha * (1 - prob) ** self.gamma * -(prob + COST_EPS).log()
         neg = (1 - self.alpha) * prob ** self.gamma * -(1 - prob + COST_EPS).log()
         flat = boxes.flatten(0, 1)
-        giou = bbox_overlaps(cxcywh_to_xyxy(flat), cxcywh_to_xyxy(gt_boxes), mode='giou')
-        cost = (self.costs['bbox'] * torch.cdist(flat, gt_boxes, p=1)
-                + self.costs['class'] * (pos - neg) - self.costs['giou'] * giou)
+        if self.iou_order:
+            iou = bbox_overlaps(cxcywh_to_xyxy(flat), cxcywh_to_xyxy(gt_boxes))  # (B Q, N)
+            cost = -(prob * iou ** self.iou_order_alpha)
+        else:
+            giou = bbox_overlaps(cxcywh_to_xyxy(flat), cxcywh_to_xyxy(gt_boxes), mode='giou')
+            cost = (self.costs['bbox'] * torch.cdist(flat, gt_boxes, p=1)
+                    + self.costs['class'] * (pos - neg) - self.costs['giou'] * giou)
         big = torch.finfo(cost.dtype).max
         cost = torch.nan_to_num(cost, nan=big, posinf=big, neginf=big).view(bs, nq, -1).cpu()
         indices = []
@@ -121,6 +136,7 @@ class DFineCriterion(nn.Module):
         focal_alpha, focal_gamma: VFL's ``alpha`` / ``gamma``; MAL uses ``focal_gamma``.
         mal_alpha: MAL's negative weight (None: 1).
         match_costs, match_alpha, match_gamma: :class:`HungarianMatcher`.
+        match_iou_order_alpha: the IoU power of DEIMv2's later matching cost (None: none).
         reg_max, reg_scale, up: the decoder's distribution bins.
         ddf_temperature: DDF's softmax temperature.
         dense_one_to_one: box / distribution terms use the union of the matchings.
@@ -134,7 +150,8 @@ class DFineCriterion(nn.Module):
                  match_costs: Optional[Dict[str, float]] = None, match_alpha: float = 0.25,
                  match_gamma: float = 2.0, reg_max: int = 32, reg_scale: float = 4.0,
                  up: float = 0.5, ddf_temperature: float = 5.0,
-                 dense_one_to_one: bool = False) -> None:
+                 dense_one_to_one: bool = False,
+                 match_iou_order_alpha: Optional[float] = None) -> None:
         super().__init__()
         if class_loss not in CLASS_LOSSES:
             raise ValueError(f'class_loss={class_loss!r} is not one of {CLASS_LOSSES}; use vfl '
@@ -148,7 +165,8 @@ class DFineCriterion(nn.Module):
         self.class_loss = class_loss
         self.weights = weights
         self.focal_alpha, self.focal_gamma, self.mal_alpha = focal_alpha, focal_gamma, mal_alpha
-        self.matcher = HungarianMatcher(match_costs, match_alpha, match_gamma)
+        self.matcher = HungarianMatcher(match_costs, match_alpha, match_gamma,
+                                        match_iou_order_alpha)
         self.reg_scale = reg_scale
         self.ddf_temperature = ddf_temperature
         self.dense_one_to_one = dense_one_to_one
@@ -226,6 +244,29 @@ class DFineCriterion(nn.Module):
         labels = torch.cat([lab[t.to(lab.device)] for (_, t), (_, lab) in zip(indices, targets)])
         boxes = torch.cat([b[t.to(b.device)] for (_, t), (b, _) in zip(indices, targets)])
         return Matched(batch.to(device), query.to(device), labels, boxes)
+
+
+@HOOKS.register_module()
+class DEIMMatcherSwitchHook(Hook):
+    """DEIMv2's matcher change: from training epoch ``switch_epoch`` (0-based, the recipes'
+    ``matcher_change_epoch``) every :class:`HungarianMatcher` of the model matches with its
+    IoU-order cost; before it, with the focal / L1 / GIoU cost (set at each epoch's start, so
+    a resumed run is in the right state)."""
+
+    priority = 'NORMAL'
+
+    def __init__(self, switch_epoch: int) -> None:
+        self.switch_epoch = switch_epoch
+
+    def before_train_epoch(self, runner: Any) -> None:
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        matchers = [m for m in model.modules() if isinstance(m, HungarianMatcher)]
+        if not matchers or any(m.iou_order_alpha is None for m in matchers):
+            raise ValueError(f'{type(self).__name__} needs a model whose DFineCriterion has '
+                             'match_iou_order_alpha (DEIMv2: 4.0); set it in '
+                             "bbox_head.criterion or remove the hook")
+        for matcher in matchers:
+            matcher.iou_order = runner.epoch >= self.switch_epoch
 
 
 def dfine_prediction_sets(decoder: DFineDecoderOutput, enc_topk_logits: Tensor,
