@@ -7,11 +7,14 @@ input, which is every image of the graph's batch:
 * ``pre_transformer``: each level flattened with its sine position embedding (mmdet's
   ``positional_encoding(None, input=feat)``: the branch taken when every image has the batch's
   size) plus its level embedding; no padding mask, every valid ratio 1;
-* encoder: per layer ``MultiScaleDeformableAttention`` (self), norm, FFN, norm, with mmdet's
-  reference points (``get_encoder_reference_points``, each level's pixel centres);
-* two-stage query selection: mmdet's ``pre_decoder`` (``gen_encoder_output_proposals`` and the
-  ``num_queries`` best positions, denoising queries being training-only), called as it is: both
-  take the levels' sizes as the graph's symbolic ints when there is no padding mask;
+* encoder: per layer ``MultiScaleDeformableAttention`` (self), norm, FFN, norm, with the
+  reference points at each level's pixel centres;
+* two-stage query selection (``gen_encoder_output_proposals`` + ``pre_decoder``): a proposal per
+  position (its pixel centre, ``0.05 * 2 ** level`` wide and high), the encoder output of
+  proposals outside (0.01, 0.99) zeroed, the ``num_queries`` best by their largest class logit
+  (``cls_branches[num_layers]``), their boxes (``reg_branches[num_layers]`` + the proposal) as the
+  first references, ``query_embedding`` as the content queries (denoising queries are
+  training-only);
 * ``DinoTransformerDecoder``: per layer the query position from the reference box
   (``coordinate_to_encoding`` + ``ref_point_head``), self-attention, norm, deformable
   cross-attention on the encoder output, norm, FFN, norm, then the references refined by that
@@ -20,8 +23,7 @@ input, which is every image of the graph's batch:
   ``query_class_top_k``: the same sigmoid top-k over queries x classes, boxes cxcywh -> xyxy in
   input pixels, clipped).
 
-The encoder and decoder layers are repeated because their attention is: multi-scale deformable
-attention is our decoder's
+Multi-scale deformable attention is our decoder's
 (:func:`~vitdet_plugin.models.heads.lwdetr_transformer.deformable_attention`: mmcv's module
 given the levels' sizes as the graph's symbolic ints instead of a tensor, whose values
 ``torch.export`` cannot read; mmcv's PyTorch form, one ``F.grid_sample`` per level, ONNX
@@ -39,12 +41,19 @@ from mmdet.models.layers.transformer.utils import coordinate_to_encoding, invers
 from torch import Tensor
 
 from ..models.heads.lwdetr_transformer import deformable_attention
+from .graph_ops import BOX_DIM
 
 #: What the export repeats (type names).
 DETECTORS = ('DINO',)
 HEADS = ('DINOHead',)
 #: The class every detector handled here derives from.
 FAMILY = 'DeformableDETR'
+#: Pixel centres at ``(i + 0.5) / size`` of a level (mmdet's ``linspace(0.5, H - 0.5, H)``).
+PIXEL_CENTRE = 0.5
+#: ``gen_encoder_output_proposals``: a proposal's side at level 0 (doubling per level) and the
+#: open interval its normalised coordinates must lie in to be used.
+PROPOSAL_SIDE = 0.05
+PROPOSAL_RANGE = (0.01, 0.99)
 #: The eps of ``inverse_sigmoid`` between decoder layers (``DinoTransformerDecoder``) and in the
 #: head (``DeformableDETRHead.forward``).
 REFINE_EPS = 1e-3
@@ -84,6 +93,39 @@ def check_dino(model: Any) -> None:
                'repeat')
 
 
+def sine_embedding(encoding: Any, h, w, device: torch.device) -> Tensor:
+    """``SinePositionalEncoding.forward(None, input)`` of an ``h x w`` map, flattened to
+    ``(h * w, 2 * num_feats)`` (y features, then x). Repeated rather than called: its
+    normalisation divides by the last row / column, a ``[-1:]`` slice whose size
+    ``torch.export`` cannot prove to be 1 for a symbolic size."""
+    def axis(length) -> Tensor:                                          # (length, num_feats)
+        embed = torch.arange(1, length + 1, dtype=torch.float32, device=device)
+        if encoding.normalize:
+            last = embed.narrow(0, length - 1, 1)
+            embed = (embed + encoding.offset) / (last + encoding.eps) * encoding.scale
+        dim_t = torch.arange(encoding.num_feats, dtype=torch.float32, device=device)
+        dim_t = encoding.temperature ** (2 * (dim_t // 2) / encoding.num_feats)
+        pos = embed[:, None] / dim_t
+        return torch.stack((pos[:, 0::2].sin(), pos[:, 1::2].cos()), -1).flatten(1)
+
+    feats = encoding.num_feats
+    pos_y = axis(h)[:, None].expand(h, w, feats)
+    pos_x = axis(w)[None].expand(h, w, feats)
+    return torch.cat((pos_y, pos_x), -1).reshape(h * w, 2 * feats)
+
+
+def level_centres(shapes: Shapes, device: torch.device) -> List[Tensor]:
+    """Per level ``(H_l * W_l, 2)``: the normalised ``(x, y)`` of each position's pixel centre,
+    row by row (the order of a flattened map)."""
+    centres = []
+    for h, w in shapes:
+        y = (torch.arange(h, dtype=torch.float32, device=device) + PIXEL_CENTRE) / h
+        x = (torch.arange(w, dtype=torch.float32, device=device) + PIXEL_CENTRE) / w
+        grid_y, grid_x = torch.meshgrid(y, x, indexing='ij')             # each (H_l, W_l)
+        centres.append(torch.stack((grid_x, grid_y), -1).reshape(-1, 2))
+    return centres
+
+
 class Dino:
     """mmdet's DINO test path on ``(B, C, H_l, W_l)`` neck maps of images that fill the input
     (module docstring); ``model`` checked by :func:`check_dino`."""
@@ -108,10 +150,10 @@ class Dino:
         m = self.model
         shapes = [(f.shape[-2], f.shape[-1]) for f in feats]
         flat = torch.cat([f.flatten(2).transpose(1, 2) for f in feats], 1)    # (B, N, C)
-        pos = torch.cat([m.positional_encoding(None, input=f).flatten(2).transpose(1, 2)
-                         + m.level_embed[i] for i, f in enumerate(feats)], 1)  # (B, N, C)
-        ratios = flat.new_ones(flat.shape[0], len(shapes), 2)                  # (B, L, 2)
-        reference = m.encoder.get_encoder_reference_points(shapes, ratios, flat.device)
+        pos = torch.cat([sine_embedding(m.positional_encoding, h, w, flat.device)
+                         + m.level_embed[i] for i, (h, w) in enumerate(shapes)])  # (N, C)
+        centres = torch.cat(level_centres(shapes, flat.device))                # (N, 2)
+        reference = centres[None, :, None].expand(flat.shape[0], -1, len(shapes), -1)
         for layer in m.encoder.layers:                                         # (B, N, L, 2)
             flat = layer.norms[0](deformable_attention(layer.self_attn, flat, pos, flat,
                                                        reference, shapes))
@@ -122,8 +164,9 @@ class Dino:
         """``pre_decoder`` + ``DinoTransformerDecoder``: the last layer's normed ``(B, Q, C)``
         output and the ``(B, Q, 4)`` reference boxes it refined (sigmoid, cxcywh)."""
         m = self.model
-        inputs = m.pre_decoder(memory, None, shapes)[0]
-        query, reference = inputs['query'], inputs['reference_points']        # (B, Q, C / 4)
+        b = memory.shape[0]
+        reference = self.select_queries(memory, shapes)                        # (B, Q, 4)
+        query = m.query_embedding.weight[None].expand(b, -1, -1)              # (B, Q, C)
         layers = m.decoder.layers
         for i, layer in enumerate(layers):
             if i > 0:  # the previous layer's box refinement
@@ -137,3 +180,21 @@ class Dino:
                                                         memory, boxes, shapes))
             query = layer.norms[2](layer.ffn(query))
         return m.decoder.norm(query), reference
+
+    def select_queries(self, memory: Tensor, shapes: Shapes) -> Tensor:
+        """``gen_encoder_output_proposals`` + ``pre_decoder``'s top-k: the ``(B, Q, 4)`` first
+        reference boxes (sigmoid, cxcywh) of the ``num_queries`` best positions."""
+        m = self.model
+        b = memory.shape[0]
+        proposals = torch.cat([
+            torch.cat((centres, torch.ones_like(centres) * PROPOSAL_SIDE * (2.0 ** level)), -1)
+            for level, centres in enumerate(level_centres(shapes, memory.device))])  # (N, 4)
+        low, high = PROPOSAL_RANGE
+        valid = ((proposals > low) & (proposals < high)).sum(-1, keepdim=True) == BOX_DIM
+        proposals = torch.log(proposals / (1 - proposals)).masked_fill(~valid, float('inf'))
+        out = m.memory_trans_norm(m.memory_trans_fc(memory.masked_fill(~valid, 0.0)))
+        n = m.decoder.num_layers
+        scores = m.bbox_head.cls_branches[n](out).max(-1)[0]                   # (B, N)
+        coords = m.bbox_head.reg_branches[n](out) + proposals                  # (B, N, 4)
+        top = scores.topk(m.num_queries, dim=1)[1]                             # (B, Q)
+        return torch.gather(coords, 1, top[..., None].expand(b, -1, BOX_DIM)).sigmoid()
