@@ -44,6 +44,7 @@ from torch import Tensor, nn
 from ..models.layers import eager_attention
 from .deformable_detr import Dino, check_dino, is_deformable_detr
 from ..models.heads.detr_core import query_class_top_k
+from ..models.heads.detr_memory import size_tensor
 from ..models.heads.lwdetr_seg_head import masks_to_image
 from .graph_ops import (DROPPED_SCORE, NmsConfig, anchor_candidates, large_enough,
                         nms_survivors, top_k_padded, translation_table)
@@ -54,8 +55,6 @@ from .runner import (INPUT_NAME, MASK_OUTPUTS, META_KEY, META_VERSION, OUTPUT_NA
                      SEG_MASK_OUTPUTS)
 from .two_stage import TwoStage, check_two_stage
 
-#: The stride probe image is this many ``pad_size_divisor`` on a side.
-PROBE_STRIDE_MULTIPLE = 4
 #: Name of the graph's score threshold (``test_cfg``'s ``score_thr``): exported as an input, so
 #: that no other constant is folded into it, then stored as an initializer of that name, which
 #: the export check overrides to compare the raw top-k below it (:mod:`.end_to_end_check`).
@@ -167,24 +166,6 @@ class EndToEndDetector(nn.Module):
             NmsConfig.of(type(model.bbox_head).__name__, test_cfg.get('nms'), DENSE_IOU)
         self.nms_pre = int(test_cfg.get('nms_pre', -1))
         self.min_bbox_size = float(test_cfg.get('min_bbox_size', -1))
-        if self.kind == 'detr' and model.bbox_head.memory.in_strides is None:
-            # the graph cannot divide symbolic sizes into float strides: fix them from a probe
-            model.bbox_head.memory.in_strides = self._probe_strides()
-
-    def _probe_strides(self) -> List[int]:
-        """Strides of the head's input maps in input pixels (the graph needs them fixed;
-        inferred in PyTorch as padded size / map size, an integer under the divisor)."""
-        size = PROBE_STRIDE_MULTIPLE * self.pad_divisor
-        with torch.no_grad():
-            x = torch.zeros(1, self.in_channels, size, size,
-                            device=next(self.model.parameters()).device)
-            maps = self.model.bbox_head.memory.select(self.model.extract_feat(x))
-        strides = [size / m.shape[-1] for m in maps]
-        if any(s != int(s) for s in strides):
-            raise ValueError(f'the head\'s input strides {strides} (padded size / map size) '
-                             'are not integers: set model.bbox_head.in_strides (or a '
-                             'pad_size_divisor that is a multiple of the largest stride)')
-        return [int(s) for s in strides]
 
     @property
     def in_channels(self) -> int:
@@ -259,19 +240,14 @@ class EndToEndDetector(nn.Module):
     def _scale_factor(like: Tensor, size: Tuple[int, int], out_h: Any, out_w: Any) -> Tensor:
         """``(4,)`` float32 ``(w / W, h / H, w / W, h / H)``: ``RFDETRResize``'s
         ``scale_factor`` from the input ``(H, W)`` to ``size`` ``(h, w)``, per box coordinate."""
-        h, w = size
-        sides = torch.stack([torch.full((), v, dtype=torch.float32, device=like.device)
-                             for v in (out_w, out_h)])                       # (2,) W, H
-        factor = torch.tensor([w, h], dtype=torch.float32, device=like.device) / sides
-        return factor.repeat(2)                                             # (4,)
+        factor = torch.tensor(size[::-1], dtype=torch.float32, device=like.device)
+        return (factor / size_tensor((out_w, out_h), like.device)).repeat(2)   # (4,)
 
     # ------------------------------------------------------------------ per kind
     @staticmethod
     def _image_sizes(x: Tensor, h: Any, w: Any) -> Tensor:
         """``(B, 2)`` int64 ``(h, w)`` of every image of the batch ``x`` (the input's size)."""
-        b = x.shape[0]
-        return torch.stack((torch.full((b,), h, dtype=torch.long, device=x.device),
-                            torch.full((b,), w, dtype=torch.long, device=x.device)), 1)
+        return size_tensor((h, w), x.device).expand(x.shape[0], 2)
 
     def _set_prediction(self, feats: Tuple[Tensor, ...], padded: Tuple[Any, Any], h: Any,
                         w: Any, thr: Tensor) -> Tuple[Tensor, Tensor, Tensor, Any]:

@@ -16,7 +16,7 @@ The result is mmdet's ``pred_panoptic_seg.sem_seg`` encoding: ``label + k * INST
 for the ``k``-th instance (``k`` from 1), the stuff label for stuff, ``num_classes`` for void.
 """
 from dataclasses import dataclass
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -52,20 +52,19 @@ class FusionConfig:
         return cls(**{k: meta[k] for k in cls.__dataclass_fields__})
 
 
-def resize_matrix(out_len: int, in_len: int) -> np.ndarray:
+def tent_weights(pos: np.ndarray, cells: int) -> np.ndarray:
+    """``(len(pos), cells)``: linear interpolation's weight of each cell (centred at its index)
+    at positions ``pos`` in cell units, ``max(0, 1 - |pos - j|)`` (zero outside the cells)."""
+    return np.clip(1 - np.abs(pos[:, None] - np.arange(cells)), 0, None)
+
+
+def resize_matrix(out_len: int, in_len: int, span: Optional[float] = None) -> np.ndarray:
     """``(out_len, in_len)``: 1-D ``F.interpolate(mode='bilinear', align_corners=False)`` as a
-    matrix (source ``(i + 0.5) * in / out - 0.5``, clamped at 0; the upper tap clamped to the
-    last input)."""
-    src = (np.arange(out_len) + HALF_PIXEL) * (in_len / out_len) - HALF_PIXEL
-    src = np.maximum(src, 0.0)                                           # (out_len,)
-    low = np.minimum(np.floor(src).astype(np.int64), in_len - 1)
-    high = np.minimum(low + 1, in_len - 1)
-    frac = src - low
-    weights = np.zeros((out_len, in_len))
-    rows = np.arange(out_len)
-    np.add.at(weights, (rows, low), 1 - frac)
-    np.add.at(weights, (rows, high), frac)
-    return weights
+    matrix (source ``(i + 0.5) * in / out - 0.5``, clamped to the input: ``grid_sample``'s
+    border); ``span``: resize the first ``span`` cells only (default all ``in_len``)."""
+    scale = (in_len if span is None else span) / out_len
+    pos = (np.arange(out_len) + HALF_PIXEL) * scale - HALF_PIXEL
+    return tent_weights(np.clip(pos, 0, in_len - 1), in_len)
 
 
 def semantic_labels(logits: np.ndarray, resized: Tuple[int, int], original: Tuple[int, int],

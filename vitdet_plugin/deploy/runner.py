@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .panoptic import SEMANTIC_OUTPUT, FusionConfig, panoptic_map
+from .panoptic import SEMANTIC_OUTPUT, FusionConfig, panoptic_map, resize_matrix, tent_weights
 
 #: Metadata key of the pipeline parameters inside the ONNX file.
 META_KEY = 'vitdet_plugin.deploy'
@@ -189,7 +189,7 @@ def _bilinear_weights(length: int, start: float, end: float, cells: int) -> np.n
     extent = end - start
     pos = (centres - start) / extent * cells - PIXEL_CENTRE if extent != 0 else \
         np.full(length, cells / 2 - PIXEL_CENTRE)
-    return np.clip(1 - np.abs(pos[:, None] - np.arange(cells)), 0, None)  # (length, cells)
+    return tent_weights(pos, cells)                                    # (length, cells)
 
 
 def resize_logits(logits: np.ndarray, size: Tuple[int, int], padded: Tuple[int, int],
@@ -198,14 +198,7 @@ def resize_logits(logits: np.ndarray, size: Tuple[int, int], padded: Tuple[int, 
     ``padded`` graph input, whose image part has the input's ``size``, resized bilinearly
     (``grid_sample``, ``align_corners=False``, border) to ``out`` ``(H, W)``, then ``> 0``:
     ``(N, H, W)`` uint8 0 / 1. Separable: ``rows (H, Hm) @ logits @ cols (W, Wm)^T``."""
-    rows = _border_weights(out[0], size[0] / padded[0], logits.shape[1])
-    cols = _border_weights(out[1], size[1] / padded[1], logits.shape[2])
+    (hm, wm), (h, w), (hp, wp) = logits.shape[1:], size, padded
+    rows = resize_matrix(out[0], hm, h / hp * hm)                      # (H, Hm)
+    cols = resize_matrix(out[1], wm, w / wp * wm)                      # (W, Wm)
     return (rows @ logits.astype(np.float64) @ cols.T > 0).astype(np.uint8)
-
-
-def _border_weights(length: int, part: float, cells: int) -> np.ndarray:
-    """``(length, cells)``: bilinear weights of the first ``part`` of ``cells`` cells at
-    ``length`` pixel centres, positions clamped to the cells (``grid_sample``'s border)."""
-    pos = (np.arange(length) + PIXEL_CENTRE) * part * cells / length - PIXEL_CENTRE
-    pos = np.clip(pos, 0, cells - 1)
-    return np.clip(1 - np.abs(pos[:, None] - np.arange(cells)), 0, None)  # (length, cells)

@@ -19,7 +19,7 @@ from mmdet.models.layers.transformer.utils import coordinate_to_encoding
 from torch import Tensor, nn
 
 from ..layers.norm import masked_group_norm
-from .detr_memory import image_shapes, valid_mask
+from .detr_memory import Shape, image_shapes, size_tensor, valid_mask
 
 #: GroupNorm groups of the input projections (Deformable DETR / DINO).
 PROJ_NORM_GROUPS = 32
@@ -150,14 +150,17 @@ class MultiScaleMemory(nn.Module):
                                  f'={c}; set in_channels to the backbone/neck out_channels')
         return chosen
 
-    def _strides(self, maps: Sequence[Tensor], batch_shape: Tuple[int, int]
-                 ) -> List[Tuple[float, float]]:
-        """``(stride_y, stride_x)`` in batch-input pixels of every input level."""
+    def _strides(self, maps: Sequence[Tensor], batch_shape: Shape) -> List[Tensor]:
+        """``(2,)`` float32 ``(stride_y, stride_x)`` in batch-input pixels of every input level,
+        as tensors: inferred, they are the padded batch's size over the map's, both read from
+        shapes (symbolic in a traced graph)."""
+        device = maps[0].device
         if self.in_strides is not None:
-            return [(float(s), float(s)) for s in self.in_strides]
+            return [torch.full((2,), float(s), device=device) for s in self.in_strides]
         # inferred: exact when the batch is padded to a multiple of the stride (mmdet's
         # pad_size_divisor), which keeps every map at batch_shape / stride
-        return [(batch_shape[0] / x.shape[-2], batch_shape[1] / x.shape[-1]) for x in maps]
+        padded = size_tensor(batch_shape, device).float()
+        return [padded / size_tensor((x.shape[-2], x.shape[-1]), device).float() for x in maps]
 
     def forward(self, feats: Sequence[Tensor],
                 batch_img_metas: Optional[Sequence[dict]] = None) -> FlatMemory:
@@ -173,11 +176,11 @@ class MultiScaleMemory(nn.Module):
         padded = any(tuple(shape) != tuple(batch_shape) for shape in img_shapes)
         return self.flatten(chosen, batch_shape, img_hw, padded)
 
-    def flatten(self, chosen: Sequence[Tensor], batch_shape: Tuple[int, int],
+    def flatten(self, chosen: Sequence[Tensor], batch_shape: Shape,
                 img_hw: Tensor, padded: bool = True) -> FlatMemory:
         """The selected maps -> :class:`FlatMemory`, each image's valid ``(h, w)`` given as
         ``img_hw`` ``(B, 2)`` float (``forward`` reads it from the metas; the ONNX export
-        passes its symbolic input size, padded to the divisor inside the graph). ``padded``
+        passes its symbolic input size, and ``batch_shape`` is symbolic there too). ``padded``
         False (every image fills the batch): the norms skip their masks."""
         device = chosen[0].device
         maps, valid_counts, strides = [], [], []
@@ -185,8 +188,7 @@ class MultiScaleMemory(nn.Module):
             size = torch.tensor(x.shape[-2:], dtype=torch.float32, device=device)
             # a token is valid when its cell starts inside the image (as nearest-resizing a
             # pixel mask, the way mmdet's DETRs do): index < ceil(img / stride)
-            counts = torch.minimum(
-                torch.ceil(img_hw / img_hw.new_tensor(stride)).clamp_min(1), size)
+            counts = torch.minimum(torch.ceil(img_hw / stride).clamp_min(1), size)
             conv, norm = _conv_norm(proj)
             y = conv(x)
             maps.append(masked_group_norm(
@@ -199,7 +201,7 @@ class MultiScaleMemory(nn.Module):
             conv, norm = _conv_norm(proj)
             y = conv(src * valid_mask(counts, src.shape[-2:])[:, None].to(src.dtype))
             counts = torch.ceil(counts / 2)
-            stride = (stride[0] * 2, stride[1] * 2)
+            stride = stride * 2
             src = masked_group_norm(y, valid_mask(counts, y.shape[-2:]) if padded else None,
                                     norm)
             maps.append(src)
@@ -207,13 +209,13 @@ class MultiScaleMemory(nn.Module):
             strides.append(stride)
 
         memory, xy, pad, lvl, shapes = [], [], [], [], []
-        for level, (x, counts, (sy, sx)) in enumerate(zip(maps, valid_counts, strides)):
+        for level, (x, counts, stride) in enumerate(zip(maps, valid_counts, strides)):
             h, w = x.shape[-2:]
             shapes.append((h, w))
             memory.append(x.flatten(2).transpose(1, 2))
             # token centres in batch-input pixels, normalised by each image's own size
-            ys = (torch.arange(h, device=device, dtype=torch.float32) + 0.5) * sy
-            xs = (torch.arange(w, device=device, dtype=torch.float32) + 0.5) * sx
+            ys = (torch.arange(h, device=device, dtype=torch.float32) + 0.5) * stride[0]
+            xs = (torch.arange(w, device=device, dtype=torch.float32) + 0.5) * stride[1]
             gy, gx = torch.meshgrid(ys, xs, indexing='ij')
             grid = torch.stack((gx.flatten(), gy.flatten()), -1)                  # (HW, 2)
             xy.append(grid[None] / img_hw[:, None, [1, 0]])
