@@ -126,6 +126,28 @@ def test_bad_sizes_and_arguments_name_the_fix():
     with pytest.raises(ValueError, match=r"vit_args sets 'out_indices', which "
                                          r'DINOv3STABackbone sets itself'):
         DINOv3STABackbone(arch='S', vit_args=dict(out_indices=(1,)))
+    with pytest.raises(ValueError, match=r'needs a ViT of patch 16 \(its taps are resized to '
+                                         r'strides \(8, 16, 32\)\), got patch 8: remove '
+                                         r'patch_size from vit_args'):
+        DINOv3STABackbone(arch='S', vit=TINY_VIT, taps=(0, 1, 2), vit_args=dict(patch_size=8))
+
+
+def test_exported_backbone_runs_at_other_sizes():
+    """The tap sizes stay symbolic under ``torch.export`` (what the ONNX export traces): the
+    program traced at one size equals the module at others."""
+    torch.manual_seed(0)
+    ours = DINOv3STABackbone(arch='S', vit=TINY_VIT, taps=(0, 1, 2), sta_channels=8,
+                             hidden_dim=32).eval()
+    dynamic = torch.export.Dim.DYNAMIC
+    program = torch.export.export(ours, (torch.randn(2, 3, 64, 96),),
+                                  dynamic_shapes=({0: dynamic, 2: dynamic, 3: dynamic},))
+    for size in ((96, 64), (128, 160)):
+        x = torch.randn(1, 3, *size)
+        with torch.no_grad():
+            expected = ours(x)
+            got = program.module()(x)
+        assert [tuple(g.shape) for g in got] == [tuple(e.shape) for e in expected]
+        assert_close_rel(got, expected, 1e-5)
 
 
 def test_frozen_vit_blocks_and_meta_build():

@@ -31,8 +31,8 @@ from .plain_vit import PlainViTBackbone
 
 #: Strides of the outputs (the taps resized by 2, 1, 1/2 from the patch stride 16).
 OUT_STRIDES = (8, 16, 32)
-#: Resize factor of each tap relative to the patch grid.
-TAP_SCALES = (2.0, 1.0, 0.5)
+#: The ViT's patch size: the taps sit at stride 16, between the outputs' 8 and 32.
+PATCH_SIZE = 16
 #: Detail channels of each adapter output, in units of ``sta_channels``.
 DETAIL_WIDTHS = (2, 4, 4)
 #: Inputs are multiples of this (the coarsest output's stride) on both sides.
@@ -138,6 +138,10 @@ class DINOv3STABackbone(BackboneContract, BaseModule):
         self.vit = DINOv3Backbone(arch=vit_arch, out_indices=taps, final_norm=final_norm,
                                   global_attn_indexes=range(depth),
                                   frozen_stages=frozen_stages, with_cp=with_cp, **args)
+        if self.vit.patch_size != PATCH_SIZE:
+            raise ValueError(f'DINOv3STABackbone needs a ViT of patch {PATCH_SIZE} (its taps are '
+                             f'resized to strides {OUT_STRIDES}), got patch '
+                             f'{self.vit.patch_size}: remove patch_size from vit_args')
         if len(set(self.vit.out_indices)) != len(taps):
             raise ValueError(f'taps={taps} must be {len(taps)} different blocks')
         self.sta = SpatialTuningAdapter(c)
@@ -159,12 +163,13 @@ class DINOv3STABackbone(BackboneContract, BaseModule):
             raise ValueError(f'DINOv3STABackbone takes sides that are multiples of '
                              f'{SIZE_DIVISOR}, got {h}x{w}: pad the batch to a multiple of '
                              f'{SIZE_DIVISOR} (pad_size_divisor={SIZE_DIVISOR})')
-        grid = (h // self.vit.patch_size, w // self.vit.patch_size)
         outs = []
-        for tap, detail, scale, proj in zip(self.vit(x), self.sta(x), TAP_SCALES,
-                                            self.fusion_proj):
-            size = (int(grid[0] * scale), int(grid[1] * scale))
-            tap = F.interpolate(tap, size=size, mode='bilinear', align_corners=False)
+        for tap, detail, stride, proj in zip(self.vit(x), self.sta(x), OUT_STRIDES,
+                                             self.fusion_proj):
+            # (B, C, H / 16, W / 16) -> (B, C, H / s, W / s): sizes by integer division, which
+            # stays symbolic in an exported graph
+            tap = F.interpolate(tap, size=(h // stride, w // stride), mode='bilinear',
+                                align_corners=False)
             outs.append(proj(torch.cat([tap, detail], dim=1)))      # (B, hidden_dim, h, w)
         return tuple(outs)
 
