@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from ...functional.sizes import to_2tuple
 from ..layers.arguments import check_flags, check_rates, int_tuple, positive_int
 from ..layers.patch_embed import ConvStem, PatchEmbed
-from ..layers.mlp import linear_drop_path_rates
+from ..layers.drop_path import linear_drop_path_rates
 from .base import BackboneContract, run_blocks
 from .swin_archs import SwinArch
 

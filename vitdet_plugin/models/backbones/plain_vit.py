@@ -22,7 +22,7 @@ from ...functional.checkpoint_target import CheckpointTarget
 from ..layers.arguments import (check_flags, check_rates, positive_int, positive_number,
                                 refuse_removed)
 from ..layers.patch_embed import ConvStem, PatchEmbed
-from ..layers.mlp import linear_drop_path_rates
+from ..layers.drop_path import linear_drop_path_rates
 from .base import (TRUNC_NORMAL_STD, BackboneContract, init_cfg_from_pretrained,
                    init_transformer_weights_, load_init_checkpoint, run_blocks,
                    state_shapes)

@@ -16,7 +16,8 @@ from torch import Tensor, nn
 from ...functional.swin_bias import bias_table_size, window_bias
 from ...functional.window import from_windows, to_windows, window_attend
 from ..layers.arguments import head_dim
-from ..layers.mlp import DropPath, Mlp
+from ..layers.drop_path import DropPath
+from ..layers.mlp import Mlp
 
 
 class WindowAttention(nn.Module):

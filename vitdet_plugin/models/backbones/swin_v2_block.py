@@ -20,7 +20,8 @@ from ...functional.swin_bias import log_spaced_relative_coords, window_bias
 from ...functional.sizes import SizeCache, Window
 from ...functional.window import from_windows, to_windows, window_attend
 from ..layers.arguments import head_dim
-from ..layers.mlp import DropPath, Mlp
+from ..layers.drop_path import DropPath
+from ..layers.mlp import Mlp
 
 #: ``logit_scale`` starts at ``log(10)``: cosine similarities are multiplied by 10 at first.
 LOGIT_SCALE_INIT = math.log(10.0)

@@ -11,7 +11,8 @@ from ...functional.attention import attend
 from ...functional.rope import apply_rope
 from ...functional.window import from_windows, to_windows
 from ..layers.attention import Attention
-from ..layers.mlp import DropPath, Mlp
+from ..layers.drop_path import DropPath
+from ..layers.mlp import Mlp
 from ..layers.swiglu import SwiGLU, SwiGLUPacked
 from .vit_archs import PlainViTArch
 

@@ -1,16 +1,9 @@
 """The DETR core our set-prediction heads stand on (``SdpaDETRHead``, ``LWDETRHead``,
-``LWDETRSegHead``, and the next ones).
-
-* :class:`HeadOutputs`: every decoder layer's logits and boxes, the two-stage proposals' and
-  what the training losses need beside them (one-to-many, denoising).
-* :class:`SetPredictionHead`: mmdet's head interface (``loss`` / ``predict`` through
-  ``forward(feats, metas, gts)`` and ``loss_by_feat``), the per-layer losses, the one-to-many
-  loss of every memory token's proposal, and the test-time post-processing:
-  :func:`query_class_top_k`, batched, sizes read from an image-size tensor. The ONNX export
-  calls the same functions on the graph's symbolic sizes (``vitdet_plugin.deploy``).
-* :func:`top_proposals`: the two-stage top-k (the ``min(num_queries, tokens)`` best tokens by
-  their best class logit), with the count taken from the tensor's shape so that an exported
-  graph keeps it symbolic.
+``LWDETRSegHead``, and the next ones): their outputs (:class:`HeadOutputs`), mmdet's head
+interface with the per-layer and one-to-many losses and the batched test-time top-k
+(:class:`SetPredictionHead`), and the two-stage top-k (:func:`top_proposals`). Sizes are read
+from tensors (shapes, an image-size tensor), so that the ONNX export (``vitdet_plugin.deploy``)
+calls the same functions on the graph's symbolic sizes.
 """
 from typing import (Any, ClassVar, Dict, Iterable, List, NamedTuple, Optional, Sequence,
                     Tuple, cast)

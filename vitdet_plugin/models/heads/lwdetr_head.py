@@ -58,7 +58,7 @@ class LWDETRHead(SetPredictionHead):
         num_decoder_layers: decoder layers (RF-DETR N: 2, S: 3, M / L: 4).
         self_heads, cross_heads, num_points: attention heads and deformable points
             (RF-DETR: 8, 16, 2).
-        ffn_dims, dropout: decoder FFN channels and dropout (RF-DETR: 2048, 0).
+        ffn_dims: decoder FFN channels (RF-DETR: 2048; no dropout, RF-DETR's 0).
         anchor_size: normalised side of the level-0 token anchors (doubling per level).
         dense_one_to_many: ``k``: add the one-to-many loss of every token's proposal
             (``enc_dense_`` terms, see the module docstring); None (RF-DETR's) leaves it out.
@@ -83,7 +83,6 @@ class LWDETRHead(SetPredictionHead):
                  cross_heads: int = 16,
                  num_points: int = 2,
                  ffn_dims: int = 2048,
-                 dropout: float = 0.0,
                  anchor_size: float = 0.05,
                  dense_one_to_many: Optional[int] = None,
                  loss_cls: Optional[dict] = None,
@@ -104,7 +103,7 @@ class LWDETRHead(SetPredictionHead):
         self.num_groups = num_groups
         self.dense_one_to_many = dense_one_to_many
         self.decoder = LWDETRDecoder(num_decoder_layers, embed_dims, self_heads, cross_heads,
-                                     num_levels, num_points, ffn_dims, dropout)
+                                     num_levels, num_points, ffn_dims)
         total = num_queries * num_groups
         self.query_feat = nn.Embedding(total, embed_dims)
         self.refpoint_embed = nn.Embedding(total, 4)

@@ -1,9 +1,8 @@
 """LW-DETR / RF-DETR's set loss: per-group Hungarian matching, IoU-aware BCE, L1 + GIoU.
 
-Group DETR trains ``num_groups`` query sets at once: each group is matched to the ground truth
-on its own (mmdet's ``HungarianAssigner`` with focal / L1 / GIoU costs, as
-:class:`SetCriterion`), and the losses of all groups are summed and divided by the number of
-ground-truth boxes times the number of groups.
+Group DETR trains ``num_groups`` query sets at once, each matched to the ground truth on its
+own (:class:`SetCriterion`'s matching); the losses of all groups are summed and divided by the
+number of ground-truth boxes times the number of groups.
 
 IA-BCE (LW-DETR's IoU-aware classification loss) is a binary cross-entropy whose target is
 ``t = max(p^alpha IoU^(1-alpha), 0.01)`` at the matched class of a matched query (``p`` its
@@ -34,23 +33,15 @@ MIN_SCORE_TARGET = 0.01
 
 
 class GroupSetCriterion(SetCriterion):
-    """Group DETR set loss with IA-BCE classification.
-
-    Args:
-        num_classes: foreground classes.
-        assigner: ``TASK_UTILS`` config of the matcher (default: :class:`SetCriterion`'s,
-            Hungarian with focal 2 / L1 5 / GIoU 2 costs, RF-DETR's).
-        loss_cls: soft-target classification loss (default: :data:`IA_BCE_LOSS`).
-        loss_bbox, loss_iou: box losses (default: L1 5, GIoU 2, RF-DETR's).
-        score_alpha: ``alpha`` of the IA-BCE target.
-    """
+    """Group DETR set loss with IA-BCE classification: :class:`SetCriterion`'s arguments (its
+    defaults, Hungarian with focal 2 / L1 5 / GIoU 2 costs and L1 5 / GIoU 2 losses, are
+    RF-DETR's), ``loss_cls`` a soft-target loss (default :data:`IA_BCE_LOSS`)."""
 
     def __init__(self, num_classes: int, assigner: Optional[dict] = None,
                  loss_cls: Optional[dict] = None, loss_bbox: Optional[dict] = None,
-                 loss_iou: Optional[dict] = None, score_alpha: float = SCORE_ALPHA) -> None:
+                 loss_iou: Optional[dict] = None) -> None:
         super().__init__(num_classes, assigner, loss_cls or dict(IA_BCE_LOSS), loss_bbox,
                          loss_iou)
-        self.score_alpha = score_alpha
 
     def avg_factor(self, batch_gt_instances: Sequence[InstanceData], num_groups: int,
                    num_matched: int, like: Tensor) -> Tensor:
@@ -60,16 +51,14 @@ class GroupSetCriterion(SetCriterion):
 
     def classification_loss(self, cls_scores: Tensor, boxes: Tensor, targets: Targets,
                             avg: Tensor) -> Tensor:
-        """IA-BCE: the soft target ``max(p^alpha IoU^(1-alpha), 0.01)`` at the matched class of
-        matched queries (``boxes (B, Q, 4)`` their predictions), 0 elsewhere (module
-        docstring)."""
+        """IA-BCE on its soft target (module docstring; ``boxes (B, Q, 4)``: the predictions,
+        whose IoU with the matched ground truth enters the target)."""
         c = cls_scores.shape[-1]
         with torch.no_grad():
             pred = boxes[targets.image, targets.query]                          # (P, 4)
             iou = bbox_overlaps(cxcywh_to_xyxy(pred), targets.boxes, is_aligned=True)
             prob = cls_scores[targets.image, targets.query, targets.label].sigmoid()
-            score = (prob.pow(self.score_alpha) * iou.pow(1 - self.score_alpha)).clamp(
-                min=MIN_SCORE_TARGET)
+            score = (prob.pow(SCORE_ALPHA) * iou.pow(1 - SCORE_ALPHA)).clamp(min=MIN_SCORE_TARGET)
             soft = torch.zeros_like(cls_scores)
             soft[targets.image, targets.query, targets.label] = score
         return self.loss_cls(cls_scores.reshape(-1, c), soft.reshape(-1, c), avg_factor=avg)

@@ -122,12 +122,10 @@ class SegHeadOutputs(NamedTuple):
 def masks_to_image(logits: Tensor, img_meta: dict, rescale: bool) -> Tensor:
     """``(K, Hm, Wm)`` mask logits over the padded batch -> ``(K, H, W)`` bool masks of the
     image (``img_shape``, or ``ori_shape`` when ``rescale``): one bilinear resize of the
-    image's part (RF-DETR's, which resizes the whole unpadded batch), then ``> 0``.
-
-    The resize is ``grid_sample``'s (``align_corners=False``, border) written separably, as two
-    matrix products with each axis' weights (:func:`border_weights`): the same taps, and the
-    exported graph runs MatMul where onnxruntime's GridSample took a third of RF-DETR-Seg N's
-    time (docs/rfdetr.md, latency)."""
+    image's part (RF-DETR's, which resizes the whole unpadded batch), then ``> 0``. The resize
+    is ``grid_sample``'s (``align_corners=False``, border) as two matrix products with each
+    axis' weights (:func:`border_weights`): the same taps, run by an exported graph as MatMul,
+    far faster than onnxruntime's GridSample (docs/rfdetr.md, latency)."""
     batch_h, batch_w = img_meta['batch_input_shape']
     img_h, img_w = img_meta['img_shape'][:2]
     out_h, out_w = (img_meta['ori_shape'] if rescale else img_meta['img_shape'])[:2]

@@ -2,12 +2,11 @@
 
 Each layer: self-attention of the queries (within each query group: Group DETR trains
 ``num_groups`` independent query sets in one batch), deformable attention to the memory
-(:func:`deformable_attention` on mmcv's ``MultiScaleDeformableAttention``: its parameters, the
-levels' sizes given as ints so that the layer traces into an exported graph; on CUDA mmcv's op,
-``mmcv._ext``: compiled mmcv or our compile-free op), a ReLU FFN, a LayerNorm after each. The query
-position is an MLP of the sine encoding of the reference box. With RF-DETR's
-``lite_refpoint_refine`` every layer attends around the same initial reference boxes (no
-layer-by-layer refinement) and the box of every layer is predicted relative to them.
+(:func:`deformable_attention` with the parameters of mmcv's ``MultiScaleDeformableAttention``),
+a ReLU FFN, a LayerNorm after each. The query position is an MLP of the sine encoding of the
+reference box. With RF-DETR's ``lite_refpoint_refine`` every layer attends around the same
+initial reference boxes (no layer-by-layer refinement) and the box of every layer is predicted
+relative to them.
 
 Self-attention is our :class:`MultiheadCrossAttention` (fused SDPA) and the FFN our
 :class:`Mlp`; the sine encoding is mmdet's ``coordinate_to_encoding`` (DINO's).
@@ -54,9 +53,10 @@ def deformable_attention(attn: MultiScaleDeformableAttention, query: Tensor, que
     given as ``shapes`` (ints, or a traced graph's symbolic ints, which mmcv's module would read
     from a tensor's values): ``query`` ``(B, Q, C)`` attends to ``value`` ``(B, N, C)`` (zeroed
     where ``padding_mask`` is True) around ``reference`` ``(B, Q, L, 2)`` points or
-    ``(B, Q, L, 4)`` boxes, normalised. Sampling runs mmcv's op on CUDA (given
-    ``spatial_shapes`` / ``level_start_index``), else mmcv's PyTorch form (``F.grid_sample``
-    per level: ONNX ``GridSample`` in an exported graph), in the reference's precision."""
+    ``(B, Q, L, 4)`` boxes, normalised. Sampling runs mmcv's op on CUDA (``mmcv._ext``:
+    compiled mmcv or our compile-free op; given ``spatial_shapes`` / ``level_start_index``),
+    else mmcv's PyTorch form (``F.grid_sample`` per level: ONNX ``GridSample`` in an exported
+    graph), in the reference's precision."""
     b, q, _ = query.shape
     heads, levels, points = attn.num_heads, attn.num_levels, attn.num_points
     identity = query
@@ -95,27 +95,20 @@ def reparam_boxes(delta: Tensor, ref: Tensor) -> Tensor:
 
 
 class LWDETRDecoderLayer(nn.Module):
-    """Post-norm decoder layer: grouped self-attention, deformable cross-attention, FFN.
-
-    Args:
-        embed_dims: query channels.
-        self_heads: self-attention heads.
-        cross_heads: deformable attention heads.
-        num_levels: memory levels.
-        num_points: sampling points per head and level.
-        ffn_dims: FFN hidden channels.
-        dropout: dropout after each sub-layer.
-    """
+    """Post-norm decoder layer on ``embed_dims`` queries: grouped self-attention
+    (``self_heads``), deformable cross-attention (``cross_heads``, ``num_points`` per head and
+    level of ``num_levels`` memory levels), FFN (``ffn_dims`` hidden), a LayerNorm after each."""
 
     def __init__(self, embed_dims: int, self_heads: int, cross_heads: int, num_levels: int,
-                 num_points: int, ffn_dims: int, dropout: float = 0.0) -> None:
+                 num_points: int, ffn_dims: int) -> None:
         super().__init__()
-        self.self_attn = MultiheadCrossAttention(embed_dims, self_heads, proj_drop=dropout)
+        self.self_attn = MultiheadCrossAttention(embed_dims, self_heads)
         self.norm1 = nn.LayerNorm(embed_dims)
+        # no dropout (RF-DETR's 0; mmcv's module defaults to 0.1)
         self.cross_attn = MultiScaleDeformableAttention(
-            embed_dims, cross_heads, num_levels, num_points, dropout=dropout, batch_first=True)
+            embed_dims, cross_heads, num_levels, num_points, dropout=0.0, batch_first=True)
         self.norm2 = nn.LayerNorm(embed_dims)
-        self.ffn = Mlp(embed_dims, ffn_dims, act_layer=nn.ReLU, drop=dropout)
+        self.ffn = Mlp(embed_dims, ffn_dims, act_layer=nn.ReLU)
         self.norm3 = nn.LayerNorm(embed_dims)
 
     def forward(self, query: Tensor, query_pos: Tensor, memory: Memory, ref_points: Tensor,
@@ -129,7 +122,7 @@ class LWDETRDecoderLayer(nn.Module):
         v = query.reshape(b * num_groups, -1, c)                              # (B*G, Q, C)
         out = self.self_attn(q, q, v).reshape(b, gq, c)                       # (B, G*Q, C)
         query = self.norm1(query + out)
-        # mmcv's forward adds the residual (query before query_pos) and its dropout
+        # mmcv's forward adds the residual (query before query_pos)
         query = self.norm2(deformable_attention(
             self.cross_attn, query, query_pos, memory.tokens, ref_points, memory.shapes,
             memory.padding_mask, memory.spatial_shapes, memory.level_start_index))
@@ -137,23 +130,18 @@ class LWDETRDecoderLayer(nn.Module):
 
 
 class LWDETRDecoder(nn.Module):
-    """The decoder stack; every layer's output goes through the shared final LayerNorm.
-
-    Args:
-        num_layers: decoder layers.
-        embed_dims, self_heads, cross_heads, num_levels, num_points, ffn_dims, dropout: see
-            :class:`LWDETRDecoderLayer`.
-    """
+    """``num_layers`` :class:`LWDETRDecoderLayer` (the other arguments are theirs); every
+    layer's output goes through the shared final LayerNorm."""
 
     def __init__(self, num_layers: int, embed_dims: int, self_heads: int, cross_heads: int,
-                 num_levels: int, num_points: int, ffn_dims: int, dropout: float = 0.0) -> None:
+                 num_levels: int, num_points: int, ffn_dims: int) -> None:
         super().__init__()
         if num_layers < 1:
             raise ValueError(f'num_decoder_layers must be >= 1, got {num_layers}')
         self.embed_dims = embed_dims
         self.layers = nn.ModuleList(
             LWDETRDecoderLayer(embed_dims, self_heads, cross_heads, num_levels, num_points,
-                               ffn_dims, dropout) for _ in range(num_layers))
+                               ffn_dims) for _ in range(num_layers))
         # query position = MLP(sine(cx, cy, w, h)) (DAB-DETR / DINO / LW-DETR)
         self.ref_point_head = Mlp(2 * embed_dims, embed_dims, embed_dims, act_layer=nn.ReLU)
         self.norm = nn.LayerNorm(embed_dims)

@@ -110,14 +110,10 @@ class SetCriterion(nn.Module):
     def match_one_to_many(self, cls_score: Tensor, boxes: Tensor, gt_instances: InstanceData,
                           img_meta: dict, k: int,
                           invalid: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-        """One-to-many matching for one image: every ground-truth box takes the ``k``
-        predictions of lowest matching cost (the assigner's own costs), a prediction taken by
-        several keeps the cheapest; ``invalid`` ``(Q,)`` predictions (padded tokens) are never
-        taken. Dense supervision for the encoder's token predictions (hybrid matching).
-
-        Returns:
-            ``(query_inds, gt_inds)`` of the matched pairs, at most ``k`` per ground truth.
-        """
+        """One-to-many matching for one image -> ``(query_inds, gt_inds)``: every ground-truth
+        box takes the ``k`` predictions of lowest matching cost (the assigner's own costs), a
+        prediction taken by several keeps the cheapest; ``invalid`` ``(Q,)`` predictions (padded
+        tokens) are never taken. Dense supervision for the encoder's token predictions."""
         empty = boxes.new_zeros(0, dtype=torch.long)
         num_gts, num_preds = len(gt_instances), boxes.shape[0]
         if num_gts == 0 or num_preds == 0:
@@ -180,19 +176,11 @@ class SetCriterion(nn.Module):
                 batch_gt_instances: Sequence[InstanceData], batch_img_metas: Sequence[dict],
                 matches: Optional[List[Tuple[Tensor, Tensor]]] = None,
                 num_groups: int = 1) -> Dict[str, Tensor]:
-        """Losses of one prediction set.
-
-        Args:
-            cls_scores: logits ``(B, G*Q, num_classes)``.
-            boxes: normalised cxcywh ``(B, G*Q, 4)``.
-            batch_gt_instances, batch_img_metas: per image.
-            matches: precomputed ``(query_inds, gt_inds)`` per image (e.g. denoising queries,
-                whose targets are known); Hungarian matching of each group when None.
-            num_groups: query groups (Group DETR), each matched to the ground truth alone.
-
-        Returns:
-            ``loss_cls``, ``loss_bbox``, ``loss_iou``.
-        """
+        """``loss_cls``, ``loss_bbox`` and ``loss_iou`` of one prediction set: logits
+        ``cls_scores (B, G*Q, num_classes)`` and normalised cxcywh ``boxes (B, G*Q, 4)``, each
+        of the ``num_groups`` query groups (Group DETR) matched to the ground truth alone, or
+        the given ``matches``: per image ``(query_inds, gt_inds)`` (e.g. denoising queries,
+        whose targets are known)."""
         cls_scores, boxes = cls_scores.float(), boxes.float()
         b, num_queries, c = cls_scores.shape
         if c != self.num_classes or num_queries % num_groups:

@@ -2,7 +2,8 @@
 :mod:`vitdet_plugin.functional`, argument checks in :mod:`.arguments`)."""
 from .attention import Attention, eager_attention
 from .cross_attention import MultiheadCrossAttention
-from .mlp import DropPath, Mlp, linear_drop_path_rates
+from .drop_path import DropPath, linear_drop_path_rates
+from .mlp import Mlp
 from .norm import LayerNorm2d, masked_group_norm
 from .patch_embed import ConvStem, PatchEmbed
 from .patch_merging import PatchMerging

@@ -1,8 +1,7 @@
-"""The two residual-branch layers every transformer block here uses: the feed-forward
-:class:`Mlp` and per-sample stochastic depth (:class:`DropPath`)."""
-from typing import Callable, List, Optional
+"""The feed-forward :class:`Mlp` of every transformer block here (stochastic depth, the other
+residual-branch layer, is in :mod:`.drop_path`)."""
+from typing import Callable, Optional
 
-import torch
 from torch import Tensor, nn
 
 
@@ -25,34 +24,3 @@ class Mlp(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
-
-
-class DropPath(nn.Module):
-    """Stochastic depth: zero whole residual branches per sample with probability
-    ``drop_prob``, rescaling the rest (identity in eval mode or when ``drop_prob == 0``)."""
-
-    def __init__(self, drop_prob: float = 0.0) -> None:
-        super().__init__()
-        if not 0.0 <= drop_prob < 1.0:
-            raise ValueError(f'drop_prob must be in [0, 1), got {drop_prob}')
-        self.drop_prob = float(drop_prob)
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.drop_prob == 0.0 or not self.training:
-            return x
-        keep = 1.0 - self.drop_prob
-        shape = (x.shape[0],) + (1,) * (x.ndim - 1)                 # (B, 1, ..., 1)
-        mask = x.new_empty(shape).bernoulli_(keep)
-        return x * mask.div_(keep)
-
-    def extra_repr(self) -> str:
-        return f'drop_prob={self.drop_prob:g}'
-
-
-def linear_drop_path_rates(drop_path_rate: float, depth: int) -> List[float]:
-    """The linear stochastic-depth schedule: block ``i`` of ``depth`` gets
-    ``rate * i / (depth - 1)``."""
-    if depth <= 0:
-        return []
-    # an explicit CPU device: models can then be built under a meta default device
-    return torch.linspace(0, drop_path_rate, depth, device='cpu').tolist()
