@@ -132,6 +132,20 @@ def read_official_checkpoint(checkpoint: Union[str, os.PathLike, Mapping]) -> St
     return unwrap_state_dict(ckpt)
 
 
+def official_detector_state(ckpt: object) -> Optional[StateDict]:
+    """The detector state dict of a loaded official D-FINE / DEIMv2 checkpoint (``{'model':
+    sd}`` / ``{'ema': {'module': sd}}``, :func:`read_official_checkpoint`), or None when
+    ``ckpt`` is not one."""
+    if not isinstance(ckpt, Mapping) or not any(isinstance(ckpt.get(k), Mapping)
+                                                for k in ('model', 'ema')):
+        return None
+    try:
+        sd = read_official_checkpoint(ckpt)
+    except CheckpointError:
+        return None
+    return sd if official_family(sd) is not None else None
+
+
 def official_size(sd: Mapping[str, Tensor]) -> Tuple[Tuple[str, int, int, int], Optional[str]]:
     """The size signature of an official detector state dict and the config of that size
     (None: not a published size)."""
