@@ -20,9 +20,12 @@ from mmengine.hooks import EMAHook
 from mmengine.logging import MMLogger
 from mmengine.runner import Runner
 from mmengine.runner.checkpoint import load_checkpoint as mmengine_load_checkpoint
+from helpers import run_tool
 from test_dfine_official import KNOWN_PAIRS, official
 
 import vitdet_plugin  # noqa: F401
+from vitdet_plugin.datasets.data_folder import apply_data_folder
+from vitdet_plugin.datasets.shapes import ShapesSpec, generate_split
 from vitdet_plugin.weights import CheckpointError
 from vitdet_plugin.weights.dfine_official import official_to_detector
 from vitdet_plugin.weights.model_load import DFINE_CLASS_BRANCHES
@@ -30,6 +33,7 @@ from vitdet_plugin.weights.model_load import DFINE_CLASS_BRANCHES
 register_all_modules()
 ATTO = 'configs/deimv2/deimv2_atto.py'
 FEMTO = 'configs/deimv2/deimv2_femto.py'
+FINETUNE_S = 'configs/deimv2/deimv2_s_finetune_custom.py'
 #: Our names of the official Atto's parts (KNOWN_PAIRS' part -> prefix in the detector).
 PREFIX = {'backbone': 'backbone.', 'neck': 'neck.', 'head': 'bbox_head.'}
 #: The class branches of the Atto head (3 decoder layers).
@@ -164,3 +168,66 @@ def test_fine_tuning_start_reinitialises_only_the_class_branches(atto, num_class
             assert torch.equal(value, converted[key]), key
     assert torch.equal(state['bbox_head.decoder.reg_branches.0.layers.2.weight'],
                        sd['decoder.dec_bbox_head.0.layers.2.weight'])
+
+
+def test_convert_weights_writes_the_detector_of_the_official_file(atto, tmp_path):
+    """``tools/convert_weights.py OFFICIAL.pth OUT.pth``: an mmdet checkpoint that loads with
+    load_from into the config of its size."""
+    out = str(tmp_path / 'ours.pth')
+    run = run_tool('convert_weights.py', [atto['ema'], out])
+    assert run.returncode == 0, run.stderr
+    model = _model()
+    tensors = len(model.state_dict())  # every tensor of the detector
+    assert run.stdout == (
+        f"{atto['ema']}: a DEIMv2 checkpoint (official layout) -> {out} ({tensors} tensors, "
+        # the rebuilt buffers: anchors, valid_mask, up and reg_scale twice, 3 num_points_scale
+        f"9 keys dropped); load it with load_from='{out}' in a D-FINE / DEIMv2 detector config "
+        '(configs/dfine, configs/deimv2) of its sizes and classes\n')
+    mmengine_load_checkpoint(model, out, strict=True)
+    _assert_is_file(model, atto['sd'])
+
+
+def test_convert_weights_refuses_a_dinov3_official_file(tmp_path):
+    """Meta's DINOv3 layout (L / X) converts for a given model: the file loads with load_from
+    in its config instead."""
+    sd, _ = official('deimv2_s')
+    path = str(tmp_path / 's.pth')
+    torch.save({'model': sd}, path)
+    run = run_tool('convert_weights.py', [path, str(tmp_path / 'out.pth')])
+    assert run.returncode == 1
+    assert run.stderr == (
+        'error: the DEIMv2 DINOv3 official checkpoint converts for a given model (its DINOv3 '
+        'layout): load the file itself with load_from=FILE in configs/deimv2/deimv2_s.py (or '
+        "the detector's init_cfg=dict(type='Pretrained', checkpoint=FILE))\n")
+
+
+def test_the_s_finetune_config_reads_a_data_folder_and_starts_from_the_official_file(tmp_path):
+    """configs/deimv2/deimv2_s_finetune_custom.py with --data on a 3-class folder: the head
+    takes the folder's classes, starts from the official S file where the config expects it,
+    its class branches at their init."""
+    classes = ('square', 'circle', 'star')
+    data = str(tmp_path / 'data')
+    spec = ShapesSpec(image_size=64, classes=classes, objects=(1, 2), object_size=(12, 32),
+                      lines=(0, 1))
+    for split in ('train', 'val'):
+        generate_split(data, split, 2, seed=0, spec=spec, progress=False)
+    cfg = Config.fromfile(FINETUNE_S)
+    apply_data_folder(cfg, data, ('train', 'val'))
+    assert cfg.model.bbox_head.num_classes == 3
+    assert tuple(cfg.train_dataloader.dataset.metainfo['classes']) == classes
+    assert cfg.model.init_cfg == dict(type='Pretrained',
+                                      checkpoint='checkpoints/deimv2_dinov3_s_coco.pth')
+    sd, _ = official('deimv2_s')
+    path = str(tmp_path / 'deimv2_dinov3_s_coco.pth')
+    torch.save({'ema': {'module': sd}}, path)
+    cfg.model.init_cfg.checkpoint = path
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    state = model.state_dict()
+    assert state['bbox_head.dn_label_embed.weight'].shape[0] == 4
+    assert state['bbox_head.decoder.cls_branches.3.weight'].shape[0] == 3
+    assert torch.equal(state['backbone.vit.cls_token'], sd['backbone.dinov3._model.cls_token'])
+    assert torch.equal(state['bbox_head.decoder.layers.3.gateway.norm.weight'],
+                       sd['decoder.decoder.layers.3.gateway.norm.scale'])
+    assert torch.equal(state['bbox_head.selector.enc_bbox_head.layers.2.weight'],
+                       sd['decoder.enc_bbox_head.layers.2.weight'])

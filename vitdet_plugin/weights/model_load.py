@@ -15,7 +15,8 @@ with those parts at their init. Our backbones and necks load their own ``init_cf
   read an rfdetr file, :func:`~.rfdetr.as_detector_checkpoint`); every other tensor loads as is;
 * converts a whole D-FINE / DEIMv2 detector (a transformers folder or an official file, read as
   its state dict by :mod:`vitdet_plugin.compat`) to the model's names strictly; a fine-tuning
-  start of other classes keeps the head's class branches at their init (:func:`_convert_dfine`);
+  start from an official file of other classes keeps the head's class branches at their init
+  (:func:`_convert_dfine`);
 * refuses (:class:`CheckpointError`) a checkpoint with any tensor of another shape than the
   model's, naming the fix: the config of an RF-DETR checkpoint's size, the ``num_classes`` of
   its head (and its class names), or the tensors that differ.
@@ -50,8 +51,8 @@ SHOWN_MISMATCHES = 3
 DFINE_CLASS_BRANCHES = re.compile(
     r'^bbox_head\.(?:selector\.enc_score_head|decoder\.cls_branches\.\d+|dn_label_embed)\.')
 DFINE_DN_EMBED = 'bbox_head.dn_label_embed.weight'
-#: The denoising class embedding of an official and of a transformers checkpoint.
-DFINE_DN_EMBEDS = ('decoder.denoising_class_embed.weight', 'model.denoising_class_embed.weight')
+#: The denoising class embedding of an official checkpoint.
+DFINE_OFFICIAL_DN_EMBED = 'decoder.denoising_class_embed.weight'
 #: mmengine's default ``revise_keys`` (a DDP wrapper's prefix).
 _MODULE_PREFIX: Sequence[Tuple[str, str]] = ((r'^module\.', ''),)
 
@@ -93,25 +94,28 @@ def fit_checkpoint(model: nn.Module, checkpoint: Mapping[str, Any],
 
 def _convert_dfine(model: nn.Module, state: Dict[str, Tensor]) -> None:
     """Convert in place a whole D-FINE / DEIMv2 detector, a transformers folder's or an
-    official file's, to ``model``'s names, strictly. A checkpoint of other classes than the
-    model's head is refused, except in a fine-tuning start: there the class branches
+    official file's, to ``model``'s names, strictly. An official file of other classes than
+    the model's head is refused, except in a fine-tuning start: there the class branches
     (:data:`DFINE_CLASS_BRANCHES`) keep the model's initial values and all else loads, as the
     official repositories' ``load_tuning_state`` does (it skips every tensor of another
     shape)."""
     current = model.state_dict()
     expected = {k: v.shape for k, v in current.items()}
     owner = type(model).__name__
-    have = next((int(state[k].shape[0]) - 1 for k in DFINE_DN_EMBEDS if k in state), None)
-    want = int(expected[DFINE_DN_EMBED][0]) - 1 if DFINE_DN_EMBED in expected else None
+    bins = getattr(getattr(model, 'bbox_head', None), 'bins', None)
+    if dfine_detector_layout(state) is not None:
+        converted, _ = dfine_to_detector(state, expected, owner, bins)
+        state.clear()
+        state.update(converted)
+        return
+    have = int(state[DFINE_OFFICIAL_DN_EMBED].shape[0]) - 1
+    want = int(expected[DFINE_DN_EMBED][0]) - 1 if DFINE_DN_EMBED in expected else have
     branches = [k for k in expected if DFINE_CLASS_BRANCHES.match(k)]
-    other = have is not None and want is not None and have != want
+    other = have != want
     if other:  # convert at the file's classes
         expected.update({k: Size((expected[k][0] + have - want, *expected[k][1:]))
                          for k in branches})
-    convert = dfine_to_detector if dfine_detector_layout(state) is not None else \
-        official_to_detector
-    converted, _ = convert(state, expected, owner,
-                           getattr(getattr(model, 'bbox_head', None), 'bins', None))
+    converted, _ = official_to_detector(state, expected, owner, bins)
     if other:
         if not _FINE_TUNING.get():
             raise CheckpointError(
