@@ -6,6 +6,8 @@ Files in the official layout are written from the recorded key list of DEIMv2 At
 (``tests/fixtures/dfine_official_deimv2_atto.json``, seeded random tensors), in both official
 containers; where each tensor lands is checked against pairs read from the official model code
 (``test_dfine_official.KNOWN_PAIRS``)."""
+import json
+import os
 import re
 import types
 from typing import Dict
@@ -20,7 +22,7 @@ from mmengine.hooks import EMAHook
 from mmengine.logging import MMLogger
 from mmengine.runner import Runner
 from mmengine.runner.checkpoint import load_checkpoint as mmengine_load_checkpoint
-from helpers import run_tool
+from helpers import load_tool, run_tool
 from test_dfine_official import KNOWN_PAIRS, official
 
 import vitdet_plugin  # noqa: F401
@@ -231,3 +233,21 @@ def test_the_s_finetune_config_reads_a_data_folder_and_starts_from_the_official_
                        sd['decoder.decoder.layers.3.gateway.norm.scale'])
     assert torch.equal(state['bbox_head.selector.enc_bbox_head.layers.2.weight'],
                        sd['decoder.enc_bbox_head.layers.2.weight'])
+
+
+def test_tools_test_evaluates_the_official_file(atto, tmp_path):
+    """``tools/test.py configs/deimv2/deimv2_atto.py OFFICIAL.pth --data DIR`` on a folder of
+    COCO's 80 class slots: the file loads (the EMA hook's copy too) and the run scores it."""
+    data = str(tmp_path / 'data')
+    spec = ShapesSpec(image_size=64, classes=('square', 'circle'), objects=(1, 2),
+                      object_size=(12, 32), lines=(0, 1))
+    for split in ('train', 'val'):
+        coco = generate_split(data, split, 2, seed=0, spec=spec, progress=False)
+        coco['categories'] = [dict(id=i + 1, name=f'class{i}') for i in range(80)]
+        with open(os.path.join(data, 'annotations', f'instances_{split}.json'), 'w') as f:
+            json.dump(coco, f)
+    metrics = load_tool('test.py').main([
+        ATTO, atto['ema'], '--data', data, '--work-dir', str(tmp_path / 'work'),
+        '--cfg-options', 'test_dataloader.num_workers=0',
+        'test_dataloader.persistent_workers=False'])
+    assert 'coco/bbox_mAP' in metrics
