@@ -251,3 +251,27 @@ def test_tools_test_evaluates_the_official_file(atto, tmp_path):
         '--cfg-options', 'test_dataloader.num_workers=0',
         'test_dataloader.persistent_workers=False'])
     assert 'coco/bbox_mAP' in metrics
+
+
+@pytest.mark.parametrize('name,config', [('dfine_n', 'configs/dfine/dfine_n.py'),
+                                         ('deimv2_s', 'configs/deimv2/deimv2_s.py'),
+                                         ('deimv2_l', 'configs/deimv2/deimv2_l.py')])
+def test_load_from_takes_each_familys_official_file(name, config, tmp_path):
+    """D-FINE (HGNetV2), DEIMv2 with the distilled ViT-Tiny (S) and with Meta's DINOv3 (L):
+    mmengine's load_checkpoint of the official file into the config of its size."""
+    sd, _ = official(name)
+    path = str(tmp_path / f'{name}.pth')
+    torch.save({'ema': {'module': sd}}, path)
+    model = _model(config)
+    mmengine_load_checkpoint(model, path, strict=True)
+    state = model.state_dict()
+    converted, _ = official_to_detector(sd, {k: v.shape for k, v in state.items()})
+    assert converted.keys() == state.keys()
+    for key, value in state.items():
+        assert torch.equal(value, converted[key]), key
+    for fixture, official_key, rows, part, ours in KNOWN_PAIRS:
+        if fixture == name:
+            want = sd[official_key] if rows is None else sd[official_key][rows[0]:rows[1]]
+            assert torch.equal(state[PREFIX[part] + ours], want), ours
+    assert torch.equal(state['bbox_head.decoder.cls_branches.0.bias'],
+                       sd['decoder.dec_score_head.0.bias'])
