@@ -11,6 +11,7 @@
     python tools/convert_weights.py rf-detr-nano.pth rfdetr_n_coco80.pth
     python tools/convert_weights.py output/checkpoint_best_ema.pth rfdetr_n_mine.pth  # fine-tuned
     python tools/convert_weights.py path/to/dfine-small-coco dfine_s_ours.pth  # transformers
+    python tools/convert_weights.py deimv2_hgnetv2_atto_coco.pth deimv2_atto_ours.pth  # official
 
 The source layout is detected by the one table of ``vitdet_plugin.weights.layouts`` (official
 Microsoft Swin, Swin detection repo, timm, mmdet / mmpretrain for Swin; official, timm,
@@ -20,8 +21,9 @@ EVA-02/det's detectors, ``--model vit_family``; Hugging Face transformers ``Dino
 ``Dinov2WithRegistersModel``, ``DINOv3ViTModel``, ``SwinModel``, ``Swinv2Model``, ``ViTModel``,
 ``ViTMAEModel`` and their task wrappers; a bare simple-FPN neck; the ``rfdetr`` package's
 ``.pth`` files, whole detectors, RF-DETR-Seg with its mask head: ``--model rfdetr``;
-transformers ``DFineForObjectDetection`` / ``Deimv2ForObjectDetection`` folders over HGNetV2,
-whole detectors: backbone, encoder and ``DFineHead``). A
+transformers ``DFineForObjectDetection`` / ``Deimv2ForObjectDetection`` folders and the
+official D-FINE / DEIMv2 ``.pth`` files over HGNetV2, whole detectors: backbone, encoder and
+``DFineHead``; the DINOv3 ones load with ``load_from`` in their config). A
 transformers model folder (``config.json`` + ``model.safetensors``, or its shards and index,
 or ``pytorch_model.bin``) is read like a file. Files are read with
 ``torch.load(weights_only=True)``; the output is ``{'state_dict': sd, 'meta': {...}}``,
@@ -43,6 +45,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from vitdet_plugin.weights import (FAMILY_BACKBONES, CheckpointError, CheckpointTarget,
                                    checkpoint_state_dict, detect_layout, load_checkpoint_file)
 from vitdet_plugin.weights.dfine_detector import dfine_detector_layout, dfine_to_detector
+from vitdet_plugin.weights.dfine_official import LAYOUTS as OFFICIAL_LAYOUTS
+from vitdet_plugin.weights.dfine_official import (official_detector_state, official_family,
+                                                  official_to_detector)
 from vitdet_plugin.weights.layout import Layout
 from vitdet_plugin.weights.rfdetr import (RFDETR, has_mask_branch, matching_configs, read_size,
                                           rfdetr_to_detector)
@@ -101,6 +106,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                 "build RF-DETR's DINOv2); convert an RF-DETR folder (RfDetrForObjectDetection) "
                 "or rfdetr's .pth")
         ckpt = load_checkpoint_file(args.src)
+        official = official_detector_state(ckpt)
+        if official is not None:  # an official D-FINE / DEIMv2 .pth: a whole detector
+            if window or args.src_window_size or pos_grid or args.patch_size or \
+                    args.num_classes is not None or args.prefix or args.model != 'auto':
+                p.error('an official D-FINE / DEIMv2 checkpoint converts as saved: its config '
+                        'builds its sizes and classes')
+            converted, dropped = official_to_detector(official, None, 'tools/convert_weights.py')
+            layout = next(lay for lay in OFFICIAL_LAYOUTS
+                          if lay.family == official_family(official))
+            return _save(args.src, args.dst, converted, dropped, layout, layout.family, None)
         sd = checkpoint_state_dict(ckpt, args.prefix)
         layout = detect_layout(sd)
         family = layout.family

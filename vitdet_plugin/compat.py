@@ -51,6 +51,7 @@ from .weights.checkpoint_io import (CheckpointError, load_trusted_or_weights_onl
 from .weights import model_load
 from .weights.rfdetr import as_detector_checkpoint
 from .weights.dfine_detector import dfine_detector_layout
+from .weights.dfine_official import official_detector_state
 from .weights.transformers_folder import is_transformers_folder, load_transformers_folder
 
 MMCV_RANGE = ('2.0.0rc4', '2.2.0')
@@ -246,8 +247,9 @@ def register_safe_globals() -> Tuple[str, ...]:
 # ----------------------------------------------------------------------------- mmengine's loaders
 def safe_load_from_local(filename: str, map_location: Any = None) -> Any:
     """mmengine's local-file checkpoint loader, through :func:`load_trusted_or_weights_only`;
-    a transformers model folder (``save_pretrained``) is read as its state dict (the model
-    check converts a D-FINE / DEIMv2 detector's, :mod:`.weights.model_load`)."""
+    a transformers model folder (``save_pretrained``) and an official D-FINE / DEIMv2 file are
+    read as their detector state dict (the model check converts it,
+    :mod:`.weights.model_load`)."""
     if is_transformers_folder(filename):
         state = load_transformers_folder(filename, map_location or 'cpu')
         if dfine_detector_layout(state) is None:
@@ -259,6 +261,9 @@ def safe_load_from_local(filename: str, map_location: Any = None) -> Any:
         return {'state_dict': state}
     path = resolve_checkpoint_path(filename, source='--resume / load_from / the checkpoint path')
     ckpt = load_trusted_or_weights_only(path, map_location, filename)
+    official = official_detector_state(ckpt)
+    if official is not None:  # the model check converts it (EMAHook reads 'state_dict')
+        return {'state_dict': official}
     return as_detector_checkpoint(ckpt)  # an RF-DETR file: in our detector's names
 
 

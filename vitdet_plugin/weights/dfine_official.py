@@ -132,6 +132,20 @@ def read_official_checkpoint(checkpoint: Union[str, os.PathLike, Mapping]) -> St
     return unwrap_state_dict(ckpt)
 
 
+def official_detector_state(ckpt: object) -> Optional[StateDict]:
+    """The detector state dict of a loaded official D-FINE / DEIMv2 checkpoint (``{'model':
+    sd}`` / ``{'ema': {'module': sd}}``, :func:`read_official_checkpoint`), or None when
+    ``ckpt`` is not one."""
+    if not isinstance(ckpt, Mapping) or not any(isinstance(ckpt.get(k), Mapping)
+                                                for k in ('model', 'ema')):
+        return None
+    try:
+        sd = read_official_checkpoint(ckpt)
+    except CheckpointError:
+        return None
+    return sd if official_family(sd) is not None else None
+
+
 def official_size(sd: Mapping[str, Tensor]) -> Tuple[Tuple[str, int, int, int], Optional[str]]:
     """The size signature of an official detector state dict and the config of that size
     (None: not a published size)."""
@@ -330,7 +344,7 @@ def convert_official_layout(sd: StateDict, layout: Layout, target: CheckpointTar
     return part, [k for k in sd if not k.startswith(roots)]
 
 
-def official_to_detector(sd: Mapping[str, Tensor], expected: Mapping[str, torch.Size],
+def official_to_detector(sd: Mapping[str, Tensor], expected: Optional[Mapping[str, torch.Size]],
                          owner: str = 'the detector',
                          bins: Optional[Tuple[float, float]] = None
                          ) -> Tuple[StateDict, List[str]]:
@@ -338,26 +352,43 @@ def official_to_detector(sd: Mapping[str, Tensor], expected: Mapping[str, torch.
     names, checked strictly against ``expected`` (the detector's ``{name: shape}``), and the
     buffers dropped (rebuilt by our modules). A detector of another size is refused naming the
     config of the checkpoint's size; ``bins``: the head's ``(up, reg_scale)``, compared with
-    the checkpoint's."""
+    the checkpoint's. ``expected=None`` converts names only (``tools/convert_weights.py``): an
+    HGNetV2 detector as saved; a DINOv3 one is refused (Meta's DINOv3 layout converts for a
+    given model)."""
+    family = official_family(sd)
+    if expected is None:
+        if family == DEIMV2_DINOV3:
+            _, config = official_size(sd)
+            raise CheckpointError(
+                f'the {family} official checkpoint converts for a given model (its DINOv3 '
+                f"layout): load the file itself with load_from=FILE in {config or 'its config'} "
+                "(or the detector's init_cfg=dict(type='Pretrained', checkpoint=FILE))")
+        parts, dropped = official_parts(sd)
+        out = {'backbone.' + k: v for k, v in parts['backbone'].items()}
+        out.update({'neck.' + k: v for k, v in parts['neck'].items()})
+        out.update({'bbox_head.' + _head_name(k): v for k, v in parts['head'].items()})
+        return out, dropped
     vit_expected = {k[len('backbone.vit.'):]: s for k, s in expected.items()
                     if k.startswith('backbone.vit.')}
     parts, dropped = official_parts(sd, vit_expected or None)
     out = {'backbone.' + k: v for k, v in parts['backbone'].items()}
     out.update({'neck.' + k: v for k, v in parts['neck'].items()})
-    for key, value in parts['head'].items():
-        name = ('input_proj.' + key[len('decoder_input_proj.'):]
-                if key.startswith('decoder_input_proj.') else key)
-        out['bbox_head.' + name] = value
+    out.update({'bbox_head.' + _head_name(k): v for k, v in parts['head'].items()})
     out = _with_bn_counters(out, expected)
     refusal = _size_refusal(sd, owner, out, expected)
     if refusal:
         raise CheckpointError(refusal)
     if bins is not None:
         check_bins(sd, *bins, prefix='decoder.decoder.')
-    family = official_family(sd)
     check_state_dict(out, expected, source=f'{family} official checkpoint', owner=owner,
                      dropped=dropped)
     return out, dropped
+
+
+def _head_name(key: str) -> str:
+    """A :func:`head_part` key in the head's names (its ``input_proj``)."""
+    return ('input_proj.' + key[len('decoder_input_proj.'):]
+            if key.startswith('decoder_input_proj.') else key)
 
 
 def _with_bn_counters(part: StateDict, expected: Mapping[str, torch.Size]) -> StateDict:

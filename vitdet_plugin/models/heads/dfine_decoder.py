@@ -72,6 +72,9 @@ class DFineDecoder(nn.Module):
             configs (``mlp_act`` / ``activation``).
         lqe_top_k, lqe_hidden_dims, lqe_layers: the quality estimator.
         share_reg_branch: one distribution head for all layers (DEIMv2's ``share_bbox_head``).
+        query_pos_per_layer: each layer's query positions from its input references (D-FINE,
+            transformers' DEIMv2); False: every layer's from the selected references, computed
+            once (the official DEIMv2 decoder).
         sampling: ``'bilinear'`` or ``'discrete'`` deformable sampling (D-FINE's
             ``decoder_method`` ``'default'`` / ``'discrete'``).
     """
@@ -86,7 +89,8 @@ class DFineDecoder(nn.Module):
                  ffn_act: str = 'relu', query_pos_act: str = 'relu', mlp_act: str = 'relu',
                  layer_norm_eps: float = 1e-5, lqe_top_k: int = 4, lqe_hidden_dims: int = 64,
                  lqe_layers: int = 2, share_reg_branch: bool = False, dropout: float = 0.0,
-                 attn_drop: float = 0.0, sampling: str = 'bilinear') -> None:
+                 attn_drop: float = 0.0, sampling: str = 'bilinear',
+                 query_pos_per_layer: bool = True) -> None:
         super().__init__()
         if style not in STYLES:
             raise ValueError(f'style={style!r} is not one of {STYLES}; use dfine for D-FINE and '
@@ -105,6 +109,7 @@ class DFineDecoder(nn.Module):
         self.eval_idx = eval_idx % num_layers
         self.reg_max = reg_max
         self.reg_scale = reg_scale
+        self.query_pos_per_layer = query_pos_per_layer
         self.register_buffer('project', weighting_function(reg_max, up, reg_scale),
                              persistent=False)
         self.layers = nn.ModuleList(
@@ -137,8 +142,10 @@ class DFineDecoder(nn.Module):
         initial = pre_boxes = ref
         pre_logits: Optional[Tensor] = None
         keep: Dict[str, List[Tensor]] = {'logits': [], 'boxes': [], 'corners': [], 'hidden': []}
+        pos = self.query_pos_head(ref).clamp(-POS_CLAMP, POS_CLAMP)          # (B, Q, C)
         for i, layer in enumerate(self.layers):
-            pos = self.query_pos_head(ref).clamp(-POS_CLAMP, POS_CLAMP)
+            if i > 0 and self.query_pos_per_layer:
+                pos = self.query_pos_head(ref).clamp(-POS_CLAMP, POS_CLAMP)
             x = layer(x, pos, ref, memory, spatial_shapes, attn_mask)
             if i == 0:
                 pre_boxes = (self.pre_bbox_head(x) + inverse_sigmoid(ref)).sigmoid()
