@@ -101,6 +101,8 @@ def test_config_model_is_transformers_model_of_its_size(size):
     assert set(converted) == set(expected)
     # the config's model is that model without the selection's Linear + LayerNorm
     assert set(ours.state_dict()) == {k for k in expected if not k.startswith(SELECTOR_OUTPUT)}
+    # the official decoder's query positions come once from the selected references
+    assert ours.bbox_head.decoder.query_pos_per_layer is False
     count = sum(p.numel() for p in ours.parameters())
     assert count == OFFICIAL_PARAMS[size] - NOT_COUNTED.get(size, 2)
     assert abs(count / 1e6 / PUBLISHED_PARAMS[size] - 1) < 0.03, count

@@ -5,9 +5,9 @@
 # matching from matcher_change_epoch (DEIMMatcherSwitchHook); lr: quadratic warm-up, flat,
 # cosine to lr_gamma x lr, flat; AdamW, the ViT at its own lr; EMA 0.9999 (1000 warm-up steps).
 # Train: tools/train.py configs/deimv2/deimv2_x.py --cfg-options data_root=/path/to/coco/
-# Official .pth: vitdet_plugin.weights.dfine_official.official_to_detector (strict).
-# transformers' folders have an enc_output and ReLU box MLPs: load them into a head with
-# enc_output=True, decoder=dict(mlp_act='relu') (init_cfg=dict(type='Pretrained', ...)).
+# Official .pth: load_from=FILE or tools/test.py CONFIG FILE (strict; docs/deimv2.md).
+# transformers' folders: a head with enc_output=True, decoder=dict(mlp_act='relu',
+# query_pos_per_layer=True) (init_cfg=dict(type='Pretrained', checkpoint=FOLDER)).
 _base_ = ['../../_base_/datasets/coco_detection.py', '../../_base_/default_runtime.py']
 
 num_classes = 80
@@ -62,7 +62,7 @@ model = dict(
         num_queries=300, num_heads=8, ffn_dims=2048, num_layers=6, num_points=(3, 6, 3),
         style='deimv2', reg_max=32, reg_scale=4.0, enc_output=False,
         decoder=dict(use_gateway=True, share_reg_branch=False, query_pos_act='silu',
-                     mlp_act='silu'),
+                     mlp_act='silu', query_pos_per_layer=False),
         num_denoising=100, label_noise_ratio=0.5, box_noise_scale=1.0, class_loss='mal',
         dense_one_to_one=True,
         criterion=dict(focal_alpha=0.75, focal_gamma=1.5, match_iou_order_alpha=4.0)),
