@@ -40,8 +40,10 @@ from torch import Tensor, nn
 
 #: The timed image side (D-FINE's and DEIMv2's test size).
 SIZE = 640
-#: Largest top-score difference of the two sides (the export check's score tolerance).
+#: Largest top-score difference of the two sides, and of their boxes as a fraction of the
+#: side (the export check's tolerances).
 SCORE_TOLERANCE = 1e-4
+BOX_TOLERANCE = 1e-3
 #: ImageNet mean / std in 0-255 pixels (DEIMv2 over DINOv3); HGNetV2 models take RGB / 255.
 IMAGENET_MEAN = (123.675, 116.28, 103.53)
 IMAGENET_STD = (58.395, 57.12, 57.375)
@@ -54,10 +56,12 @@ DEIMV2_N: Dict[str, Any] = dict(
     neck=dict(fuse_op='sum', csp_type='csp2'),
     bbox_head=dict(style='deimv2', class_loss='mal', dense_one_to_one=True))
 #: DEIMv2 S: the DINOv3 ViT-Tiny + adapter, a 192-wide encoder and a 4-layer decoder (the
-#: shapes of the official deimv2_dinov3_s_coco.yml model).
+#: shapes of the official deimv2_dinov3_s_coco.yml model). The final norm on every tap: the
+#: original S has none, transformers' always norms the last tap; with it on all three both
+#: compute one function (two LayerNorms more than S).
 DEIMV2_S: Dict[str, Any] = dict(
     data_preprocessor=dict(mean=list(IMAGENET_MEAN), std=list(IMAGENET_STD)),
-    backbone=dict(_delete_=True, type='DINOv3STABackbone', arch='S'),
+    backbone=dict(_delete_=True, type='DINOv3STABackbone', arch='S', final_norm=True),
     neck=dict(in_channels=(192,) * 3, in_strides=(8, 16, 32), hidden_dim=192, ffn_dim=512,
               encoder_levels=(2,), expansion=0.34, depth_mult=0.67, fuse_op='sum',
               version='deim', csp_type='csp2', input_proj=False),
@@ -91,6 +95,11 @@ def model_config(name: str) -> Any:
     return Config(dict(model=cfg.model)).model  # applies the changes' _delete_
 
 
+def _out_indices(indices: List[int]) -> Dict[str, Any]:
+    """A transformers backbone config's ``out_indices`` keyword (its stages, 0 the stem)."""
+    return dict(out_indices=indices)
+
+
 def _hgnetv2_config(backbone: Any) -> Any:
     from transformers import HGNetV2Config
 
@@ -104,7 +113,7 @@ def _hgnetv2_config(backbone: Any) -> Any:
         stage_downsample=list(arch.downsample), stage_light_block=list(arch.light_block),
         stage_kernel_size=list(arch.kernel_size), hidden_sizes=list(arch.out_channels),
         depths=list(arch.num_blocks), use_learnable_affine_block=backbone.get('use_lab', False),
-        out_indices=[i + 1 for i in backbone['out_indices']])  # transformers: 0 is the stem
+        **_out_indices([i + 1 for i in backbone['out_indices']]))  # transformers: 0 is the stem
 
 
 def _dinov3_config(backbone: Any) -> Tuple[Any, int]:
@@ -122,8 +131,9 @@ def _dinov3_config(backbone: Any) -> Tuple[Any, int]:
     return DINOv3ViTConfig(
         hidden_size=width, num_attention_heads=vit['num_heads'],
         num_hidden_layers=vit['depth'], intermediate_size=4 * width, num_register_tokens=0,
-        layer_norm_eps=vit['norm_eps'], apply_layernorm=preset['final_norm'],
-        out_indices=[t + 1 for t in preset['taps']]), preset['sta_channels']
+        layer_norm_eps=vit['norm_eps'],
+        apply_layernorm=backbone.get('final_norm', preset['final_norm']),
+        **_out_indices([t + 1 for t in preset['taps']])), preset['sta_channels']
 
 
 def reference_config(model: Any) -> Any:
@@ -188,9 +198,9 @@ def build_pair(name: str, folder: str) -> Tuple[Any, Any]:
     cfg = model_config(name)
     config = reference_config(cfg)
     torch.manual_seed(SEED)
-    cls = DFineForObjectDetection if type(config).__name__ == 'DFineConfig' \
+    cls: Any = DFineForObjectDetection if type(config).__name__ == 'DFineConfig' \
         else Deimv2ForObjectDetection
-    theirs = perturb_(cls(config)).eval()
+    theirs: Any = perturb_(cls(config)).eval()
     theirs.save_pretrained(folder)
     cfg = copy.deepcopy(cfg)
     cfg.init_cfg = dict(type='Pretrained', checkpoint=folder)
@@ -210,6 +220,9 @@ class ReferenceEndToEnd(nn.Module):
     uint8 BGR image -> ``(boxes (1, K, 4) xyxy pixels, scores (1, K), labels (1, K))``, the
     top ``K`` (its query count) over queries x classes of the sigmoid scores, as its
     ``post_process_object_detection`` takes them."""
+
+    mean: Tensor
+    std: Tensor
 
     def __init__(self, model: nn.Module, mean: Tensor, std: Tensor) -> None:
         super().__init__()
@@ -238,7 +251,7 @@ def _export_reference(module: ReferenceEndToEnd, image: Tensor, path: str
     others failed)``."""
     from vitdet_plugin.deploy.onnx_export import OPSET
 
-    errors = []
+    errors: List[str] = []
     for dynamo in (True, False):
         exporter = 'dynamo' if dynamo else 'TorchScript'
         try:
@@ -247,8 +260,8 @@ def _export_reference(module: ReferenceEndToEnd, image: Tensor, path: str
                                   input_names=['image'],
                                   output_names=['boxes', 'scores', 'labels'])
             return exporter, errors
-        except Exception as e:  # noqa: BLE001  (the reason is the row's result)
-            cause = e
+        except Exception as e:  # the reason is the row's result
+            cause: BaseException = e
             while cause.__cause__ is not None:  # the exporter's own error, not its wrapper
                 cause = cause.__cause__
             first = (str(cause).strip().splitlines() or [''])[0]
@@ -262,10 +275,20 @@ def _seconds(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def _check(what: str, error: float) -> None:
-    if not error <= SCORE_TOLERANCE:
-        raise RuntimeError(f'{what}: the top scores differ by {error:.1e} > '
-                           f'{SCORE_TOLERANCE:.0e}; the two sides are not the same model')
+def _errors(what: str, ours: Tuple[Any, Any], theirs: Tuple[Any, Any]) -> Tuple[float, float]:
+    """``(top-score max abs difference, box max abs difference / side)`` of two sides'
+    ``(boxes, scores)`` by descending score (transformers' boxes clipped to the image as
+    mmdet's are); a ``RuntimeError`` above the tolerances (two different models)."""
+    (boxes, scores), (their_boxes, their_scores) = ours, theirs
+    n = len(their_scores)
+    score = float(np.abs(np.asarray(scores)[:n] - np.asarray(their_scores)).max())
+    clipped = np.clip(np.asarray(their_boxes), 0, SIZE)
+    box = float(np.abs(np.asarray(boxes)[:n] - clipped).max() / SIZE)
+    if not (score <= SCORE_TOLERANCE and box <= BOX_TOLERANCE):
+        raise RuntimeError(f'{what}: the top detections differ (scores by {score:.1e}, boxes by '
+                           f'{box:.1e} of the side; limits {SCORE_TOLERANCE:.0e}, '
+                           f'{BOX_TOLERANCE:.0e}): the two sides are not the same model')
+    return score, box
 
 
 def run_dfine_latency(name: str = 'dfine_n', repeats: int = 5,
@@ -307,22 +330,23 @@ def run_dfine_latency(name: str = 'dfine_n', repeats: int = 5,
                  (('ours', ours_path), ('theirs', theirs_path)) if os.path.isfile(p)}
 
         feed = {INPUT_NAME: image[None].numpy()}
-        _, ours_scores, _ = mmdet_predict(ours, image)
-        eager_error = float(np.abs(ours_scores - theirs_eager()['scores'].numpy()).max())
-        _check('PyTorch eager, ours vs transformers', eager_error)
+        ours_boxes, ours_scores, _ = mmdet_predict(ours, image)
+        want = theirs_eager()
+        eager_error = _errors('PyTorch eager, ours vs transformers', (ours_boxes, ours_scores),
+                              (want['boxes'].numpy(), want['scores'].numpy()))
         (parity,) = compare(sessions['ours'], ours, [image])
         engines: Dict[str, Callable[[], object]] = {
             'ours eager': lambda: mmdet_predict(ours, image), 'transformers eager': theirs_eager,
             'ours onnxruntime': lambda: sessions['ours'].run(None, feed)}
-        ort_error = None
+        ort_error: Optional[Tuple[float, float]] = None
         if 'theirs' in sessions:
             run_theirs = sessions['theirs'].run
             engines['transformers onnxruntime'] = lambda: run_theirs(None, {'image': feed[
                 INPUT_NAME]})
-            got = sessions['ours'].run(['scores'], feed)[0][0]
-            want = run_theirs(['scores'], {'image': feed[INPUT_NAME]})[0][0]
-            ort_error = float(np.abs(got[:len(want)] - want).max())
-            _check('onnxruntime, ours vs transformers', ort_error)
+            got = sessions['ours'].run(['boxes', 'scores'], feed)
+            theirs_out = run_theirs(['boxes', 'scores'], {'image': feed[INPUT_NAME]})
+            ort_error = _errors('onnxruntime, ours vs transformers', (got[0][0], got[1][0]),
+                                (theirs_out[0][0], theirs_out[1][0]))
         for _ in range(warmup):
             for fn in engines.values():
                 fn()
@@ -336,16 +360,17 @@ def run_dfine_latency(name: str = 'dfine_n', repeats: int = 5,
     print(f'{name} vs transformers\' {type(theirs).__name__}, {SIZE}x{SIZE}, batch 1, CPU fp32, '
           f'{torch.get_num_threads()} threads, median of {repeats} interleaved runs after '
           f'{warmup} untimed; load average {load_before:.1f} -> {load_after:.1f}', flush=True)
-    print('| engine | ours s | transformers s | ratio (ours / transformers) | top-score '
-          'max abs diff |', flush=True)
+    print('| engine | ours s | transformers s | ratio (ours / transformers) | top-300 scores '
+          'max abs diff | boxes (of the side) |', flush=True)
     rows = {}
     for engine, error in (('eager', eager_error), ('onnxruntime', ort_error)):
         o, t = median[f'ours {engine}'], median.get(f'transformers {engine}')
-        if t is None:
-            print(f'| {engine} | {o:.3f} | - | - | - |', flush=True)
+        if t is None or error is None:
+            print(f'| {engine} | {o:.3f} | - | - | - | - |', flush=True)
             continue
         rows[engine] = o / t
-        print(f'| {engine} | {o:.3f} | {t:.3f} | {o / t:.2f}x | {error:.1e} |', flush=True)
+        print(f'| {engine} | {o:.3f} | {t:.3f} | {o / t:.2f}x | {error[0]:.1e} | '
+              f'{error[1]:.1e} |', flush=True)
     print(f"export: ours {ours_export:.0f} s, {sizes['ours']:.1f} MiB (dynamic B / H / W); "
           + (f"transformers {theirs_export:.0f} s, {sizes['theirs']:.1f} MiB (fixed "
              f'{SIZE}x{SIZE}, {exporter} exporter)' if exporter else 'transformers not exported'),
@@ -358,5 +383,5 @@ def run_dfine_latency(name: str = 'dfine_n', repeats: int = 5,
     return dict(model=name, reference=type(theirs).__name__, size=SIZE, times=times,
                 ratios=rows, load=(load_before, load_after), exporter=exporter,
                 export_failures=failures,
-                score_error=dict(eager=eager_error, onnxruntime=ort_error),
+                errors=dict(eager=eager_error, onnxruntime=ort_error),
                 export_s=dict(ours=ours_export, transformers=theirs_export))
