@@ -27,6 +27,7 @@ difference, eager and onnxruntime): above :data:`SCORE_TOLERANCE` the run stops,
 would be different models.
 """
 import copy
+import inspect
 import logging
 import os
 import statistics
@@ -136,18 +137,29 @@ def _dinov3_config(backbone: Any) -> Tuple[Any, int]:
         **_out_indices([t + 1 for t in preset['taps']])), preset['sta_channels']
 
 
+def _defaults(module: Callable[..., object]) -> Dict[str, Any]:
+    """The keyword defaults of ``module``'s constructor (what a config leaves out)."""
+    return {k: p.default for k, p in inspect.signature(module).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
 def reference_config(model: Any) -> Any:
     """transformers' ``DFineConfig`` / ``Deimv2Config`` of the same sizes as our model
     config."""
     from transformers import DFineConfig, Deimv2Config
 
-    backbone, neck, head = model['backbone'], model['neck'], model['bbox_head']
+    from vitdet_plugin.models.heads.dfine_head import DFineHead
+    from vitdet_plugin.models.necks.hybrid_encoder import HybridEncoder
+
+    backbone = model['backbone']
+    neck = {**_defaults(HybridEncoder), **model['neck']}
+    head = {**_defaults(DFineHead), **model['bbox_head']}
     points = head['num_points']
     common = dict(
         num_labels=head['num_classes'], encoder_in_channels=list(neck['in_channels']),
         feat_strides=list(neck['in_strides']), encoder_hidden_dim=neck['hidden_dim'],
         encoder_ffn_dim=neck['ffn_dim'], encoder_attention_heads=neck['num_heads'],
-        encode_proj_layers=list(neck.get('encoder_levels', (2,))),
+        encode_proj_layers=list(neck['encoder_levels']),
         hidden_expansion=neck['expansion'], depth_mult=neck['depth_mult'],
         d_model=head['embed_dims'], decoder_in_channels=list(head['in_channels']),
         num_feature_levels=len(head['in_channels']), decoder_ffn_dim=head['ffn_dims'],
@@ -155,13 +167,13 @@ def reference_config(model: Any) -> Any:
         decoder_n_points=points if isinstance(points, int) else list(points),
         num_queries=head['num_queries'], reg_scale=head['reg_scale'],
         num_denoising=head['num_denoising'])
-    if head.get('style', 'dfine') == 'dfine':
+    if head['style'] == 'dfine':
         return DFineConfig(backbone_config=_hgnetv2_config(backbone), **common)
     if backbone['type'] == 'DINOv3STABackbone':
         vit, sta = _dinov3_config(backbone)
         return Deimv2Config(backbone_config=vit, spatial_tuning_adapter_inplanes=sta,
                             encoder_fuse_op=neck['fuse_op'],
-                            encoder_has_trailing_conv=neck.get('version') != 'deim', **common)
+                            encoder_has_trailing_conv=neck['version'] != 'deim', **common)
     return Deimv2Config(backbone_config=_hgnetv2_config(backbone),
                         encoder_fuse_op=neck['fuse_op'], **common)
 
@@ -275,15 +287,17 @@ def _seconds(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def _errors(what: str, ours: Tuple[Any, Any], theirs: Tuple[Any, Any]) -> Tuple[float, float]:
+def check_same(what: str, ours: Tuple[Any, Any], theirs: Tuple[Any, Any],
+               side: int = SIZE) -> Tuple[float, float]:
     """``(top-score max abs difference, box max abs difference / side)`` of two sides'
-    ``(boxes, scores)`` by descending score (transformers' boxes clipped to the image as
-    mmdet's are); a ``RuntimeError`` above the tolerances (two different models)."""
+    ``(boxes, scores)`` by descending score on a square image of ``side`` pixels
+    (transformers' boxes clipped to it as mmdet's are); a ``RuntimeError`` above the
+    tolerances (two different models)."""
     (boxes, scores), (their_boxes, their_scores) = ours, theirs
     n = len(their_scores)
     score = float(np.abs(np.asarray(scores)[:n] - np.asarray(their_scores)).max())
-    clipped = np.clip(np.asarray(their_boxes), 0, SIZE)
-    box = float(np.abs(np.asarray(boxes)[:n] - clipped).max() / SIZE)
+    clipped = np.clip(np.asarray(their_boxes), 0, side)
+    box = float(np.abs(np.asarray(boxes)[:n] - clipped).max() / side)
     if not (score <= SCORE_TOLERANCE and box <= BOX_TOLERANCE):
         raise RuntimeError(f'{what}: the top detections differ (scores by {score:.1e}, boxes by '
                            f'{box:.1e} of the side; limits {SCORE_TOLERANCE:.0e}, '
@@ -332,8 +346,9 @@ def run_dfine_latency(name: str = 'dfine_n', repeats: int = 5,
         feed = {INPUT_NAME: image[None].numpy()}
         ours_boxes, ours_scores, _ = mmdet_predict(ours, image)
         want = theirs_eager()
-        eager_error = _errors('PyTorch eager, ours vs transformers', (ours_boxes, ours_scores),
-                              (want['boxes'].numpy(), want['scores'].numpy()))
+        eager_error = check_same('PyTorch eager, ours vs transformers',
+                                 (ours_boxes, ours_scores),
+                                 (want['boxes'].numpy(), want['scores'].numpy()))
         (parity,) = compare(sessions['ours'], ours, [image])
         engines: Dict[str, Callable[[], object]] = {
             'ours eager': lambda: mmdet_predict(ours, image), 'transformers eager': theirs_eager,
@@ -345,8 +360,8 @@ def run_dfine_latency(name: str = 'dfine_n', repeats: int = 5,
                 INPUT_NAME]})
             got = sessions['ours'].run(['boxes', 'scores'], feed)
             theirs_out = run_theirs(['boxes', 'scores'], {'image': feed[INPUT_NAME]})
-            ort_error = _errors('onnxruntime, ours vs transformers', (got[0][0], got[1][0]),
-                                (theirs_out[0][0], theirs_out[1][0]))
+            ort_error = check_same('onnxruntime, ours vs transformers',
+                                   (got[0][0], got[1][0]), (theirs_out[0][0], theirs_out[1][0]))
         for _ in range(warmup):
             for fn in engines.values():
                 fn()
