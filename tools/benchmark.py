@@ -68,8 +68,9 @@ images (default 2): one training step (each side's whole optimizer step) and one
 vs transformers' ``DFineForObjectDetection`` / ``Deimv2ForObjectDetection`` built at the same
 size with the same weights (its ``save_pretrained`` folder loaded into ours), PyTorch eager
 (predict vs forward + post-processing) and onnxruntime (our end-to-end graph vs transformers'
-model in a uint8 -> top-k wrapper exported the same way), interleaved, as ratios, the top scores
-of both sides checked equal first (``tools/dev/bench/dfine_latency.py``).
+model in a uint8 -> top-k wrapper at the fixed size, by torch's dynamo exporter or, where that
+fails, the TorchScript one), interleaved, as ratios, the top scores and boxes of both sides
+checked equal first (``tools/dev/bench/dfine_latency.py``).
 
 This file is the command line; the measuring code is the developer package ``dev.bench``
 (``tools/dev/bench/``: plan, models, rows, compiled, ops, fsdp_memory, init_memory,
