@@ -93,7 +93,7 @@ def test_different_models_are_refused(latency):
     assert latency.check_same('x', (boxes, scores), (boxes, scores), SIDE) == (0.0, 0.0)
     with pytest.raises(RuntimeError, match=r'onnxruntime, ours vs transformers: the top '
                                            r'detections differ \(scores by 1\.0e-02, boxes by '
-                                           r'0\.0e\+00 of the side; limits 1e-04, 1e-03\): the '
+                                           r'inf of the side; limits 1e-04, 1e-03\): the '
                                            r'two sides are not the same model'):
         latency.check_same('onnxruntime, ours vs transformers', (boxes, scores),
                            (boxes, scores + 0.01), SIDE)
@@ -104,3 +104,13 @@ def test_unknown_size_is_refused(latency):
                                          r"\['deimv2_n', 'deimv2_s', 'dfine_n'\] nor a config "
                                          r'file; give one of them'):
         latency.model_config('deimv2_q')
+
+
+def test_near_equal_scores_may_swap_their_boxes(latency):
+    """Two detections whose scores differ by 1e-7 come in either order on the two sides."""
+    boxes = np.array([[0.0, 0.0, 10.0, 10.0], [5.0, 5.0, 20.0, 20.0]])
+    scores = np.array([0.9, 0.9 - 1e-7])
+    assert latency.check_same('x', (boxes, scores), (boxes[::-1], scores), SIDE)[1] == 0.0
+    apart = np.array([0.9, 0.5])  # the same scores, the boxes of the other detection
+    with pytest.raises(RuntimeError, match=r'scores by 0\.0e\+00, boxes by 1\.6e-01 of the'):
+        latency.check_same('x', (boxes, apart), (boxes[::-1], apart), SIDE)
