@@ -114,3 +114,23 @@ def test_near_equal_scores_may_swap_their_boxes(latency):
     apart = np.array([0.9, 0.5])  # the same scores, the boxes of the other detection
     with pytest.raises(RuntimeError, match=r'scores by 0\.0e\+00, boxes by 1\.6e-01 of the'):
         latency.check_same('x', (boxes, apart), (boxes[::-1], apart), SIDE)
+
+
+def test_reference_graph_exports_with_the_dynamo_exporter(latency, tmp_path):
+    """transformers' D-FINE through torch's dynamo exporter (its ``torch._check`` translated):
+    onnxruntime gives the module's detections."""
+    from vitdet_plugin.deploy.ort_check import ort_session
+    config = tmp_path / 'tiny_dfine.py'
+    config.write_text(TINY)
+    theirs, ours = latency.build_pair(str(config), str(tmp_path / 'transformers'))
+    pre = ours.data_preprocessor
+    module = latency.ReferenceEndToEnd(theirs, pre.mean.flatten(), pre.std.flatten()).eval()
+    image = torch.randint(0, 256, (1, 3, SIDE, SIDE), dtype=torch.uint8,
+                          generator=torch.Generator().manual_seed(2))
+    path = str(tmp_path / 'theirs.onnx')
+    assert latency._export_reference(module, image, path) == ('dynamo', [])
+    boxes, scores, _ = ort_session(path).run(None, {'image': image.numpy()})
+    with torch.no_grad():
+        want = module(image)
+    assert latency.check_same('onnxruntime', (boxes[0], scores[0]),
+                              (want[0][0].numpy(), want[1][0].numpy()), SIDE)[0] <= 1e-6

@@ -77,6 +77,8 @@ PERTURBATION = 0.1
 #: Kept as built: transformers' decoder constants (the bins' ``up`` / ``reg_scale``, the
 #: points' scale) and the DINOv3 LayerScale of 1 (DEIMv2's distilled ViTs have none).
 CONSTANTS = ('up', 'reg_scale', 'num_points_scale', 'lambda1')
+#: ONNX tensor types (``TensorProto``).
+ONNX_INT32, ONNX_BOOL = 6, 9
 MIB = 2**20
 SEED = 0
 
@@ -256,21 +258,34 @@ class ReferenceEndToEnd(nn.Module):
         return boxes, scores, index % classes
 
 
+def _is_all_true(x: Any) -> Any:
+    """ONNX of ``aten._is_all_true`` (``torch._check`` on a tensor, which torch's exporter has
+    no translation of): every element true."""
+    from onnxscript import opset18
+
+    op: Any = opset18
+    return op.Cast(op.ReduceMin(op.Cast(x, to=ONNX_INT32), keepdims=0), to=ONNX_BOOL)
+
+
 def _export_reference(module: ReferenceEndToEnd, image: Tensor, path: str
                       ) -> Tuple[Optional[str], List[str]]:
-    """Export ``module`` at ``image``'s fixed size with torch's dynamo exporter at our opset,
-    else the TorchScript exporter: ``(the exporter that wrote the graph or None, why the
-    others failed)``."""
+    """Export ``module`` at ``image``'s fixed size with torch's dynamo exporter at our opset
+    (transformers' ``torch._check`` calls translated, :func:`_is_all_true`), else the
+    TorchScript exporter: ``(the exporter that wrote the graph or None, why the others
+    failed)``."""
     from vitdet_plugin.deploy.onnx_export import OPSET
 
     errors: List[str] = []
     for dynamo in (True, False):
         exporter = 'dynamo' if dynamo else 'TorchScript'
+        table: Optional[Dict[Callable[..., Any], Callable[..., Any]]] = \
+            {torch.ops.aten._is_all_true.default: _is_all_true} if dynamo else None
         try:
             with torch.no_grad():
                 torch.onnx.export(module, (image,), path, dynamo=dynamo, opset_version=OPSET,
                                   input_names=['image'],
-                                  output_names=['boxes', 'scores', 'labels'])
+                                  output_names=['boxes', 'scores', 'labels'],
+                                  custom_translation_table=table)
             return exporter, errors
         except Exception as e:  # the reason is the row's result
             cause: BaseException = e
