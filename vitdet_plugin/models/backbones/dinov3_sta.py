@@ -31,8 +31,6 @@ from .plain_vit import PlainViTBackbone
 
 #: Strides of the outputs (the taps resized by 2, 1, 1/2 from the patch stride 16).
 OUT_STRIDES = (8, 16, 32)
-#: Resize factor of each tap relative to the patch grid.
-TAP_SCALES = (2.0, 1.0, 0.5)
 #: Detail channels of each adapter output, in units of ``sta_channels``.
 DETAIL_WIDTHS = (2, 4, 4)
 #: Inputs are multiples of this (the coarsest output's stride) on both sides.
@@ -159,11 +157,12 @@ class DINOv3STABackbone(BackboneContract, BaseModule):
             raise ValueError(f'DINOv3STABackbone takes sides that are multiples of '
                              f'{SIZE_DIVISOR}, got {h}x{w}: pad the batch to a multiple of '
                              f'{SIZE_DIVISOR} (pad_size_divisor={SIZE_DIVISOR})')
-        grid = (h // self.vit.patch_size, w // self.vit.patch_size)
         outs = []
-        for tap, detail, scale, proj in zip(self.vit(x), self.sta(x), TAP_SCALES,
-                                            self.fusion_proj):
-            size = (int(grid[0] * scale), int(grid[1] * scale))
+        for tap, detail, stride, proj in zip(self.vit(x), self.sta(x), OUT_STRIDES,
+                                             self.fusion_proj):
+            # the tap's patch grid resized to the adapter map's grid (x2, x1, x1/2), in integer
+            # sizes of the input's (an exported graph keeps them symbolic)
+            size = (h // stride, w // stride)
             tap = F.interpolate(tap, size=size, mode='bilinear', align_corners=False)
             outs.append(proj(torch.cat([tap, detail], dim=1)))      # (B, hidden_dim, h, w)
         return tuple(outs)
