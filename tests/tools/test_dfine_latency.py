@@ -2,8 +2,9 @@
 transformers model has exactly our detector's tensors (strict conversion); on a
 tiny D-FINE loaded from transformers' folder, the uint8 -> top-k reference graph module equals
 transformers' ``post_process_object_detection`` and ours' ``predict``; the sameness check
-refuses two different models; unknown sizes are refused. The timed run itself (two ONNX
-exports, minutes of CPU) is not in the suite."""
+refuses two different models; unknown sizes are refused; slow: transformers' graph through
+the dynamo exporter equals the module. The timed run itself (minutes of CPU) is not in the
+suite."""
 import os.path as osp
 
 import numpy as np
@@ -116,6 +117,7 @@ def test_near_equal_scores_may_swap_their_boxes(latency):
         latency.check_same('x', (boxes, apart), (boxes[::-1], apart), SIDE)
 
 
+@pytest.mark.slow  # an export (15-50 s of CPU); the module's function: the test above
 def test_reference_graph_exports_with_the_dynamo_exporter(latency, tmp_path):
     """transformers' D-FINE through torch's dynamo exporter (its ``torch._check`` translated):
     onnxruntime gives the module's detections."""
@@ -132,5 +134,5 @@ def test_reference_graph_exports_with_the_dynamo_exporter(latency, tmp_path):
     boxes, scores, _ = ort_session(path).run(None, {'image': image.numpy()})
     with torch.no_grad():
         want = module(image)
-    assert latency.check_same('onnxruntime', (boxes[0], scores[0]),
-                              (want[0][0].numpy(), want[1][0].numpy()), SIDE)[0] <= 1e-6
+    np.testing.assert_allclose(scores[0], want[1][0].numpy(), atol=1e-6)
+    np.testing.assert_allclose(boxes[0], want[0][0].numpy(), atol=1e-3)
