@@ -8,5 +8,6 @@ touched), :mod:`.models` (the compared models with the same weights, through pub
 :mod:`.end_to_end_latency` (``--end-to-end``), :mod:`.rfdetr_onnx` (``--rfdetr-onnx``),
 :mod:`.rfdetr_train` (``--rfdetr-train``), :mod:`.dfine_latency` (``--dfine-latency``). Not an
 entry point: imported as ``dev.bench`` with ``tools/`` on the path, which running ``python
-tools/benchmark.py`` gives. The op rows share the op-parity module ``dev.op_parity`` (``tools/dev/op_parity.py``).
+tools/benchmark.py`` gives. The op rows share the op-parity module ``dev.op_parity``
+(``tools/dev/op_parity.py``).
 """
