@@ -285,8 +285,7 @@ def _export_reference(module: ReferenceEndToEnd, image: Tensor, path: str
                 torch.onnx.export(module, (image,), path, dynamo=dynamo, opset_version=OPSET,
                                   input_names=['image'],
                                   output_names=['boxes', 'scores', 'labels'],
-                                  custom_translation_table=table,
-                                  **({'external_data': False} if dynamo else {}))
+                                  custom_translation_table=table, external_data=False)
             return exporter, errors
         except Exception as e:  # the reason is the row's result
             cause: BaseException = e
