@@ -20,6 +20,8 @@ onnxruntime``, docs/deploy.md), timed against PyTorch by ``--end-to-end`` below.
     python tools/benchmark.py --rfdetr-onnx         # RF-DETR N 384 px: ours vs rfdetr's ONNX
     python tools/benchmark.py --rfdetr-onnx N-Seg   # RF-DETR-Seg N 312 px, the same
     python tools/benchmark.py --rfdetr-train        # RF-DETR N: training step and eval forward
+    python tools/benchmark.py --dfine-latency       # D-FINE N 640 px vs transformers' DFine
+    python tools/benchmark.py --dfine-latency deimv2_s   # DEIMv2 S (or deimv2_n, a CONFIG)
 
 Swin: ours vs mmdet's ``SwinTransformer`` and timm's swin. ViT: ours vs timm's samvit (its
 features before the neck). DINOv2 / DINOv3 / EVA-02 (``--model dinov2|dinov3|eva02``): ours
@@ -60,6 +62,15 @@ rfdetr's PyTorch eager, interleaved (``tools/dev/bench/rfdetr_onnx.py``).
 images (default 2): one training step (each side's whole optimizer step) and one eval forward
 (with post-processing), ours vs rfdetr's on the same batch and weights, interleaved, as ratios
 (``tools/dev/bench/rfdetr_train.py``).
+
+``--dfine-latency [dfine_n | deimv2_n | deimv2_s | CONFIG]``: D-FINE N (the default), DEIMv2 N
+(HGNetV2), DEIMv2 S (DINOv3) or any D-FINE / DEIMv2 config at 640x640, CPU, batch 1, fp32: ours
+vs transformers' ``DFineForObjectDetection`` / ``Deimv2ForObjectDetection`` built at the same
+size with the same weights (its ``save_pretrained`` folder loaded into ours), PyTorch eager
+(predict vs forward + post-processing) and onnxruntime (our end-to-end graph vs transformers'
+model in a uint8 -> top-k wrapper at the fixed size, by torch's dynamo exporter or, where that
+fails, the TorchScript one), interleaved, as ratios, the top scores and boxes of both sides
+checked equal first (``tools/dev/bench/dfine_latency.py``).
 
 This file is the command line; the measuring code is the developer package ``dev.bench``
 (``tools/dev/bench/``: plan, models, rows, compiled, ops, fsdp_memory, init_memory,
@@ -159,6 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help='RF-DETR N (384 px; the default) or N-Seg (312 px), CPU: our training '
                         'step and eval forward vs rfdetr\'s on the same batch '
                         '(tools/dev/bench/rfdetr_train.py)')
+    p.add_argument('--dfine-latency', nargs='?', const='dfine_n', default=None,
+                   metavar='dfine_n|deimv2_n|deimv2_s|CONFIG',
+                   help='D-FINE N (the default), DEIMv2 N / S or a D-FINE / DEIMv2 config at '
+                        '640 px, CPU: our eager model and ONNX graph vs transformers\' '
+                        'DFineForObjectDetection / Deimv2ForObjectDetection of the same size '
+                        'and weights, as ratios (tools/dev/bench/dfine_latency.py)')
     p.add_argument('--row', default=None, help=argparse.SUPPRESS)  # internal: one child row
     return p
 
@@ -288,6 +305,13 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Row]:
         return []
     if args.rfdetr_onnx:
         return run_rfdetr(args)
+    if args.dfine_latency:  # tools/dev/bench/dfine_latency.py: its own table, in this process
+        from dev.bench.dfine_latency import run_dfine_latency
+        result = run_dfine_latency(args.dfine_latency, repeats=args.repeats, warmup=args.warmup)
+        if args.json:
+            with open(args.json, 'w') as f:
+                json.dump(dict(dfine_latency=result), f, indent=1)
+        return []
     if args.rfdetr_train:  # tools/dev/bench/rfdetr_train.py: its own table, in this process
         result = run_rfdetr_train(args.timer, args.rfdetr_train, repeats=args.repeats,
                                   warmup=args.warmup, batch=args.batch)

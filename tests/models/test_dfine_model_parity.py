@@ -368,3 +368,35 @@ def test_a_head_of_other_bins_is_refused(built):
     with pytest.raises(ValueError, match=r'the checkpoint has reg_scale=\[4\.0\] but the decoder '
                                          r'was built with reg_scale=8\.0; set reg_scale=4'):
         MODELS.build(cfg).init_weights()
+
+
+def test_a_distilled_dinov3_detector_folder_loads(tmp_path):
+    """DEIMv2 S / M's shape in transformers (no registers, its LayerScale of 1, no k bias)
+    loads as a whole detector into ours without LayerScale or registers (q / k / v biases, the
+    k bias zero) and predicts what transformers post-processes."""
+    config = Deimv2Config(backbone_config=DINOv3ViTConfig(
+        apply_layernorm=False, **{**TINY_VIT_HF, 'num_register_tokens': 0}), **TINY_DEIMV2)
+    torch.manual_seed(0)
+    ref = Deimv2ForObjectDetection(config)
+    constants = {k: v.clone() for k, v in ref.state_dict().items()
+                 if k.endswith(CONSTANTS + ('lambda1',))}
+    perturb_(ref)
+    ref.load_state_dict(constants, strict=False)
+    ref.save_pretrained(tmp_path)
+    cfg = detector_config('deimv2_dinov3', ref.config)
+    cfg['backbone'].update(final_norm=False, vit=dict(TINY_VIT, layer_scale=None,
+                                                      num_reg_tokens=0, qkv_bias='qkv'))
+    cfg['init_cfg'] = dict(type='Pretrained', checkpoint=str(tmp_path))
+    ours = MODELS.build(cfg)
+    ours.init_weights()
+    shape = (64, 96)
+    images = _images(shape)
+    data = _batch(ours.eval(), shape, images)
+    with torch.no_grad():
+        preds = ours.predict(data['inputs'], data['data_samples'])
+        out = ref.eval()(pixel_values=_their_pixels('deimv2_dinov3', images))
+    want = RTDetrImageProcessor().post_process_object_detection(
+        out, threshold=0.0, target_sizes=[shape] * len(images))
+    for pred, theirs in zip(preds, want):
+        assert torch.equal(pred.pred_instances.labels, theirs['labels'])
+        assert (pred.pred_instances.scores - theirs['scores']).abs().max() <= SCORE_TOL

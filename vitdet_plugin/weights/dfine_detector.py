@@ -35,13 +35,13 @@ PARTS = (('backbone.', (deimv2.HGNETV2, deimv2.DINOV3_STA)),
 _INPUT_PROJ = re.compile(r'^model\.decoder_input_proj\.(\d+)\.(0|1|conv|norm)\.')
 _PROJ_NAMES = {'0': 'conv', '1': 'norm', 'conv': 'conv', 'norm': 'norm'}
 #: Tensors not loaded: transformers' copies of the decoder's branches, its constants (the
-#: head builds them from its arguments), DINOv3's pretraining mask token, and what its
-#: conversion adds to DEIMv2's distilled ViT-Tiny (S / M) and the STA converter drops after
-#: checking it: LayerScale at 1, an empty register token array, the final norm.
+#: head builds them from its arguments), DINOv3's pretraining mask token, and what the DINOv3
+#: layout drops once checked (an empty register tensor, a LayerScale of 1 on a ViT without)
+#: and the final norm of a ViT whose taps take none (DEIMv2 S / M).
 _NOT_LOADED = re.compile(r'^(?:class_embed|bbox_embed)\.|^model\.decoder\.(?:up|reg_scale)$|'
-                         r'\.num_points_scale$|^model\.conv_encoder\.backbone\.(?:embeddings\.'
-                         r'(?:mask_token|register_tokens)|model\.layer\.\d+\.layer_scale[12]\.'
-                         r'lambda1|norm\.(?:weight|bias))$')
+                         r'\.num_points_scale$|^model\.conv_encoder\.backbone\.embeddings\.'
+                         r'(?:mask_token|register_tokens)$|\.layer_scale[12]\.lambda1$|'
+                         r'^model\.conv_encoder\.backbone\.norm\.')
 
 
 #: ``save_pretrained``'s spellings of D-FINE decoder layers (transformers' checkpoint

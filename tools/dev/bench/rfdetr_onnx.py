@@ -76,13 +76,19 @@ def _seconds(fn: Callable[[], object]) -> float:
 
 def run_rfdetr_onnx(model: str = 'N', repeats: int = 5, warmup: int = 1) -> Dict[str, Any]:
     """Export both graphs of ``model`` (a key of :data:`MODELS`), time the four engines (module
-    docstring), print the table."""
+    docstring), print the table; the checkpoint and graphs live in a temporary folder removed
+    at the end."""
+    with tempfile.TemporaryDirectory(prefix='rfdetr_onnx_') as folder:
+        return _run(folder, model, repeats, warmup)
+
+
+def _run(folder: str, model: str, repeats: int, warmup: int) -> Dict[str, Any]:
+    """:func:`run_rfdetr_onnx` with its files in ``folder``."""
     from vitdet_plugin.deploy.end_to_end import EndToEndDetector, export_end_to_end
     from vitdet_plugin.deploy.end_to_end_check import compare, mmdet_predict
     from vitdet_plugin.deploy.ort_check import ort_session
     from vitdet_plugin.deploy.runner import INPUT_NAME
 
-    folder = tempfile.mkdtemp(prefix='rfdetr_onnx_')
     theirs, ours = build_models(folder, model)
     size = int(theirs.model_config.resolution)  # rfdetr's export and test size
     ours_path = os.path.join(folder, 'ours.onnx')

@@ -152,8 +152,8 @@ def run_rfdetr_train(timer: Timer, model: str = 'N', repeats: int = 5, warmup: i
     """Time both sides' training step and eval forward (module docstring); print the table."""
     from dev.bench.rfdetr_onnx import CONFIGS, MODELS
 
-    folder = tempfile.mkdtemp(prefix='rfdetr_train_')
-    theirs, ours = build_models(folder, model)
+    with tempfile.TemporaryDirectory(prefix='rfdetr_train_') as folder:  # the checkpoint
+        theirs, ours = build_models(folder, model)
     size = int(theirs.model_config.resolution)
     images, labels, boxes, masks = _batch(size, batch, seg=model.endswith('Seg'))
     ours_train, ours_eval = _ours(ours, os.path.join(CONFIGS, MODELS[model][1]), images, labels,
