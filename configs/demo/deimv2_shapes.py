@@ -1,10 +1,11 @@
 # CPU demo: DEIMv2 (DINOv3 + Spatial Tuning Adapter -> HybridEncoder -> DFineHead, the modules
 # of DEIMv2's DINOv3 sizes, docs/deimv2.md) shrunk for the shapes set and trained from random
-# init with its MAL loss, dense one-to-one matching, denoising and an EMA; COCO bbox mAP
-# MAP_PLACEHOLDER at ITERS_PLACEHOLDER iterations. Run:
+# init with DEIMv2's MAL loss, dense one-to-one matching, denoising and the demos' EMA, for the
+# 9.5-minute budget (TimeBudgetHook), evaluated with COCO bbox mAP (at a fixed iteration count:
+# not measured yet, tools/dev/experiments.md). Run:
 #   make demo-deimv2
 # (= DEMO_CONFIG=configs/demo/deimv2_shapes.py DEMO_WORK_DIR=work_dirs/demo_deimv2 make demo)
-# What is shrunk and the runs behind each choice: tools/dev/experiments.md.
+# What is DEIMv2's and what is shrunk: tools/dev/experiments.md.
 _base_ = [
     '../_base_/datasets/shapes_detection.py',
     '../_base_/schedules/cpu_time_budget_ema.py',
