@@ -53,7 +53,8 @@ def demo_checkpoint(tmp_path_factory):
     """``(checkpoint, data root)``: the environment's, else a short run of the demo config."""
     if os.environ.get('DEIMV2_DEMO_CHECKPOINT'):
         data = os.environ.get('DEIMV2_DEMO_DATA', str(REPO_ROOT / 'data' / 'shapes'))
-        return os.environ['DEIMV2_DEMO_CHECKPOINT'], data.rstrip('/') + '/'
+        return (os.path.abspath(os.environ['DEIMV2_DEMO_CHECKPOINT']),
+                os.path.abspath(data) + '/')
     from vitdet_plugin.datasets import generate_dataset
     tmp = tmp_path_factory.mktemp('deimv2_demo')
     data = str(tmp / 'shapes') + '/'
