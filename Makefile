@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # compiled: mmcv 2.1.0 built with ops from its sdist (g++, Python headers, 20-40 min)
 MMCV ?= lite
 
-.PHONY: env lint test test-all smoke demo demo-seg demo-detr demo-rfdetr demo-rfdetr-seg benchmark clean-env gpu-wheels
+.PHONY: env lint test test-all smoke demo demo-seg demo-detr demo-rfdetr demo-rfdetr-seg demo-deimv2 benchmark clean-env gpu-wheels
 
 env:            ## build .venv: torch 2.14.1, mmcv-lite 2.1.0 (MMCV=compiled: with ops), mmdet 3.3.0, plugin (STACK=onedl: .venv-onedl, the fork)
 	MMCV=$(MMCV) STACK=$(STACK) bash tools/env/setup_env.sh
@@ -66,6 +66,10 @@ demo-rfdetr: env  ## RF-DETR (windowed DINOv2, projector, LW-DETR head) from scr
 demo-rfdetr-seg: env  ## RF-DETR-Seg (the same with RF-DETR's mask branch): bbox and segm mAP
 	DEMO_CONFIG=$${DEMO_CONFIG:-configs/demo/rfdetr_seg_shapes.py} \
 	DEMO_WORK_DIR=$${DEMO_WORK_DIR:-work_dirs/demo_rfdetr_seg} bash tools/demo.sh
+
+demo-deimv2: env  ## DEIMv2 (DINOv3 + STA, hybrid encoder, D-FINE decoder) from scratch on the shapes set
+	DEMO_CONFIG=$${DEMO_CONFIG:-configs/demo/deimv2_shapes.py} \
+	DEMO_WORK_DIR=$${DEMO_WORK_DIR:-work_dirs/demo_deimv2} bash tools/demo.sh
 
 benchmark: env  ## ours vs mmdet vs timm, printed as ratios
 	$(PY) tools/benchmark.py
