@@ -126,10 +126,17 @@ def test_bad_sizes_and_arguments_name_the_fix():
     with pytest.raises(ValueError, match=r"vit_args sets 'out_indices', which "
                                          r'DINOv3STABackbone sets itself'):
         DINOv3STABackbone(arch='S', vit_args=dict(out_indices=(1,)))
-    with pytest.raises(ValueError, match=r'needs a ViT of patch 16 \(its taps are resized to '
-                                         r'strides \(8, 16, 32\)\), got patch 8: remove '
-                                         r'patch_size from vit_args'):
-        DINOv3STABackbone(arch='S', vit=TINY_VIT, taps=(0, 1, 2), vit_args=dict(patch_size=8))
+    with pytest.raises(ValueError, match=r'needs a ViT patch that divides 32 \(its taps are '
+                                         r'resized to strides \(8, 16, 32\) of inputs padded '
+                                         r"to 32\), got patch 12: give vit_args=dict\("
+                                         r"patch_size=16\) \(DEIMv2's\) or 8"):
+        DINOv3STABackbone(arch='S', vit=TINY_VIT, taps=(0, 1, 2), vit_args=dict(patch_size=12))
+    # another patch that divides 32 keeps the strides
+    fine = DINOv3STABackbone(arch='S', vit=TINY_VIT, taps=(0, 1, 2), sta_channels=8,
+                             hidden_dim=32, vit_args=dict(patch_size=8))
+    with torch.no_grad():
+        maps = fine(torch.zeros(1, 3, 64, 96))
+    assert [tuple(m.shape[-2:]) for m in maps] == [(8, 12), (4, 6), (2, 3)]
 
 
 def test_frozen_vit_blocks_and_meta_build():

@@ -1,8 +1,8 @@
 """DEIMv2's DINOv3 backbone: a plain DINOv3 ViT whose taps become a stride 8 / 16 / 32 pyramid
 with the detail of a small conv stem, the Spatial Tuning Adapter (STA).
 
-Three blocks of the ViT are tapped (patch 16): the first is bilinearly upsampled 2x, the second
-kept, the third downsampled 2x. The adapter (a stride-2 3x3 conv + BatchNorm + GELU, a
+Three blocks of the ViT are tapped and bilinearly resized to strides 8 / 16 / 32 (DEIMv2's patch
+16: the first upsampled 2x, the second kept, the third downsampled 2x; any patch dividing 32). The adapter (a stride-2 3x3 conv + BatchNorm + GELU, a
 stride-2 max-pool, then three stride-2 3x3 conv + BatchNorm, GELU between them) gives detail
 maps of ``2c`` / ``4c`` / ``4c`` channels at strides 8 / 16 / 32. Each tap is concatenated with
 its detail map and projected to ``hidden_dim`` by a 1x1 conv + BatchNorm.
@@ -31,8 +31,6 @@ from .plain_vit import PlainViTBackbone
 
 #: Strides of the outputs (the taps resized by 2, 1, 1/2 from the patch stride 16).
 OUT_STRIDES = (8, 16, 32)
-#: The ViT's patch size: the taps sit at stride 16, between the outputs' 8 and 32.
-PATCH_SIZE = 16
 #: Detail channels of each adapter output, in units of ``sta_channels``.
 DETAIL_WIDTHS = (2, 4, 4)
 #: Inputs are multiples of this (the coarsest output's stride) on both sides.
@@ -138,10 +136,11 @@ class DINOv3STABackbone(BackboneContract, BaseModule):
         self.vit = DINOv3Backbone(arch=vit_arch, out_indices=taps, final_norm=final_norm,
                                   global_attn_indexes=range(depth),
                                   frozen_stages=frozen_stages, with_cp=with_cp, **args)
-        if self.vit.patch_size != PATCH_SIZE:
-            raise ValueError(f'DINOv3STABackbone needs a ViT of patch {PATCH_SIZE} (its taps are '
-                             f'resized to strides {OUT_STRIDES}), got patch '
-                             f'{self.vit.patch_size}: remove patch_size from vit_args')
+        if SIZE_DIVISOR % self.vit.patch_size:
+            raise ValueError(f'DINOv3STABackbone needs a ViT patch that divides {SIZE_DIVISOR} '
+                             f'(its taps are resized to strides {OUT_STRIDES} of inputs padded to '
+                             f'{SIZE_DIVISOR}), got patch {self.vit.patch_size}: give '
+                             'vit_args=dict(patch_size=16) (DEIMv2\'s) or 8')
         if len(set(self.vit.out_indices)) != len(taps):
             raise ValueError(f'taps={taps} must be {len(taps)} different blocks')
         self.sta = SpatialTuningAdapter(c)
