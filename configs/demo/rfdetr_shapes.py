@@ -1,7 +1,7 @@
 # CPU demo: RF-DETR (windowed DINOv2 -> RFDETRProjector -> LWDETRHead in mmdet's
 # SingleStageDetector, configs/rfdetr/) shrunk for the shapes set and trained from random init
-# for the demos' 9.5-minute budget (TimeBudgetHook), evaluated with COCO bbox mAP: 0.386 at
-# 1,607 iterations (seeds 0-2: 0.386 / 0.353 / 0.321; docs/rfdetr.md). Run:
+# for the demos' 9.5-minute budget (TimeBudgetHook), evaluated with COCO bbox mAP: 0.377 at
+# 1,607 iterations (seed 0; seeds 1-2: 0.353 / 0.321; docs/rfdetr.md). Run:
 #   make demo-rfdetr
 # (= DEMO_CONFIG=configs/demo/rfdetr_shapes.py DEMO_WORK_DIR=work_dirs/demo_rfdetr make demo)
 # What is RF-DETR's and what is shrunk (4 DINOv2 blocks, patch 8, P4 + P5, 2 groups, dense
