@@ -1,11 +1,12 @@
 """DEIMv2's DINOv3 backbone: a plain DINOv3 ViT whose taps become a stride 8 / 16 / 32 pyramid
 with the detail of a small conv stem, the Spatial Tuning Adapter (STA).
 
-Three blocks of the ViT are tapped and bilinearly resized to strides 8 / 16 / 32 (DEIMv2's patch
-16: the first upsampled 2x, the second kept, the third downsampled 2x; any patch dividing 32). The adapter (a stride-2 3x3 conv + BatchNorm + GELU, a
-stride-2 max-pool, then three stride-2 3x3 conv + BatchNorm, GELU between them) gives detail
-maps of ``2c`` / ``4c`` / ``4c`` channels at strides 8 / 16 / 32. Each tap is concatenated with
-its detail map and projected to ``hidden_dim`` by a 1x1 conv + BatchNorm.
+Three blocks of the ViT are tapped and bilinearly resized to strides 8 / 16 / 32 (DEIMv2's
+patch 16: the first upsampled 2x, the second kept, the third downsampled 2x; any patch that
+divides 32 works). The adapter (a stride-2 3x3 conv + BatchNorm + GELU, a stride-2 max-pool,
+then three stride-2 3x3 conv + BatchNorm, GELU between them) gives detail maps of ``2c`` /
+``4c`` / ``4c`` channels at strides 8 / 16 / 32. Each tap is concatenated with its detail map
+and projected to ``hidden_dim`` by a 1x1 conv + BatchNorm.
 
 Presets: DEIMv2's S / M (distilled ViT-Tiny / Tiny+: 192 / 256 wide, 3 / 4 heads, q / k / v
 biases, no LayerScale, no registers, no final norm, taps 3 / 7 / 11) and L / X (DINOv3 ViT-S /
