@@ -58,6 +58,28 @@ def save_rfdetr_checkpoint(model: Any, path: str, **extra: Any) -> None:
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+#: A tiny D-FINE detector as config text (``model = dict(...)``): a 4-stage HGNetV2 (strides 8 /
+#: 16 / 32 out), a 32-wide hybrid encoder, a 2-layer decoder of 10 queries, 5 classes.
+TINY_DFINE_MODEL = """
+model = dict(
+    type='SingleStageDetector',
+    data_preprocessor=dict(type='DetDataPreprocessor', mean=[0.0, 0.0, 0.0],
+                           std=[255.0, 255.0, 255.0], bgr_to_rgb=True, pad_size_divisor=32),
+    backbone=dict(type='HGNetV2Backbone', out_indices=(1, 2, 3), use_lab=True,
+                  arch=dict(stem_channels=(3, 8, 8), in_channels=(8, 16, 24, 32),
+                            mid_channels=(8, 8, 8, 16), out_channels=(16, 24, 32, 48),
+                            num_blocks=(1, 1, 1, 1), num_layers=(2, 2, 2, 2),
+                            downsample=(False, True, True, True),
+                            light_block=(False, False, True, True),
+                            kernel_size=(3, 3, 5, 5))),
+    neck=dict(type='HybridEncoder', in_channels=(24, 32, 48), in_strides=(8, 16, 32),
+              hidden_dim=32, num_heads=4, ffn_dim=64, expansion=0.5, depth_mult=0.34),
+    bbox_head=dict(type='DFineHead', num_classes=5, in_channels=(32, 32, 32), embed_dims=32,
+                   num_queries=10, num_heads=4, ffn_dims=64, num_layers=2, num_points=(3, 2, 4),
+                   num_denoising=8),
+    test_cfg=dict(max_per_img=10))
+"""
+
 
 #: The folder of the ``sitecustomize`` every process the tests start runs (on PYTHONPATH:
 #: tests/conftest.py, :func:`subprocess_env`): transformers reads as not installed there.

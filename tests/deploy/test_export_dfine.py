@@ -7,7 +7,7 @@ import os.path as osp
 
 import pytest
 import torch
-from helpers import REPO_ROOT, load_tool, randomize_
+from helpers import REPO_ROOT, TINY_DFINE_MODEL, load_tool, randomize_
 from test_export_rfdetr import _images, check_module_matches_predict
 
 import vitdet_plugin  # noqa: F401
@@ -15,29 +15,10 @@ from vitdet_plugin.deploy.end_to_end_check import (BOX_TOLERANCE, SCORE_TOLERANC
                                                    threshold_session)
 from vitdet_plugin.deploy.onnx_export import build_model
 
-#: The shapes demo's data and pipelines (5 classes) with a tiny D-FINE: a 4-stage HGNetV2
-#: (strides 8 / 16 / 32 out), a 32-wide hybrid encoder, a 2-layer decoder of 10 queries.
-CONFIG = f"""
-_base_ = '{osp.join(REPO_ROOT, 'configs', 'demo', 'swin_detr_shapes.py')}'
-model = dict(
-    _delete_=True,
-    type='SingleStageDetector',
-    data_preprocessor=dict(type='DetDataPreprocessor', mean=[0.0, 0.0, 0.0],
-                           std=[255.0, 255.0, 255.0], bgr_to_rgb=True, pad_size_divisor=32),
-    backbone=dict(type='HGNetV2Backbone', out_indices=(1, 2, 3), use_lab=True,
-                  arch=dict(stem_channels=(3, 8, 8), in_channels=(8, 16, 24, 32),
-                            mid_channels=(8, 8, 8, 16), out_channels=(16, 24, 32, 48),
-                            num_blocks=(1, 1, 1, 1), num_layers=(2, 2, 2, 2),
-                            downsample=(False, True, True, True),
-                            light_block=(False, False, True, True),
-                            kernel_size=(3, 3, 5, 5))),
-    neck=dict(type='HybridEncoder', in_channels=(24, 32, 48), in_strides=(8, 16, 32),
-              hidden_dim=32, num_heads=4, ffn_dim=64, expansion=0.5, depth_mult=0.34),
-    bbox_head=dict(type='DFineHead', num_classes=5, in_channels=(32, 32, 32), embed_dims=32,
-                   num_queries=10, num_heads=4, ffn_dims=64, num_layers=2, num_points=(3, 2, 4),
-                   num_denoising=8),
-    test_cfg=dict(max_per_img=10))
-"""
+#: The shapes demo's data and pipelines (5 classes) with the tiny D-FINE of the helpers (its
+#: model replaces the base's).
+CONFIG = (f"_base_ = '{osp.join(REPO_ROOT, 'configs', 'demo', 'swin_detr_shapes.py')}'\n"
+          + TINY_DFINE_MODEL.replace('model = dict(\n', 'model = dict(\n    _delete_=True,\n', 1))
 #: Check images: one a multiple of the pad divisor (32), one not (padded).
 SIZES = ((64, 96), (75, 117))
 WEIGHT_SEED = 3

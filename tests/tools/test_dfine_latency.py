@@ -10,29 +10,8 @@ import os.path as osp
 import numpy as np
 import pytest
 import torch
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, TINY_DFINE_MODEL
 
-#: A tiny D-FINE: a 4-stage HGNetV2 (strides 8 / 16 / 32 out), a 32-wide hybrid encoder, a
-#: 2-layer decoder of 10 queries; everything else our modules' defaults.
-TINY = """
-model = dict(
-    type='SingleStageDetector',
-    data_preprocessor=dict(type='DetDataPreprocessor', mean=[0.0, 0.0, 0.0],
-                           std=[255.0, 255.0, 255.0], bgr_to_rgb=True, pad_size_divisor=32),
-    backbone=dict(type='HGNetV2Backbone', out_indices=(1, 2, 3), use_lab=True,
-                  arch=dict(stem_channels=(3, 8, 8), in_channels=(8, 16, 24, 32),
-                            mid_channels=(8, 8, 8, 16), out_channels=(16, 24, 32, 48),
-                            num_blocks=(1, 1, 1, 1), num_layers=(2, 2, 2, 2),
-                            downsample=(False, True, True, True),
-                            light_block=(False, False, True, True),
-                            kernel_size=(3, 3, 5, 5))),
-    neck=dict(type='HybridEncoder', in_channels=(24, 32, 48), in_strides=(8, 16, 32),
-              hidden_dim=32, num_heads=4, ffn_dim=64, expansion=0.5, depth_mult=0.34),
-    bbox_head=dict(type='DFineHead', num_classes=5, in_channels=(32, 32, 32), embed_dims=32,
-                   num_queries=10, num_heads=4, ffn_dims=64, num_layers=2,
-                   num_points=(3, 2, 4)),
-    test_cfg=dict(max_per_img=10))
-"""
 SIDE = 64
 
 
@@ -66,7 +45,7 @@ def test_reference_graph_module_is_transformers_post_processing(latency, tmp_pat
 
     from vitdet_plugin.deploy.end_to_end_check import mmdet_predict
     config = tmp_path / 'tiny_dfine.py'
-    config.write_text(TINY)
+    config.write_text(TINY_DFINE_MODEL)
     theirs, ours = latency.build_pair(str(config), str(tmp_path / 'transformers'))
     pre = ours.data_preprocessor
     module = latency.ReferenceEndToEnd(theirs, pre.mean.flatten(), pre.std.flatten()).eval()
@@ -123,7 +102,7 @@ def test_reference_graph_exports_with_the_dynamo_exporter(latency, tmp_path):
     onnxruntime gives the module's detections."""
     from vitdet_plugin.deploy.ort_check import ort_session
     config = tmp_path / 'tiny_dfine.py'
-    config.write_text(TINY)
+    config.write_text(TINY_DFINE_MODEL)
     theirs, ours = latency.build_pair(str(config), str(tmp_path / 'transformers'))
     pre = ours.data_preprocessor
     module = latency.ReferenceEndToEnd(theirs, pre.mean.flatten(), pre.std.flatten()).eval()
