@@ -87,13 +87,13 @@ class HungarianMatcher(nn.Module):
         gt_boxes = torch.cat([b for b, _ in targets])                     # (N, 4)
         gt_labels = torch.cat([lab for _, lab in targets])
         prob = logits.flatten(0, 1).sigmoid()[:, gt_labels]               # (B Q, N)
-        pos = self.alpha * (1 - prob) ** self.gamma * -(prob + COST_EPS).log()
-        neg = (1 - self.alpha) * prob ** self.gamma * -(1 - prob + COST_EPS).log()
         flat = boxes.flatten(0, 1)
         if self.iou_order:
             iou = bbox_overlaps(cxcywh_to_xyxy(flat), cxcywh_to_xyxy(gt_boxes))  # (B Q, N)
             cost = -(prob * iou ** self.iou_order_alpha)
         else:
+            pos = self.alpha * (1 - prob) ** self.gamma * -(prob + COST_EPS).log()
+            neg = (1 - self.alpha) * prob ** self.gamma * -(1 - prob + COST_EPS).log()
             giou = bbox_overlaps(cxcywh_to_xyxy(flat), cxcywh_to_xyxy(gt_boxes), mode='giou')
             cost = (self.costs['bbox'] * torch.cdist(flat, gt_boxes, p=1)
                     + self.costs['class'] * (pos - neg) - self.costs['giou'] * giou)
