@@ -126,3 +126,39 @@ def test_mismatched_checkpoint_is_named(tmp_path):
     config = osp.join(ROOT, 'configs', 'swin_retinanet.py')
     with pytest.raises(CheckpointError, match='does not match the model of'):
         build_detector_part(config, str(path), cfg_options=dict(TINY_RETINANET))
+
+
+class _LinearGelu(torch.nn.Module):
+    """A ViT MLP's first half: Linear -> exact GELU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 16)
+        self.act = torch.nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.fc(x))
+
+
+def test_gelu_is_exported_in_the_form_onnxruntime_fuses(tmp_path):
+    """Our translation of ``aten.gelu`` (every export of ours) becomes one fused kernel in
+    onnxruntime's optimised graph (torch's own leaves Div / Erf / Add / Mul / Mul) with the
+    same values."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from vitdet_plugin.deploy.graph_ops import translation_table
+
+    module = _LinearGelu().eval()
+    x = torch.randn(2, 5, 8) * 3
+    path, optimised = str(tmp_path / 'gelu.onnx'), str(tmp_path / 'gelu.opt.onnx')
+    torch.onnx.export(module, (x,), path, dynamo=True, external_data=False,
+                      custom_translation_table=translation_table())
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = optimised
+    session = ort.InferenceSession(path, options, providers=['CPUExecutionProvider'])
+    ops = [n.op_type for n in onnx.load(optimised).graph.node]
+    assert 'Erf' not in ops and {'Gelu', 'BiasGelu'} & set(ops), ops
+    (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    np.testing.assert_allclose(got, module(x).detach().numpy(), rtol=1e-6, atol=1e-6)

@@ -1,10 +1,11 @@
 """Pieces the end-to-end graphs share (:mod:`.end_to_end`, :mod:`.two_stage`): the NMS custom op
 and its ONNX translation, an anchor head's per-level candidates (RetinaNet's head, the RPN), box
-clipping and the padded top-k of the graph's outputs.
+clipping and the padded top-k of the graph's outputs; GELU in the form onnxruntime fuses.
 
 ``vitdet_deploy::nms`` has ONNX ``NonMaxSuppression``'s semantics; in PyTorch it runs
 torchvision's kernel, in the graph it becomes the ONNX op (:func:`translation_table`).
 """
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence, Tuple
 
@@ -19,6 +20,9 @@ DROPPED_SCORE = -1.0
 OP_NAMESPACE = 'vitdet_deploy'
 #: Box columns.
 BOX_DIM = 4
+#: GELU's tanh approximation, ``sqrt(2 / pi) * (x + 0.044715 x^3)``: its two constants.
+GELU_TANH_CUBIC = 0.044715
+GELU_TANH_SCALE = math.sqrt(2.0 / math.pi)
 
 _lib = torch.library.Library(OP_NAMESPACE, 'DEF')
 _lib.define('nms(Tensor boxes, Tensor scores, int max_per_class, float iou_threshold, '
@@ -61,9 +65,31 @@ def nms_onnx(boxes, scores, max_per_class: int, iou_threshold: float, score_thre
                                 center_point_box=0)
 
 
+def gelu_onnx(x, approximate: str = 'none'):
+    """Translation of ``aten.gelu``: ``x * (1 + erf(x / sqrt(2))) * 0.5``, in the node order
+    onnxruntime fuses into one ``Gelu`` (``BiasGelu`` after a Linear); torch's own translation
+    multiplies by 0.5 before ``x``, which it leaves as five nodes. The values are the same (a
+    product by 0.5 is exact). ``approximate='tanh'`` (no model of ours uses it) is written out
+    as its formula."""
+    from onnxscript import opset18
+    op: Any = opset18
+
+    def const(value: float):
+        return op.CastLike(op.Constant(value_float=value), x)
+
+    if approximate == 'tanh':  # sqrt(2 / pi) * (x + 0.044715 x^3)
+        inner = op.Mul(op.Add(x, op.Mul(op.Mul(op.Mul(x, x), x), const(GELU_TANH_CUBIC))),
+                       const(GELU_TANH_SCALE))
+        gate = op.Add(op.Tanh(inner), const(1.0))
+    else:
+        gate = op.Add(op.Erf(op.Div(x, const(math.sqrt(2.0)))), const(1.0))
+    return op.Mul(op.Mul(x, gate), const(0.5))
+
+
 def translation_table() -> dict:
-    """``custom_translation_table`` of ``torch.onnx.export`` for the end-to-end graph."""
-    return {torch.ops.vitdet_deploy.nms.default: nms_onnx}
+    """``custom_translation_table`` of ``torch.onnx.export`` for our graphs (the end-to-end
+    detector and the ``--part`` exports)."""
+    return {torch.ops.vitdet_deploy.nms.default: nms_onnx, torch.ops.aten.gelu.default: gelu_onnx}
 
 
 #: mmcv NMS types the graph repeats: ONNX ``NonMaxSuppression`` is hard NMS.

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models.layers import eager_attention
+from .graph_ops import translation_table
 from .runner import INPUT_NAME  # the graph's input name, one for every export
 
 #: Parts of a detector that can be exported (each includes the ones before it).
@@ -162,7 +163,8 @@ def export_onnx(module: DetectorPart, path: str, sample_size: Tuple[int, int] = 
         with eager_attention(module):
             torch.onnx.export(module, (x,), path, dynamo=True, dynamic_shapes=dynamic_shapes(),
                               input_names=[INPUT_NAME], output_names=names,
-                              opset_version=opset, external_data=False)
+                              opset_version=opset, external_data=False,
+                              custom_translation_table=translation_table())
     except ImportError as e:  # onnxscript / onnx missing
         raise SystemExit(f'ONNX export needs the deploy extra ({e}): pip install -e ".[deploy]" '
                          '(or `make env`)') from e
