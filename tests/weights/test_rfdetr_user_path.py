@@ -119,6 +119,23 @@ def test_load_from_takes_rfdetrs_files_with_their_own_classes(files):
             assert torch.equal(value, want), key
 
 
+def test_the_export_tools_loader_takes_rfdetrs_files_and_refuses_another_size(files):
+    """``tools/export_onnx.py CONFIG FILE``'s model (``deploy.onnx_export.build_model``) loads
+    rfdetr's file as ``load_from`` does (its own 3 classes), and refuses the S file for the N
+    config naming the S config."""
+    from vitdet_plugin.deploy.onnx_export import build_model
+
+    options = {'model.bbox_head.num_classes': 3}
+    _, model = build_model(str(REPO_ROOT / 'configs/rfdetr/rfdetr_nano.py'), files['fruit'],
+                           cfg_options=options)
+    file, ours = _saved(files['fruit']), model.state_dict()
+    assert ours.keys() == file.keys()
+    for key, value in ours.items():  # the file's 3 + 1 logits: its 3 classes' rows
+        assert torch.equal(value, file[key][:3] if 'cls_branch' in key else file[key]), key
+    with pytest.raises(CheckpointError, match=r'rfdetr_small\.py'):
+        build_model(str(REPO_ROOT / 'configs/rfdetr/rfdetr_nano.py'), files['small'])
+
+
 def _runner_load(model: torch.nn.Module, path: str) -> None:
     """mmengine's ``Runner.load_checkpoint`` (what ``load_from`` and ``tools/test.py`` run)
     on a stand-in runner holding ``model`` (its hooks: none)."""

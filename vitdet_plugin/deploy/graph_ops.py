@@ -86,10 +86,24 @@ def gelu_onnx(x, approximate: str = 'none'):
     return op.Mul(op.Mul(x, gate), const(0.5))
 
 
+def linear_onnx(x, weight, bias=None):
+    """Translation of ``aten.linear`` as one ``Gemm`` (``transB``) on the tokens flattened to
+    ``(-1, in)``, reshaped back: onnxruntime adds the bias inside the product (torch's own
+    translation writes MatMul + Add, which onnxruntime fuses into Gemm only at fixed shapes)."""
+    from onnxscript import opset18
+    op: Any = opset18
+    rows = op.Concat(op.Constant(value_ints=[-1]), op.Shape(weight, start=1, end=2), axis=0)
+    out = op.Gemm(op.Reshape(x, rows), weight, bias, transB=1) if bias is not None else \
+        op.Gemm(op.Reshape(x, rows), weight, transB=1)                # (tokens, out)
+    lead = op.Shape(x, start=0, end=-1)
+    return op.Reshape(out, op.Concat(lead, op.Shape(weight, start=0, end=1), axis=0))
+
+
 def translation_table() -> dict:
     """``custom_translation_table`` of ``torch.onnx.export`` for our graphs (the end-to-end
     detector and the ``--part`` exports)."""
-    return {torch.ops.vitdet_deploy.nms.default: nms_onnx, torch.ops.aten.gelu.default: gelu_onnx}
+    return {torch.ops.vitdet_deploy.nms.default: nms_onnx, torch.ops.aten.gelu.default: gelu_onnx,
+            torch.ops.aten.linear.default: linear_onnx}
 
 
 #: mmcv NMS types the graph repeats: ONNX ``NonMaxSuppression`` is hard NMS.

@@ -17,6 +17,7 @@ The exporter is torch's dynamo-based one (``torch.onnx.export(..., dynamo=True)`
 shifted-window masks and position-table resizes as functions of the input size.
 """
 import logging
+import re
 from typing import Any, List, Optional, Tuple
 
 import torch
@@ -112,33 +113,39 @@ def build_detector_part(config: str, checkpoint: Optional[str] = None, part: str
 
 def build_model(config: str, checkpoint: Optional[str] = None,
                 cfg_options: Optional[dict] = None) -> Tuple[Any, nn.Module]:
-    """``(config, model)`` of ``config`` in eval mode, weights from ``checkpoint`` (strict)
-    or the config's own initialisation."""
+    """``(config, model)`` of ``config`` in eval mode, weights from ``checkpoint`` or the
+    config's own initialisation. The checkpoint loads as ``tools/test.py`` and ``load_from``
+    load it (mmengine's ``load_checkpoint`` with the layout table's conversions: an mmdet
+    checkpoint, rfdetr's ``.pth``, an official D-FINE / DEIMv2 file, a transformers folder;
+    tensors of another shape refused naming the fix), then strictly: every key of the model."""
     from mmdet.registry import MODELS
     from mmengine.logging import MMLogger
+    from mmengine.runner import load_checkpoint
 
     from ..config import load_config
     from ..weights.checkpoint_io import CheckpointError
-    from ..weights.common import checkpoint_state_dict
+    from ..weights.common import unwrap_state_dict
 
     cfg = load_config(config, cfg_options)
     model = MODELS.build(cfg.model)
-    if checkpoint:
-        state = checkpoint_state_dict(checkpoint)
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        if missing or unexpected:
-            raise CheckpointError(
-                f'checkpoint {checkpoint!r} does not match the model of {config!r}: '
-                f'{len(missing)} missing keys (e.g. {missing[:3]}), {len(unexpected)} '
-                f'unexpected (e.g. {unexpected[:3]}); give the checkpoint this config trained')
-    else:
-        logger = MMLogger.get_current_instance()
-        level = logger.level
-        logger.setLevel(logging.WARNING)  # not one INFO line per initialised parameter
-        try:
+    logger = MMLogger.get_current_instance()
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # not one INFO line per initialised parameter
+    try:
+        if not checkpoint:
             model.init_weights()
-        finally:
-            logger.setLevel(level)
+            return cfg, model.eval()
+        loaded = load_checkpoint(model, checkpoint, map_location='cpu', logger='current')
+    finally:
+        logger.setLevel(level)
+    keys = {re.sub(r'^module\.', '', k) for k in unwrap_state_dict(loaded)}
+    missing = sorted(set(model.state_dict()) - keys)
+    unexpected = sorted(keys - set(model.state_dict()))
+    if missing or unexpected:
+        raise CheckpointError(
+            f'checkpoint {checkpoint!r} does not match the model of {config!r}: '
+            f'{len(missing)} missing keys (e.g. {missing[:3]}), {len(unexpected)} '
+            f'unexpected (e.g. {unexpected[:3]}); give the checkpoint this config trained')
     return cfg, model.eval()
 
 

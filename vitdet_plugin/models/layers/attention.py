@@ -39,8 +39,10 @@ class Attention(nn.Module):
     def qkv_heads(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """``(B, N, C)`` -> q, k, v, each ``(B, heads, N, head_dim)`` (views of one buffer)."""
         b, n, _ = x.shape
-        qkv = self.project_qkv(x).view(b, n, 3, self.num_heads, self.head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)               # (B, heads, N, d) each
+        qkv = self.project_qkv(x).view(b, n, 3 * self.num_heads, self.head_dim)
+        # one transpose, then three contiguous blocks of heads (an exported graph copies the
+        # blocks whole instead of gathering every token's q / k / v)
+        q, k, v = qkv.transpose(1, 2).chunk(3, dim=1)                # (B, heads, N, d) each
         return q, k, v
 
     def project_out(self, x: Tensor) -> Tensor:
