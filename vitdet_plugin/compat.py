@@ -49,10 +49,11 @@ from .ops import startup as ops_startup
 from .weights.checkpoint_io import (CheckpointError, load_trusted_or_weights_only,
                                     resolve_checkpoint_path)
 from .weights import model_load
-from .weights.rfdetr import as_detector_checkpoint
+from .weights.rfdetr import as_detector_checkpoint, folder_detector_checkpoint
 from .weights.dfine_detector import dfine_detector_layout
 from .weights.dfine_official import official_detector_state
-from .weights.transformers_folder import is_transformers_folder, load_transformers_folder
+from .weights.transformers_folder import (is_transformers_folder, load_transformers_folder,
+                                          read_transformers_config)
 
 MMCV_RANGE = ('2.0.0rc4', '2.2.0')
 MMENGINE_RANGE = ('0.10.0', '0.11.0')
@@ -247,15 +248,19 @@ def register_safe_globals() -> Tuple[str, ...]:
 # ----------------------------------------------------------------------------- mmengine's loaders
 def safe_load_from_local(filename: str, map_location: Any = None) -> Any:
     """mmengine's local-file checkpoint loader, through :func:`load_trusted_or_weights_only`;
-    a transformers model folder (``save_pretrained``) and an official D-FINE / DEIMv2 file are
-    read as their detector state dict (the model check converts it,
-    :mod:`.weights.model_load`)."""
+    a transformers model folder (``save_pretrained``; RF-DETR's with its ``id2label`` classes)
+    and an official D-FINE / DEIMv2 file are read as their detector state dict (the model
+    check converts it, :mod:`.weights.model_load`)."""
     if is_transformers_folder(filename):
         state = load_transformers_folder(filename, map_location or 'cpu')
+        rfdetr = folder_detector_checkpoint(state, read_transformers_config(filename))
+        if rfdetr is not None:
+            return rfdetr
         if dfine_detector_layout(state) is None:
             raise CheckpointError(
                 f'{filename!r} is a transformers folder but no DFineForObjectDetection / '
-                'Deimv2ForObjectDetection: only those load as a whole detector; give a '
+                'Deimv2ForObjectDetection / RfDetrForObjectDetection / '
+                'RfDetrForInstanceSegmentation: only those load as a whole detector; give a '
                 "backbone's folder to the backbone's init_cfg=dict(type='Pretrained', "
                 'checkpoint=FOLDER), or convert it with tools/convert_weights.py')
         return {'state_dict': state}

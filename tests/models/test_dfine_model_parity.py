@@ -354,7 +354,9 @@ def test_another_transformers_folder_is_refused_as_a_detector(built, tmp_path):
     cfg['init_cfg'] = dict(type='Pretrained', checkpoint=str(folder))
     with pytest.raises(CheckpointError, match=r'is a transformers folder but no '
                                               r'DFineForObjectDetection / '
-                                              r'Deimv2ForObjectDetection: only those load'):
+                                              r'Deimv2ForObjectDetection / '
+                                              r'RfDetrForObjectDetection / '
+                                              r'RfDetrForInstanceSegmentation: only those load'):
         MODELS.build(cfg).init_weights()
 
 

@@ -146,27 +146,83 @@ def test_a_folder_of_another_size_is_refused_naming_its_config(folders, tmp_path
         backbone.init_weights()
 
 
-def test_an_instance_segmentation_folder_loads_into_the_seg_config(tmp_path):
-    """``RfDetrForInstanceSegmentation`` of RF-DETR-Seg N's sizes (patch 12, 312 px, 4 decoder
-    layers, 100 queries): every tensor loads strictly into configs/rfdetr/rfdetr_seg_nano.py's
-    detector, the mask head's included."""
+#: RF-DETR-Seg sizes (rfdetr 1.11.2: patch 12, 4 decoder layers, 100 queries): config,
+#: resolution, windows.
+SEG_SIZES = {'N-Seg': ('configs/rfdetr/rfdetr_seg_nano.py', 312, 1),
+             'S-Seg': ('configs/rfdetr/rfdetr_seg_small.py', 384, 2)}
+
+
+def _seg_folder(size: str, folder: str) -> RfDetrForInstanceSegmentation:
+    """transformers' ``RfDetrForInstanceSegmentation`` of ``size`` (random, proposals spread),
+    saved to ``folder`` with its ``save_pretrained``."""
+    _, resolution, windows = SEG_SIZES[size]
     backbone = RfDetrDinov2Config(hidden_size=384, num_hidden_layers=12, num_attention_heads=6,
-                                  image_size=312, patch_size=12, num_windows=2,
+                                  image_size=resolution, patch_size=12, num_windows=windows,
                                   out_indices=[3, 6, 9, 12])
     theirs = randomize_(RfDetrForInstanceSegmentation(RfDetrConfig(
         backbone_config=backbone, decoder_layers=4, decoder_n_points=2, num_queries=100,
-        num_labels=LABELS)))
-    folder, out = str(tmp_path / 'seg'), str(tmp_path / 'seg_ours.pth')
+        num_labels=LABELS))).eval()
+    with torch.no_grad():
+        theirs.model.model.enc_out_class_embed[0].weight.mul_(PROPOSAL_SPREAD)
     theirs.save_pretrained(folder)
-    res = run_tool('convert_weights.py', [folder, out])
-    assert res.returncode == 0, res.stderr
-    assert "in configs/rfdetr/rfdetr_seg_nano.py with --cfg-options" in res.stdout
-    cfg = Config.fromfile(str(REPO_ROOT / 'configs/rfdetr/rfdetr_seg_nano.py'))
-    cfg.model.bbox_head.num_classes = LABELS
-    ours = MODELS.build(cfg.model)
-    ours.load_state_dict(torch.load(out, weights_only=True)['state_dict'], strict=True)
-    saved = load_file(os.path.join(folder, 'model.safetensors'))
-    assert torch.equal(ours.bbox_head.cls_branch.weight, saved['class_embed.weight'])
+    return theirs
+
+
+@pytest.mark.parametrize('size', [
+    'N-Seg', pytest.param('S-Seg', marks=pytest.mark.slow)])
+def test_an_instance_segmentation_folder_predicts_as_transformers(size, tmp_path):
+    """``RfDetrForInstanceSegmentation`` folders in the seg configs: N-Seg converted by
+    ``tools/convert_weights.py`` (which names the config) and loaded strictly, S-Seg read as the
+    folder by the export tool's loader (``tools/test.py``'s path). Our final layer's logits,
+    boxes and mask logits equal transformers' and ``predict`` equals transformers' top-k over
+    queries x classes with its masks resized as its ``post_process_instance_segmentation``
+    (ties as in the whole-model parity test)."""
+    from test_rfdetr_model_parity import HEAD_TOL, MASK_PIXEL_TOL, _mask_diff, _match
+
+    from vitdet_plugin.deploy.onnx_export import build_model
+
+    config, resolution, _ = SEG_SIZES[size]
+    folder = str(tmp_path / 'seg')
+    theirs = _seg_folder(size, folder)
+    options = {'model.bbox_head.num_classes': LABELS}
+    if size == 'N-Seg':
+        out = str(tmp_path / 'seg_ours.pth')
+        res = run_tool('convert_weights.py', [folder, out])
+        assert res.returncode == 0, res.stderr
+        assert f'in {config} with --cfg-options' in res.stdout
+        ours = build_model(str(REPO_ROOT / config), cfg_options=options)[1]
+        ours.load_state_dict(torch.load(out, weights_only=True)['state_dict'], strict=True)
+    else:
+        ours = build_model(str(REPO_ROOT / config), folder, cfg_options=options)[1]
+
+    shape = (resolution, resolution)
+    gen = torch.Generator().manual_seed(resolution)
+    images = list((torch.rand(2, 3, *shape, generator=gen) * 255).to(torch.uint8))
+    samples = [DetDataSample(metainfo=dict(img_shape=shape, ori_shape=shape,
+                                           scale_factor=(1.0, 1.0))) for _ in images]
+    data = ours.data_preprocessor(dict(inputs=images, data_samples=samples), False)
+    with torch.no_grad():
+        want = theirs(pixel_values=data['inputs'])
+        outs = ours.bbox_head(ours.extract_feat(data['inputs']), [s.metainfo for s in samples])
+        results = ours.predict(data['inputs'], data['data_samples'])
+    assert float((outs.det.all_cls_scores[-1] - want.logits).abs().max()) <= HEAD_TOL
+    assert float((outs.det.all_bbox_preds[-1] - want.pred_boxes).abs().max()) <= HEAD_TOL
+    mask_logits = outs.masks.logits(-1)                                     # (B, Q, Hm, Wm)
+    assert float((mask_logits - want.pred_masks).abs().max()
+                 / want.pred_masks.abs().max().clamp_min(1)) <= HEAD_TOL
+
+    side = torch.tensor(float(resolution))
+    top = len(results[0].pred_instances)
+    scores, index = want.logits.sigmoid().flatten(1).topk(top, dim=1)       # (B, top)
+    for b, result in enumerate(results):
+        queries = index[b] // LABELS
+        cx, cy, w, h = (want.pred_boxes[b, queries] * side).unbind(-1)
+        boxes = torch.stack((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2), -1).clamp(0, side)
+        masks = torch.nn.functional.interpolate(want.pred_masks[b, queries][:, None], size=shape,
+                                                mode='bilinear', align_corners=False)[:, 0] > 0
+        ref = dict(labels=index[b] % LABELS, scores=scores[b], boxes=boxes, masks=masks)
+        _match(result.pred_instances, ref, side)
+        assert _mask_diff(result.pred_instances, ref) <= MASK_PIXEL_TOL
 
 
 def test_an_lw_detr_folder_is_refused_naming_what_converts(tmp_path):

@@ -46,7 +46,7 @@ from .lwdetr_seg_keys import OUR_PREFIX as MASK_BRANCH_PREFIX
 from .lwdetr_seg_keys import SEG_PREFIX as RFDETR_SEG_PREFIX
 from .lwdetr_seg_keys import split_mask_branch
 from .rfdetr_classes import (FileClasses, args_class_names, class_entries, file_classes,
-                             finetune_rows, own_rows, select_rows)
+                             finetune_rows, own_rows, select_rows, transformers_labels)
 from .rfdetr_keys import RFDETR_PROJECTOR_PREFIX, rfdetr_projector_state_dict
 from .transformers_layouts import LAYOUTS as TRANSFORMERS_LAYOUTS
 from .transformers_layouts import transformers_layout
@@ -409,6 +409,19 @@ def as_detector_checkpoint(ckpt: Any) -> Any:
         meta['dataset_meta'] = {'classes': names}
     return {'state_dict': select_rows(saved, own_rows(classes)), 'meta': meta,
             SAVED_CLASSIFIER: class_entries(saved)}
+
+
+def folder_detector_checkpoint(state: Mapping[str, Tensor], config: Optional[Mapping[str, Any]]
+                               ) -> Optional[Dict[str, Any]]:
+    """A transformers RF-DETR folder (``RfDetrForObjectDetection`` /
+    ``RfDetrForInstanceSegmentation``: rfdetr's names, ``config.json``'s ``id2label`` a class
+    for each logit, no no-object slot) as our detector's checkpoint with those classes; None
+    for any other folder."""
+    labels = transformers_labels(config)
+    if labels is None or not rfdetr_layout(state):
+        return None
+    saved, _ = rfdetr_to_detector(model_state(state), as_saved=True)
+    return {'state_dict': saved, 'meta': {'dataset_meta': {'classes': list(labels)}}}
 
 
 #: RF-DETR's layout: a detector checkpoint whose backbone part DINOv2Backbone loads.
