@@ -106,6 +106,14 @@ def test_init_detector_loads_the_official_file(atto):
     _assert_is_file(model, atto['sd'])
 
 
+def test_the_export_tools_loader_takes_the_official_file(atto):
+    """``tools/export_onnx.py CONFIG FILE``'s model (``deploy.onnx_export.build_model``): the
+    official file as ``load_from`` reads it, every key of the model filled."""
+    from vitdet_plugin.deploy.onnx_export import build_model
+
+    _assert_is_file(build_model(ATTO, atto['ema'])[1], atto['sd'])
+
+
 def test_the_runner_load_gives_the_ema_hook_the_converted_state(atto):
     """Runner.load_checkpoint (load_from, tools/test.py) with the configs' EMAHook: its
     after_load_checkpoint copies checkpoint['state_dict'] into the EMA model strictly."""
