@@ -17,6 +17,7 @@ import torch
 from helpers import REPO_ROOT, randomize_, run_tool
 from mmdet.registry import MODELS
 from mmdet.structures import DetDataSample
+from mmdet.structures.bbox import bbox_cxcywh_to_xyxy
 from mmdet.utils import register_all_modules
 from mmengine.config import Config
 from safetensors.torch import load_file
@@ -216,8 +217,7 @@ def test_an_instance_segmentation_folder_predicts_as_transformers(size, tmp_path
     scores, index = want.logits.sigmoid().flatten(1).topk(top, dim=1)       # (B, top)
     for b, result in enumerate(results):
         queries = index[b] // LABELS
-        cx, cy, w, h = (want.pred_boxes[b, queries] * side).unbind(-1)
-        boxes = torch.stack((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2), -1).clamp(0, side)
+        boxes = bbox_cxcywh_to_xyxy(want.pred_boxes[b, queries] * side).clamp(0, side)
         masks = torch.nn.functional.interpolate(want.pred_masks[b, queries][:, None], size=shape,
                                                 mode='bilinear', align_corners=False)[:, 0] > 0
         ref = dict(labels=index[b] % LABELS, scores=scores[b], boxes=boxes, masks=masks)

@@ -1,6 +1,7 @@
 """Pieces the end-to-end graphs share (:mod:`.end_to_end`, :mod:`.two_stage`): the NMS custom op
 and its ONNX translation, an anchor head's per-level candidates (RetinaNet's head, the RPN), box
-clipping and the padded top-k of the graph's outputs; GELU in the form onnxruntime fuses.
+clipping and the padded top-k of the graph's outputs; Linear and GELU in the forms onnxruntime
+fuses.
 
 ``vitdet_deploy::nms`` has ONNX ``NonMaxSuppression``'s semantics; in PyTorch it runs
 torchvision's kernel, in the graph it becomes the ONNX op (:func:`translation_table`).
@@ -93,8 +94,7 @@ def linear_onnx(x, weight, bias=None):
     from onnxscript import opset18
     op: Any = opset18
     rows = op.Concat(op.Constant(value_ints=[-1]), op.Shape(weight, start=1, end=2), axis=0)
-    out = op.Gemm(op.Reshape(x, rows), weight, bias, transB=1) if bias is not None else \
-        op.Gemm(op.Reshape(x, rows), weight, transB=1)                # (tokens, out)
+    out = op.Gemm(op.Reshape(x, rows), weight, bias, transB=1)      # (tokens, out); C optional
     lead = op.Shape(x, start=0, end=-1)
     return op.Reshape(out, op.Concat(lead, op.Shape(weight, start=0, end=1), axis=0))
 
