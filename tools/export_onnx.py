@@ -42,11 +42,9 @@ if importlib.util.find_spec('vitdet_plugin') is None:  # a checkout that is not 
 import torch
 
 import vitdet_plugin  # noqa: F401  (registers our modules)
-from vitdet_plugin.deploy import (CHECK_SIZES, DEFAULT_TOLERANCE, PARTS,
-                                  build_detector_part, check_sizes, export_onnx, latency,
-                                  ort_session)
-from vitdet_plugin.deploy.end_to_end import add_metadata
-from vitdet_plugin.deploy.onnx_export import build_model
+from vitdet_plugin.deploy.onnx_export import PARTS, build_detector_part, build_model, export_onnx
+from vitdet_plugin.deploy.ort_check import (CHECK_SIZES, DEFAULT_TOLERANCE, check_sizes, latency,
+                                            ort_session)
 
 #: ``--part`` of the whole detector (image -> detections).
 DETECTOR = 'detector'
@@ -94,8 +92,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def export_detector(args: argparse.Namespace) -> int:
     """``--part detector``: export, then onnxruntime vs mmdet's predict per check size."""
-    from vitdet_plugin.deploy.end_to_end import (EndToEndDetector, export_end_to_end,
-                                                 graph_resize, pipeline_meta)
+    from vitdet_plugin.deploy.end_to_end import (EndToEndDetector, add_metadata,
+                                                 export_end_to_end, graph_resize, pipeline_meta)
     from vitdet_plugin.deploy.end_to_end_check import report
     try:
         cfg, model = build_model(args.config, args.checkpoint, args.cfg_options)

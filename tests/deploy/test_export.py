@@ -14,15 +14,8 @@ import torch
 from helpers import REPO_ROOT, load_tool, randomize_
 
 import vitdet_plugin  # noqa: F401
-from vitdet_plugin.deploy import (
-    CHECK_SIZES,
-    DEFAULT_TOLERANCE,
-    DetectorPart,
-    build_detector_part,
-    check_sizes,
-    export_onnx,
-    ort_session,
-)
+from vitdet_plugin.deploy.onnx_export import DetectorPart, build_detector_part, export_onnx
+from vitdet_plugin.deploy.ort_check import CHECK_SIZES, DEFAULT_TOLERANCE, check_sizes, ort_session
 from vitdet_plugin.models.backbones import SwinBackbone, SwinV2Backbone, ViTBackbone
 from vitdet_plugin.models.necks import ViTSimpleFPN
 

@@ -41,15 +41,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..models.layers import eager_attention
 from .deformable_detr import Dino, check_dino, is_deformable_detr
 from ..models.heads.detr_core import query_class_top_k
 from ..models.heads.detr_memory import size_tensor
 from ..models.heads.lwdetr_seg_head import masks_to_image
 from .graph_ops import (DROPPED_SCORE, NmsConfig, anchor_candidates, large_enough,
-                        nms_survivors, top_k_padded, translation_table)
+                        nms_survivors, top_k_padded)
 from .graph_ops import PAD_LABEL  # (also the I/O contract's padding label, re-exported)
-from .onnx_export import EXPORT_SAMPLE_SIZE, OPSET, dynamic_shapes
+from .onnx_export import EXPORT_SAMPLE_SIZE, dynamic_shapes, export_graph
 from .panoptic import SEMANTIC_OUTPUT
 from .runner import (INPUT_NAME, MASK_OUTPUTS, META_KEY, META_VERSION, OUTPUT_NAMES,
                      SEG_MASK_OUTPUTS)
@@ -329,6 +328,11 @@ def pipeline_meta(cfg: Any, module: EndToEndDetector) -> Dict[str, Any]:
             raise ValueError(f'test pipeline step {kind!r}: the runner does not repeat it (it '
                              'repeats LoadImageFromFile and Resize); drop it from the config\'s '
                              'test pipeline to export')
+    if module.with_seg_masks and resize is not None and not resize['in_graph']:
+        raise ValueError(f'test pipeline resize {resize}: RF-DETR-Seg resizes inside the graph '
+                         '(its masks come out at the image\'s size): resize with '
+                         'RFDETRResize(scale=..., keep_ratio=False), as rfdetr\'s predict and '
+                         'configs/rfdetr/rfdetr_seg_*.py do')
     classes = (dataset.get('metainfo') or {}).get('classes')
     if classes is None:
         from mmdet.registry import DATASETS
@@ -347,8 +351,8 @@ def masks_at_input(logits: Tensor, keep: Tensor, padded: Tuple[Any, Any], size: 
     """RF-DETR-Seg's masks of the final detections: their ``(B, K, Hm, Wm)`` mask logits
     (``keep`` False in padding rows) through the head's ``masks_to_image`` from the network's
     image ``size`` (its part of the ``padded`` batch) to the input's size ``out`` (the same
-    unless the graph resizes): ``(B, K, H, W)`` uint8 0 / 1 and the logits, 0 in padding rows
-    (the runner resizes them to another image size)."""
+    unless the graph resizes): ``(B, K, H, W)`` uint8 0 / 1 and the logits, 0 in padding
+    rows."""
     b, k, hm, wm = logits.shape
     logits = torch.where(keep[..., None, None], logits.float(), 0.0)
     meta = dict(batch_input_shape=padded, img_shape=size, ori_shape=out)
@@ -382,12 +386,8 @@ def export_end_to_end(module: EndToEndDetector, path: str,
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (sample_batch, module.in_channels, *sample_size),
                       dtype=torch.uint8, generator=g)
-    with eager_attention(module):
-        torch.onnx.export(module, (x, module.default_score_thr.clone()), path, dynamo=True,
-                          dynamic_shapes=(*dynamic_shapes(), {}),
-                          input_names=[INPUT_NAME, SCORE_THRESHOLD],
-                          output_names=module.output_names, opset_version=OPSET,
-                          external_data=False, custom_translation_table=translation_table())
+    export_graph(module, (x, module.default_score_thr.clone()), path, (*dynamic_shapes(), {}),
+                 [INPUT_NAME, SCORE_THRESHOLD], module.output_names)
     store_score_threshold(path, module.score_thr)
 
 

@@ -166,14 +166,22 @@ def export_onnx(module: DetectorPart, path: str, sample_size: Tuple[int, int] = 
     with torch.no_grad():
         levels = len(module(x)) // (2 if module.part == 'head' else 1)
     names = module.output_names(levels)
+    export_graph(module, (x,), path, dynamic_shapes(), [INPUT_NAME], names, opset)
+    return names
+
+
+def export_graph(module: nn.Module, args: Tuple[Tensor, ...], path: str,
+                 shapes: Tuple[dict, ...], input_names: List[str], output_names: List[str],
+                 opset: int = OPSET) -> None:
+    """``torch.onnx.export`` (dynamo) of ``module`` traced on ``args`` with the dynamic
+    ``shapes``, attention in its explicit form and our translations (:mod:`.graph_ops`), every
+    tensor inside the file; a clear error when the deploy extra is missing."""
     try:
         with eager_attention(module):
-            torch.onnx.export(module, (x,), path, dynamo=True, dynamic_shapes=dynamic_shapes(),
-                              input_names=[INPUT_NAME], output_names=names,
+            torch.onnx.export(module, args, path, dynamo=True, dynamic_shapes=shapes,
+                              input_names=input_names, output_names=output_names,
                               opset_version=opset, external_data=False,
                               custom_translation_table=translation_table())
     except ImportError as e:  # onnxscript / onnx missing
         raise SystemExit(f'ONNX export needs the deploy extra ({e}): pip install -e ".[deploy]" '
                          '(or `make env`)') from e
-    return names
-

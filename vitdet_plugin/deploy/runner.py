@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .panoptic import SEMANTIC_OUTPUT, FusionConfig, panoptic_map, resize_matrix, tent_weights
+from .panoptic import SEMANTIC_OUTPUT, FusionConfig, panoptic_map, tent_weights
 
 #: Metadata key of the pipeline parameters inside the ONNX file.
 META_KEY = 'vitdet_plugin.deploy'
@@ -146,11 +146,6 @@ class OnnxDetector:
         masks = None
         if self.with_masks and (sx, sy) == (1.0, 1.0):  # the graph's masks are the image's
             masks = outputs[MASK_OUTPUT][0, :n]
-        elif MASK_LOGITS_OUTPUT in outputs:  # resized to the original size, as predict does
-            div = int(self.meta['pad_size_divisor'])
-            padded = tuple(-(-side // div) * div for side in batch.shape[-2:])
-            masks = resize_logits(outputs[MASK_LOGITS_OUTPUT][0, :n], batch.shape[-2:], padded,
-                                  image.shape[:2])
         elif self.with_masks:  # pasted at the original size, as mmdet's rescaled predict does
             masks = np.stack([paste_mask(p, box, image.shape[:2], self.meta['mask_thr_binary'])
                               for p, box in zip(outputs[MASK_PROBS_OUTPUT][0, :n], boxes)]) \
@@ -191,14 +186,3 @@ def _bilinear_weights(length: int, start: float, end: float, cells: int) -> np.n
         np.full(length, cells / 2 - PIXEL_CENTRE)
     return tent_weights(pos, cells)                                    # (length, cells)
 
-
-def resize_logits(logits: np.ndarray, size: Tuple[int, int], padded: Tuple[int, int],
-                  out: Tuple[int, int]) -> np.ndarray:
-    """RF-DETR-Seg's ``masks_to_image`` in numpy: ``(N, Hm, Wm)`` mask logits over the
-    ``padded`` graph input, whose image part has the input's ``size``, resized bilinearly
-    (``grid_sample``, ``align_corners=False``, border) to ``out`` ``(H, W)``, then ``> 0``:
-    ``(N, H, W)`` uint8 0 / 1. Separable: ``rows (H, Hm) @ logits @ cols (W, Wm)^T``."""
-    (hm, wm), (h, w), (hp, wp) = logits.shape[1:], size, padded
-    rows = resize_matrix(out[0], hm, h / hp * hm)                      # (H, Hm)
-    cols = resize_matrix(out[1], wm, w / wp * wm)                      # (W, Wm)
-    return (rows @ logits.astype(np.float64) @ cols.T > 0).astype(np.uint8)

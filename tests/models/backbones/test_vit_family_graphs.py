@@ -8,7 +8,7 @@ from helpers import max_rel_err, randomize_
 from test_export import _export_and_check
 
 import vitdet_plugin  # noqa: F401
-from vitdet_plugin.deploy import DetectorPart
+from vitdet_plugin.deploy.onnx_export import DetectorPart
 from vitdet_plugin.models.backbones import DINOv2Backbone, DINOv3Backbone, EVA02Backbone
 
 FP32_TOL = 1e-5

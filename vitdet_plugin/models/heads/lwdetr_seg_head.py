@@ -138,8 +138,7 @@ def border_weights(length: Any, part: Any, cells: Any, device: torch.device) -> 
     """``(length, cells)``: along one axis, the bilinear weights of the first ``part`` (a
     fraction) of ``cells`` cells at ``length`` output pixel centres: the centre of pixel ``i``
     at ``pos = (i + 0.5) * part * cells / length - 0.5`` in cell units, clamped to the cells
-    (``grid_sample``'s border), weight ``max(0, 1 - |pos - j|)`` for cell ``j`` (the runner's
-    ``resize_logits`` is the same in numpy)."""
+    (``grid_sample``'s border), weight ``max(0, 1 - |pos - j|)`` for cell ``j``."""
     centres = torch.arange(length, device=device, dtype=torch.float32) + PIXEL_CENTRE
     pos = (centres * (part * cells / length) - PIXEL_CENTRE).clamp(0, cells - 1)  # (length,)
     cell = torch.arange(cells, device=device, dtype=torch.float32)               # (cells,)
