@@ -22,8 +22,7 @@ The graph repeats mmdet's test path step by step (``docs/deploy.md``):
   0.5 x the mask's border probability, so the two agree for ``mask_thr_binary`` >= 0.5) and
   thresholded at ``mask_thr_binary``. That sampling grid is separable, so the paste is two
   small matrix products per box, ``rows (H, S) @ probs (S, S) @ cols (W, S)^T``, not a
-  ``grid_sample`` over ``H x W`` points (which took 46 % of the graph's onnxruntime time at
-  800x1216).
+  ``grid_sample`` over ``H x W`` points (onnxruntime's GridSample is far slower).
 """
 from typing import Any, NoReturn, Optional, Sequence, Tuple
 
