@@ -22,8 +22,9 @@ at the config's ``score_thr`` and, when it is positive, at 0: the raw top-k belo
 model with no detection above it (under-trained) is still checked; a size with no detection to
 compare fails.
 SdpaDETR, sigmoid anchor heads (RetinaNet), Faster / Mask R-CNN (RPN + StandardRoIHead; Mask
-R-CNN adds the outputs masks and mask_probs), mmdet's DINO and RF-DETR (LWDETRHead: top-k, no
-NMS; any input size); other detectors are refused with the reason.
+R-CNN adds the outputs masks and mask_probs), mmdet's DINO, RF-DETR (LWDETRHead: top-k, no
+NMS; any input size; RF-DETR-Seg adds masks and mask_logits) and D-FINE / DEIMv2 (DFineHead);
+other detectors are refused with the reason.
 Exit status 1 when a check fails, 2 when the part cannot be exported.
 """
 import argparse

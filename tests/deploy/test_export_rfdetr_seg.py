@@ -131,9 +131,9 @@ def test_a_resize_outside_the_graph_is_refused(model, tmp_path):
     with pytest.raises(ValueError) as refused:
         pipeline_meta(cfg, EndToEndDetector(model))
     assert str(refused.value) == (
-        "test pipeline resize {'scale': [192, 192], 'keep_ratio': True, 'in_graph': False}: "
-        "RF-DETR-Seg resizes inside the graph (its masks come out at the image's size): resize "
-        "with RFDETRResize(scale=..., keep_ratio=False), as rfdetr's predict and "
+        "test pipeline {'type': 'Resize', 'scale': (192, 192), 'keep_ratio': True}: RF-DETR-Seg "
+        "resizes inside the graph (its masks come out at the image's size): resize with "
+        "RFDETRResize(scale=..., keep_ratio=False), as rfdetr's predict and "
         "configs/rfdetr/rfdetr_seg_*.py do")
 
 

@@ -321,6 +321,11 @@ def pipeline_meta(cfg: Any, module: EndToEndDetector) -> Dict[str, Any]:
             if t.get('scale') is None or t.get('interpolation', 'bilinear') != 'bilinear':
                 raise ValueError(f'test pipeline {t}: the runner repeats Resize with a fixed '
                                  'scale and bilinear interpolation only')
+            if module.with_seg_masks and module.resize_to is None:
+                raise ValueError(f'test pipeline {t}: RF-DETR-Seg resizes inside the graph (its '
+                                 'masks come out at the image\'s size): resize with '
+                                 'RFDETRResize(scale=..., keep_ratio=False), as rfdetr\'s '
+                                 'predict and configs/rfdetr/rfdetr_seg_*.py do')
             resize = dict(scale=[int(v) for v in t['scale']],
                           keep_ratio=bool(t.get('keep_ratio', False)),
                           in_graph=module.resize_to is not None)
@@ -328,11 +333,6 @@ def pipeline_meta(cfg: Any, module: EndToEndDetector) -> Dict[str, Any]:
             raise ValueError(f'test pipeline step {kind!r}: the runner does not repeat it (it '
                              'repeats LoadImageFromFile and Resize); drop it from the config\'s '
                              'test pipeline to export')
-    if module.with_seg_masks and resize is not None and not resize['in_graph']:
-        raise ValueError(f'test pipeline resize {resize}: RF-DETR-Seg resizes inside the graph '
-                         '(its masks come out at the image\'s size): resize with '
-                         'RFDETRResize(scale=..., keep_ratio=False), as rfdetr\'s predict and '
-                         'configs/rfdetr/rfdetr_seg_*.py do')
     classes = (dataset.get('metainfo') or {}).get('classes')
     if classes is None:
         from mmdet.registry import DATASETS
