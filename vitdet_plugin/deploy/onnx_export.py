@@ -17,7 +17,6 @@ The exporter is torch's dynamo-based one (``torch.onnx.export(..., dynamo=True)`
 shifted-window masks and position-table resizes as functions of the input size.
 """
 import logging
-import re
 from typing import Any, List, Optional, Tuple
 
 import torch
@@ -125,6 +124,7 @@ def build_model(config: str, checkpoint: Optional[str] = None,
     from ..config import load_config
     from ..weights.checkpoint_io import CheckpointError
     from ..weights.common import unwrap_state_dict
+    from ..weights.model_load import revise_key
 
     cfg = load_config(config, cfg_options)
     model = MODELS.build(cfg.model)
@@ -138,7 +138,7 @@ def build_model(config: str, checkpoint: Optional[str] = None,
         loaded = load_checkpoint(model, checkpoint, map_location='cpu', logger='current')
     finally:
         logger.setLevel(level)
-    keys = {re.sub(r'^module\.', '', k) for k in unwrap_state_dict(loaded)}
+    keys = {revise_key(k) for k in unwrap_state_dict(loaded)}  # as load_checkpoint reads them
     missing = sorted(set(model.state_dict()) - keys)
     unexpected = sorted(keys - set(model.state_dict()))
     if missing or unexpected:

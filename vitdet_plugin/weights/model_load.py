@@ -54,7 +54,7 @@ DFINE_DN_EMBED = 'bbox_head.dn_label_embed.weight'
 #: The denoising class embedding of an official checkpoint.
 DFINE_OFFICIAL_DN_EMBED = 'decoder.denoising_class_embed.weight'
 #: mmengine's default ``revise_keys`` (a DDP wrapper's prefix).
-_MODULE_PREFIX: Sequence[Tuple[str, str]] = ((r'^module\.', ''),)
+MODULE_PREFIX: Sequence[Tuple[str, str]] = ((r'^module\.', ''),)
 
 
 @contextlib.contextmanager
@@ -69,7 +69,7 @@ def fine_tuning() -> Iterator[None]:
 
 
 def fit_checkpoint(model: nn.Module, checkpoint: Mapping[str, Any],
-                   revise_keys: Sequence[Tuple[str, str]] = _MODULE_PREFIX) -> None:
+                   revise_keys: Sequence[Tuple[str, str]] = MODULE_PREFIX) -> None:
     """Check (and, for a fine-tuning start, adapt in place) what mmengine is about to load
     from ``checkpoint`` into ``model``; see the module docstring. ``revise_keys``: mmengine's
     ``(pattern, replacement)`` renames of the checkpoint's keys."""
@@ -78,7 +78,7 @@ def fit_checkpoint(model: nn.Module, checkpoint: Mapping[str, Any],
         return
     if dfine_detector_layout(state) is not None or official_family(state) is not None:
         _convert_dfine(model, state)
-    ours = {_revise(k, revise_keys): k for k in state if isinstance(state[k], Tensor)}
+    ours = {revise_key(k, revise_keys): k for k in state if isinstance(state[k], Tensor)}
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     owner = type(model).__name__
     if _FINE_TUNING.get():
@@ -176,7 +176,9 @@ def mismatch_message(shapes: Mapping[str, Tuple[int, ...]],
             'checkpoint=...))')
 
 
-def _revise(key: str, revise_keys: Sequence[Tuple[str, str]]) -> str:
+def revise_key(key: str, revise_keys: Sequence[Tuple[str, str]] = MODULE_PREFIX) -> str:
+    """``key`` as mmengine's ``load_checkpoint`` renames it (``revise_keys``: its
+    ``(pattern, replacement)`` pairs, by default a DDP wrapper's prefix dropped)."""
     for pattern, replacement in revise_keys:
         key = re.sub(pattern, replacement, key)
     return key
@@ -187,7 +189,7 @@ def _checked(load: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(load)
     def load_checkpoint_to_model(model: nn.Module, checkpoint: Any, strict: bool = False,
                                  logger: Any = None,
-                                 revise_keys: Sequence[Tuple[str, str]] = _MODULE_PREFIX) -> Any:
+                                 revise_keys: Sequence[Tuple[str, str]] = MODULE_PREFIX) -> Any:
         if isinstance(checkpoint, Mapping):
             fit_checkpoint(model, checkpoint, revise_keys)
         return load(model, checkpoint, strict, logger, revise_keys)
